@@ -1,0 +1,233 @@
+//! The `rulebook` command line: subcommands and their output. Everything here but
+//! `run` works without a cluster.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use serde_json::Value as Json;
+
+use crate::render::{Limits, Observed, Scope, status};
+use crate::rules::{self, RuleSet};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rulebook",
+    version,
+    about = "A Kubernetes operator driven by rule files"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Validate the rules and templates; exit 1 listing every error.
+    Check(CheckArgs),
+    /// Print the children a parent would get, or the status it would get.
+    Render(RenderArgs),
+    /// Print the JSON Schema of the rule file format.
+    Schema,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RuleDirs {
+    /// The rules directory (`*.yaml`/`*.yml`, searched recursively).
+    #[arg(long, default_value = "rules", env = "RULEBOOK_RULES")]
+    pub rules: PathBuf,
+    /// The templates directory; a child's `template` is a path below it.
+    #[arg(long, default_value = "templates", env = "RULEBOOK_TEMPLATES")]
+    pub templates: PathBuf,
+}
+
+impl RuleDirs {
+    pub fn load(&self) -> Result<RuleSet, rules::Diagnostics> {
+        rules::load(&self.rules, &self.templates, &Limits::default())
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub dirs: RuleDirs,
+}
+
+#[derive(Args, Debug)]
+pub struct RenderArgs {
+    #[command(flatten)]
+    pub dirs: RuleDirs,
+    /// The parent object (YAML or JSON); its apiVersion and kind pick the rule.
+    #[arg(short = 'f', long = "filename")]
+    pub parent: PathBuf,
+    /// Live children (a multi-document YAML of objects) to render and compute status against.
+    #[arg(long)]
+    pub observed: Option<PathBuf>,
+    /// Print the status Rulebook would write instead of the children.
+    #[arg(long)]
+    pub status: bool,
+    /// The time to stamp on conditions (RFC 3339); default: now.
+    #[arg(long, hide = true)]
+    pub now: Option<String>,
+}
+
+/// Runs a subcommand that needs no cluster. Returns the process exit code.
+pub fn run_offline(command: &Command, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
+    match command {
+        Command::Check(args) => check(args, out, err),
+        Command::Render(args) => render(args, out, err),
+        Command::Schema => {
+            writeln!(out, "{}", schema_json()?)?;
+            Ok(0)
+        }
+    }
+}
+
+fn check(args: &CheckArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
+    match args.dirs.load() {
+        Ok(set) => {
+            for (name, rule) in &set.rules {
+                writeln!(
+                    out,
+                    "ok  {name}  {} {}  ({} children, version {})",
+                    rule.rule.spec.parent.api_version.value,
+                    rule.rule.spec.parent.kind.value,
+                    rule.rule.spec.children.len(),
+                    rule.version
+                )?;
+            }
+            writeln!(out, "{} rules valid", set.rules.len())?;
+            Ok(0)
+        }
+        Err(diags) => {
+            for d in &diags.0 {
+                writeln!(err, "{d}")?;
+            }
+            writeln!(err, "{} errors", diags.0.len())?;
+            Ok(1)
+        }
+    }
+}
+
+fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
+    let set = match args.dirs.load() {
+        Ok(set) => set,
+        Err(diags) => {
+            for d in &diags.0 {
+                writeln!(err, "{d}")?;
+            }
+            return Ok(1);
+        }
+    };
+    let parent = read_objects(&args.parent)?
+        .into_iter()
+        .next()
+        .with_context(|| format!("{}: no object", args.parent.display()))?;
+    let api_version = parent
+        .get("apiVersion")
+        .and_then(Json::as_str)
+        .unwrap_or("");
+    let kind = parent.get("kind").and_then(Json::as_str).unwrap_or("");
+    let Some(rule) = set.rules.values().find(|r| {
+        r.rule.spec.parent.api_version.as_str() == api_version
+            && r.rule.spec.parent.kind.as_str() == kind
+    }) else {
+        bail!("no rule has parent {api_version} {kind}");
+    };
+    let parent = with_render_defaults(parent);
+    let observed = match &args.observed {
+        Some(p) => Observed::from_objects(read_objects(p)?),
+        None => Observed::default(),
+    };
+    let scope = |i: usize| {
+        let c = &rule.children()[i];
+        if is_cluster_scoped_builtin(&c.api_version, &c.kind) {
+            Scope::Cluster
+        } else {
+            Scope::Namespaced
+        }
+    };
+    let desired = match rule.render(&parent, &observed, &scope) {
+        Ok(d) => d,
+        Err(e) => {
+            writeln!(err, "{e}")?;
+            return Ok(1);
+        }
+    };
+    if args.status {
+        let report = match rule.status(&parent, &observed, &desired) {
+            Ok(r) => r,
+            Err(e) => {
+                writeln!(err, "{e}")?;
+                return Ok(1);
+            }
+        };
+        let now = args.now.clone().unwrap_or_else(now_rfc3339);
+        let status =
+            status::desired_status(&parent, &report.fields, &report.readiness.condition(), &now);
+        write!(
+            out,
+            "{}",
+            to_yaml(&serde_json::json!({ "status": status }))?
+        )?;
+    } else {
+        for (i, d) in desired.iter().enumerate() {
+            if i > 0 {
+                writeln!(out, "---")?;
+            }
+            write!(out, "{}", to_yaml(&d.object)?)?;
+        }
+    }
+    Ok(0)
+}
+
+/// A parent read from a file has no UID or namespace yet; render as the API server would see it.
+fn with_render_defaults(mut parent: Json) -> Json {
+    if let Some(meta) = parent.get_mut("metadata").and_then(Json::as_object_mut) {
+        meta.entry("namespace").or_insert_with(|| "default".into());
+        meta.entry("uid")
+            .or_insert_with(|| "00000000-0000-0000-0000-000000000000".into());
+        meta.entry("generation").or_insert_with(|| 1.into());
+    }
+    parent
+}
+
+/// Built-in kinds that are cluster-scoped, for rendering without discovery.
+pub fn is_cluster_scoped_builtin(api_version: &str, kind: &str) -> bool {
+    matches!(
+        (api_version, kind),
+        ("v1", "Namespace" | "Node" | "PersistentVolume")
+            | (
+                "rbac.authorization.k8s.io/v1",
+                "ClusterRole" | "ClusterRoleBinding"
+            )
+            | ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+            | ("storage.k8s.io/v1", "StorageClass")
+            | ("scheduling.k8s.io/v1", "PriorityClass")
+    )
+}
+
+/// Every object of a YAML or JSON stream.
+pub fn read_objects(path: &Path) -> Result<Vec<Json>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let docs: Vec<Json> = serde_saphyr::from_multiple(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e))?;
+    Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+pub fn to_yaml(v: &Json) -> Result<String> {
+    serde_saphyr::to_string(v).context("cannot write YAML")
+}
+
+pub fn now_rfc3339() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+pub fn schema_json() -> Result<String> {
+    let schema = schemars::schema_for!(crate::rules::Rule);
+    Ok(serde_json::to_string_pretty(&schema)?)
+}

@@ -1,0 +1,9 @@
+//! Rulebook: a generic Kubernetes operator driven by rule files.
+//!
+//! The flow, pure core first: [`rules`] (model, loading, validation) → [`render`]
+//! (templates → desired children, status) → `reconcile` (the only API writes) →
+//! `engine` (one controller per rule) → `reload` (new rule sets from disk).
+
+pub mod cli;
+pub mod render;
+pub mod rules;

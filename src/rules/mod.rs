@@ -1,0 +1,594 @@
+//! Rules: the rule model, loading a rules directory and a templates directory, and
+//! validating them as a whole. Pure: reads files, never talks to a cluster.
+//!
+//! Every problem becomes a [`Diagnostic`] that says `file:line:col: message`, and loading
+//! reports all of them at once.
+
+pub mod model;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use model::*;
+
+use crate::render::{CompiledRule, Limits};
+
+/// One problem in the rule set, with the place it comes from.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Diagnostic {
+    pub file: String,
+    pub line: u64,
+    pub col: u64,
+    pub message: String,
+}
+
+impl Diagnostic {
+    pub fn new(file: impl Into<String>, line: u64, col: u64, message: impl Into<String>) -> Self {
+        Diagnostic {
+            file: file.into(),
+            line,
+            col,
+            message: message.into(),
+        }
+    }
+
+    pub fn at<T>(file: &str, loc: &Loc<T>, message: impl Into<String>) -> Self {
+        Diagnostic::new(file, loc.line, loc.col, message)
+    }
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        match (self.line, self.col) {
+            (0, _) => write!(f, "{}: {}", self.file, self.message),
+            (l, 0) => write!(f, "{}:{}: {}", self.file, l, self.message),
+            (l, c) => write!(f, "{}:{}:{}: {}", self.file, l, c, self.message),
+        }
+    }
+}
+
+/// Every diagnostic of a rule set that failed to load.
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct Diagnostics(pub Vec<Diagnostic>);
+
+impl fmt::Display for Diagnostics {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{d}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A rule as read from disk, before compiling.
+#[derive(Clone, Debug)]
+pub struct SourcedRule {
+    /// The rule file, as given (relative to the working directory when the directory was).
+    pub file: String,
+    pub rule: Rule,
+}
+
+/// A loaded, validated, compiled rule set. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct RuleSet {
+    pub rules: BTreeMap<String, Arc<CompiledRule>>,
+    /// A hash of every input file, to notice when nothing changed.
+    pub fingerprint: String,
+}
+
+impl fmt::Debug for RuleSet {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.debug_struct("RuleSet")
+            .field("rules", &self.rules.keys().collect::<Vec<_>>())
+            .field("fingerprint", &self.fingerprint)
+            .finish()
+    }
+}
+
+/// The inputs of a rule set: rule files and template sources, read into memory.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    /// `(display path, contents)` of every rule file, sorted by path.
+    pub rule_files: Vec<(String, String)>,
+    /// Template name (path relative to the templates directory, with `/`) → `(display path, source)`.
+    pub templates: BTreeMap<String, (String, String)>,
+}
+
+impl Sources {
+    /// Reads `*.yaml`/`*.yml` below `rules_dir` and every file below `templates_dir`
+    /// (dot-files and dot-directories, such as a ConfigMap volume's `..data`, are reached
+    /// through their visible links and never read twice).
+    pub fn read(rules_dir: &Path, templates_dir: &Path) -> Result<Sources, Diagnostics> {
+        let mut diags = Vec::new();
+        let mut rule_files = Vec::new();
+        match walk(rules_dir) {
+            Ok(files) => {
+                for path in files {
+                    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+                    if !matches!(ext, "yaml" | "yml") {
+                        continue;
+                    }
+                    let display = path.display().to_string();
+                    match std::fs::read_to_string(&path) {
+                        Ok(text) => rule_files.push((display, text)),
+                        Err(e) => diags.push(Diagnostic::new(display, 0, 0, e.to_string())),
+                    }
+                }
+            }
+            Err(e) => diags.push(Diagnostic::new(
+                rules_dir.display().to_string(),
+                0,
+                0,
+                format!("cannot read the rules directory: {e}"),
+            )),
+        }
+        let mut templates = BTreeMap::new();
+        match walk(templates_dir) {
+            Ok(files) => {
+                for path in files {
+                    let Ok(rel) = path.strip_prefix(templates_dir) else {
+                        continue;
+                    };
+                    let name = rel
+                        .components()
+                        .map(|c| c.as_os_str().to_string_lossy())
+                        .collect::<Vec<_>>()
+                        .join("/");
+                    let display = path.display().to_string();
+                    match std::fs::read_to_string(&path) {
+                        Ok(text) => {
+                            templates.insert(name, (display, text));
+                        }
+                        Err(e) => diags.push(Diagnostic::new(display, 0, 0, e.to_string())),
+                    }
+                }
+            }
+            // A rule set may have no templates at all (status-only rules).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => diags.push(Diagnostic::new(
+                templates_dir.display().to_string(),
+                0,
+                0,
+                format!("cannot read the templates directory: {e}"),
+            )),
+        }
+        if diags.is_empty() {
+            rule_files.sort();
+            Ok(Sources {
+                rule_files,
+                templates,
+            })
+        } else {
+            Err(Diagnostics(diags))
+        }
+    }
+
+    /// A content hash of all inputs.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for (path, text) in &self.rule_files {
+            h.update(path.as_bytes());
+            h.update([0]);
+            h.update(text.as_bytes());
+            h.update([0]);
+        }
+        for (name, (_, text)) in &self.templates {
+            h.update(name.as_bytes());
+            h.update([0]);
+            h.update(text.as_bytes());
+            h.update([0]);
+        }
+        hex::encode(&h.finalize()[..16])
+    }
+}
+
+/// Files below `dir`, sorted, skipping names that start with `.`; symlinks are followed.
+fn walk(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), 0usize)];
+    while let Some((d, depth)) = stack.pop() {
+        if depth > 32 {
+            continue; // a symlink loop; nothing real is this deep
+        }
+        for entry in std::fs::read_dir(&d)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with('.') {
+                continue;
+            }
+            let path = entry.path();
+            let meta = std::fs::metadata(&path)?; // follows symlinks
+            if meta.is_dir() {
+                stack.push((path, depth + 1));
+            } else if meta.is_file() {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Reads the rules and templates directories and validates them as a whole.
+pub fn load(
+    rules_dir: &Path,
+    templates_dir: &Path,
+    limits: &Limits,
+) -> Result<RuleSet, Diagnostics> {
+    let sources = Sources::read(rules_dir, templates_dir)?;
+    compile(&sources, limits)
+}
+
+/// Parses, validates and compiles a rule set already in memory.
+pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostics> {
+    let mut diags = Vec::new();
+    let mut parsed = Vec::new();
+    for (file, text) in &sources.rule_files {
+        match parse_file(file, text) {
+            Ok(rules) => parsed.extend(rules),
+            Err(mut d) => diags.append(&mut d),
+        }
+    }
+    // Names and parent kinds are unique across the set.
+    let mut names: BTreeMap<&str, &SourcedRule> = BTreeMap::new();
+    let mut parents: BTreeMap<(String, String), &SourcedRule> = BTreeMap::new();
+    for sr in &parsed {
+        let name = &sr.rule.metadata.name;
+        if let Some(first) = names.get(name.as_str()) {
+            diags.push(Diagnostic::at(
+                &sr.file,
+                name,
+                format!(
+                    "rule '{}': metadata.name is already used by {}:{}",
+                    name.value, first.file, first.rule.metadata.name.line
+                ),
+            ));
+        } else {
+            names.insert(name, sr);
+        }
+        let p = &sr.rule.spec.parent;
+        let key = (p.api_version.value.clone(), p.kind.value.clone());
+        if let Some(first) = parents.get(&key) {
+            diags.push(Diagnostic::at(
+                &sr.file,
+                &p.kind,
+                format!(
+                    "rule '{}': spec.parent {} {} is already the parent of rule '{}' ({}:{}); one rule per parent kind",
+                    name.value,
+                    key.0,
+                    key.1,
+                    first.rule.metadata.name.value,
+                    first.file,
+                    first.rule.spec.parent.kind.line
+                ),
+            ));
+        } else {
+            parents.insert(key, sr);
+        }
+    }
+    let mut rules = BTreeMap::new();
+    for sr in &parsed {
+        let before = diags.len();
+        validate_rule(sr, &mut diags);
+        if diags.len() > before {
+            continue; // compiling a structurally broken rule only repeats the errors
+        }
+        match CompiledRule::compile(sr, &sources.templates, limits) {
+            Ok(c) => {
+                rules.insert(sr.rule.metadata.name.value.clone(), Arc::new(c));
+            }
+            Err(mut d) => diags.append(&mut d),
+        }
+    }
+    if diags.is_empty() {
+        Ok(RuleSet {
+            rules,
+            fingerprint: sources.fingerprint(),
+        })
+    } else {
+        diags.sort();
+        diags.dedup();
+        Err(Diagnostics(diags))
+    }
+}
+
+/// Splits a YAML stream into documents and reads each as a rule. A document that is
+/// empty (comments only) is skipped. Line numbers stay those of the whole file.
+pub fn parse_file(file: &str, text: &str) -> Result<Vec<SourcedRule>, Vec<Diagnostic>> {
+    let mut rules = Vec::new();
+    let mut diags = Vec::new();
+    for doc in split_documents(text) {
+        if doc
+            .lines()
+            .all(|l| l.trim().is_empty() || l.trim_start().starts_with('#'))
+        {
+            continue;
+        }
+        match serde_saphyr::from_str::<Rule>(&doc) {
+            Ok(rule) => rules.push(SourcedRule {
+                file: file.to_string(),
+                rule,
+            }),
+            Err(e) => {
+                let (line, col) = e
+                    .location()
+                    .map(|l| (l.line(), l.column()))
+                    .unwrap_or((0, 0));
+                diags.push(Diagnostic::new(file, line, col, yaml_message(&e)));
+            }
+        }
+    }
+    if diags.is_empty() {
+        Ok(rules)
+    } else {
+        Err(diags)
+    }
+}
+
+/// The first line of a YAML error, without the position (the diagnostic carries it).
+pub fn yaml_message(e: &serde_saphyr::Error) -> String {
+    let full = e.to_string();
+    let first = full.lines().next().unwrap_or("").trim();
+    // serde-saphyr appends " at line X, column Y"; the diagnostic says that already.
+    let msg = match first.rfind(" at line ") {
+        Some(i) => &first[..i],
+        None => first,
+    };
+    msg.trim_start_matches("error: ").to_string()
+}
+
+/// Each document of a YAML stream, padded with blank lines so that line numbers stay
+/// those of the whole stream. A `---` or `...` at column 0 always ends a document (the
+/// YAML spec forbids them inside content).
+fn split_documents(text: &str) -> Vec<String> {
+    let is_marker = |line: &str, m: &str| {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        bare == m || bare.starts_with(&format!("{m} ")) || bare.starts_with(&format!("{m}\t"))
+    };
+    let mut docs = Vec::new();
+    let mut current = String::new();
+    for (seen, line) in text.split_inclusive('\n').enumerate() {
+        if is_marker(line, "---") {
+            docs.push(std::mem::take(&mut current));
+            // `--- {a: 1}` keeps its content, at its column
+            current = "\n".repeat(seen);
+            current.push_str("   ");
+            current.push_str(&line[3..]);
+        } else if is_marker(line, "...") {
+            docs.push(std::mem::take(&mut current));
+            current = "\n".repeat(seen + 1);
+        } else {
+            current.push_str(line);
+        }
+    }
+    docs.push(current);
+    docs
+}
+
+/// Structural checks of one rule that need no templates.
+fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
+    let file = sr.file.as_str();
+    let r = &sr.rule;
+    let name = r.metadata.name.as_str();
+    let mut err = |loc: (u64, u64), key: &str, msg: String| {
+        diags.push(Diagnostic::new(
+            file,
+            loc.0,
+            loc.1,
+            format!("rule '{name}': {key}: {msg}"),
+        ))
+    };
+    let at = |l: &Loc<String>| (l.line, l.col);
+    if r.api_version.as_str() != API_VERSION {
+        err(
+            at(&r.api_version),
+            "apiVersion",
+            format!("must be {API_VERSION}, not '{}'", r.api_version.value),
+        );
+    }
+    if r.kind.as_str() != KIND {
+        err(
+            at(&r.kind),
+            "kind",
+            format!("must be {KIND}, not '{}'", r.kind.value),
+        );
+    }
+    if !is_dns_label(name) {
+        err(
+            at(&r.metadata.name),
+            "metadata.name",
+            "must be a DNS label: lower-case letters, digits and '-', at most 63 characters".into(),
+        );
+    }
+    check_kind_ref(&r.spec.parent, "spec.parent", &mut err);
+    let mut seen = BTreeSet::new();
+    for (i, c) in r.spec.children.iter().enumerate() {
+        let key = format!("spec.children[{i}]");
+        if !is_identifier(&c.name) {
+            err(
+                at(&c.name),
+                &format!("{key}.name"),
+                format!(
+                    "'{}' is not an identifier ([a-zA-Z_][a-zA-Z0-9_]*, usable as children.<name>)",
+                    c.name.value
+                ),
+            );
+        } else if !seen.insert(c.name.as_str()) {
+            err(
+                at(&c.name),
+                &format!("{key}.name"),
+                format!("'{}' is used by another child of this rule", c.name.value),
+            );
+        }
+        check_kind_ref(
+            &KindRef {
+                api_version: c.api_version.clone(),
+                kind: c.kind.clone(),
+            },
+            &key,
+            &mut err,
+        );
+        let t = c.template.as_str();
+        if t.is_empty()
+            || t.starts_with('/')
+            || t.split(['/', '\\']).any(|p| p == ".." || p.is_empty())
+        {
+            err(
+                at(&c.template),
+                &format!("{key}.template"),
+                format!(
+                    "'{t}' must be a relative path inside the templates directory, without '..'"
+                ),
+            );
+        }
+    }
+    for (field, v) in &r.spec.status {
+        if !is_status_key(field) {
+            err(
+                (v.line, v.col),
+                &format!("spec.status.{field}"),
+                "a status key is a JSON field name ([a-zA-Z_][a-zA-Z0-9_]*)".into(),
+            );
+        }
+        if matches!(field.as_str(), "conditions" | "observedGeneration") {
+            err(
+                (v.line, v.col),
+                &format!("spec.status.{field}"),
+                "is written by Rulebook itself".into(),
+            );
+        }
+    }
+    if let Some(resync) = &r.spec.resync
+        && let Err(e) = parse_duration(resync)
+    {
+        err(at(resync), "spec.resync", e);
+    }
+}
+
+fn check_kind_ref(k: &KindRef, key: &str, err: &mut impl FnMut((u64, u64), &str, String)) {
+    let av = k.api_version.as_str();
+    let (g, v) = split_api_version(av);
+    let ok_group = g.is_empty() || g.split('.').all(is_dns_label);
+    if av.is_empty() || !ok_group || !is_dns_label(v) || av.matches('/').count() > 1 {
+        err(
+            (k.api_version.line, k.api_version.col),
+            &format!("{key}.apiVersion"),
+            format!("'{av}' is not an apiVersion (group/version, or v1)"),
+        );
+    }
+    let kind = k.kind.as_str();
+    if kind.is_empty()
+        || !kind.starts_with(|c: char| c.is_ascii_uppercase())
+        || !kind.chars().all(|c| c.is_ascii_alphanumeric())
+    {
+        err(
+            (k.kind.line, k.kind.col),
+            &format!("{key}.kind"),
+            format!("'{kind}' is not a kind (CamelCase, letters and digits)"),
+        );
+    }
+}
+
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+pub fn is_identifier(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn is_status_key(s: &str) -> bool {
+    is_identifier(s)
+}
+
+/// `30s`, `10m`, `1h30m`, `2h`, `500ms`; at least one second.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("'{s}' is not a duration like 30s, 10m or 1h30m");
+    let mut total = Duration::ZERO;
+    let mut num = String::new();
+    let mut chars = s.trim().chars().peekable();
+    let mut any = false;
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            num.push(c);
+            continue;
+        }
+        let n: u64 = num.parse().map_err(|_| bad())?;
+        num.clear();
+        let unit = match (c, chars.peek()) {
+            ('m', Some('s')) => {
+                chars.next();
+                Duration::from_millis(1)
+            }
+            ('s', _) => Duration::from_secs(1),
+            ('m', _) => Duration::from_secs(60),
+            ('h', _) => Duration::from_secs(3600),
+            _ => return Err(bad()),
+        };
+        total = unit
+            .checked_mul(u32::try_from(n).map_err(|_| bad())?)
+            .and_then(|d| total.checked_add(d))
+            .ok_or_else(bad)?;
+        any = true;
+    }
+    if !num.is_empty() || !any {
+        return Err(bad());
+    }
+    if total < Duration::from_secs(1) {
+        return Err(format!("'{s}' is shorter than the minimum of 1s"));
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("100ms").is_err());
+    }
+
+    #[test]
+    fn documents_keep_their_line_numbers() {
+        let text = "a: 1\n---\nb: 2\n\nc: 3\n--- \n# only a comment\n---\nd: 4\n";
+        let docs = split_documents(text);
+        let docs: Vec<_> = docs
+            .into_iter()
+            .filter(|d| {
+                d.lines()
+                    .any(|l| !l.trim().is_empty() && !l.trim().starts_with('#'))
+            })
+            .collect();
+        assert_eq!(docs.len(), 3);
+        let line_of = |doc: &str, needle: &str| {
+            doc.lines()
+                .position(|l| l.starts_with(needle))
+                .map(|i| i + 1)
+        };
+        assert_eq!(line_of(&docs[0], "a:"), Some(1));
+        assert_eq!(line_of(&docs[1], "b:"), Some(3));
+        assert_eq!(line_of(&docs[1], "c:"), Some(5));
+        assert_eq!(line_of(&docs[2], "d:"), Some(9));
+    }
+}

@@ -1,0 +1,323 @@
+//! The rule file format, `rulebook.dev/v1alpha1` `Rule`.
+//!
+//! Every type here is plain data: serde for reading, schemars for `rulebook schema`.
+//! Fields whose value can be wrong in ways only a later check sees (names, template
+//! paths, expressions, JSONPaths) carry their source position in a [`Loc`], so every
+//! error can say `file:line:col`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use schemars::JsonSchema;
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
+
+pub const API_VERSION: &str = "rulebook.dev/v1alpha1";
+pub const KIND: &str = "Rule";
+
+/// A value together with the line and column it was read from (1-based; 0 when unknown).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Loc<T> {
+    pub value: T,
+    pub line: u64,
+    pub col: u64,
+}
+
+impl<T> Loc<T> {
+    pub fn new(value: T) -> Self {
+        Loc {
+            value,
+            line: 0,
+            col: 0,
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Loc<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Loc<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let spanned = serde_saphyr::Spanned::<T>::deserialize(d)?;
+        Ok(Loc {
+            value: spanned.value,
+            line: spanned.referenced.line(),
+            col: spanned.referenced.column(),
+        })
+    }
+}
+
+impl<T: Serialize> Serialize for Loc<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.value.serialize(s)
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for Loc<T> {
+    fn inline_schema() -> bool {
+        true
+    }
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        T::schema_name()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        T::json_schema(generator)
+    }
+}
+
+/// One rule: a watched parent kind, the children rendered for each parent, and the
+/// status written back to it.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(title = "Rulebook Rule")]
+pub struct Rule {
+    /// Always `rulebook.dev/v1alpha1`.
+    pub api_version: Loc<String>,
+    /// Always `Rule`.
+    pub kind: Loc<String>,
+    pub metadata: RuleMetadata,
+    pub spec: RuleSpec,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RuleMetadata {
+    /// Unique across the rule set; a DNS label (lower-case letters, digits, `-`).
+    pub name: Loc<String>,
+    /// Free-form, ignored by Rulebook.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Free-form, ignored by Rulebook.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RuleSpec {
+    /// The watched kind: every object of this kind is a parent.
+    pub parent: KindRef,
+    /// The objects rendered for each parent, applied in this order.
+    #[serde(default)]
+    pub children: Vec<ChildRule>,
+    /// Fields written to the parent's `.status`, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub status: BTreeMap<String, Loc<StatusValue>>,
+    /// Periodic re-reconcile of every parent, e.g. `30s`, `10m`, `1h`. Off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resync: Option<Loc<String>>,
+    /// The parent's CustomResourceDefinition, when this rule defines it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crd: Option<CrdSpec>,
+}
+
+/// A kind, by `apiVersion` (`group/version`, or `v1` for the core group) and `kind`.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KindRef {
+    pub api_version: Loc<String>,
+    pub kind: Loc<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ChildRule {
+    /// An identifier (`[a-zA-Z_][a-zA-Z0-9_]*`); expressions see the live child as `children.<name>`.
+    pub name: Loc<String>,
+    pub api_version: Loc<String>,
+    pub kind: Loc<String>,
+    /// A minijinja template, relative to the templates directory, that renders exactly one object.
+    pub template: Loc<String>,
+    /// An expression; the child exists only while it is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_when: Option<Loc<String>>,
+    /// An expression over `child` (the live object); default: the child exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_when: Option<Loc<String>>,
+    /// An expression giving a list; the template is rendered once per item (`item`, `index`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<Loc<String>>,
+    /// Take over an existing object of the same name that Rulebook did not create.
+    /// Off by default: such an object is reported as a conflict and left alone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopt: bool,
+}
+
+/// How one status field is computed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum StatusValue {
+    /// A JSONPath (RFC 9535) over `{parent, children}`, with an optional default when nothing matches.
+    JsonPath {
+        #[serde(rename = "jsonPath")]
+        path: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        default: Option<serde_json::Value>,
+    },
+    /// A minijinja expression.
+    Expr { expr: String },
+    /// A literal.
+    Value { value: serde_json::Value },
+    /// The first case whose `when` holds; a case without `when` always holds.
+    Cases { cases: Vec<Case> },
+}
+
+/// One branch of a `cases` status value: a literal `value` or an `expr`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Case {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expr: Option<String>,
+}
+
+/// The written forms of a status value, for reading and for the JSON Schema.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct StatusObject {
+    #[serde(default)]
+    json_path: Option<String>,
+    #[serde(default)]
+    default: Option<serde_json::Value>,
+    #[serde(default)]
+    expr: Option<String>,
+    #[serde(default)]
+    value: Option<serde_json::Value>,
+    #[serde(default)]
+    cases: Option<Vec<Case>>,
+}
+
+#[derive(JsonSchema)]
+#[serde(untagged)]
+#[allow(dead_code)] // only its schema is used
+enum StatusValueSchema {
+    /// A JSONPath over `{parent, children}`.
+    JsonPath(String),
+    /// Exactly one of `jsonPath` (with optional `default`), `expr`, `value`, `cases`.
+    Object(StatusObject),
+}
+
+impl JsonSchema for StatusValue {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "StatusValue".into()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        StatusValueSchema::json_schema(generator)
+    }
+}
+
+impl<'de> Deserialize<'de> for StatusValue {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StatusValue;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSONPath string or a map with one of jsonPath, expr, value, cases")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<StatusValue, E> {
+                Ok(StatusValue::JsonPath {
+                    path: v.to_string(),
+                    default: None,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<StatusValue, A::Error> {
+                let o = StatusObject::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let given = [
+                    o.json_path.is_some(),
+                    o.expr.is_some(),
+                    o.value.is_some(),
+                    o.cases.is_some(),
+                ]
+                .iter()
+                .filter(|b| **b)
+                .count();
+                if given != 1 {
+                    return Err(de::Error::custom(
+                        "a status value needs exactly one of jsonPath, expr, value, cases",
+                    ));
+                }
+                if o.default.is_some() && o.json_path.is_none() {
+                    return Err(de::Error::custom("`default` goes only with `jsonPath`"));
+                }
+                Ok(match (o.json_path, o.expr, o.value, o.cases) {
+                    (Some(path), ..) => StatusValue::JsonPath {
+                        path,
+                        default: o.default,
+                    },
+                    (_, Some(expr), ..) => StatusValue::Expr { expr },
+                    (_, _, Some(value), _) => StatusValue::Value { value },
+                    (.., Some(cases)) => StatusValue::Cases { cases },
+                    _ => unreachable!("exactly one form was checked above"),
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The parent's CustomResourceDefinition. Group, version and kind come from `spec.parent`.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CrdSpec {
+    /// Lower-case plural, e.g. `mywebs`. Default: the kind in lower case plus `s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plural: Option<Loc<String>>,
+    /// Default: the kind in lower case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub singular: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub short_names: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub categories: Vec<String>,
+    /// `Namespaced` (default) or `Cluster`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Loc<String>>,
+    /// Extra `kubectl get` columns; Ready and Age are always added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub printer_columns: Vec<PrinterColumn>,
+    /// OpenAPI v3 schema of `.spec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_schema: Option<Loc<serde_json::Value>>,
+    /// OpenAPI v3 schema of extra `.status` properties (conditions and observedGeneration are added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_schema: Option<Loc<serde_json::Value>>,
+    /// Allow schema changes that can break stored objects (removed fields, changed types).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_breaking_changes: bool,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct PrinterColumn {
+    pub name: String,
+    /// `string`, `integer`, `number`, `boolean` or `date`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// A simple JSONPath into the object, e.g. `.status.url`.
+    pub json_path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+}
+
+impl KindRef {
+    /// `(group, version)` of the apiVersion; the core group is `""`.
+    pub fn group_version(&self) -> (&str, &str) {
+        split_api_version(&self.api_version)
+    }
+}
+
+pub fn split_api_version(api_version: &str) -> (&str, &str) {
+    match api_version.rsplit_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", api_version),
+    }
+}
