@@ -30,6 +30,36 @@ pub enum Command {
     Render(RenderArgs),
     /// Print the JSON Schema of the rule file format.
     Schema,
+    /// Print the CustomResourceDefinitions the rules define.
+    Crds(CrdsArgs),
+    /// Print a least-privilege ClusterRole and ClusterRoleBinding for the rules.
+    Rbac(RbacArgs),
+    /// Run the operator against a cluster.
+    Run(crate::operator::RunArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CrdsArgs {
+    #[command(flatten)]
+    pub dirs: RuleDirs,
+}
+
+#[derive(Args, Debug)]
+pub struct RbacArgs {
+    #[command(flatten)]
+    pub dirs: RuleDirs,
+    /// Name of the ClusterRole and ClusterRoleBinding.
+    #[arg(long, default_value = "rulebook")]
+    pub name: String,
+    /// The ServiceAccount to bind, as NAMESPACE/NAME.
+    #[arg(long, default_value = "rulebook-system/rulebook")]
+    pub service_account: String,
+    /// Include what `run --install-crds` needs.
+    #[arg(long)]
+    pub install_crds: bool,
+    /// Include what `run --leader-elect` needs.
+    #[arg(long)]
+    pub leader_elect: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -81,7 +111,62 @@ pub fn run_offline(command: &Command, out: &mut dyn Write, err: &mut dyn Write) 
             writeln!(out, "{}", schema_json()?)?;
             Ok(0)
         }
+        Command::Crds(args) => crds(args, out, err),
+        Command::Rbac(args) => rbac(args, out, err),
+        Command::Run(_) => bail!("`run` needs the async runtime; call operator::run"),
     }
+}
+
+fn load_or_report(dirs: &RuleDirs, err: &mut dyn Write) -> Result<Option<RuleSet>> {
+    match dirs.load() {
+        Ok(set) => Ok(Some(set)),
+        Err(diags) => {
+            for d in &diags.0 {
+                writeln!(err, "{d}")?;
+            }
+            Ok(None)
+        }
+    }
+}
+
+fn write_stream(objects: &[Json], out: &mut dyn Write) -> Result<()> {
+    for (i, o) in objects.iter().enumerate() {
+        if i > 0 {
+            writeln!(out, "---")?;
+        }
+        write!(out, "{}", to_yaml(o)?)?;
+    }
+    Ok(())
+}
+
+fn crds(args: &CrdsArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
+    let Some(set) = load_or_report(&args.dirs, err)? else {
+        return Ok(1);
+    };
+    let crds: Vec<Json> = set
+        .rules
+        .values()
+        .filter_map(|r| crate::crd::crd_for(r))
+        .collect();
+    write_stream(&crds, out)?;
+    Ok(0)
+}
+
+fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
+    let Some(set) = load_or_report(&args.dirs, err)? else {
+        return Ok(1);
+    };
+    let Some((ns, name)) = args.service_account.split_once('/') else {
+        bail!("--service-account takes NAMESPACE/NAME");
+    };
+    let opts = crate::rbac::RbacOptions {
+        name: args.name.clone(),
+        service_account: (ns.to_string(), name.to_string()),
+        install_crds: args.install_crds,
+        leader_elect: args.leader_elect,
+    };
+    write_stream(&crate::rbac::manifests(&set, &opts), out)?;
+    Ok(0)
 }
 
 fn check(args: &CheckArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
@@ -172,12 +257,8 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
             to_yaml(&serde_json::json!({ "status": status }))?
         )?;
     } else {
-        for (i, d) in desired.iter().enumerate() {
-            if i > 0 {
-                writeln!(out, "---")?;
-            }
-            write!(out, "{}", to_yaml(&d.object)?)?;
-        }
+        let objects: Vec<Json> = desired.into_iter().map(|d| d.object).collect();
+        write_stream(&objects, out)?;
     }
     Ok(0)
 }

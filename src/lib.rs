@@ -5,5 +5,13 @@
 //! `engine` (one controller per rule) → `reload` (new rule sets from disk).
 
 pub mod cli;
+pub mod crd;
+pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod operator;
+pub mod rbac;
+pub mod reconcile;
+pub mod reload;
 pub mod render;
 pub mod rules;

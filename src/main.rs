@@ -1,8 +1,19 @@
+//! The `rulebook` binary: parses the command line, sets up logging and the async
+//! runtime for `run`, and maps errors to exit codes. Everything else is in the library.
+
 use clap::Parser;
-use rulebook::cli::{Cli, run_offline};
+use rulebook::cli::{Cli, Command, run_offline};
+use tracing_subscriber::EnvFilter;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::Run(args) = cli.command {
+        init_logging(&args.log_format);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        return runtime.block_on(rulebook::operator::run(args));
+    }
     match run_offline(&cli.command, &mut std::io::stdout(), &mut std::io::stderr()) {
         Ok(code) => std::process::exit(code),
         // `rulebook render ... | head` is not an error.
@@ -13,5 +24,18 @@ fn main() -> anyhow::Result<()> {
             std::process::exit(0)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// `RUST_LOG`-style filtering (default `info`), text or JSON lines on stderr.
+fn init_logging(format: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().with_current_span(true).init();
+    } else {
+        builder.init();
     }
 }

@@ -502,6 +502,8 @@ impl CompiledRule {
                     line: v.line,
                     col: v.col,
                 };
+                // A case's own position, or the status value's when it is unknown.
+                let case_at = |s: &Loc<String>| if s.line > 0 { s.clone() } else { at(s) };
                 let program = match &v.value {
                     StatusValue::JsonPath { path, default } => {
                         match jsonpath_rust::parser::parse_json_path(path) {
@@ -532,7 +534,7 @@ impl CompiledRule {
                                     v.line,
                                     v.col,
                                     &key,
-                                    format!("invalid JSONPath '{path}': {e}"),
+                                    format!("invalid JSONPath '{path}': {}", one_line(&e)),
                                 ));
                                 None
                             }
@@ -549,7 +551,7 @@ impl CompiledRule {
                             let ckey = format!("{key}.cases[{j}]");
                             let when = match &case.when {
                                 Some(w) => {
-                                    match compile_expr(&at(w), format!("{ckey}.when"), &[]) {
+                                    match compile_expr(&case_at(w), format!("{ckey}.when"), &[]) {
                                         Some(e) => Some(e),
                                         None => {
                                             ok = false;
@@ -560,10 +562,11 @@ impl CompiledRule {
                                 None => None,
                             };
                             let result = match (&case.value, &case.expr) {
-                                (Some(_), Some(_)) => {
+                                (Some(_), Some(e)) => {
+                                    let e = case_at(e);
                                     diags.borrow_mut().push(diag(
-                                        v.line,
-                                        v.col,
+                                        e.line,
+                                        e.col,
                                         &ckey,
                                         "a case has `value` or `expr`, not both".into(),
                                     ));
@@ -572,7 +575,7 @@ impl CompiledRule {
                                 }
                                 (Some(value), None) => CaseResult::Value(value.clone()),
                                 (None, Some(e)) => {
-                                    match compile_expr(&at(e), format!("{ckey}.expr"), &[]) {
+                                    match compile_expr(&case_at(e), format!("{ckey}.expr"), &[]) {
                                         Some(e) => CaseResult::Expr(e),
                                         None => {
                                             ok = false;
@@ -1084,6 +1087,36 @@ pub fn describe(e: &minijinja::Error) -> String {
         source = s.source();
     }
     msg
+}
+
+/// A parse error on one line: the JSONPath parser draws the position over several lines
+/// (`--> 1:20`, the query, a caret, `= expected ...`).
+fn one_line(e: &dyn std::fmt::Display) -> String {
+    let text = e.to_string();
+    if !text.contains('\n') {
+        return text;
+    }
+    let mut head = "";
+    let mut at = None;
+    let mut what = Vec::new();
+    for (i, l) in text.lines().map(str::trim).enumerate() {
+        let (before, pos) = match l.split_once("-->") {
+            Some((b, p)) => (b, Some(p)),
+            None => (l, None),
+        };
+        if i == 0 {
+            head = before.trim().trim_end_matches(':');
+        }
+        if let Some(p) = pos {
+            at = p.trim().rsplit(':').next();
+        } else if let Some(w) = l.strip_prefix("= ") {
+            what.push(w);
+        }
+    }
+    match at {
+        Some(col) => format!("{head}: at column {col}: {}", what.join("; ")),
+        None => format!("{head}: {}", what.join("; ")),
+    }
 }
 
 fn allowed_list(allowed: &BTreeSet<String>, extra: &[&str]) -> String {

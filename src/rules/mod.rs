@@ -231,10 +231,10 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
     let mut diags = Vec::new();
     let mut parsed = Vec::new();
     for (file, text) in &sources.rule_files {
-        match parse_file(file, text) {
-            Ok(rules) => parsed.extend(rules),
-            Err(mut d) => diags.append(&mut d),
-        }
+        // The good documents of a file with a broken one are still checked.
+        let (rules, mut d) = parse_documents(file, text);
+        parsed.extend(rules);
+        diags.append(&mut d);
     }
     // Names and parent kinds are unique across the set.
     let mut names: BTreeMap<&str, &SourcedRule> = BTreeMap::new();
@@ -302,6 +302,16 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
 /// Splits a YAML stream into documents and reads each as a rule. A document that is
 /// empty (comments only) is skipped. Line numbers stay those of the whole file.
 pub fn parse_file(file: &str, text: &str) -> Result<Vec<SourcedRule>, Vec<Diagnostic>> {
+    let (rules, diags) = parse_documents(file, text);
+    if diags.is_empty() {
+        Ok(rules)
+    } else {
+        Err(diags)
+    }
+}
+
+/// The rules of the documents that parse, and a diagnostic for each that does not.
+fn parse_documents(file: &str, text: &str) -> (Vec<SourcedRule>, Vec<Diagnostic>) {
     let mut rules = Vec::new();
     let mut diags = Vec::new();
     for doc in split_documents(text) {
@@ -321,20 +331,23 @@ pub fn parse_file(file: &str, text: &str) -> Result<Vec<SourcedRule>, Vec<Diagno
                     .location()
                     .map(|l| (l.line(), l.column()))
                     .unwrap_or((0, 0));
-                diags.push(Diagnostic::new(file, line, col, yaml_message(&e)));
+                let message = yaml_message(&e);
+                let (line, col) = if message.contains("found a tab") {
+                    tab_position(&doc, line).unwrap_or((line, col))
+                } else {
+                    (line, col)
+                };
+                diags.push(Diagnostic::new(file, line, col, message));
             }
         }
     }
-    if diags.is_empty() {
-        Ok(rules)
-    } else {
-        Err(diags)
-    }
+    (rules, diags)
 }
 
 /// The first line of a YAML error, without the position (the diagnostic carries it).
 pub fn yaml_message(e: &serde_saphyr::Error) -> String {
-    let full = e.to_string();
+    // Without the source snippet, serde-saphyr prints "<message> at line X, column Y".
+    let full = e.without_snippet().to_string();
     let first = full.lines().next().unwrap_or("").trim();
     // serde-saphyr appends " at line X, column Y"; the diagnostic says that already.
     let msg = match first.rfind(" at line ") {
@@ -342,6 +355,25 @@ pub fn yaml_message(e: &serde_saphyr::Error) -> String {
         None => first,
     };
     msg.trim_start_matches("error: ").to_string()
+}
+
+/// The YAML scanner reports a tab that indents the line after a plain scalar at the
+/// scalar's start; the tab is on the next non-blank line.
+fn tab_position(doc: &str, line: u64) -> Option<(u64, u64)> {
+    let lines: Vec<&str> = doc.lines().collect();
+    let here = lines.get(usize::try_from(line).ok()?.checked_sub(1)?)?;
+    if here.contains('\t') {
+        return None;
+    }
+    lines
+        .iter()
+        .enumerate()
+        .skip(line as usize)
+        .find(|(_, l)| !l.trim().is_empty())
+        .and_then(|(i, l)| {
+            let indent = &l[..l.len() - l.trim_start().len()];
+            indent.find('\t').map(|col| (i as u64 + 1, col as u64 + 1))
+        })
 }
 
 /// Each document of a YAML stream, padded with blank lines so that line numbers stay

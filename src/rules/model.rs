@@ -171,11 +171,11 @@ pub enum StatusValue {
 #[serde(deny_unknown_fields)]
 pub struct Case {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub when: Option<String>,
+    pub when: Option<Loc<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expr: Option<String>,
+    pub expr: Option<Loc<String>>,
 }
 
 /// The written forms of a status value, for reading and for the JSON Schema.

@@ -1,0 +1,389 @@
+//! CustomResourceDefinitions from rules' `spec.crd` sections. Pure: builds the objects;
+//! `rulebook crds` prints them and `rulebook run --install-crds` applies them.
+
+use serde_json::{Map, Value as Json, json};
+
+use crate::render::CompiledRule;
+use crate::rules::{CrdSpec, split_api_version};
+
+/// The CRD's plural: given, or the kind in lower case plus `s`.
+pub fn plural(crd: &CrdSpec, kind: &str) -> String {
+    match &crd.plural {
+        Some(p) => p.value.clone(),
+        None => crate::rbac::guess_plural(kind),
+    }
+}
+
+/// The CRD of a rule that has a `spec.crd` section.
+pub fn crd_for(rule: &CompiledRule) -> Option<Json> {
+    let crd = rule.rule.spec.crd.as_ref()?;
+    let parent = &rule.rule.spec.parent;
+    let (group, version) = split_api_version(&parent.api_version);
+    let kind = parent.kind.as_str();
+    let plural = plural(crd, kind);
+    let singular = crd.singular.clone().unwrap_or_else(|| kind.to_lowercase());
+    let mut names = json!({
+        "kind": kind,
+        "listKind": format!("{kind}List"),
+        "plural": plural,
+        "singular": singular,
+    });
+    if !crd.short_names.is_empty() {
+        names["shortNames"] = json!(crd.short_names);
+    }
+    if !crd.categories.is_empty() {
+        names["categories"] = json!(crd.categories);
+    }
+    let scope = crd
+        .scope
+        .as_ref()
+        .map(|s| s.value.clone())
+        .unwrap_or_else(|| "Namespaced".into());
+    let mut columns: Vec<Json> = crd
+        .printer_columns
+        .iter()
+        .map(|c| {
+            let mut col = json!({"name": c.name, "type": c.type_, "jsonPath": c.json_path});
+            if let Some(d) = &c.description {
+                col["description"] = json!(d);
+            }
+            if let Some(p) = c.priority {
+                col["priority"] = json!(p);
+            }
+            col
+        })
+        .collect();
+    columns.push(json!({
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status",
+    }));
+    columns.push(json!({"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}));
+    let spec_schema = crd
+        .spec_schema
+        .as_ref()
+        .map(|s| s.value.clone())
+        .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+    let mut status_props = crd
+        .status_schema
+        .as_ref()
+        .and_then(|s| s.value.get("properties").cloned())
+        .and_then(|p| p.as_object().cloned())
+        .unwrap_or_else(Map::new);
+    status_props.insert(
+        "observedGeneration".into(),
+        json!({"type": "integer", "format": "int64"}),
+    );
+    status_props.insert("conditions".into(), conditions_schema());
+    let mut status_schema = json!({"type": "object", "properties": status_props});
+    if crd.status_schema.is_none() {
+        status_schema["x-kubernetes-preserve-unknown-fields"] = json!(true);
+    }
+    Some(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": format!("{plural}.{group}"),
+            "labels": {
+                "app.kubernetes.io/managed-by": "rulebook",
+                "rulebook.dev/rule": rule.name,
+            },
+        },
+        "spec": {
+            "group": group,
+            "names": names,
+            "scope": scope,
+            "versions": [{
+                "name": version,
+                "served": true,
+                "storage": true,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": columns,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": spec_schema,
+                        "status": status_schema,
+                    },
+                }},
+            }],
+        },
+    }))
+}
+
+/// `status.conditions` per the API conventions (metav1.Condition), a list map keyed by type.
+fn conditions_schema() -> Json {
+    json!({
+        "type": "array",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": {
+            "type": "object",
+            "required": ["type", "status", "lastTransitionTime", "reason", "message"],
+            "properties": {
+                "type": {"type": "string", "maxLength": 316},
+                "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                "reason": {"type": "string", "maxLength": 1024},
+                "message": {"type": "string", "maxLength": 32768},
+                "lastTransitionTime": {"type": "string", "format": "date-time"},
+                "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+            },
+        },
+    })
+}
+
+/// Schema changes that could break objects already stored: a removed property, a
+/// changed type, a new required field, tighter bounds, fewer enum values, stricter
+/// patterns or formats. `path` names the place, e.g. `spec.replicas`.
+pub fn breaking_changes(old: &Json, new: &Json, path: &str, out: &mut Vec<String>) {
+    let here = if path.is_empty() {
+        "(root)".to_string()
+    } else {
+        path.to_string()
+    };
+    let get = |v: &Json, k: &str| v.get(k).cloned();
+    if get(old, "type") != get(new, "type") && get(old, "type").is_some() {
+        out.push(format!(
+            "{here}: type changes from {} to {}",
+            get(old, "type").unwrap_or(Json::Null),
+            get(new, "type").unwrap_or(Json::Null)
+        ));
+        return;
+    }
+    if let Some(old_props) = old.get("properties").and_then(Json::as_object) {
+        let new_props = new.get("properties").and_then(Json::as_object);
+        let preserves = new.get("x-kubernetes-preserve-unknown-fields") == Some(&Json::Bool(true));
+        for (k, v) in old_props {
+            let child = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            match new_props.and_then(|p| p.get(k)) {
+                Some(nv) => breaking_changes(v, nv, &child, out),
+                None if !preserves => {
+                    out.push(format!("{child}: removed (stored values would be pruned)"))
+                }
+                None => {}
+            }
+        }
+    }
+    if let (Some(oi), Some(ni)) = (old.get("items"), new.get("items")) {
+        breaking_changes(oi, ni, &format!("{here}[]"), out);
+    }
+    let old_req: Vec<&str> = old
+        .get("required")
+        .and_then(Json::as_array)
+        .map(|a| a.iter().filter_map(Json::as_str).collect())
+        .unwrap_or_default();
+    if let Some(new_req) = new.get("required").and_then(Json::as_array) {
+        for r in new_req.iter().filter_map(Json::as_str) {
+            if !old_req.contains(&r) {
+                out.push(format!("{here}: '{r}' becomes required"));
+            }
+        }
+    }
+    for (k, tighter_if_greater) in [
+        ("minimum", true),
+        ("minLength", true),
+        ("minItems", true),
+        ("minProperties", true),
+        ("maximum", false),
+        ("maxLength", false),
+        ("maxItems", false),
+        ("maxProperties", false),
+    ] {
+        let (o, n) = (
+            old.get(k).and_then(Json::as_f64),
+            new.get(k).and_then(Json::as_f64),
+        );
+        let tighter = match (o, n) {
+            (None, Some(_)) => true,
+            (Some(o), Some(n)) => {
+                if tighter_if_greater {
+                    n > o
+                } else {
+                    n < o
+                }
+            }
+            _ => false,
+        };
+        if tighter {
+            out.push(format!(
+                "{here}: {k} tightens ({} → {})",
+                o.map_or("none".into(), |v| v.to_string()),
+                n.map_or("none".into(), |v| v.to_string())
+            ));
+        }
+    }
+    if let Some(new_enum) = new.get("enum").and_then(Json::as_array) {
+        match old.get("enum").and_then(Json::as_array) {
+            None => out.push(format!("{here}: enum added")),
+            Some(old_enum) => {
+                for v in old_enum {
+                    if !new_enum.contains(v) {
+                        out.push(format!("{here}: enum value {v} removed"));
+                    }
+                }
+            }
+        }
+    }
+    for k in ["pattern", "format"] {
+        if new.get(k).is_some() && new.get(k) != old.get(k) {
+            out.push(format!("{here}: {k} changes"));
+        }
+    }
+}
+
+/// The served version's schema of a CRD object.
+fn schema_of(crd: &Json) -> Option<&Json> {
+    crd.pointer("/spec/versions")?
+        .as_array()?
+        .iter()
+        .find(|v| v.get("storage") == Some(&Json::Bool(true)))?
+        .pointer("/schema/openAPIV3Schema")
+}
+
+/// Applies the CRDs of `set` (server-side apply, field manager `rulebook`), refusing
+/// breaking schema changes unless the rule allows them, and waits until each is
+/// Established. Failures are reported per rule; the others go on. Never deletes a CRD.
+pub async fn install(client: &kube::Client, set: &crate::rules::RuleSet) -> Vec<(String, String)> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Api, Patch, PatchParams};
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut failures = Vec::new();
+    for rule in set.rules.values() {
+        let Some(desired) = crd_for(rule) else {
+            continue;
+        };
+        let name = desired
+            .pointer("/metadata/name")
+            .and_then(Json::as_str)
+            .unwrap_or("")
+            .to_string();
+        let allow_breaking = rule
+            .rule
+            .spec
+            .crd
+            .as_ref()
+            .is_some_and(|c| c.allow_breaking_changes);
+        match api.get_opt(&name).await {
+            Ok(Some(live)) => {
+                let live = serde_json::to_value(&live).unwrap_or_default();
+                if !allow_breaking
+                    && let (Some(old), Some(new)) = (schema_of(&live), schema_of(&desired))
+                {
+                    let mut changes = Vec::new();
+                    breaking_changes(old, new, "", &mut changes);
+                    if !changes.is_empty() {
+                        let msg = format!(
+                            "CRD {name}: refusing breaking schema changes ({}); set spec.crd.allowBreakingChanges: true to apply them",
+                            changes.join("; ")
+                        );
+                        tracing::error!(rule = %rule.name, "{msg}");
+                        failures.push((rule.name.clone(), msg));
+                        continue;
+                    }
+                }
+                // Unchanged: no write.
+                if crd_matches(&live, &desired) {
+                    continue;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                failures.push((rule.name.clone(), format!("CRD {name}: {e}")));
+                continue;
+            }
+        }
+        let params = PatchParams::apply(crate::reconcile::FIELD_MANAGER).force();
+        if let Err(e) = api.patch(&name, &params, &Patch::Apply(&desired)).await {
+            let msg = format!("CRD {name}: {e}");
+            tracing::error!(rule = %rule.name, "{msg}");
+            failures.push((rule.name.clone(), msg));
+            continue;
+        }
+        tracing::info!(rule = %rule.name, crd = %name, "CRD applied");
+        let established = kube::runtime::wait::await_condition(
+            api.clone(),
+            &name,
+            kube::runtime::conditions::is_crd_established(),
+        );
+        if tokio::time::timeout(std::time::Duration::from_secs(30), established)
+            .await
+            .is_err()
+        {
+            failures.push((
+                rule.name.clone(),
+                format!("CRD {name} is not Established after 30s"),
+            ));
+        }
+    }
+    failures
+}
+
+/// Whether the live CRD already carries everything in `desired`.
+fn crd_matches(live: &Json, desired: &Json) -> bool {
+    fn subset(want: &Json, have: &Json) -> bool {
+        match (want, have) {
+            (Json::Object(w), Json::Object(h)) => w
+                .iter()
+                .all(|(k, v)| h.get(k).is_some_and(|hv| subset(v, hv))),
+            (Json::Array(w), Json::Array(h)) => {
+                w.len() == h.len() && w.iter().zip(h).all(|(a, b)| subset(a, b))
+            }
+            (w, h) => w == h,
+        }
+    }
+    subset(&desired["spec"], &live["spec"])
+        && subset(&desired["metadata"]["labels"], &live["metadata"]["labels"])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changes(old: Json, new: Json) -> Vec<String> {
+        let mut out = Vec::new();
+        breaking_changes(&old, &new, "", &mut out);
+        out
+    }
+
+    #[test]
+    fn additive_changes_are_not_breaking() {
+        let old = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        let new = json!({"type": "object", "properties": {"a": {"type": "string", "maxLength": 10}, "b": {"type": "integer"}}});
+        assert_eq!(
+            changes(
+                old.clone(),
+                json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}})
+            ),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            changes(old, new),
+            vec!["a: maxLength tightens (none → 10)".to_string()]
+        );
+    }
+
+    #[test]
+    fn removals_type_changes_and_required_are_breaking() {
+        let old = json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer", "enum": [1, 2]}}});
+        let new =
+            json!({"type": "object", "required": ["b"], "properties": {"b": {"type": "string"}}});
+        let c = changes(old, new);
+        assert!(
+            c.iter()
+                .any(|m| m == "a: removed (stored values would be pruned)"),
+            "{c:?}"
+        );
+        assert!(c.iter().any(|m| m.starts_with("b: type changes")), "{c:?}");
+        assert!(
+            c.iter().any(|m| m == "(root): 'b' becomes required"),
+            "{c:?}"
+        );
+    }
+}

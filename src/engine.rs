@@ -1,0 +1,571 @@
+//! The engine: one kube-runtime controller per rule, started, stopped and restarted as
+//! the rule set changes. A rule whose kinds cannot be resolved (CRD not installed yet)
+//! or that fails in any other way waits and retries on its own; the other rules run on.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::core::discovery::Scope as KubeScope;
+use kube::discovery::pinned_kind;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
+use kube::{Client, Resource};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::metrics::{self, Metrics};
+use crate::reconcile::{self, ChildKind, FIELD_MANAGER, RuleContext, WriteGate};
+use crate::render::{CompiledRule, labels};
+use crate::rules::{RuleSet, split_api_version};
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Concurrent reconciles per rule (the same parent is never reconciled twice at once).
+    pub concurrency: u16,
+    /// Watch parents (and children) in this namespace only.
+    pub namespace: Option<String>,
+    /// Label selector on parents.
+    pub parent_selector: Option<String>,
+    /// The reporting controller name on events.
+    pub reporter: String,
+    /// This instance (pod name), on events.
+    pub instance: Option<String>,
+    /// Check the rule's permissions with SelfSubjectAccessReviews before starting it.
+    pub check_permissions: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            concurrency: 4,
+            namespace: None,
+            parent_selector: None,
+            reporter: "rulebook".into(),
+            instance: None,
+            check_permissions: true,
+        }
+    }
+}
+
+/// What each rule is doing, for `/status` and readiness.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleStatus {
+    pub version: String,
+    pub file: String,
+    /// `starting`, `running` or `waiting`.
+    pub state: String,
+    /// Why the rule waits, or the last watch error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The rule's caches have listed everything once.
+    pub synced: bool,
+}
+
+#[derive(Default)]
+pub struct EngineStatus {
+    rules: RwLock<BTreeMap<String, RuleStatus>>,
+}
+
+impl EngineStatus {
+    pub fn snapshot(&self) -> BTreeMap<String, RuleStatus> {
+        self.rules.read().map(|r| r.clone()).unwrap_or_default()
+    }
+    fn update(&self, rule: &str, f: impl FnOnce(&mut RuleStatus)) {
+        if let Ok(mut rules) = self.rules.write()
+            && let Some(s) = rules.get_mut(rule)
+        {
+            f(s)
+        }
+    }
+    fn insert(&self, rule: &str, status: RuleStatus) {
+        if let Ok(mut rules) = self.rules.write() {
+            rules.insert(rule.to_string(), status);
+        }
+    }
+    fn remove(&self, rule: &str) {
+        if let Ok(mut rules) = self.rules.write() {
+            rules.remove(rule);
+        }
+    }
+    /// Every running rule has synced its caches (a waiting rule does not hold readiness back:
+    /// it is reported on `/status`, and the others serve).
+    pub fn all_synced(&self) -> bool {
+        self.rules
+            .read()
+            .map(|r| r.values().all(|s| s.synced || s.state == "waiting"))
+            .unwrap_or(false)
+    }
+}
+
+struct RunningRule {
+    version: String,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+pub struct Engine {
+    client: Client,
+    config: EngineConfig,
+    metrics: Arc<Metrics>,
+    gate: Arc<dyn WriteGate>,
+    pub status: Arc<EngineStatus>,
+    running: BTreeMap<String, RunningRule>,
+}
+
+/// How long a stopping rule may take to finish its in-flight reconciles.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Engine {
+    pub fn new(
+        client: Client,
+        config: EngineConfig,
+        metrics: Arc<Metrics>,
+        gate: Arc<dyn WriteGate>,
+    ) -> Engine {
+        Engine {
+            client,
+            config,
+            metrics,
+            gate,
+            status: Arc::default(),
+            running: BTreeMap::new(),
+        }
+    }
+
+    /// Makes the running controllers match `set`: stops removed rules (their children
+    /// stay), restarts changed ones, starts new ones; unchanged rules are not touched.
+    pub async fn apply(&mut self, set: &RuleSet) {
+        let stale: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(name, r)| {
+                set.rules
+                    .get(*name)
+                    .is_none_or(|new| new.version != r.version)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in stale {
+            let changed = set.rules.contains_key(&name);
+            self.stop(&name).await;
+            if !changed {
+                info!(rule = %name, "rule removed: controller stopped, its children stay");
+            }
+        }
+        for (name, rule) in &set.rules {
+            if !self.running.contains_key(name) {
+                self.start(rule.clone());
+            }
+        }
+    }
+
+    fn start(&mut self, rule: Arc<CompiledRule>) {
+        let name = rule.name.clone();
+        info!(rule = %name, version = %rule.version, "starting rule");
+        self.status.insert(
+            &name,
+            RuleStatus {
+                version: rule.version.clone(),
+                file: rule.file.clone(),
+                state: "starting".into(),
+                message: None,
+                synced: false,
+            },
+        );
+        let (stop, stopped) = watch::channel(false);
+        let version = rule.version.clone();
+        let runner = RuleRunner {
+            rule,
+            client: self.client.clone(),
+            config: self.config.clone(),
+            metrics: self.metrics.clone(),
+            gate: self.gate.clone(),
+            status: self.status.clone(),
+        };
+        let span = info_span!("rule", rule = %name);
+        let task = tokio::spawn(runner.run(stopped).instrument(span));
+        self.running.insert(
+            name,
+            RunningRule {
+                version,
+                stop,
+                task,
+            },
+        );
+    }
+
+    async fn stop(&mut self, name: &str) {
+        let Some(r) = self.running.remove(name) else {
+            return;
+        };
+        let _ = r.stop.send(true);
+        let abort = r.task.abort_handle();
+        if tokio::time::timeout(STOP_TIMEOUT, r.task).await.is_err() {
+            warn!(rule = %name, "rule did not stop in time; aborting it");
+            abort.abort();
+        }
+        self.status.remove(name);
+        self.metrics
+            .rule_running
+            .get_or_create(&metrics::rule(name))
+            .set(0);
+    }
+
+    /// Stops every rule, letting in-flight reconciles finish.
+    pub async fn shutdown(&mut self) {
+        let names: Vec<String> = self.running.keys().cloned().collect();
+        for r in self.running.values() {
+            let _ = r.stop.send(true);
+        }
+        for name in names {
+            self.stop(&name).await;
+        }
+    }
+
+    /// Records a problem found outside the rule's controller (e.g. its CRD could not be
+    /// installed); shown on `/status` until the rule restarts.
+    pub fn note_problem(&self, rule: &str, message: String) {
+        self.status.update(rule, |s| s.message = Some(message));
+    }
+
+    pub fn running_versions(&self) -> BTreeMap<String, String> {
+        self.running
+            .iter()
+            .map(|(k, v)| (k.clone(), v.version.clone()))
+            .collect()
+    }
+}
+
+/// Why a rule cannot run (yet).
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{what} {gvk} is not served by the API server (is its CRD installed?)")]
+    KindNotFound { what: String, gvk: String },
+    #[error("discovery of {gvk} failed: {source}")]
+    Discovery {
+        gvk: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("missing permissions: {0}")]
+    Forbidden(String),
+}
+
+struct RuleRunner {
+    rule: Arc<CompiledRule>,
+    client: Client,
+    config: EngineConfig,
+    metrics: Arc<Metrics>,
+    gate: Arc<dyn WriteGate>,
+    status: Arc<EngineStatus>,
+}
+
+struct Resolved {
+    parent: ApiResource,
+    parent_namespaced: bool,
+    status_subresource: bool,
+    /// Distinct child kinds, and for each child its index among them.
+    kinds: Vec<(ApiResource, bool)>,
+    kind_of_child: Vec<usize>,
+}
+
+impl RuleRunner {
+    async fn run(self, mut stopped: watch::Receiver<bool>) {
+        let name = self.rule.name.clone();
+        let mut attempt: u32 = 0;
+        loop {
+            if *stopped.borrow() {
+                break;
+            }
+            match self.resolve().await {
+                Ok(resolved) => {
+                    attempt = 0;
+                    self.metrics
+                        .rule_running
+                        .get_or_create(&metrics::rule(&name))
+                        .set(1);
+                    self.status.update(&name, |s| {
+                        s.state = "running".into();
+                        s.message = None;
+                    });
+                    self.run_controller(resolved, stopped.clone()).await;
+                    self.metrics
+                        .rule_running
+                        .get_or_create(&metrics::rule(&name))
+                        .set(0);
+                    if *stopped.borrow() {
+                        break;
+                    }
+                    warn!(rule = %name, "controller ended; restarting");
+                }
+                Err(e) => {
+                    warn!(rule = %name, error = %e, "rule cannot run yet; retrying");
+                    self.metrics
+                        .rule_running
+                        .get_or_create(&metrics::rule(&name))
+                        .set(0);
+                    self.status.update(&name, |s| {
+                        s.state = "waiting".into();
+                        s.message = Some(e.to_string());
+                        s.synced = false;
+                    });
+                }
+            }
+            attempt = attempt.saturating_add(1);
+            let delay = Duration::from_secs(1u64 << attempt.min(6)).min(Duration::from_secs(60));
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stopped.changed() => {}
+            }
+        }
+    }
+
+    async fn resolve(&self) -> Result<Resolved, SetupError> {
+        let spec = &self.rule.rule.spec;
+        let (parent, parent_caps) = discover(
+            &self.client,
+            "parent",
+            &spec.parent.api_version,
+            &spec.parent.kind,
+        )
+        .await?;
+        let parent_namespaced = parent_caps.scope == KubeScope::Namespaced;
+        let status_subresource = parent_caps
+            .subresources
+            .iter()
+            .any(|(ar, _)| ar.plural == "status");
+        let mut kinds: Vec<(ApiResource, bool)> = Vec::new();
+        let mut kind_of_child = Vec::new();
+        for c in &spec.children {
+            let (ar, caps) = discover(
+                &self.client,
+                &format!("child '{}'", c.name.value),
+                &c.api_version,
+                &c.kind,
+            )
+            .await?;
+            let namespaced = caps.scope == KubeScope::Namespaced;
+            if parent_namespaced && !namespaced {
+                return Err(SetupError::Invalid(format!(
+                    "child '{}': {} is cluster-scoped and {} is namespaced; a namespaced parent cannot own a cluster-scoped child",
+                    c.name.value, c.kind.value, spec.parent.kind.value
+                )));
+            }
+            let idx = match kinds
+                .iter()
+                .position(|(k, _)| k.api_version == ar.api_version && k.kind == ar.kind)
+            {
+                Some(i) => i,
+                None => {
+                    kinds.push((ar, namespaced));
+                    kinds.len() - 1
+                }
+            };
+            kind_of_child.push(idx);
+        }
+        if self.config.check_permissions {
+            crate::rbac::check_rule_permissions(
+                &self.client,
+                &self.rule,
+                &parent,
+                &kinds.iter().map(|(ar, _)| ar.clone()).collect::<Vec<_>>(),
+                self.config.namespace.as_deref(),
+            )
+            .await
+            .map_err(SetupError::Forbidden)?;
+        }
+        Ok(Resolved {
+            parent,
+            parent_namespaced,
+            status_subresource,
+            kinds,
+            kind_of_child,
+        })
+    }
+
+    async fn run_controller(&self, r: Resolved, stopped: watch::Receiver<bool>) {
+        let name = self.rule.name.clone();
+        let ns = self.config.namespace.as_deref();
+        let parent_api: Api<DynamicObject> = match (ns, r.parent_namespaced) {
+            (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, &r.parent),
+            _ => Api::all_with(self.client.clone(), &r.parent),
+        };
+        let mut parent_wc = watcher::Config::default().any_semantic();
+        if let Some(sel) = &self.config.parent_selector {
+            parent_wc = parent_wc.labels(sel);
+        }
+        let parent_writer = reflector::store::Writer::new(r.parent.clone());
+        let parent_reader = parent_writer.as_reader();
+        // Status-only changes (Rulebook's own status writes among them) do not reconcile.
+        let parent_stream = watcher(parent_api, parent_wc)
+            .default_backoff()
+            .modify(strip_parent)
+            .reflect(parent_writer)
+            .applied_objects()
+            .predicate_filter(
+                predicates::generation
+                    .combine(predicates::labels)
+                    .combine(predicates::annotations)
+                    .combine(predicates::finalizers),
+                Default::default(),
+            );
+        let mut controller =
+            Controller::for_stream_with(parent_stream, parent_reader.clone(), r.parent.clone())
+                .with_config(ControllerConfig::default().concurrency(self.config.concurrency));
+        let child_selector = format!(
+            "{}={},{}={}",
+            labels::MANAGED_BY,
+            labels::MANAGED_BY_VALUE,
+            labels::RULE,
+            name
+        );
+        let mut kinds = Vec::new();
+        let mut readers: Vec<Store<DynamicObject>> = vec![parent_reader];
+        for (ar, namespaced) in &r.kinds {
+            let api: Api<DynamicObject> = match (ns, namespaced) {
+                (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, ar),
+                _ => Api::all_with(self.client.clone(), ar),
+            };
+            let writer = reflector::store::Writer::new(ar.clone());
+            let reader = writer.as_reader();
+            let stream = watcher(
+                api,
+                watcher::Config::default()
+                    .labels(&child_selector)
+                    .any_semantic(),
+            )
+            .default_backoff()
+            .modify(strip_child)
+            .reflect(writer)
+            .touched_objects();
+            controller = controller.owns_stream_with(stream, ar.clone());
+            readers.push(reader.clone());
+            kinds.push(ChildKind {
+                ar: ar.clone(),
+                namespaced: *namespaced,
+                store: reader,
+            });
+        }
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: self.config.reporter.clone(),
+                instance: self.config.instance.clone(),
+            },
+        );
+        let ctx = Arc::new(RuleContext::new(
+            self.rule.clone(),
+            self.client.clone(),
+            r.parent.clone(),
+            r.parent_namespaced,
+            r.status_subresource,
+            kinds,
+            r.kind_of_child,
+            recorder,
+            self.metrics.clone(),
+            self.gate.clone(),
+        ));
+        // Readiness: every cache of the rule has listed once.
+        let status = self.status.clone();
+        let synced_name = name.clone();
+        let synced = tokio::spawn(async move {
+            for reader in readers {
+                if reader.wait_until_ready().await.is_err() {
+                    return;
+                }
+            }
+            status.update(&synced_name, |s| s.synced = true);
+            info!(rule = %synced_name, "caches synced");
+        });
+        let mut stop_signal = stopped.clone();
+        let shutdown = async move {
+            let _ = stop_signal.wait_for(|s| *s).await;
+        };
+        let status = self.status.clone();
+        controller
+            .graceful_shutdown_on(shutdown)
+            .run(reconcile::reconcile, reconcile::error_policy, ctx)
+            .for_each(|res| {
+                if let Err(kube::runtime::controller::Error::QueueError(e)) = &res {
+                    // A watch failed (API server down, kind deleted): report it; the watcher retries.
+                    warn!(rule = %name, error = %e, "watch error");
+                    status.update(&name, |s| s.message = Some(format!("watch error: {e}")));
+                } else if res.is_ok() {
+                    status.update(&name, |s| {
+                        if s.message
+                            .as_deref()
+                            .is_some_and(|m| m.starts_with("watch error"))
+                        {
+                            s.message = None;
+                        }
+                    });
+                }
+                futures::future::ready(())
+            })
+            .await;
+        synced.abort();
+    }
+}
+
+async fn discover(
+    client: &Client,
+    what: &str,
+    api_version: &str,
+    kind: &str,
+) -> Result<(ApiResource, kube::core::discovery::ApiCapabilities), SetupError> {
+    let (group, version) = split_api_version(api_version);
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let name = format!("{api_version} {kind}");
+    match pinned_kind(client, &gvk).await {
+        Ok(found) => Ok(found),
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(SetupError::KindNotFound {
+            what: what.to_string(),
+            gvk: name,
+        }),
+        Err(kube::Error::Discovery(_)) => Err(SetupError::KindNotFound {
+            what: what.to_string(),
+            gvk: name,
+        }),
+        Err(e) => Err(SetupError::Discovery {
+            gvk: name,
+            source: e,
+        }),
+    }
+}
+
+/// Parents are cached without managedFields and the last-applied annotation.
+fn strip_parent(o: &mut DynamicObject) {
+    o.meta_mut().managed_fields = None;
+    if let Some(a) = o.meta_mut().annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// Children keep Rulebook's own managedFields entry (the drift check reads it); other
+/// managers keep only their name, operation and time (to name them in a conflict).
+fn strip_child(o: &mut DynamicObject) {
+    if let Some(entries) = o.meta_mut().managed_fields.as_mut() {
+        for e in entries.iter_mut() {
+            let ours = e.manager.as_deref() == Some(FIELD_MANAGER)
+                && e.operation.as_deref() == Some("Apply")
+                && e.subresource.as_deref().unwrap_or("").is_empty();
+            if !ours {
+                e.fields_v1 = None;
+                e.fields_type = None;
+            }
+        }
+    }
+    if let Some(a) = o.meta_mut().annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}

@@ -1,0 +1,166 @@
+//! Prometheus metrics, in OpenMetrics text format on `/metrics`.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabel {
+    pub rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub rule: String,
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerbLabels {
+    pub rule: String,
+    pub verb: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReloadLabel {
+    pub result: String,
+}
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub reconciles: Family<ResultLabels, Counter>,
+    pub reconcile_duration: Family<RuleLabel, Histogram, fn() -> Histogram>,
+    pub in_flight: Family<RuleLabel, Gauge>,
+    pub children_applied: Family<RuleLabel, Counter>,
+    pub children_pruned: Family<RuleLabel, Counter>,
+    pub api_writes: Family<VerbLabels, Counter>,
+    pub render_errors: Family<RuleLabel, Counter>,
+    pub rule_running: Family<RuleLabel, Gauge>,
+    pub reloads: Family<ReloadLabel, Counter>,
+    pub ruleset_valid: Gauge,
+    pub leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("rulebook");
+        let reconciles = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "reconciles",
+            "Reconciles by rule and result (ok, error, render_failed, conflict)",
+            reconciles.clone(),
+        );
+        let reconcile_duration =
+            Family::<RuleLabel, Histogram, fn() -> Histogram>::new_with_constructor(
+                duration_histogram,
+            );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time of one reconcile",
+            reconcile_duration.clone(),
+        );
+        let in_flight = Family::<RuleLabel, Gauge>::default();
+        registry.register(
+            "reconciles_in_flight",
+            "Reconciles running now, by rule",
+            in_flight.clone(),
+        );
+        let children_applied = Family::<RuleLabel, Counter>::default();
+        registry.register(
+            "children_applied",
+            "Children created or updated by server-side apply",
+            children_applied.clone(),
+        );
+        let children_pruned = Family::<RuleLabel, Counter>::default();
+        registry.register(
+            "children_pruned",
+            "Children deleted because no rule renders them any more",
+            children_pruned.clone(),
+        );
+        let api_writes = Family::<VerbLabels, Counter>::default();
+        registry.register(
+            "api_writes",
+            "Write requests to the API server (apply, apply_status, delete, event)",
+            api_writes.clone(),
+        );
+        let render_errors = Family::<RuleLabel, Counter>::default();
+        registry.register(
+            "render_errors",
+            "Parents whose templates or expressions failed",
+            render_errors.clone(),
+        );
+        let rule_running = Family::<RuleLabel, Gauge>::default();
+        registry.register(
+            "rule_running",
+            "1 while the rule's controller runs, 0 while it waits (missing kind, missing permission)",
+            rule_running.clone(),
+        );
+        let reloads = Family::<ReloadLabel, Counter>::default();
+        registry.register(
+            "ruleset_reloads",
+            "Rule set reloads by result (applied, invalid, unchanged)",
+            reloads.clone(),
+        );
+        let ruleset_valid = Gauge::default();
+        registry.register(
+            "ruleset_valid",
+            "1 when the rules on disk are valid, 0 while the last good rule set still serves",
+            ruleset_valid.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this process holds the leader lease (or runs without leader election)",
+            leader.clone(),
+        );
+        Metrics {
+            registry,
+            reconciles,
+            reconcile_duration,
+            in_flight,
+            children_applied,
+            children_pruned,
+            api_writes,
+            render_errors,
+            rule_running,
+            reloads,
+            ruleset_valid,
+            leader,
+        }
+    }
+
+    pub fn write(&self, rule: &str, verb: &str) {
+        self.api_writes
+            .get_or_create(&VerbLabels {
+                rule: rule.to_string(),
+                verb: verb.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+pub fn rule(rule: &str) -> RuleLabel {
+    RuleLabel {
+        rule: rule.to_string(),
+    }
+}

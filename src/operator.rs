@@ -1,0 +1,306 @@
+//! `rulebook run`: the long-running operator. Wires the pieces together — the API
+//! client, the HTTP endpoint, the first rule set, the reload loop, CRD installation,
+//! leader election and signals — and owns no logic of its own beyond that order.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tracing::{error, info, warn};
+
+use crate::cli::RuleDirs;
+use crate::engine::{Engine, EngineConfig};
+use crate::http::{self, AppState, RuleSetState};
+use crate::metrics::{Metrics, ReloadLabel};
+use crate::reconcile::WriteGate;
+use crate::reload::{ChangeWatcher, Reload, RuleSource};
+use crate::render::Limits;
+use crate::rules::RuleSet;
+
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub dirs: RuleDirs,
+    /// Kubeconfig file; default: in-cluster config, then $KUBECONFIG, then ~/.kube/config.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Concurrent reconciles per rule.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: u16,
+    /// Watch parents in this namespace only (default: all namespaces).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Label selector on parents, e.g. `shard=a` (to run several instances side by side).
+    #[arg(long)]
+    pub selector: Option<String>,
+    /// Address of /metrics, /healthz, /readyz and /status.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+    /// Reload rules and templates when they change on disk.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub watch: bool,
+    /// Seconds between full re-scans of the directories (backs up missed file events).
+    #[arg(long, default_value_t = 60)]
+    pub rescan_seconds: u64,
+    /// Apply the CRDs defined in rules at start and on every rule change.
+    #[arg(long)]
+    pub install_crds: bool,
+    /// Only the holder of a Lease reconciles.
+    #[arg(long)]
+    pub leader_elect: bool,
+    #[arg(long, default_value = "rulebook")]
+    pub lease_name: String,
+    /// Namespace of the Lease (default: the pod's namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Seconds a lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration: u64,
+    /// This instance's identity (default: the pod name, else the host name and pid).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Check each rule's permissions (SelfSubjectAccessReview) before starting it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub check_permissions: bool,
+}
+
+/// A client from an explicit kubeconfig, or the usual inference.
+pub async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("cannot read kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?
+        }
+        None => Config::infer()
+            .await
+            .context("no Kubernetes configuration found")?,
+    };
+    // Many controllers, one client: the default per-host limits would queue requests.
+    config.read_timeout = Some(Duration::from_secs(300));
+    Ok(Client::try_from(config)?)
+}
+
+struct LeaderGate(Arc<AtomicBool>);
+impl WriteGate for LeaderGate {
+    fn may_write(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+pub async fn run(args: RunArgs) -> Result<()> {
+    if args.leader_elect && args.lease_duration < 3 {
+        bail!("--lease-duration must be at least 3 seconds");
+    }
+    let client = client(args.kubeconfig.as_ref()).await?;
+    let metrics = Arc::new(Metrics::new());
+    let is_leader = Arc::new(AtomicBool::new(!args.leader_elect));
+    metrics.leader.set(i64::from(!args.leader_elect));
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "rulebook".into());
+        format!("{host}-{}", std::process::id())
+    });
+    let engine_config = EngineConfig {
+        concurrency: args.concurrency.max(1),
+        namespace: args.namespace.clone(),
+        parent_selector: args.selector.clone(),
+        reporter: "rulebook".into(),
+        instance: Some(identity.clone()),
+        check_permissions: args.check_permissions,
+    };
+    let mut engine = Engine::new(
+        client.clone(),
+        engine_config,
+        metrics.clone(),
+        Arc::new(LeaderGate(is_leader.clone())),
+    );
+    let ruleset_state = Arc::new(RwLock::new(RuleSetState::default()));
+    let leader_flag = is_leader.clone();
+    let app = AppState {
+        metrics: metrics.clone(),
+        engine: engine.status.clone(),
+        ruleset: ruleset_state.clone(),
+        leader: Arc::new(move || leader_flag.load(Ordering::SeqCst)),
+    };
+    let addr = args.metrics_addr;
+    let http = tokio::spawn(async move {
+        if let Err(e) = http::serve(addr, app).await {
+            error!(error = %e, "HTTP endpoint failed");
+        }
+    });
+
+    let source = RuleSource {
+        rules_dir: args.dirs.rules.clone(),
+        templates_dir: args.dirs.templates.clone(),
+        limits: Limits::default(),
+    };
+    let mut serving: Option<RuleSet> = None;
+    let mut last_seen: Option<String> = None;
+    let reload = |serving: &mut Option<RuleSet>, last_seen: &mut Option<String>| -> bool {
+        match source.load(last_seen.as_deref()) {
+            Reload::Unchanged => {
+                metrics
+                    .reloads
+                    .get_or_create(&ReloadLabel {
+                        result: "unchanged".into(),
+                    })
+                    .inc();
+                false
+            }
+            Reload::Valid(set) => {
+                info!(rules = set.rules.len(), fingerprint = %set.fingerprint, "rule set loaded");
+                *last_seen = Some(set.fingerprint.clone());
+                metrics.ruleset_valid.set(1);
+                metrics
+                    .reloads
+                    .get_or_create(&ReloadLabel {
+                        result: "applied".into(),
+                    })
+                    .inc();
+                if let Ok(mut s) = ruleset_state.write() {
+                    s.loaded = true;
+                    s.valid = true;
+                    s.serving = Some(set.fingerprint.clone());
+                    s.errors.clear();
+                }
+                *serving = Some(set);
+                true
+            }
+            Reload::Invalid(diags) => {
+                *last_seen = source.fingerprint();
+                metrics.ruleset_valid.set(0);
+                metrics
+                    .reloads
+                    .get_or_create(&ReloadLabel {
+                        result: "invalid".into(),
+                    })
+                    .inc();
+                for d in &diags.0 {
+                    error!("{d}");
+                }
+                warn!(
+                    errors = diags.0.len(),
+                    "the rules on disk are invalid; {}",
+                    if serving.is_some() {
+                        "the last good rule set keeps serving"
+                    } else {
+                        "waiting for a valid rule set"
+                    }
+                );
+                if let Ok(mut s) = ruleset_state.write() {
+                    s.valid = false;
+                    s.errors = diags.0.iter().map(ToString::to_string).collect();
+                }
+                false
+            }
+        }
+    };
+    reload(&mut serving, &mut last_seen);
+
+    let mut watcher = if args.watch {
+        Some(ChangeWatcher::new(&[
+            &args.dirs.rules,
+            &args.dirs.templates,
+        ])?)
+    } else {
+        None
+    };
+    let mut rescan = tokio::time::interval(Duration::from_secs(args.rescan_seconds.max(1)));
+    rescan.tick().await;
+
+    // Leadership: without election this process always leads.
+    let (mut leader_rx, lease_task) = if args.leader_elect {
+        let ns = args
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let manager =
+            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+                .with_namespace(&ns)
+                .with_identity(&identity)
+                .with_duration(args.lease_duration)
+                .with_grace((args.lease_duration / 3).max(1))
+                .build()
+                .await
+                .context("cannot set up leader election")?;
+        let (rx, task) = manager.watch().await;
+        info!(lease = %args.lease_name, namespace = %ns, %identity, "leader election on; waiting for the lease");
+        (Some(rx), Some(task))
+    } else {
+        (None, None)
+    };
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    if is_leader.load(Ordering::SeqCst)
+        && let Some(set) = &serving
+    {
+        activate(&client, &mut engine, set, args.install_crds).await;
+    }
+    loop {
+        let changed = tokio::select! {
+            Some(()) = async { match watcher.as_mut() { Some(w) => w.changes.recv().await, None => std::future::pending().await } } => {
+                reload(&mut serving, &mut last_seen)
+            }
+            _ = rescan.tick(), if args.watch => reload(&mut serving, &mut last_seen),
+            Ok(()) = async { match leader_rx.as_mut() { Some(rx) => rx.changed().await, None => std::future::pending().await } } => {
+                let leading = leader_rx.as_ref().is_some_and(|rx| *rx.borrow());
+                is_leader.store(leading, Ordering::SeqCst);
+                metrics.leader.set(i64::from(leading));
+                if leading {
+                    info!("became the leader");
+                    true
+                } else {
+                    warn!("lost the lease: stopping all writes");
+                    engine.shutdown().await;
+                    false
+                }
+            }
+            _ = tokio::signal::ctrl_c() => break,
+            _ = sigterm.recv() => break,
+        };
+        if changed
+            && is_leader.load(Ordering::SeqCst)
+            && let Some(set) = &serving
+        {
+            activate(&client, &mut engine, set, args.install_crds).await;
+        }
+    }
+
+    info!("shutting down: finishing in-flight reconciles");
+    engine.shutdown().await;
+    is_leader.store(false, Ordering::SeqCst);
+    if let (Some(rx), Some(task)) = (leader_rx, lease_task) {
+        // Closing the channel makes the lease manager release the lease for a standby.
+        drop(rx);
+        match tokio::time::timeout(Duration::from_secs(5), task).await {
+            Ok(Ok(Ok(_))) => info!("lease released"),
+            other => warn!(?other, "could not release the lease cleanly"),
+        }
+    }
+    http.abort();
+    Ok(())
+}
+
+/// Installs CRDs when asked, then makes the engine run `set`.
+async fn activate(client: &Client, engine: &mut Engine, set: &RuleSet, install_crds: bool) {
+    let problems = if install_crds {
+        crate::crd::install(client, set).await
+    } else {
+        Vec::new()
+    };
+    engine.apply(set).await;
+    for (rule, message) in problems {
+        engine.note_problem(&rule, message);
+    }
+}

@@ -1,0 +1,236 @@
+//! Least-privilege RBAC derived from the rules: what each rule needs, as a ClusterRole
+//! (`rulebook rbac`), and the same list checked against the running identity with
+//! SelfSubjectAccessReviews before a rule starts.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::Client;
+use kube::api::{Api, ApiResource, PostParams};
+use serde_json::{Value as Json, json};
+
+use crate::render::CompiledRule;
+use crate::rules::{RuleSet, split_api_version};
+
+pub const PARENT_VERBS: &[&str] = &["get", "list", "watch"];
+pub const STATUS_VERBS: &[&str] = &["patch"];
+pub const CHILD_VERBS: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+
+/// One permission a rule needs: `verbs` on `group`/`resource`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Need {
+    pub group: String,
+    /// `plural` or `plural/subresource`.
+    pub resource: String,
+    pub verbs: BTreeSet<String>,
+}
+
+/// The plural Kubernetes uses for a kind it has no CRD for here (its own rule for
+/// built-in kinds: lower case, `s` → `ses`, `y` → `ies`, else `s`).
+pub fn guess_plural(kind: &str) -> String {
+    let lower = kind.to_lowercase();
+    if lower == "endpoints" {
+        return lower;
+    }
+    if lower.ends_with('s') || lower.ends_with("ch") || lower.ends_with('x') {
+        format!("{lower}es")
+    } else if let Some(stem) = lower.strip_suffix('y')
+        && !stem.ends_with(['a', 'e', 'i', 'o', 'u'])
+    {
+        format!("{stem}ies")
+    } else {
+        format!("{lower}s")
+    }
+}
+
+/// The plural of a kind: from a rule's CRD section when a rule defines that kind.
+fn plural_of(set: &RuleSet, api_version: &str, kind: &str) -> String {
+    for r in set.rules.values() {
+        let p = &r.rule.spec.parent;
+        if p.api_version.as_str() == api_version
+            && p.kind.as_str() == kind
+            && let Some(crd) = &r.rule.spec.crd
+        {
+            return crate::crd::plural(crd, kind);
+        }
+    }
+    guess_plural(kind)
+}
+
+fn add(
+    needs: &mut BTreeMap<(String, String), BTreeSet<String>>,
+    group: &str,
+    resource: &str,
+    verbs: &[&str],
+) {
+    needs
+        .entry((group.to_string(), resource.to_string()))
+        .or_default()
+        .extend(verbs.iter().map(|v| v.to_string()));
+}
+
+/// Everything a rule set needs, merged and sorted.
+pub fn needs(set: &RuleSet) -> Vec<Need> {
+    let mut needs = BTreeMap::new();
+    for r in set.rules.values() {
+        let p = &r.rule.spec.parent;
+        let (group, _) = split_api_version(&p.api_version);
+        let plural = plural_of(set, &p.api_version, &p.kind);
+        add(&mut needs, group, &plural, PARENT_VERBS);
+        add(&mut needs, group, &format!("{plural}/status"), STATUS_VERBS);
+        for c in &r.rule.spec.children {
+            let (group, _) = split_api_version(&c.api_version);
+            add(
+                &mut needs,
+                group,
+                &plural_of(set, &c.api_version, &c.kind),
+                CHILD_VERBS,
+            );
+        }
+    }
+    needs
+        .into_iter()
+        .map(|((group, resource), verbs)| Need {
+            group,
+            resource,
+            verbs,
+        })
+        .collect()
+}
+
+#[derive(Clone, Debug)]
+pub struct RbacOptions {
+    pub name: String,
+    pub service_account: (String, String),
+    pub install_crds: bool,
+    pub leader_elect: bool,
+}
+
+/// A ClusterRole with exactly what the rules need, and its ClusterRoleBinding.
+pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
+    let mut rules: Vec<Json> = needs(set)
+        .into_iter()
+        .map(|n| {
+            json!({
+                "apiGroups": [n.group],
+                "resources": [n.resource],
+                "verbs": n.verbs.into_iter().collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    rules.push(json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}));
+    // SelfSubjectAccessReviews (the start-up permission check) are allowed to every
+    // authenticated user by the built-in system:basic-user role.
+    if opts.install_crds {
+        rules.push(json!({
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "verbs": ["get", "create", "patch"]
+        }));
+    }
+    if opts.leader_elect {
+        rules.push(json!({
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"]
+        }));
+    }
+    let labels =
+        json!({"app.kubernetes.io/name": "rulebook", "app.kubernetes.io/managed-by": "rulebook"});
+    vec![
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": opts.name, "labels": labels},
+            "rules": rules,
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": opts.name, "labels": labels},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": opts.name},
+            "subjects": [{
+                "kind": "ServiceAccount",
+                "namespace": opts.service_account.0,
+                "name": opts.service_account.1,
+            }],
+        }),
+    ]
+}
+
+/// Asks the API server whether this process may do everything `rule` needs.
+/// `Err` lists what is missing, e.g. `list, watch mywebs.operator.k8s-summit.org`.
+pub async fn check_rule_permissions(
+    client: &Client,
+    rule: &CompiledRule,
+    parent: &ApiResource,
+    child_kinds: &[ApiResource],
+    namespace: Option<&str>,
+) -> Result<(), String> {
+    let mut wanted: Vec<(&ApiResource, Option<&str>, &[&str])> = vec![
+        (parent, None, PARENT_VERBS),
+        (parent, Some("status"), STATUS_VERBS),
+    ];
+    for k in child_kinds {
+        wanted.push((k, None, CHILD_VERBS));
+    }
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let mut missing: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (ar, sub, verbs) in wanted {
+        for verb in verbs {
+            let review = SelfSubjectAccessReview {
+                spec: SelfSubjectAccessReviewSpec {
+                    resource_attributes: Some(ResourceAttributes {
+                        group: Some(ar.group.clone()),
+                        resource: Some(ar.plural.clone()),
+                        subresource: sub.map(str::to_string),
+                        verb: Some(verb.to_string()),
+                        namespace: namespace.map(str::to_string),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let allowed = match api.create(&PostParams::default(), &review).await {
+                Ok(r) => r.status.map(|s| s.allowed).unwrap_or(false),
+                Err(e) => return Err(format!("cannot check permissions: {e}")),
+            };
+            if !allowed {
+                let res = match (ar.group.as_str(), sub) {
+                    ("", None) => ar.plural.clone(),
+                    ("", Some(s)) => format!("{}/{s}", ar.plural),
+                    (g, None) => format!("{}.{g}", ar.plural),
+                    (g, Some(s)) => format!("{}.{g}/{s}", ar.plural),
+                };
+                missing.entry(res).or_default().push(verb.to_string());
+            }
+        }
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        let _ = rule;
+        Err(missing
+            .into_iter()
+            .map(|(res, verbs)| format!("{} {res}", verbs.join(", ")))
+            .collect::<Vec<_>>()
+            .join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plurals_follow_kubernetes() {
+        assert_eq!(guess_plural("ConfigMap"), "configmaps");
+        assert_eq!(guess_plural("Ingress"), "ingresses");
+        assert_eq!(guess_plural("NetworkPolicy"), "networkpolicies");
+        assert_eq!(guess_plural("Gateway"), "gateways");
+        assert_eq!(guess_plural("Endpoints"), "endpoints");
+    }
+}

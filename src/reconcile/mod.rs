@@ -1,0 +1,826 @@
+//! One reconcile of one parent — the only place that writes to the API server.
+//!
+//! A pipeline: read the parent and its live children from the caches → render the
+//! desired children → apply those that differ (server-side apply, in rule order) →
+//! prune what this parent owns but no longer renders → write status when it changed →
+//! record events. At steady state every step finds nothing to do and makes no request.
+
+pub mod drift;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::{Value as Json, json};
+use tracing::{debug, info, warn};
+
+use crate::metrics::{self, Metrics, ResultLabels};
+use crate::render::status::{self, ConditionState};
+use crate::render::{CompiledRule, DesiredChild, Observed, RenderError, Scope, labels};
+use drift::{Drift, drift, fields_cover};
+
+/// The field manager of every apply, and the `managedFields` entry the drift check reads.
+pub const FIELD_MANAGER: &str = "rulebook";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("{0}")]
+    Render(#[from] RenderError),
+    #[error("applying {what}: {source}")]
+    Apply {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("pruning {what}: {source}")]
+    Prune {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing status: {0}")]
+    Status(#[source] kube::Error),
+    #[error("reading {what}: {source}")]
+    Read {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("writes are paused (not the leader)")]
+    NotLeader,
+}
+
+impl ReconcileError {
+    fn result_label(&self) -> &'static str {
+        match self {
+            ReconcileError::Render(_) => "render_failed",
+            ReconcileError::Conflict(_) => "conflict",
+            ReconcileError::Apply { .. } => "apply_failed",
+            ReconcileError::NotLeader => "not_leader",
+            _ => "error",
+        }
+    }
+}
+
+/// A kind a rule's children have, with the cache of the rule's children of that kind.
+pub struct ChildKind {
+    pub ar: ApiResource,
+    pub namespaced: bool,
+    pub store: Store<DynamicObject>,
+}
+
+impl ChildKind {
+    fn api(&self, client: &Client, namespace: Option<&str>) -> Api<DynamicObject> {
+        match (self.namespaced, namespace) {
+            (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &self.ar),
+            _ => Api::all_with(client.clone(), &self.ar),
+        }
+    }
+}
+
+/// Gate on API writes: only the leader writes.
+pub trait WriteGate: Send + Sync {
+    fn may_write(&self) -> bool;
+}
+
+/// Always writes (no leader election).
+pub struct AlwaysWrite;
+impl WriteGate for AlwaysWrite {
+    fn may_write(&self) -> bool {
+        true
+    }
+}
+
+/// Everything one rule's reconciles share.
+pub struct RuleContext {
+    pub rule: Arc<CompiledRule>,
+    pub client: Client,
+    pub parent_ar: ApiResource,
+    pub parent_namespaced: bool,
+    pub status_subresource: bool,
+    pub kinds: Vec<ChildKind>,
+    /// Child index in the rule → index in `kinds`.
+    pub kind_of_child: Vec<usize>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub gate: Arc<dyn WriteGate>,
+    pub backoff: BackoffPolicy,
+    failures: Mutex<HashMap<String, u32>>,
+    hash_only: Mutex<HashSet<String>>,
+    last_warning: Mutex<HashMap<String, String>>,
+    fights: Mutex<HashMap<String, Fight>>,
+}
+
+/// Per-object exponential backoff after failures.
+#[derive(Clone, Debug)]
+pub struct BackoffPolicy {
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Default for BackoffPolicy {
+    fn default() -> Self {
+        BackoffPolicy {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl BackoffPolicy {
+    pub fn delay(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(20);
+        let d = self.base.saturating_mul(1u32 << exp);
+        d.min(self.max)
+    }
+}
+
+/// Re-applies of one child because someone else changed its fields.
+struct Fight {
+    window_start: Instant,
+    reapplies: u32,
+    blocked_until: Option<Instant>,
+    strikes: u32,
+}
+
+/// More drift repairs than this within [`FIGHT_WINDOW`] is a fight: back off.
+const FIGHT_LIMIT: u32 = 3;
+const FIGHT_WINDOW: Duration = Duration::from_secs(60);
+
+impl RuleContext {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        rule: Arc<CompiledRule>,
+        client: Client,
+        parent_ar: ApiResource,
+        parent_namespaced: bool,
+        status_subresource: bool,
+        kinds: Vec<ChildKind>,
+        kind_of_child: Vec<usize>,
+        recorder: Recorder,
+        metrics: Arc<Metrics>,
+        gate: Arc<dyn WriteGate>,
+    ) -> RuleContext {
+        RuleContext {
+            rule,
+            client,
+            parent_ar,
+            parent_namespaced,
+            status_subresource,
+            kinds,
+            kind_of_child,
+            recorder,
+            metrics,
+            gate,
+            backoff: BackoffPolicy::default(),
+            failures: Mutex::default(),
+            hash_only: Mutex::default(),
+            last_warning: Mutex::default(),
+            fights: Mutex::default(),
+        }
+    }
+
+    fn scope(&self, child: usize) -> Scope {
+        match self
+            .kind_of_child
+            .get(child)
+            .and_then(|k| self.kinds.get(*k))
+        {
+            Some(k) if !k.namespaced => Scope::Cluster,
+            _ => Scope::Namespaced,
+        }
+    }
+
+    /// This parent's children in the caches: labelled with its UID and controlled by it.
+    fn owned_children(&self, uid: &str) -> Vec<(usize, Arc<DynamicObject>)> {
+        let mut out = Vec::new();
+        for (k, kind) in self.kinds.iter().enumerate() {
+            for o in kind.store.state() {
+                if o.labels().get(labels::OWNER).map(String::as_str) == Some(uid)
+                    && controlled_by(&o, uid)
+                {
+                    out.push((k, o));
+                }
+            }
+        }
+        out
+    }
+
+    async fn event(
+        &self,
+        parent: &DynamicObject,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        if type_ == EventType::Warning {
+            let key = parent.uid().unwrap_or_default();
+            let text = format!("{reason}:{note}");
+            let mut last = lock(&self.last_warning);
+            if last.get(&key) == Some(&text) {
+                return; // the same warning again says nothing new
+            }
+            last.insert(key, text);
+        }
+        let reference = parent.object_ref(&self.parent_ar);
+        let ev = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(truncate(&note, 1000)),
+            action: action.to_string(),
+            secondary: None,
+        };
+        match self.recorder.publish(&ev, &reference).await {
+            Ok(()) => self.metrics.write(&self.rule.name, "event"),
+            Err(e) => debug!(error = %e, "cannot publish event"),
+        }
+    }
+
+    fn note_success(&self, uid: &str) {
+        lock(&self.failures).remove(uid);
+        lock(&self.last_warning).remove(uid);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn controlled_by(o: &DynamicObject, uid: &str) -> bool {
+    o.owner_references()
+        .iter()
+        .any(|r| r.uid == uid && r.controller == Some(true))
+}
+
+fn describe_api_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        other => other.to_string(),
+    }
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Reconciles one parent. Called by the rule's controller.
+pub async fn reconcile(
+    parent: Arc<DynamicObject>,
+    ctx: Arc<RuleContext>,
+) -> Result<Action, ReconcileError> {
+    let rule = ctx.rule.name.clone();
+    let started = Instant::now();
+    let gauge = ctx
+        .metrics
+        .in_flight
+        .get_or_create(&metrics::rule(&rule))
+        .clone();
+    gauge.inc();
+    let result = reconcile_inner(&parent, &ctx).await;
+    gauge.dec();
+    ctx.metrics
+        .reconcile_duration
+        .get_or_create(&metrics::rule(&rule))
+        .observe(started.elapsed().as_secs_f64());
+    let label = match &result {
+        Ok(_) => "ok",
+        Err(e) => e.result_label(),
+    };
+    ctx.metrics
+        .reconciles
+        .get_or_create(&ResultLabels {
+            rule: rule.clone(),
+            result: label.to_string(),
+        })
+        .inc();
+    if result.is_ok()
+        && let Some(uid) = parent.uid()
+    {
+        ctx.note_success(&uid);
+    }
+    result
+}
+
+/// The controller's error policy: exponential backoff per parent, capped.
+pub fn error_policy(
+    parent: Arc<DynamicObject>,
+    err: &ReconcileError,
+    ctx: Arc<RuleContext>,
+) -> Action {
+    let uid = parent.uid().unwrap_or_default();
+    let n = {
+        let mut f = lock(&ctx.failures);
+        let n = f.entry(uid).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay = ctx.backoff.delay(n);
+    match err {
+        ReconcileError::NotLeader => debug!("not the leader"),
+        _ => {
+            warn!(rule = %ctx.rule.name, parent = %parent.name_any(), failures = n, retry_in = ?delay, error = %err, "reconcile failed")
+        }
+    }
+    Action::requeue(delay)
+}
+
+async fn reconcile_inner(
+    parent: &DynamicObject,
+    ctx: &RuleContext,
+) -> Result<Action, ReconcileError> {
+    if !ctx.gate.may_write() {
+        return Err(ReconcileError::NotLeader);
+    }
+    if parent.meta().deletion_timestamp.is_some() {
+        return Ok(Action::await_change()); // the garbage collector removes the children
+    }
+    let Some(uid) = parent.uid() else {
+        return Err(ReconcileError::Invalid("parent has no uid".into()));
+    };
+    let namespace = parent.namespace();
+    let rule = &ctx.rule;
+    let parent_json =
+        serde_json::to_value(parent).map_err(|e| ReconcileError::Invalid(e.to_string()))?;
+    let live_children = ctx.owned_children(&uid);
+    let observed = Observed::from_objects(
+        live_children
+            .iter()
+            .filter_map(|(_, o)| serde_json::to_value(o.as_ref()).ok()),
+    );
+
+    let scope = |i: usize| ctx.scope(i);
+    let desired = match rule.render(&parent_json, &observed, &scope) {
+        Ok(d) => d,
+        Err(e) => {
+            ctx.metrics
+                .render_errors
+                .get_or_create(&metrics::rule(&rule.name))
+                .inc();
+            let state = ConditionState::new(false, "RenderFailed", &e.to_string());
+            ctx.event(
+                parent,
+                EventType::Warning,
+                "RenderFailed",
+                "Render",
+                e.to_string(),
+            )
+            .await;
+            write_status(ctx, parent, &parent_json, None, &state).await?;
+            return Err(e.into());
+        }
+    };
+
+    // Apply, in rule order; the first failure stops the rest (later children may depend on earlier ones).
+    let mut failure: Option<(ConditionState, ReconcileError)> = None;
+    for d in &desired {
+        if let Err((state, err)) = apply_child(ctx, parent, &uid, namespace.as_deref(), d).await {
+            failure = Some((state, err));
+            break;
+        }
+    }
+
+    // Prune what this parent owns and no longer renders.
+    let wanted: HashSet<(usize, &str)> = desired
+        .iter()
+        .map(|d| (ctx.kind_of_child[d.child], d.object_name()))
+        .collect();
+    for (k, obj) in &live_children {
+        let name = obj.name_any();
+        if wanted.contains(&(*k, name.as_str())) {
+            continue;
+        }
+        if let Err(e) = prune_child(ctx, parent, &ctx.kinds[*k], obj).await
+            && failure.is_none()
+        {
+            let state = ConditionState::new(false, "PruneFailed", &e.to_string());
+            failure = Some((state, e));
+        }
+    }
+
+    // Status.
+    let (fields, ready) = match rule.status(&parent_json, &observed, &desired) {
+        Ok(report) => (Some(report.fields), report.readiness.condition()),
+        Err(e) => {
+            ctx.metrics
+                .render_errors
+                .get_or_create(&metrics::rule(&rule.name))
+                .inc();
+            let state = ConditionState::new(false, "RenderFailed", &e.to_string());
+            ctx.event(
+                parent,
+                EventType::Warning,
+                "RenderFailed",
+                "Status",
+                e.to_string(),
+            )
+            .await;
+            write_status(ctx, parent, &parent_json, None, &state).await?;
+            return Err(e.into());
+        }
+    };
+    match failure {
+        Some((state, err)) => {
+            ctx.event(
+                parent,
+                EventType::Warning,
+                &state.reason,
+                "Reconcile",
+                state.message.clone(),
+            )
+            .await;
+            write_status(ctx, parent, &parent_json, fields.as_ref(), &state).await?;
+            Err(err)
+        }
+        None => {
+            write_status(ctx, parent, &parent_json, fields.as_ref(), &ready).await?;
+            Ok(match rule.resync {
+                Some(every) => Action::requeue(every),
+                None => Action::await_change(),
+            })
+        }
+    }
+}
+
+/// Applies one desired child when it is missing, changed or drifted.
+async fn apply_child(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+    namespace: Option<&str>,
+    d: &DesiredChild,
+) -> Result<(), (ConditionState, ReconcileError)> {
+    let kind = &ctx.kinds[ctx.kind_of_child[d.child]];
+    let name = d.object_name().to_string();
+    let ns = if kind.namespaced {
+        d.object
+            .pointer("/metadata/namespace")
+            .and_then(Json::as_str)
+            .or(namespace)
+    } else {
+        None
+    };
+    let what = match ns {
+        Some(ns) => format!("{} {ns}/{name}", d.kind()),
+        None => format!("{} {name}", d.kind()),
+    };
+    let api = kind.api(&ctx.client, ns);
+    let mut oref = ObjectRef::new_with(&name, kind.ar.clone());
+    if let Some(ns) = ns {
+        oref = oref.within(ns);
+    }
+    let child_spec = &ctx.rule.children()[d.child];
+    let conflict = |owner: String| {
+        let msg = format!(
+            "{what} already exists and {owner}; Rulebook leaves it alone (set `adopt: true` on child '{}' to take it over)",
+            d.name
+        );
+        (
+            ConditionState::new(false, "Conflict", &msg),
+            ReconcileError::Conflict(msg),
+        )
+    };
+
+    let mut live = kind.store.get(&oref);
+    match &live {
+        Some(o) if controlled_by(o, uid) => {}
+        Some(o) => {
+            // Ours by label (same rule) but another parent controls it.
+            if !child_spec.adopt {
+                return Err(conflict(owner_description(o)));
+            }
+            live = None;
+        }
+        None => {
+            // Not in the cache: a foreign object of that name must not be taken over silently.
+            match api.get_opt(&name).await {
+                Ok(None) => {}
+                Ok(Some(o)) if controlled_by(&o, uid) => live = Some(Arc::new(o)),
+                Ok(Some(o)) => {
+                    if !child_spec.adopt {
+                        return Err(conflict(owner_description(&o)));
+                    }
+                }
+                Err(e) => {
+                    let err = ReconcileError::Read {
+                        what: what.clone(),
+                        source: e,
+                    };
+                    return Err((
+                        ConditionState::new(false, "ApplyFailed", &err.to_string()),
+                        err,
+                    ));
+                }
+            }
+        }
+    }
+
+    let live_json = live
+        .as_ref()
+        .and_then(|o| serde_json::to_value(o.as_ref()).ok());
+    let live_uid = live.as_ref().and_then(|o| o.uid()).unwrap_or_default();
+    let hash_only = lock(&ctx.hash_only).contains(&live_uid);
+    let Some(why) = drift(
+        live_json.as_ref(),
+        &d.hash,
+        &d.object,
+        FIELD_MANAGER,
+        hash_only,
+    ) else {
+        return Ok(());
+    };
+
+    if why == Drift::FieldsChanged {
+        // Someone else keeps changing fields Rulebook manages: repair, but not in a hot loop.
+        let mut fights = lock(&ctx.fights);
+        let now = Instant::now();
+        let f = fights.entry(live_uid.clone()).or_insert(Fight {
+            window_start: now,
+            reapplies: 0,
+            blocked_until: None,
+            strikes: 0,
+        });
+        if let Some(until) = f.blocked_until
+            && now < until
+        {
+            let by = live_json.as_ref().map(other_managers).unwrap_or_default();
+            let msg = format!(
+                "{what}: fields Rulebook manages keep being changed by {by}; repairing again in {}s",
+                (until - now).as_secs().max(1)
+            );
+            return Err((
+                ConditionState::new(false, "Conflict", &msg),
+                ReconcileError::Conflict(msg),
+            ));
+        }
+        if now.duration_since(f.window_start) > FIGHT_WINDOW {
+            f.window_start = now;
+            f.reapplies = 0;
+        }
+        f.reapplies += 1;
+        if f.reapplies > FIGHT_LIMIT {
+            f.strikes = f.strikes.saturating_add(1);
+            let wait = ctx.backoff.delay(f.strikes + 4); // 16 s, 32 s, … up to the cap
+            f.blocked_until = Some(now + wait);
+            f.window_start = now;
+            f.reapplies = 0;
+        }
+    }
+
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let applied = match api.patch(&name, &params, &Patch::Apply(&d.object)).await {
+        Ok(o) => o,
+        Err(e) => {
+            let msg = format!("{what}: {}", describe_api_error(&e));
+            return Err((
+                ConditionState::new(false, "ApplyFailed", &msg),
+                ReconcileError::Apply { what, source: e },
+            ));
+        }
+    };
+    ctx.metrics.write(&ctx.rule.name, "apply");
+    ctx.metrics
+        .children_applied
+        .get_or_create(&metrics::rule(&ctx.rule.name))
+        .inc();
+    if let Ok(applied_json) = serde_json::to_value(&applied)
+        && !fields_cover(&applied_json, &d.object, FIELD_MANAGER)
+        && let Some(u) = applied.uid()
+    {
+        // The API server recorded the fields differently than the check reads them:
+        // rely on the hash alone for this object rather than re-applying forever.
+        debug!(child = %what, "managed fields do not mirror the desired object; checking by hash only");
+        lock(&ctx.hash_only).insert(u);
+    }
+    let (reason, verb) = match why {
+        Drift::Missing => ("Created", "created"),
+        Drift::DesiredChanged => ("Updated", "updated"),
+        Drift::FieldsChanged => ("Repaired", "repaired (fields changed by someone else)"),
+    };
+    info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "{verb}");
+    ctx.event(
+        parent,
+        EventType::Normal,
+        reason,
+        "Apply",
+        format!("{what} {verb}"),
+    )
+    .await;
+    Ok(())
+}
+
+fn owner_description(o: &DynamicObject) -> String {
+    match o
+        .owner_references()
+        .iter()
+        .find(|r| r.controller == Some(true))
+    {
+        Some(r) => format!("is controlled by {} {}", r.kind, r.name),
+        None => "was not created by Rulebook for this parent".to_string(),
+    }
+}
+
+/// Managers other than Rulebook that hold fields of the object, most recent first.
+fn other_managers(live: &Json) -> String {
+    let mut names: Vec<(String, String)> = live
+        .pointer("/metadata/managedFields")
+        .and_then(Json::as_array)
+        .map(|entries| {
+            entries
+                .iter()
+                .filter_map(|e| {
+                    let m = e.get("manager")?.as_str()?;
+                    (m != FIELD_MANAGER).then(|| {
+                        (
+                            e.get("time")
+                                .and_then(Json::as_str)
+                                .unwrap_or("")
+                                .to_string(),
+                            m.to_string(),
+                        )
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names.reverse();
+    let list: Vec<String> = names
+        .into_iter()
+        .map(|(_, m)| m)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if list.is_empty() {
+        "another client".into()
+    } else {
+        format!("field manager {}", list.join(", "))
+    }
+}
+
+/// Deletes one child this parent no longer renders: only when it carries the parent's
+/// UID label and controller ownerReference, and only that exact object (UID precondition).
+async fn prune_child(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    kind: &ChildKind,
+    obj: &DynamicObject,
+) -> Result<(), ReconcileError> {
+    let name = obj.name_any();
+    let ns = obj.namespace();
+    let what = match &ns {
+        Some(ns) => format!("{} {ns}/{name}", kind.ar.kind),
+        None => format!("{} {name}", kind.ar.kind),
+    };
+    let api = kind.api(&ctx.client, ns.as_deref());
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: obj.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    match api.delete(&name, &dp).await {
+        Ok(_) => {}
+        Err(e) if is_not_found(&e) => return Ok(()),
+        Err(e) => return Err(ReconcileError::Prune { what, source: e }),
+    }
+    ctx.metrics.write(&ctx.rule.name, "delete");
+    ctx.metrics
+        .children_pruned
+        .get_or_create(&metrics::rule(&ctx.rule.name))
+        .inc();
+    info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "pruned");
+    ctx.event(
+        parent,
+        EventType::Normal,
+        "Pruned",
+        "Prune",
+        format!("{what} pruned: the rule no longer renders it"),
+    )
+    .await;
+    Ok(())
+}
+
+/// Writes `.status` when it differs from what the parent has. `fields` is `None` when
+/// they could not be computed; then the parent's current values are kept.
+async fn write_status(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    parent_json: &Json,
+    fields: Option<&serde_json::Map<String, Json>>,
+    ready: &ConditionState,
+) -> Result<(), ReconcileError> {
+    if !ctx.status_subresource {
+        ctx.event(
+            parent,
+            EventType::Warning,
+            "Invalid",
+            "Status",
+            format!(
+                "{} has no status subresource: Rulebook cannot write status or conditions ({}: {})",
+                ctx.parent_ar.kind, ready.reason, ready.message
+            ),
+        )
+        .await;
+        return Ok(());
+    }
+    let managed: Vec<&str> = ctx
+        .rule
+        .rule
+        .spec
+        .status
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let kept;
+    let fields = match fields {
+        Some(f) => f,
+        None => {
+            kept = managed
+                .iter()
+                .filter_map(|k| {
+                    parent_json
+                        .pointer(&format!("/status/{k}"))
+                        .map(|v| (k.to_string(), v.clone()))
+                })
+                .collect();
+            &kept
+        }
+    };
+    let now = crate::cli::now_rfc3339();
+    let desired = status::desired_status(parent_json, fields, ready, &now);
+    let live = parent_json.get("status");
+    let stale_field = managed
+        .iter()
+        .any(|k| !fields.contains_key(*k) && live.and_then(|s| s.get(*k)).is_some());
+    if !stale_field && status::status_matches(live, &desired) {
+        return Ok(());
+    }
+    let body = json!({
+        "apiVersion": ctx.parent_ar.api_version,
+        "kind": ctx.parent_ar.kind,
+        "metadata": {"name": parent.name_any()},
+        "status": desired,
+    });
+    let api: Api<DynamicObject> = match (ctx.parent_namespaced, parent.namespace()) {
+        (true, Some(ns)) => Api::namespaced_with(ctx.client.clone(), &ns, &ctx.parent_ar),
+        _ => Api::all_with(ctx.client.clone(), &ctx.parent_ar),
+    };
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    match api
+        .patch_status(&parent.name_any(), &params, &Patch::Apply(&body))
+        .await
+    {
+        Ok(_) => {
+            ctx.metrics.write(&ctx.rule.name, "apply_status");
+            Ok(())
+        }
+        Err(e) if is_not_found(&e) => Ok(()), // the parent is gone
+        Err(e) => Err(ReconcileError::Status(e)),
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let p = BackoffPolicy::default();
+        assert_eq!(p.delay(1), Duration::from_secs(1));
+        assert_eq!(p.delay(2), Duration::from_secs(2));
+        assert_eq!(p.delay(5), Duration::from_secs(16));
+        assert_eq!(p.delay(30), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn other_managers_are_named_newest_first() {
+        let live = json!({"metadata": {"managedFields": [
+            {"manager": "rulebook", "operation": "Apply", "time": "2026-01-01T00:00:03Z"},
+            {"manager": "kubectl-edit", "operation": "Update", "time": "2026-01-01T00:00:02Z"},
+        ]}});
+        assert_eq!(other_managers(&live), "field manager kubectl-edit");
+        assert_eq!(other_managers(&json!({})), "another client");
+    }
+}

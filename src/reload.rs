@@ -1,0 +1,124 @@
+//! Reload: notices changes under the rules and templates directories and turns them
+//! into new validated rule sets.
+//!
+//! Files change in many ways in Kubernetes: a ConfigMap volume swaps its `..data`
+//! symlink and never touches the visible files, git-sync flips a symlink to a new
+//! worktree, editors write a temp file and rename it. So any event under the watched
+//! directories (or in their parents, where such links live) only says "look again":
+//! everything is re-read through the stable paths, and a content fingerprint decides
+//! whether anything changed. A periodic re-scan backs up missed events (network
+//! filesystems send none), and a burst of events becomes one reload.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::{RecommendedWatcher, RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use crate::render::Limits;
+use crate::rules::{self, Diagnostics, RuleSet, Sources};
+
+/// Where rule sets come from.
+#[derive(Clone, Debug)]
+pub struct RuleSource {
+    pub rules_dir: PathBuf,
+    pub templates_dir: PathBuf,
+    pub limits: Limits,
+}
+
+/// The outcome of looking at the directories again.
+#[derive(Debug)]
+pub enum Reload {
+    /// Same content as last time.
+    Unchanged,
+    Valid(RuleSet),
+    Invalid(Diagnostics),
+}
+
+impl RuleSource {
+    /// Reads and validates everything; `last` is the fingerprint of the last read.
+    pub fn load(&self, last: Option<&str>) -> Reload {
+        let sources = match Sources::read(&self.rules_dir, &self.templates_dir) {
+            Ok(s) => s,
+            Err(d) => return Reload::Invalid(d),
+        };
+        if last == Some(sources.fingerprint().as_str()) {
+            return Reload::Unchanged;
+        }
+        match rules::compile(&sources, &self.limits) {
+            Ok(set) => Reload::Valid(set),
+            Err(d) => Reload::Invalid(d),
+        }
+    }
+
+    /// The content fingerprint of what is on disk now (or `None` when unreadable).
+    pub fn fingerprint(&self) -> Option<String> {
+        Sources::read(&self.rules_dir, &self.templates_dir)
+            .ok()
+            .map(|s| s.fingerprint())
+    }
+}
+
+/// Watches the directories and sends one `()` per burst of changes.
+pub struct ChangeWatcher {
+    _watcher: RecommendedWatcher,
+    pub changes: mpsc::Receiver<()>,
+}
+
+/// Quiet time that ends a burst of events.
+pub const DEBOUNCE: Duration = Duration::from_millis(500);
+/// A burst never delays a reload longer than this.
+pub const MAX_DELAY: Duration = Duration::from_secs(5);
+
+impl ChangeWatcher {
+    pub fn new(dirs: &[&Path]) -> notify::Result<ChangeWatcher> {
+        let (raw_tx, mut raw_rx) = mpsc::unbounded_channel::<()>();
+        let mut watcher =
+            notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
+                Ok(ev) if ev.kind.is_access() => {}
+                Ok(_) => {
+                    let _ = raw_tx.send(());
+                }
+                Err(e) => {
+                    warn!(error = %e, "file watch error");
+                    let _ = raw_tx.send(());
+                }
+            })?;
+        for dir in dirs {
+            // The directory itself (following a symlinked directory to its target) ...
+            if let Err(e) = watcher.watch(dir, RecursiveMode::Recursive) {
+                warn!(dir = %dir.display(), error = %e, "cannot watch directory; relying on the periodic re-scan");
+            }
+            // ... and its parent, where a git-sync or ConfigMap symlink flip happens.
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty())
+                && let Err(e) = watcher.watch(parent, RecursiveMode::NonRecursive)
+            {
+                debug!(dir = %parent.display(), error = %e, "cannot watch parent directory");
+            }
+        }
+        let (tx, rx) = mpsc::channel(1);
+        tokio::spawn(async move {
+            while raw_rx.recv().await.is_some() {
+                let burst_start = tokio::time::Instant::now();
+                loop {
+                    let left = MAX_DELAY.saturating_sub(burst_start.elapsed());
+                    if left.is_zero() {
+                        break;
+                    }
+                    match tokio::time::timeout(DEBOUNCE.min(left), raw_rx.recv()).await {
+                        Ok(Some(())) => continue,
+                        Ok(None) => return,
+                        Err(_) => break, // quiet: the burst is over
+                    }
+                }
+                // A full channel means a reload is already pending: nothing to add.
+                let _ = tx.try_send(());
+            }
+        });
+        Ok(ChangeWatcher {
+            _watcher: watcher,
+            changes: rx,
+        })
+    }
+}

@@ -1,0 +1,250 @@
+//! The broken-rules corpus: every case under `tests/corpus/broken/` must fail to load
+//! with exactly the diagnostics its `expect.txt` lists.
+//!
+//! `expect.txt` has one line per diagnostic, `<path relative to the case>:<line>: <substring
+//! of the message>`; blank lines and lines starting with `#` are comments.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rulebook::render::Limits;
+use rulebook::rules::{self, Diagnostic};
+
+fn corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/broken")
+}
+
+fn cases() -> Vec<PathBuf> {
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(corpus())
+        .expect("tests/corpus/broken exists")
+        .map(|e| e.expect("readable corpus entry").path())
+        .filter(|p| p.is_dir())
+        .collect();
+    cases.sort();
+    cases
+}
+
+#[derive(Debug)]
+struct Expected {
+    path: String,
+    line: u64,
+    needle: String,
+}
+
+fn expectations(case: &Path) -> Vec<Expected> {
+    let file = case.join("expect.txt");
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let parsed = l.split_once(':').and_then(|(path, rest)| {
+                let (line, needle) = rest.split_once(": ")?;
+                Some(Expected {
+                    path: path.to_string(),
+                    line: line.parse().ok()?,
+                    needle: needle.to_string(),
+                })
+            });
+            parsed.unwrap_or_else(|| panic!("{}: malformed expectation {l:?}", file.display()))
+        })
+        .collect()
+}
+
+fn matches(d: &Diagnostic, e: &Expected) -> bool {
+    Path::new(&d.file).ends_with(&e.path) && d.line == e.line && d.message.contains(&e.needle)
+}
+
+/// Checks one case; returns a description of every mismatch.
+fn check_case(case: &Path) -> Vec<String> {
+    let name = case.file_name().unwrap().to_string_lossy().to_string();
+    let expected = expectations(case);
+    let mut problems = Vec::new();
+    if expected.is_empty() {
+        problems.push(format!("{name}: expect.txt lists no diagnostics"));
+        return problems;
+    }
+    let diags = match rules::load(
+        &case.join("rules"),
+        &case.join("templates"),
+        &Limits::default(),
+    ) {
+        Ok(set) => {
+            problems.push(format!(
+                "{name}: loaded without errors ({} rules), expected {} diagnostics",
+                set.rules.len(),
+                expected.len()
+            ));
+            return problems;
+        }
+        Err(d) => d.0,
+    };
+    let shown = || {
+        diags
+            .iter()
+            .map(|d| format!("    {d}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    // Every expectation claims its own diagnostic, so duplicates are noticed.
+    let mut used = vec![false; diags.len()];
+    for e in &expected {
+        match diags
+            .iter()
+            .enumerate()
+            .find(|(i, d)| !used[*i] && matches(d, e))
+        {
+            Some((i, _)) => used[i] = true,
+            None => problems.push(format!(
+                "{name}: no diagnostic {}:{}: ...{}... among\n{}",
+                e.path,
+                e.line,
+                e.needle,
+                shown()
+            )),
+        }
+    }
+    if diags.len() != expected.len() {
+        problems.push(format!(
+            "{name}: {} diagnostics, expected {}:\n{}",
+            diags.len(),
+            expected.len(),
+            shown()
+        ));
+    }
+    for d in &diags {
+        if d.message.contains('\n') {
+            problems.push(format!("{name}: a diagnostic spans several lines: {d:?}"));
+        }
+        if d.line == 0 {
+            problems.push(format!("{name}: a diagnostic has no line: {d}"));
+        }
+    }
+    problems
+}
+
+#[test]
+fn broken_corpus() {
+    let cases = cases();
+    assert!(
+        cases.len() >= 32,
+        "the corpus has only {} cases",
+        cases.len()
+    );
+    let mut problems = Vec::new();
+    let mut diagnostics = 0;
+    for case in &cases {
+        diagnostics += expectations(case).len();
+        problems.extend(check_case(case));
+    }
+    assert!(
+        problems.is_empty(),
+        "{} problems in the broken corpus:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+    println!(
+        "check corpus: {} cases, {diagnostics} diagnostics, all as expected",
+        cases.len()
+    );
+}
+
+/// `file:line:col: message`, or `file:line: message` for templates.
+fn is_diagnostic_line(l: &str) -> bool {
+    let re = regex::Regex::new(r"^[^:\s][^:]*:\d+(:\d+)?: \S.*$").unwrap();
+    re.is_match(l)
+}
+
+fn rulebook(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rulebook"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("RULEBOOK_RULES")
+        .env_remove("RULEBOOK_TEMPLATES")
+        .output()
+        .expect("run rulebook");
+    (
+        out.status.code().expect("exited"),
+        String::from_utf8(out.stdout).expect("utf-8 stdout"),
+        String::from_utf8(out.stderr).expect("utf-8 stderr"),
+    )
+}
+
+#[test]
+fn binary_check_reports_every_error_and_exits_1() {
+    let case = "tests/corpus/broken/41-several-errors-one-file";
+    let (code, stdout, stderr) = rulebook(&[
+        "check",
+        "--rules",
+        &format!("{case}/rules"),
+        "--templates",
+        &format!("{case}/templates"),
+    ]);
+    assert_eq!(code, 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    let expected = expectations(&corpus().join("41-several-errors-one-file"));
+    assert_eq!(lines.len(), expected.len() + 1, "stderr:\n{stderr}");
+    let (last, diags) = lines.split_last().unwrap();
+    assert_eq!(*last, format!("{} errors", expected.len()));
+    for (l, e) in diags.iter().zip(&expected) {
+        assert!(is_diagnostic_line(l), "not file:line:col: message: {l:?}");
+        let prefix = format!("{case}/{}:{}:", e.path, e.line);
+        assert!(
+            l.starts_with(&prefix) && l.contains(&e.needle),
+            "{l:?} is not {prefix} ...{}...",
+            e.needle
+        );
+    }
+}
+
+#[test]
+fn binary_check_of_a_template_error_names_the_template_line() {
+    let case = "tests/corpus/broken/21-template-syntax-error";
+    let (code, _, stderr) = rulebook(&[
+        "check",
+        "--rules",
+        &format!("{case}/rules"),
+        "--templates",
+        &format!("{case}/templates"),
+    ]);
+    assert_eq!(code, 1, "stderr:\n{stderr}");
+    let first = stderr.lines().next().unwrap_or("");
+    assert!(is_diagnostic_line(first), "{first:?}");
+    assert!(
+        first.starts_with(&format!("{case}/templates/cm.yaml:7: syntax error")),
+        "{first:?}"
+    );
+}
+
+#[test]
+fn binary_check_accepts_the_repository_rules() {
+    let (code, stdout, stderr) =
+        rulebook(&["check", "--rules", "rules", "--templates", "templates"]);
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stderr.is_empty(), "stderr:\n{stderr}");
+    for name in ["myapp", "myweb", "project"] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(&format!("ok  {name}  "))),
+            "{name} missing from:\n{stdout}"
+        );
+    }
+    assert!(stdout.ends_with("3 rules valid\n"), "stdout:\n{stdout}");
+}
+
+#[test]
+fn binary_check_of_a_missing_directory_fails_cleanly() {
+    let (code, _, stderr) = rulebook(&[
+        "check",
+        "--rules",
+        "tests/corpus/no-such-dir",
+        "--templates",
+        "templates",
+    ]);
+    assert_eq!(code, 1, "stderr:\n{stderr}");
+    assert!(
+        stderr.contains("tests/corpus/no-such-dir: cannot read the rules directory"),
+        "stderr:\n{stderr}"
+    );
+}
