@@ -100,14 +100,15 @@ pub fn json_scalar(value: &Value) -> Result<String, Error> {
     })
 }
 
-/// Escapes the characters that a YAML reader may take as line breaks or markers but
-/// JSON leaves alone (NEL, LINE/PARAGRAPH SEPARATOR, BOM, C1 controls, DEL). They only
-/// occur inside JSON strings, where `\uXXXX` means the same character.
+/// Escapes the characters that a YAML reader may take as line breaks or markers, or
+/// rejects as non-printable, but JSON leaves alone (NEL, LINE/PARAGRAPH SEPARATOR, BOM,
+/// C1 controls, DEL, the non-characters U+FFFE and U+FFFF). They only occur inside JSON
+/// strings, where `\uXXXX` means the same character.
 pub fn yaml_safe(json: &str) -> std::borrow::Cow<'_, str> {
     let needs = |c: char| {
         matches!(
             c,
-            '\u{7f}'..='\u{9f}' | '\u{2028}' | '\u{2029}' | '\u{feff}'
+            '\u{7f}'..='\u{9f}' | '\u{2028}' | '\u{2029}' | '\u{feff}' | '\u{fffe}' | '\u{ffff}'
         )
     };
     if !json.chars().any(needs) {

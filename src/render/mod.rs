@@ -487,7 +487,7 @@ impl CompiledRule {
                 let ready_when = c
                     .ready_when
                     .as_ref()
-                    .and_then(|e| compile_expr(e, key("readyWhen"), &["child", "item", "index"]));
+                    .and_then(|e| compile_expr(e, key("readyWhen"), &["child", "index"]));
                 children.push(ChildProgram {
                     include_when,
                     ready_when,
