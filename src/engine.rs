@@ -479,10 +479,12 @@ impl RuleRunner {
         let status = self.status.clone();
         let synced_name = name.clone();
         let synced = tokio::spawn(async move {
-            for reader in readers {
-                if reader.wait_until_ready().await.is_err() {
+            for (i, reader) in readers.into_iter().enumerate() {
+                if let Err(e) = reader.wait_until_ready().await {
+                    tracing::debug!(rule = %synced_name, cache = i, error = %e, "cache closed before it synced");
                     return;
                 }
+                tracing::debug!(rule = %synced_name, cache = i, "cache synced");
             }
             status.update(&synced_name, |s| s.synced = true);
             info!(rule = %synced_name, "caches synced");

@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use axum::http::header as http_header;
 use clap::Args;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -85,8 +86,12 @@ pub async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client> {
             .await
             .context("no Kubernetes configuration found")?,
     };
-    // Many controllers, one client: the default per-host limits would queue requests.
     config.read_timeout = Some(Duration::from_secs(300));
+    // Names Rulebook's requests in the API server's audit log and metrics.
+    config.headers.push((
+        http_header::USER_AGENT,
+        http_header::HeaderValue::from_static(concat!("rulebook/", env!("CARGO_PKG_VERSION"))),
+    ));
     Ok(Client::try_from(config)?)
 }
 
@@ -250,6 +255,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
     loop {
         let changed = tokio::select! {
             Some(()) = async { match watcher.as_mut() { Some(w) => w.changes.recv().await, None => std::future::pending().await } } => {
+                // Watch afresh: a flipped symlink leaves the old watches on the old target.
+                match ChangeWatcher::new(&[&args.dirs.rules, &args.dirs.templates]) {
+                    Ok(w) => watcher = Some(w),
+                    Err(e) => warn!(error = %e, "cannot re-establish file watches; relying on the periodic re-scan"),
+                }
                 reload(&mut serving, &mut last_seen)
             }
             _ = rescan.tick(), if args.watch => reload(&mut serving, &mut last_seen),

@@ -60,7 +60,28 @@ impl RuleSource {
     }
 }
 
-/// Watches the directories and sends one `()` per burst of changes.
+/// The parent directory of `dir` and of every symlink on the way to `dir`.
+fn link_parents(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(p) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        out.push(p.to_path_buf());
+    }
+    let mut prefix = PathBuf::new();
+    for part in dir.components() {
+        prefix.push(part);
+        let is_link = std::fs::symlink_metadata(&prefix).is_ok_and(|m| m.file_type().is_symlink());
+        if is_link
+            && let Some(p) = prefix.parent().filter(|p| !p.as_os_str().is_empty())
+            && !out.iter().any(|o| o == p)
+        {
+            out.push(p.to_path_buf());
+        }
+    }
+    out
+}
+
+/// Watches the directories and sends one `()` per burst of changes. Rebuild it after a
+/// change: a flipped symlink leaves the old watches on the old target.
 pub struct ChangeWatcher {
     _watcher: RecommendedWatcher,
     pub changes: mpsc::Receiver<()>,
@@ -90,11 +111,12 @@ impl ChangeWatcher {
             if let Err(e) = watcher.watch(dir, RecursiveMode::Recursive) {
                 warn!(dir = %dir.display(), error = %e, "cannot watch directory; relying on the periodic re-scan");
             }
-            // ... and its parent, where a git-sync or ConfigMap symlink flip happens.
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty())
-                && let Err(e) = watcher.watch(parent, RecursiveMode::NonRecursive)
-            {
-                debug!(dir = %parent.display(), error = %e, "cannot watch parent directory");
+            // ... and the directories where a symlink on the way to it can be flipped
+            // (git-sync's `current` link, a ConfigMap volume mounted through a link).
+            for parent in link_parents(dir) {
+                if let Err(e) = watcher.watch(&parent, RecursiveMode::NonRecursive) {
+                    debug!(dir = %parent.display(), error = %e, "cannot watch directory");
+                }
             }
         }
         let (tx, rx) = mpsc::channel(1);

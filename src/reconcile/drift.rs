@@ -77,13 +77,31 @@ pub fn fields_cover(live: &Json, desired: &Json, manager: &str) -> bool {
     let Some(desired) = desired.as_object() else {
         return false;
     };
-    // apiVersion and kind are never recorded as fields.
-    let body: Map<String, Json> = desired
+    // apiVersion, kind, metadata.name and metadata.namespace identify the object and
+    // are never recorded as fields.
+    let mut body: Map<String, Json> = desired
         .iter()
         .filter(|(k, _)| *k != "apiVersion" && *k != "kind")
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    if let Some(meta) = body.get_mut("metadata").and_then(Json::as_object_mut) {
+        meta.remove("name");
+        meta.remove("namespace");
+    }
     map_covered(fields, &body)
+}
+
+/// Whether the fieldset `sub` (the entry for one field or list item) covers `v`.
+fn covered(sub: &Json, v: &Json) -> bool {
+    // `{}` owns the value whole: a leaf, or an atomic map, list or list item.
+    if sub.as_object().is_some_and(|m| m.is_empty()) {
+        return true;
+    }
+    match v {
+        Json::Object(m) => map_covered(sub, m),
+        Json::Array(items) => list_covered(sub, items),
+        _ => true,
+    }
 }
 
 fn map_covered(fields: &Json, desired: &Map<String, Json>) -> bool {
@@ -94,14 +112,9 @@ fn map_covered(fields: &Json, desired: &Map<String, Json>) -> bool {
         if v.is_null() {
             return true; // a null in an apply configuration owns nothing
         }
-        let Some(sub) = fields.get(&format!("f:{k}")) else {
-            return false;
-        };
-        match v {
-            Json::Object(m) if !m.is_empty() => map_covered(sub, m),
-            Json::Array(items) => list_covered(sub, items),
-            _ => true,
-        }
+        fields
+            .get(&format!("f:{k}"))
+            .is_some_and(|sub| covered(sub, v))
     })
 }
 
@@ -120,7 +133,7 @@ fn list_covered(fields: &Json, items: &[Json]) -> bool {
             key.strip_prefix("k:")
                 .and_then(|k| serde_json::from_str::<Map<String, Json>>(k).ok())
                 .is_some_and(|k| k.iter().all(|(kk, kv)| key_matches(m.get(kk), kv)))
-                && map_covered(sub, m)
+                && covered(sub, item)
         }),
         Json::Null => true,
         scalar => {
@@ -167,19 +180,21 @@ mod tests {
     fn desired() -> Json {
         json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "x", "labels": {"a": "1"}},
+            "metadata": {"name": "x", "namespace": "ns", "labels": {"a": "1"},
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "P", "name": "p", "uid": "u1", "controller": true}]},
             "spec": {
                 "replicas": 2,
                 "template": {"spec": {"containers": [{"name": "app", "image": "nginx", "ports": [{"containerPort": 80}]}]}},
                 "args": ["a", "b"],
-                "atomic": [1, 2]
+                "atomic": [1, 2],
+                "selector": {"matchLabels": {"app": "x"}}
             }
         })
     }
 
     fn full_fields() -> Json {
         json!({
-            "f:metadata": {"f:name": {}, "f:labels": {"f:a": {}}},
+            "f:metadata": {"f:labels": {"f:a": {}}, "f:ownerReferences": {"k:{\"uid\":\"u1\"}": {}}},
             "f:spec": {
                 "f:replicas": {},
                 "f:template": {"f:spec": {"f:containers": {
@@ -187,7 +202,8 @@ mod tests {
                         "f:ports": {"k:{\"containerPort\":80,\"protocol\":\"TCP\"}": {".": {}, "f:containerPort": {}}}}
                 }}},
                 "f:args": {"v:\"a\"": {}, "v:\"b\"": {}},
-                "f:atomic": {}
+                "f:atomic": {},
+                "f:selector": {}
             }
         })
     }

@@ -598,7 +598,7 @@ async fn apply_child(
     {
         // The API server recorded the fields differently than the check reads them:
         // rely on the hash alone for this object rather than re-applying forever.
-        debug!(child = %what, "managed fields do not mirror the desired object; checking by hash only");
+        warn!(child = %what, "managed fields do not mirror the desired object; checking it by hash only (hand edits of it will not be reverted)");
         lock(&ctx.hash_only).insert(u);
     }
     let (reason, verb) = match why {

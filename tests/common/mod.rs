@@ -1,0 +1,373 @@
+//! Shared harness for the tests that need the local control plane (`make cluster`).
+//!
+//! Every test gets its own namespace and, when it runs the operator, its own `rulebook
+//! run` process scoped to that namespace, so tests run side by side without seeing each
+//! other. A test that cannot reach the cluster fails with instructions; it never skips.
+
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::future::Future;
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::{Client, Config};
+use serde_json::{Value as Json, json};
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn kubeconfig_path() -> PathBuf {
+    std::env::var_os("RULEBOOK_TEST_KUBECONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".cluster/kubeconfig"))
+}
+
+fn no_cluster(why: impl std::fmt::Display) -> ! {
+    panic!(
+        "the local control plane is not reachable ({why}).\n\
+         Start it with `make cluster` (or run everything with `make test`), \
+         or point RULEBOOK_TEST_KUBECONFIG at a kubeconfig."
+    )
+}
+
+/// A client for the local control plane; fails the test loudly when it is not running.
+pub async fn client() -> Client {
+    let path = kubeconfig_path();
+    let kc = Kubeconfig::read_from(&path)
+        .unwrap_or_else(|e| no_cluster(format!("cannot read {}: {e}", path.display())));
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| no_cluster(e));
+    let client = Client::try_from(config).unwrap_or_else(|e| no_cluster(e));
+    match client
+        .request_text(http::Request::get("/readyz").body(vec![]).unwrap())
+        .await
+    {
+        Ok(body) if body.trim() == "ok" => client,
+        Ok(body) => no_cluster(format!("/readyz says {body}")),
+        Err(e) => no_cluster(e),
+    }
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A unique lower-case name with `prefix`.
+pub fn unique(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() % 1_000_000)
+        .unwrap_or(0);
+    format!("{prefix}-{}-{t}-{n}", std::process::id() % 10_000)
+}
+
+/// Creates a fresh namespace for one test.
+pub async fn namespace(client: &Client, prefix: &str) -> String {
+    let name = unique(prefix);
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    api.create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace");
+    // The service account controller creates `default`; pods need it.
+    let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), &name);
+    wait_for(
+        Duration::from_secs(60),
+        "the default ServiceAccount",
+        || async { sa.get_opt("default").await.ok().flatten() },
+    )
+    .await;
+    name
+}
+
+/// Polls `probe` until it returns `Some`, or fails the test after `timeout` naming `what`.
+pub async fn wait_for<T, F, Fut>(timeout: Duration, what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// An API for any kind, by apiVersion and kind (plural guessed the Kubernetes way).
+pub fn api(
+    client: &Client,
+    ns: Option<&str>,
+    api_version: &str,
+    kind: &str,
+    plural: &str,
+) -> Api<DynamicObject> {
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let ar =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+    match ns {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    }
+}
+
+/// Creates or updates an object from JSON with server-side apply (field manager `test`).
+pub async fn apply(api: &Api<DynamicObject>, obj: Json) -> DynamicObject {
+    let name = obj["metadata"]["name"].as_str().expect("name").to_string();
+    let obj: DynamicObject = serde_json::from_value(obj).expect("object");
+    api.patch(
+        &name,
+        &PatchParams::apply("test").force(),
+        &Patch::Apply(&obj),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("apply {name}: {e}"))
+}
+
+pub fn to_json(o: &DynamicObject) -> Json {
+    serde_json::to_value(o).expect("json")
+}
+
+/// The `Ready` condition of an object: `(status, reason, message)`.
+pub fn ready_condition(o: &Json) -> Option<(String, String, String)> {
+    o.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or("").to_string(),
+                c["reason"].as_str().unwrap_or("").to_string(),
+                c["message"].as_str().unwrap_or("").to_string(),
+            )
+        })
+}
+
+/// Waits until the object's Ready condition has `status` (and `reason`, when given),
+/// for the object's current generation.
+pub async fn wait_ready(
+    api: &Api<DynamicObject>,
+    name: &str,
+    status: &str,
+    reason: Option<&str>,
+    timeout: Duration,
+) -> Json {
+    let what = format!(
+        "{name} to have Ready={status}{}",
+        reason.map(|r| format!(" ({r})")).unwrap_or_default()
+    );
+    wait_for(timeout, &what, || async {
+        let o = to_json(&api.get_opt(name).await.ok().flatten()?);
+        let (s, r, _) = ready_condition(&o)?;
+        let generation = o.pointer("/metadata/generation");
+        let observed = o.pointer("/status/observedGeneration");
+        (s == status && reason.is_none_or(|want| want == r) && generation == observed).then_some(o)
+    })
+    .await
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A `rulebook run` process, killed when dropped.
+pub struct Operator {
+    child: Option<Child>,
+    pub metrics_port: u16,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    /// Starts the operator on `rules`/`templates`, watching namespace `ns` only, with
+    /// `extra` arguments; waits until it serves `/healthz`.
+    pub async fn start(
+        rules: &Path,
+        templates: &Path,
+        ns: Option<&str>,
+        extra: &[&str],
+    ) -> Operator {
+        let metrics_port = free_port();
+        let log = std::env::temp_dir().join(format!("{}.log", unique("rulebook-op")));
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rulebook"));
+        cmd.arg("run")
+            .arg("--rules")
+            .arg(rules)
+            .arg("--templates")
+            .arg(templates)
+            .arg("--kubeconfig")
+            .arg(kubeconfig_path())
+            .arg("--metrics-addr")
+            .arg(format!("127.0.0.1:{metrics_port}"));
+        if let Some(ns) = ns {
+            cmd.arg("--namespace").arg(ns);
+        }
+        cmd.args(extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("RULEBOOK_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().expect("log"))
+            .stderr(log_file);
+        let child = cmd.spawn().expect("spawn rulebook run");
+        let op = Operator {
+            child: Some(child),
+            metrics_port,
+            log,
+        };
+        let url = format!("http://127.0.0.1:{metrics_port}/healthz");
+        wait_for(
+            Duration::from_secs(30),
+            "the operator's /healthz",
+            || async { http_get(&url).await.ok() },
+        )
+        .await;
+        op
+    }
+
+    pub async fn get(&self, path: &str) -> String {
+        http_get(&format!("http://127.0.0.1:{}{path}", self.metrics_port))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("GET {path}: {e}\n--- operator log ---\n{}", self.log_tail())
+            })
+    }
+
+    /// The value of one metric series, e.g. `rulebook_api_writes_total{rule="x",verb="apply"}`.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = self.get("/metrics").await;
+        text.lines()
+            .filter(|l| l.starts_with(series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    pub fn log_tail(&self) -> String {
+        let mut s = String::new();
+        if let Ok(mut f) = std::fs::File::open(&self.log) {
+            let _ = f.read_to_string(&mut s);
+        }
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Sends a signal (e.g. `TERM`, `KILL`) and waits for the process to exit.
+    pub fn signal_and_wait(&mut self, signal: &str) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let _ = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status();
+        child.wait().expect("wait")
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- operator log ({}) ---\n{}",
+                self.log.display(),
+                self.log_tail()
+            );
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 GET on loopback (the operator's own endpoint).
+pub async fn http_get(url: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").ok_or("not http")?;
+    let (host, path) = rest
+        .split_once('/')
+        .map(|(h, p)| (h, format!("/{p}")))
+        .unwrap_or((rest, "/".into()));
+    let mut s = tokio::net::TcpStream::connect(host)
+        .await
+        .map_err(|e| e.to_string())?;
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("bad response")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(head.lines().next().unwrap_or("").to_string());
+    }
+    // Chunked bodies (axum streams): strip the chunk sizes.
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = body;
+        while let Some((size, tail)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            out.push_str(tail.get(..n).ok_or("short chunk")?);
+            rest = tail.get(n + 2..).unwrap_or("");
+        }
+        return Ok(out);
+    }
+    Ok(body.to_string())
+}
+
+/// Copies the repository's rules and templates into a temp dir the test may change.
+pub fn copy_rules() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_tree(&repo().join("rules"), &dir.path().join("rules"));
+    copy_tree(&repo().join("templates"), &dir.path().join("templates"));
+    dir
+}
+
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// Reads a sample parent from `examples/`, placed in namespace `ns`.
+pub fn example(file: &str, ns: &str) -> Json {
+    let text = std::fs::read_to_string(repo().join("examples").join(file)).expect("example");
+    let mut o: Json = serde_saphyr::from_str(&text).expect("yaml");
+    o["metadata"]["namespace"] = json!(ns);
+    o
+}
