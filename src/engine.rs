@@ -12,7 +12,7 @@ use kube::core::discovery::Scope as KubeScope;
 use kube::discovery::pinned_kind;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector;
 use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
 use kube::{Client, Resource};
 use serde::Serialize;
@@ -407,9 +407,11 @@ impl RuleRunner {
         let parent_writer = reflector::store::Writer::new(r.parent.clone());
         let parent_reader = parent_writer.as_reader();
         // Status-only changes (Rulebook's own status writes among them) do not reconcile.
+        let synced = CacheSync::new(1 + r.kinds.len(), self.status.clone(), name.clone());
         let parent_stream = watcher(parent_api, parent_wc)
             .default_backoff()
             .modify(strip_parent)
+            .map(synced.observer(0))
             .reflect(parent_writer)
             .applied_objects()
             .predicate_filter(
@@ -430,8 +432,7 @@ impl RuleRunner {
             name
         );
         let mut kinds = Vec::new();
-        let mut readers: Vec<Store<DynamicObject>> = vec![parent_reader];
-        for (ar, namespaced) in &r.kinds {
+        for (i, (ar, namespaced)) in r.kinds.iter().enumerate() {
             let api: Api<DynamicObject> = match (ns, namespaced) {
                 (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, ar),
                 _ => Api::all_with(self.client.clone(), ar),
@@ -446,10 +447,10 @@ impl RuleRunner {
             )
             .default_backoff()
             .modify(strip_child)
+            .map(synced.observer(i + 1))
             .reflect(writer)
             .touched_objects();
             controller = controller.owns_stream_with(stream, ar.clone());
-            readers.push(reader.clone());
             kinds.push(ChildKind {
                 ar: ar.clone(),
                 namespaced: *namespaced,
@@ -475,20 +476,6 @@ impl RuleRunner {
             self.metrics.clone(),
             self.gate.clone(),
         ));
-        // Readiness: every cache of the rule has listed once.
-        let status = self.status.clone();
-        let synced_name = name.clone();
-        let synced = tokio::spawn(async move {
-            for (i, reader) in readers.into_iter().enumerate() {
-                if let Err(e) = reader.wait_until_ready().await {
-                    tracing::debug!(rule = %synced_name, cache = i, error = %e, "cache closed before it synced");
-                    return;
-                }
-                tracing::debug!(rule = %synced_name, cache = i, "cache synced");
-            }
-            status.update(&synced_name, |s| s.synced = true);
-            info!(rule = %synced_name, "caches synced");
-        });
         let mut stop_signal = stopped.clone();
         let shutdown = async move {
             let _ = stop_signal.wait_for(|s| *s).await;
@@ -515,7 +502,53 @@ impl RuleRunner {
                 futures::future::ready(())
             })
             .await;
-        synced.abort();
+    }
+}
+
+/// Marks a rule synced once each of its caches has listed everything once.
+#[derive(Clone)]
+struct CacheSync {
+    listed: Arc<Vec<std::sync::atomic::AtomicBool>>,
+    status: Arc<EngineStatus>,
+    rule: String,
+}
+
+impl CacheSync {
+    fn new(caches: usize, status: Arc<EngineStatus>, rule: String) -> CacheSync {
+        CacheSync {
+            listed: Arc::new(
+                (0..caches)
+                    .map(|_| std::sync::atomic::AtomicBool::new(false))
+                    .collect(),
+            ),
+            status,
+            rule,
+        }
+    }
+
+    /// A pass-through for cache `i`'s watch events that notes its first complete listing.
+    fn observer(
+        &self,
+        i: usize,
+    ) -> impl FnMut(
+        Result<watcher::Event<DynamicObject>, watcher::Error>,
+    ) -> Result<watcher::Event<DynamicObject>, watcher::Error>
+    + use<> {
+        let this = self.clone();
+        move |event| {
+            if matches!(event, Ok(watcher::Event::InitDone))
+                && let Some(flag) = this.listed.get(i)
+                && !flag.swap(true, std::sync::atomic::Ordering::SeqCst)
+                && this
+                    .listed
+                    .iter()
+                    .all(|f| f.load(std::sync::atomic::Ordering::SeqCst))
+            {
+                this.status.update(&this.rule, |s| s.synced = true);
+                info!(rule = %this.rule, "caches synced");
+            }
+            event
+        }
     }
 }
 
