@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Functions passed to wait_until/trap look unreachable to shellcheck:
+# shellcheck disable=SC2317
+#
 # Local Kubernetes control plane for Rulebook's tests, demos and benchmarks.
 #
 # Runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
@@ -45,7 +48,7 @@ CACHE_DIR="${RULEBOOK_CACHE:-$HOME/.cache/rulebook}/cluster/k8s-$K8S_VERSION-etc
 BIN_DIR="$CACHE_DIR/bin"
 KWOK_STAGES="$CACHE_DIR/share/kwok-stages.yaml"
 BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl)
-# Start order; stop order is the reverse.
+# Start order (see stop_all for the stop order).
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
 STATE_DIR="$REPO_ROOT/.cluster"
@@ -75,7 +78,7 @@ since() { # <start µs> -> "12.3s"
 lock() {
 	if command -v flock >/dev/null; then
 		exec 9<"$SCRIPT"
-		flock 9
+		flock -w 600 9 || die "another cluster.sh command has held the lock for 10 minutes"
 	fi
 }
 
@@ -223,8 +226,9 @@ start_component() { # <name>
 	local name="$1" args=() pid
 	mapfile -t args <"$RUN/$name.args"
 	# setsid: own session, so the process outlives make/CI's process group
-	# and terminal; nohup + </dev/null: no SIGHUP, no stdin.
-	setsid nohup "$STATE_DIR/bin/$name" "${args[@]}" </dev/null >>"$LOGS/$name.log" 2>&1 &
+	# and terminal; nohup + </dev/null: no SIGHUP, no stdin; 9<&-: must not
+	# inherit (and so hold forever) the lock.
+	setsid nohup "$STATE_DIR/bin/$name" "${args[@]}" </dev/null >>"$LOGS/$name.log" 2>&1 9<&- &
 	pid=$!
 	echo "$pid" >"$PIDS/$name.pid"
 	sleep 0.05
@@ -275,10 +279,12 @@ stop_components() { # <name>...: TERM, wait, KILL; fails if anything survives
 	for name in "$@"; do rm -f "$PIDS/$name.pid"; done
 }
 
+# Clients first, then the apiserver while etcd is still up (without etcd its
+# graceful shutdown hangs ~20s on the peer-endpoint lease), then etcd.
 stop_all() {
-	local rev=() i
-	for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do rev+=("${COMPONENTS[i]}"); done
-	stop_components "${rev[@]}"
+	stop_components kwok kube-scheduler kube-controller-manager
+	stop_components kube-apiserver
+	stop_components etcd
 }
 
 tail_log() { # <name>
@@ -317,7 +323,7 @@ load_ports() {
 	source "$RUN/ports.env"
 }
 
-kctl() { "$STATE_DIR/bin/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+kctl() { "$STATE_DIR/bin/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" --cache-dir "$STATE_DIR/kubectl-cache" "$@"; }
 
 readyz() {
 	load_ports || return 1
@@ -360,10 +366,9 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
 }
 
-# sign <name> <subject> <extensions>: key + certificate signed by the CA.
+# sign <name> <subject> <extensions>: certificate for $name.key, signed by the CA.
 sign() {
 	local name="$1" subj="$2" ext="$3"
-	openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$CERTS/$name.key" 2>/dev/null
 	openssl req -new -key "$CERTS/$name.key" -subj "$subj" -out "$CERTS/$name.csr"
 	printf '%s\n' "$ext" >"$CERTS/$name.ext"
 	openssl x509 -req -in "$CERTS/$name.csr" -CA "$CERTS/ca.crt" -CAkey "$CERTS/ca.key" \
@@ -376,11 +381,22 @@ make_certs() {
 	local client="basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=clientAuth"
-	openssl req -x509 -newkey rsa:2048 -nodes -sha256 -days 3650 \
+	# RSA 2048 everywhere (the service-account key must be RSA; RSA client
+	# keys work with every client). Generated in parallel: it is most of the
+	# time spent here.
+	local k
+	for k in ca apiserver admin kube-controller-manager kube-scheduler kwok sa; do
+		openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$CERTS/$k.key" 2>/dev/null &
+	done
+	wait
+	for k in ca apiserver admin kube-controller-manager kube-scheduler kwok sa; do
+		[[ -s "$CERTS/$k.key" ]] || die "openssl genpkey failed for $k.key"
+	done
+	openssl req -x509 -key "$CERTS/ca.key" -sha256 -days 3650 \
 		-subj "/CN=rulebook-local-ca" \
 		-addext "basicConstraints=critical,CA:TRUE" \
 		-addext "keyUsage=critical,digitalSignature,keyCertSign,cRLSign" \
-		-keyout "$CERTS/ca.key" -out "$CERTS/ca.crt" 2>/dev/null
+		-out "$CERTS/ca.crt" 2>/dev/null
 	sign apiserver "/CN=kube-apiserver" "basicConstraints=critical,CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
@@ -390,7 +406,6 @@ subjectAltName=IP:127.0.0.1,IP:::1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,D
 	sign kube-scheduler "/CN=system:kube-scheduler" "$client"
 	sign kwok "/O=system:masters/CN=kwok-controller" "$client"
 	# Service-account token signing key pair.
-	openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$CERTS/sa.key" 2>/dev/null
 	openssl pkey -in "$CERTS/sa.key" -pubout -out "$CERTS/sa.pub"
 	chmod 600 "$CERTS"/*.key
 }
@@ -419,6 +434,16 @@ contexts:
 current-context: rulebook-local
 EOF
 	chmod 600 "$1"
+}
+
+# The *_EXTRA_ARGS a cluster was started with: `up` reuses a running cluster
+# only if they are unchanged.
+extra_args_key() {
+	local e a
+	read -r -a e <<<"${ETCD_EXTRA_ARGS:-}"
+	read -r -a a <<<"${APISERVER_EXTRA_ARGS:-}"
+	echo "etcd: ${e[*]}"
+	echo "kube-apiserver: ${a[*]}"
 }
 
 write_args() { # <name> <arg>...: one argument per line
@@ -451,6 +476,7 @@ EOF
 	local etcd_extra=() api_extra=()
 	read -r -a etcd_extra <<<"${ETCD_EXTRA_ARGS:-}"
 	read -r -a api_extra <<<"${APISERVER_EXTRA_ARGS:-}"
+	extra_args_key >"$RUN/extra-args"
 
 	write_args etcd \
 		--name=rulebook \
@@ -481,6 +507,7 @@ EOF
 		--allow-privileged=true \
 		--max-requests-inflight=2000 \
 		--max-mutating-requests-inflight=1000 \
+		--shutdown-send-retry-after=true \
 		"${api_extra[@]}"
 
 	write_args kube-controller-manager \
@@ -581,15 +608,19 @@ cmd_up() {
 	--fresh) fresh=1 ;;
 	*) die "up: unknown argument '$1' (expected --fresh)" ;;
 	esac
-	cmd_build
+	built || cmd_build
 	lock
 	# Reuse only a healthy cluster running this cache's binaries (a version
-	# bump changes $BIN_DIR and so forces a restart).
-	if ((!fresh)) && [[ "$(readlink "$STATE_DIR/bin" 2>/dev/null)" == "$BIN_DIR" ]] &&
-		all_running && readyz; then
-		load_ports
-		log "reusing the running cluster at https://127.0.0.1:$APISERVER_PORT (use --fresh to restart)"
-		return 0
+	# bump changes $BIN_DIR) with the same *_EXTRA_ARGS.
+	if ((!fresh)) && all_running && readyz; then
+		if [[ "$(readlink "$STATE_DIR/bin")" != "$BIN_DIR" ]]; then
+			log "running cluster uses other binaries; restarting"
+		elif [[ "$(extra_args_key)" != "$(cat "$RUN/extra-args" 2>/dev/null)" ]]; then
+			log "ETCD_EXTRA_ARGS/APISERVER_EXTRA_ARGS changed; restarting"
+		else
+			log "reusing the running cluster at https://127.0.0.1:$APISERVER_PORT (use --fresh to restart)"
+			return 0
+		fi
 	fi
 	t0="$(now_us)"
 	# A crashed or half-running previous cluster: stop whatever is left.
@@ -621,23 +652,28 @@ cmd_down() {
 }
 
 cmd_status() {
-	local c pid rc=0
+	local c pid running=0
 	for c in "${COMPONENTS[@]}"; do
 		if pid="$(pid_of "$c")"; then
 			printf '  %-24s running (pid %s)\n' "$c" "$pid"
+			running=$((running + 1))
 		else
 			printf '  %-24s not running\n' "$c"
-			rc=1
 		fi
 	done
 	if readyz; then
-		echo "apiserver https://127.0.0.1:$APISERVER_PORT/readyz: ok"
-	else
-		echo "apiserver /readyz: not ok"
-		rc=1
+		echo "  https://127.0.0.1:$APISERVER_PORT/readyz: ok"
+		if ((running == ${#COMPONENTS[@]})); then
+			echo "cluster is up (KUBECONFIG=$KUBECONFIG_ADMIN)"
+			return 0
+		fi
 	fi
-	if ((rc == 0)); then echo "cluster is up"; else echo "cluster is down"; fi
-	return $rc
+	if ((running == 0)); then
+		echo "cluster is down"
+	else
+		echo "cluster is unhealthy ('up' restarts it)"
+	fi
+	return 1
 }
 
 restart_component() { # <name> <health check> <watched components>
@@ -657,20 +693,26 @@ cmd_env() {
 	echo "export PATH=$STATE_DIR/bin:\$PATH"
 }
 
-usage() { sed -n '/^# Usage:/,/^# Environment:/{/^# Environment:/d;s/^# \{0,1\}//;p}' "$SCRIPT" >&2; }
+usage() { sed -n '/^# Usage:/,/^set -euo/{/^set /d;s/^# \{0,1\}//;p}' "$SCRIPT" >&2; }
 
-case "${1:-}" in
-build) cmd_build ;;
-up) cmd_up "${2:-}" ;;
-restart) cmd_up --fresh ;;
-down) cmd_down ;;
-status) cmd_status ;;
-restart-apiserver) restart_component kube-apiserver readyz etcd,kube-apiserver ;;
-restart-etcd) restart_component etcd etcd_healthy etcd ;;
-env) cmd_env ;;
--h | --help | help) usage ;;
-*)
-	usage
-	exit 2
-	;;
-esac
+main() {
+	case "${1:-}" in
+	build) cmd_build ;;
+	up) cmd_up "${2:-}" ;;
+	restart) cmd_up --fresh ;;
+	down) cmd_down ;;
+	status) cmd_status ;;
+	restart-apiserver) restart_component kube-apiserver readyz etcd,kube-apiserver ;;
+	restart-etcd) restart_component etcd etcd_healthy etcd ;;
+	env) cmd_env ;;
+	-h | --help | help) usage ;;
+	*)
+		usage
+		exit 2
+		;;
+	esac
+}
+
+# One line: bash has read it all before running, so editing this file while a
+# command runs (e.g. a long build) cannot make bash read a half-edited file.
+main "$@"; exit
