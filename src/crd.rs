@@ -153,6 +153,13 @@ pub fn breaking_changes(old: &Json, new: &Json, path: &str, out: &mut Vec<String
         ));
         return;
     }
+    let old_preserves = old.get("x-kubernetes-preserve-unknown-fields") == Some(&Json::Bool(true));
+    let new_preserves = new.get("x-kubernetes-preserve-unknown-fields") == Some(&Json::Bool(true));
+    if old_preserves && !new_preserves {
+        out.push(format!(
+            "{here}: no longer preserves unknown fields (stored fields outside the schema would be pruned)"
+        ));
+    }
     if let Some(old_props) = old.get("properties").and_then(Json::as_object) {
         let new_props = new.get("properties").and_then(Json::as_object);
         let preserves = new.get("x-kubernetes-preserve-unknown-fields") == Some(&Json::Bool(true));
@@ -385,5 +392,196 @@ mod tests {
             c.iter().any(|m| m == "(root): 'b' becomes required"),
             "{c:?}"
         );
+    }
+}
+
+/// Problems the API server would reject in a CRD section, as `(key, message)`:
+/// scope and names, and the structural-schema rules for `specSchema`/`statusSchema`.
+pub fn validate(rule: &crate::rules::Rule) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let Some(crd) = &rule.spec.crd else {
+        return out;
+    };
+    let parent = &rule.spec.parent;
+    let (group, _) = split_api_version(&parent.api_version);
+    if group.is_empty() || !group.contains('.') {
+        out.push((
+            "spec.crd".into(),
+            format!(
+                "a CRD needs a group with a dot (e.g. example.com); spec.parent.apiVersion is '{}'",
+                parent.api_version.value
+            ),
+        ));
+    }
+    if let Some(scope) = &crd.scope
+        && !matches!(scope.as_str(), "Namespaced" | "Cluster")
+    {
+        out.push((
+            "spec.crd.scope".into(),
+            format!("'{}' is not Namespaced or Cluster", scope.value),
+        ));
+    }
+    let plural = plural(crd, &parent.kind);
+    if !crate::rules::is_dns_label(&plural) {
+        out.push((
+            "spec.crd.plural".into(),
+            format!("'{plural}' is not a lower-case DNS label"),
+        ));
+    }
+    for (key, value) in [("singular", crd.singular.as_deref())] {
+        if let Some(v) = value
+            && !crate::rules::is_dns_label(v)
+        {
+            out.push((
+                format!("spec.crd.{key}"),
+                format!("'{v}' is not a lower-case DNS label"),
+            ));
+        }
+    }
+    for s in &crd.short_names {
+        if !crate::rules::is_dns_label(s) {
+            out.push((
+                "spec.crd.shortNames".into(),
+                format!("'{s}' is not a lower-case DNS label"),
+            ));
+        }
+    }
+    for (i, c) in crd.printer_columns.iter().enumerate() {
+        if !matches!(
+            c.type_.as_str(),
+            "string" | "integer" | "number" | "boolean" | "date"
+        ) {
+            out.push((
+                format!("spec.crd.printerColumns[{i}].type"),
+                format!(
+                    "'{}' is not one of string, integer, number, boolean, date",
+                    c.type_
+                ),
+            ));
+        }
+        if !c.json_path.starts_with('.') {
+            out.push((
+                format!("spec.crd.printerColumns[{i}].jsonPath"),
+                format!("'{}' must start with '.'", c.json_path),
+            ));
+        }
+    }
+    for (key, schema) in [
+        ("specSchema", &crd.spec_schema),
+        ("statusSchema", &crd.status_schema),
+    ] {
+        if let Some(s) = schema {
+            if s.value.get("type").and_then(Json::as_str) != Some("object") {
+                out.push((format!("spec.crd.{key}"), "must be `type: object`".into()));
+            }
+            let mut problems = Vec::new();
+            structural(&s.value, "", &mut problems);
+            out.extend(problems.into_iter().map(|p| (format!("spec.crd.{key}"), p)));
+        }
+    }
+    // Status fields the schema does not declare would be pruned by the API server.
+    if let Some(s) = &crd.status_schema {
+        let preserves =
+            s.value.get("x-kubernetes-preserve-unknown-fields") == Some(&Json::Bool(true));
+        let props = s.value.get("properties").and_then(Json::as_object);
+        for field in rule.spec.status.keys() {
+            if !preserves && !props.is_some_and(|p| p.contains_key(field)) {
+                out.push((
+                    format!("spec.status.{field}"),
+                    "is not declared in spec.crd.statusSchema.properties; the API server would drop it".into(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+const UNSUPPORTED: &[&str] = &[
+    "$ref",
+    "$schema",
+    "definitions",
+    "dependencies",
+    "patternProperties",
+    "additionalItems",
+    "id",
+];
+
+/// The structural-schema rules of apiextensions.k8s.io/v1.
+fn structural(s: &Json, path: &str, out: &mut Vec<String>) {
+    let here = if path.is_empty() {
+        "(root)".to_string()
+    } else {
+        path.to_string()
+    };
+    let Some(obj) = s.as_object() else {
+        out.push(format!("{here}: a schema must be a mapping"));
+        return;
+    };
+    for k in UNSUPPORTED {
+        if obj.contains_key(*k) {
+            out.push(format!("{here}: '{k}' is not supported in a CRD schema"));
+        }
+    }
+    if obj.get("uniqueItems") == Some(&Json::Bool(true)) {
+        out.push(format!("{here}: uniqueItems: true is not supported"));
+    }
+    let preserve = obj.get("x-kubernetes-preserve-unknown-fields") == Some(&Json::Bool(true));
+    let int_or_string = obj.get("x-kubernetes-int-or-string") == Some(&Json::Bool(true));
+    match obj.get("type").and_then(Json::as_str) {
+        Some("object" | "array" | "string" | "integer" | "number" | "boolean") => {}
+        Some(other) => out.push(format!("{here}: type '{other}' is not an OpenAPI type")),
+        None if preserve || int_or_string => {}
+        None => out.push(format!(
+            "{here}: every schema needs a type (or x-kubernetes-preserve-unknown-fields / x-kubernetes-int-or-string)"
+        )),
+    }
+    if obj.contains_key("properties") && obj.contains_key("additionalProperties") {
+        out.push(format!(
+            "{here}: properties and additionalProperties cannot be used together"
+        ));
+    }
+    if obj.get("type").and_then(Json::as_str) == Some("array") && !obj.contains_key("items") {
+        out.push(format!("{here}: an array needs items"));
+    }
+    if let Some(items) = obj.get("items") {
+        if items.is_array() {
+            out.push(format!("{here}: items must be one schema, not a list"));
+        } else {
+            structural(items, &format!("{here}[]"), out);
+        }
+    }
+    if let Some(props) = obj.get("properties").and_then(Json::as_object) {
+        for (k, v) in props {
+            let child = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            structural(v, &child, out);
+        }
+    }
+    if let Some(ap) = obj.get("additionalProperties")
+        && ap.is_object()
+    {
+        structural(ap, &format!("{here}.*"), out);
+    }
+    for junctor in ["allOf", "anyOf", "oneOf"] {
+        if let Some(list) = obj.get(junctor).and_then(Json::as_array) {
+            for (i, sub) in list.iter().enumerate() {
+                for forbidden in [
+                    "type",
+                    "default",
+                    "description",
+                    "nullable",
+                    "additionalProperties",
+                ] {
+                    if sub.get(forbidden).is_some() {
+                        out.push(format!(
+                            "{here}.{junctor}[{i}]: '{forbidden}' is not allowed inside {junctor}"
+                        ));
+                    }
+                }
+            }
+        }
     }
 }

@@ -67,16 +67,37 @@ pub struct RuleStatus {
     pub message: Option<String>,
     /// The rule's caches have listed everything once.
     pub synced: bool,
+    /// A problem outside the controller, e.g. its CRD could not be installed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 #[derive(Default)]
 pub struct EngineStatus {
     rules: RwLock<BTreeMap<String, RuleStatus>>,
+    problems: RwLock<BTreeMap<String, String>>,
 }
 
 impl EngineStatus {
     pub fn snapshot(&self) -> BTreeMap<String, RuleStatus> {
-        self.rules.read().map(|r| r.clone()).unwrap_or_default()
+        let mut rules = self.rules.read().map(|r| r.clone()).unwrap_or_default();
+        if let Ok(problems) = self.problems.read() {
+            for (rule, p) in problems.iter() {
+                if let Some(s) = rules.get_mut(rule) {
+                    s.problem = Some(p.clone());
+                }
+            }
+        }
+        rules
+    }
+    /// Records (or, with `None`, clears) a problem of `rule` found outside its controller.
+    pub fn set_problem(&self, rule: &str, problem: Option<String>) {
+        if let Ok(mut p) = self.problems.write() {
+            match problem {
+                Some(msg) => p.insert(rule.to_string(), msg),
+                None => p.remove(rule),
+            };
+        }
     }
     fn update(&self, rule: &str, f: impl FnOnce(&mut RuleStatus)) {
         if let Ok(mut rules) = self.rules.write()
@@ -178,6 +199,7 @@ impl Engine {
                 state: "starting".into(),
                 message: None,
                 synced: false,
+                problem: None,
             },
         );
         let (stop, stopped) = watch::channel(false);
@@ -228,12 +250,6 @@ impl Engine {
         for name in names {
             self.stop(&name).await;
         }
-    }
-
-    /// Records a problem found outside the rule's controller (e.g. its CRD could not be
-    /// installed); shown on `/status` until the rule restarts.
-    pub fn note_problem(&self, rule: &str, message: String) {
-        self.status.update(rule, |s| s.message = Some(message));
     }
 
     pub fn running_versions(&self) -> BTreeMap<String, String> {

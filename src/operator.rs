@@ -304,13 +304,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
 
 /// Installs CRDs when asked, then makes the engine run `set`.
 async fn activate(client: &Client, engine: &mut Engine, set: &RuleSet, install_crds: bool) {
-    let problems = if install_crds {
-        crate::crd::install(client, set).await
-    } else {
-        Vec::new()
-    };
-    engine.apply(set).await;
-    for (rule, message) in problems {
-        engine.note_problem(&rule, message);
+    if install_crds {
+        let problems = crate::crd::install(client, set).await;
+        for rule in set.rules.keys() {
+            let problem = problems
+                .iter()
+                .find(|(r, _)| r == rule)
+                .map(|(_, m)| m.clone());
+            engine.status.set_problem(rule, problem);
+        }
     }
+    engine.apply(set).await;
 }

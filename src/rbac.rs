@@ -127,7 +127,8 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
         rules.push(json!({
             "apiGroups": ["apiextensions.k8s.io"],
             "resources": ["customresourcedefinitions"],
-            "verbs": ["get", "create", "patch"]
+            // list and watch: waiting until a CRD is Established
+            "verbs": ["get", "list", "watch", "create", "patch"]
         }));
     }
     if opts.leader_elect {

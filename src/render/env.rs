@@ -50,6 +50,9 @@ pub fn environment(limits: &Limits) -> Environment<'static> {
     env.set_recursion_limit(limits.recursion);
     env.set_formatter(format_value);
     env.set_debug(false);
+    // One escaping mode whatever a template's file name: macro and `{% set %}` output
+    // behaves the same in `x.yaml` and `x.j2`.
+    env.set_auto_escape_callback(|_| minijinja::AutoEscape::Json);
     for name in ["safe", "escape", "e"] {
         env.add_filter(name, disabled_filter);
     }

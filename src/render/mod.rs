@@ -691,6 +691,21 @@ impl CompiledRule {
                     let v = self.eval(e, &ctx)?;
                     if v.is_undefined() || v.is_none() {
                         vec![]
+                    } else if !matches!(
+                        v.kind(),
+                        minijinja::value::ValueKind::Seq | minijinja::value::ValueKind::Iterable
+                    ) {
+                        return Err(RenderError {
+                            file: self.file.clone(),
+                            line: Some(e.line),
+                            message: format!(
+                                "rule '{}': {}: gives {} ({}), not a list",
+                                self.name,
+                                e.key,
+                                v.kind(),
+                                truncate_display(&v.to_string(), 80)
+                            ),
+                        });
                     } else {
                         let len = v.len().unwrap_or(0);
                         if len > self.limits.max_for_each {
@@ -833,8 +848,13 @@ impl CompiledRule {
             _ => return Err("the rendered object has no metadata.name".into()),
         }
         match (scope, parent.namespace) {
-            (Scope::Namespaced, ns) => {
-                let ns = ns.unwrap_or("default");
+            (Scope::Namespaced, None) => {
+                // A cluster-scoped parent places its namespaced children where the template says.
+                if meta.get("namespace").and_then(Json::as_str).is_none() {
+                    meta.insert("namespace".into(), Json::String("default".into()));
+                }
+            }
+            (Scope::Namespaced, Some(ns)) => {
                 if let Some(got) = meta.get("namespace").and_then(Json::as_str)
                     && got != ns
                 {
@@ -1128,6 +1148,13 @@ fn allowed_list(allowed: &BTreeSet<String>, extra: &[&str]) -> String {
 
 /// The rule behind a shared compiled rule, for callers that hold an `Arc`.
 pub type SharedRule = Arc<CompiledRule>;
+
+fn truncate_display(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_string(),
+    }
+}
 
 /// Any serializable value as a template value.
 fn val<T: serde::Serialize>(x: &T) -> Value {

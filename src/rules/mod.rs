@@ -254,7 +254,11 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
             names.insert(name, sr);
         }
         let p = &sr.rule.spec.parent;
-        let key = (p.api_version.value.clone(), p.kind.value.clone());
+        // Two versions of one group and kind are the same objects: one rule for both.
+        let key = (
+            split_api_version(&p.api_version).0.to_string(),
+            p.kind.value.clone(),
+        );
         if let Some(first) = parents.get(&key) {
             diags.push(Diagnostic::at(
                 &sr.file,
@@ -262,7 +266,7 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
                 format!(
                     "rule '{}': spec.parent {} {} is already the parent of rule '{}' ({}:{}); one rule per parent kind",
                     name.value,
-                    key.0,
+                    p.api_version.value,
                     key.1,
                     first.rule.metadata.name.value,
                     first.file,
@@ -354,7 +358,10 @@ pub fn yaml_message(e: &serde_saphyr::Error) -> String {
         Some(i) => &first[..i],
         None => first,
     };
-    msg.trim_start_matches("error: ").to_string()
+    let msg = msg.trim_start_matches("error: ");
+    // Library advice that means nothing to a rule author.
+    let msg = msg.split(", set DuplicateKeyPolicy").next().unwrap_or(msg);
+    msg.to_string()
 }
 
 /// The YAML scanner reports a tab that indents the line after a plain scalar at the
@@ -496,6 +503,26 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
                 "is written by Rulebook itself".into(),
             );
         }
+    }
+    for (key, msg) in crate::crd::validate(r) {
+        let at = r
+            .spec
+            .crd
+            .as_ref()
+            .and_then(|c| match key.as_str() {
+                "spec.crd.specSchema" => c.spec_schema.as_ref().map(|s| (s.line, s.col)),
+                "spec.crd.statusSchema" => c.status_schema.as_ref().map(|s| (s.line, s.col)),
+                "spec.crd.scope" => c.scope.as_ref().map(|s| (s.line, s.col)),
+                "spec.crd.plural" => c.plural.as_ref().map(|s| (s.line, s.col)),
+                _ => None,
+            })
+            .or_else(|| {
+                key.strip_prefix("spec.status.")
+                    .and_then(|f| r.spec.status.get(f))
+                    .map(|v| (v.line, v.col))
+            })
+            .unwrap_or((r.spec.parent.kind.line, r.spec.parent.kind.col));
+        err(at, &key, msg);
     }
     if let Some(resync) = &r.spec.resync
         && let Err(e) = parse_duration(resync)

@@ -178,17 +178,17 @@ pub struct Case {
     pub expr: Option<Loc<String>>,
 }
 
-/// The written forms of a status value, for reading and for the JSON Schema.
+/// A status value written as a map.
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct StatusObject {
     #[serde(default)]
     json_path: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     default: Option<serde_json::Value>,
     #[serde(default)]
     expr: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     value: Option<serde_json::Value>,
     #[serde(default)]
     cases: Option<Vec<Case>>,
@@ -202,6 +202,11 @@ enum StatusValueSchema {
     JsonPath(String),
     /// Exactly one of `jsonPath` (with optional `default`), `expr`, `value`, `cases`.
     Object(StatusObject),
+}
+
+/// A key that is present counts, even with a `null` value.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
 }
 
 impl JsonSchema for StatusValue {
@@ -266,7 +271,8 @@ impl<'de> Deserialize<'de> for StatusValue {
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct CrdSpec {
-    /// Lower-case plural, e.g. `mywebs`. Default: the kind in lower case plus `s`.
+    /// Lower-case plural, e.g. `mywebs`. Default: the English plural of the kind in lower
+    /// case, as Kubernetes guesses it (`Policy` → `policies`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plural: Option<Loc<String>>,
     /// Default: the kind in lower case.
