@@ -31,3 +31,31 @@ cluster-down: ## Stop the local cluster and remove .cluster/
 .PHONY: cluster-status
 cluster-status: ## Exit 0 if the local cluster is up
 	$(CLUSTER) status
+
+# ---------------------------------------------------------------------------
+# Rulebook itself.
+
+CARGO_TEST := cargo test --locked --lib --bins --tests
+
+.PHONY: lint
+lint: ## cargo fmt --check and cargo clippy -D warnings
+	cargo fmt --all -- --check
+	cargo clippy --locked --all-targets -- -D warnings
+
+.PHONY: unit
+unit: ## Only the tests that need no cluster (rule checks, rendering, injection, snapshots)
+	cargo test --locked --lib --test check_corpus --test injection --test hostile_templates \
+		--test render_snapshots --test status_eval
+
+.PHONY: test
+test: lint cluster ## Everything: lint, then all tests against the local control plane (started or reused)
+	RULEBOOK_TEST_KUBECONFIG=$(KUBECONFIG_LOCAL) $(CARGO_TEST) --no-fail-fast
+
+.PHONY: demo
+demo: ## Local control plane + operator + example rules and parents; leaves them running
+	scripts/demo.sh up
+
+.PHONY: demo-down
+demo-down: ## Stop the demo operator and the local control plane
+	scripts/demo.sh down
+	$(CLUSTER) down

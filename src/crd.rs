@@ -349,52 +349,6 @@ fn crd_matches(live: &Json, desired: &Json) -> bool {
         && subset(&desired["metadata"]["labels"], &live["metadata"]["labels"])
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn changes(old: Json, new: Json) -> Vec<String> {
-        let mut out = Vec::new();
-        breaking_changes(&old, &new, "", &mut out);
-        out
-    }
-
-    #[test]
-    fn additive_changes_are_not_breaking() {
-        let old = json!({"type": "object", "properties": {"a": {"type": "string"}}});
-        let new = json!({"type": "object", "properties": {"a": {"type": "string", "maxLength": 10}, "b": {"type": "integer"}}});
-        assert_eq!(
-            changes(
-                old.clone(),
-                json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}})
-            ),
-            Vec::<String>::new()
-        );
-        assert_eq!(
-            changes(old, new),
-            vec!["a: maxLength tightens (none → 10)".to_string()]
-        );
-    }
-
-    #[test]
-    fn removals_type_changes_and_required_are_breaking() {
-        let old = json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer", "enum": [1, 2]}}});
-        let new =
-            json!({"type": "object", "required": ["b"], "properties": {"b": {"type": "string"}}});
-        let c = changes(old, new);
-        assert!(
-            c.iter()
-                .any(|m| m == "a: removed (stored values would be pruned)"),
-            "{c:?}"
-        );
-        assert!(c.iter().any(|m| m.starts_with("b: type changes")), "{c:?}");
-        assert!(
-            c.iter().any(|m| m == "(root): 'b' becomes required"),
-            "{c:?}"
-        );
-    }
-}
-
 /// Problems the API server would reject in a CRD section, as `(key, message)`:
 /// scope and names, and the structural-schema rules for `specSchema`/`statusSchema`.
 pub fn validate(rule: &crate::rules::Rule) -> Vec<(String, String)> {
@@ -583,5 +537,51 @@ fn structural(s: &Json, path: &str, out: &mut Vec<String>) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changes(old: Json, new: Json) -> Vec<String> {
+        let mut out = Vec::new();
+        breaking_changes(&old, &new, "", &mut out);
+        out
+    }
+
+    #[test]
+    fn additive_changes_are_not_breaking() {
+        let old = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        let new = json!({"type": "object", "properties": {"a": {"type": "string", "maxLength": 10}, "b": {"type": "integer"}}});
+        assert_eq!(
+            changes(
+                old.clone(),
+                json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}})
+            ),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            changes(old, new),
+            vec!["a: maxLength tightens (none → 10)".to_string()]
+        );
+    }
+
+    #[test]
+    fn removals_type_changes_and_required_are_breaking() {
+        let old = json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer", "enum": [1, 2]}}});
+        let new =
+            json!({"type": "object", "required": ["b"], "properties": {"b": {"type": "string"}}});
+        let c = changes(old, new);
+        assert!(
+            c.iter()
+                .any(|m| m == "a: removed (stored values would be pruned)"),
+            "{c:?}"
+        );
+        assert!(c.iter().any(|m| m.starts_with("b: type changes")), "{c:?}");
+        assert!(
+            c.iter().any(|m| m == "(root): 'b' becomes required"),
+            "{c:?}"
+        );
     }
 }

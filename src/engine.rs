@@ -13,8 +13,8 @@ use kube::discovery::pinned_kind;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
-use kube::runtime::{Predicate, WatchStreamExt, predicates, watcher};
-use kube::{Client, Resource};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -128,6 +128,7 @@ impl EngineStatus {
 
 struct RunningRule {
     version: String,
+    rule: Arc<CompiledRule>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
@@ -175,10 +176,22 @@ impl Engine {
             .map(|(name, _)| name.clone())
             .collect();
         for name in stale {
-            let changed = set.rules.contains_key(&name);
+            let old = self.running.get(&name).map(|r| r.rule.clone());
             self.stop(&name).await;
-            if !changed {
-                info!(rule = %name, "rule removed: controller stopped, its children stay");
+            match (old, set.rules.get(&name)) {
+                (Some(old), Some(new)) => {
+                    let dropped = dropped_kinds(&old, new);
+                    if !dropped.is_empty() {
+                        tokio::spawn(prune_dropped_kinds(
+                            self.client.clone(),
+                            name.clone(),
+                            dropped,
+                            self.config.namespace.clone(),
+                            self.metrics.clone(),
+                        ));
+                    }
+                }
+                _ => info!(rule = %name, "rule removed: controller stopped, its children stay"),
             }
         }
         for (name, rule) in &set.rules {
@@ -204,6 +217,7 @@ impl Engine {
         );
         let (stop, stopped) = watch::channel(false);
         let version = rule.version.clone();
+        let runner_rule = rule.clone();
         let runner = RuleRunner {
             rule,
             client: self.client.clone(),
@@ -218,6 +232,7 @@ impl Engine {
             name,
             RunningRule {
                 version,
+                rule: runner_rule,
                 stop,
                 task,
             },
@@ -257,6 +272,90 @@ impl Engine {
             .iter()
             .map(|(k, v)| (k.clone(), v.version.clone()))
             .collect()
+    }
+}
+
+/// `(apiVersion, kind)` of children the old version of a rule had and the new one has not.
+fn dropped_kinds(old: &CompiledRule, new: &CompiledRule) -> Vec<(String, String)> {
+    let kinds = |r: &CompiledRule| -> std::collections::BTreeSet<(String, String)> {
+        r.children()
+            .iter()
+            .map(|c| (c.api_version.value.clone(), c.kind.value.clone()))
+            .collect()
+    };
+    kinds(old).difference(&kinds(new)).cloned().collect()
+}
+
+/// Deletes the children of kinds a rule no longer has: the new controller does not watch
+/// them, so its pruning cannot see them. Only objects with the rule's labels and a
+/// controller ownerReference, each with a UID precondition.
+async fn prune_dropped_kinds(
+    client: Client,
+    rule: String,
+    kinds: Vec<(String, String)>,
+    namespace: Option<String>,
+    metrics: Arc<Metrics>,
+) {
+    use kube::api::{DeleteParams, ListParams, Preconditions};
+    let selector = format!(
+        "{}={},{}={}",
+        labels::MANAGED_BY,
+        labels::MANAGED_BY_VALUE,
+        labels::RULE,
+        rule
+    );
+    for (api_version, kind) in kinds {
+        let (ar, caps) = match discover(&client, "dropped child kind", &api_version, &kind).await {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(rule = %rule, %kind, error = %e, "cannot prune children of a kind the rule dropped");
+                continue;
+            }
+        };
+        let api: Api<DynamicObject> = match (&namespace, caps.scope == KubeScope::Namespaced) {
+            (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &ar),
+            _ => Api::all_with(client.clone(), &ar),
+        };
+        let list = match api.list(&ListParams::default().labels(&selector)).await {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(rule = %rule, %kind, error = %e, "cannot list children of a kind the rule dropped");
+                continue;
+            }
+        };
+        for o in list.items {
+            let controlled = o
+                .owner_references()
+                .iter()
+                .any(|r| r.controller == Some(true));
+            let name = o.name_any();
+            if !controlled {
+                continue;
+            }
+            let api: Api<DynamicObject> = match (o.namespace(), caps.scope == KubeScope::Namespaced)
+            {
+                (Some(ns), true) => Api::namespaced_with(client.clone(), &ns, &ar),
+                _ => Api::all_with(client.clone(), &ar),
+            };
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: o.uid(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::background()
+            };
+            match api.delete(&name, &dp).await {
+                Ok(_) => {
+                    metrics.write(&rule, "delete");
+                    metrics
+                        .children_pruned
+                        .get_or_create(&metrics::rule(&rule))
+                        .inc();
+                    info!(rule = %rule, %kind, child = %name, "pruned: the rule no longer has this kind of child");
+                }
+                Err(e) => warn!(rule = %rule, %kind, child = %name, error = %e, "cannot prune"),
+            }
+        }
     }
 }
 
@@ -430,13 +529,7 @@ impl RuleRunner {
             .map(synced.observer(0))
             .reflect(parent_writer)
             .applied_objects()
-            .predicate_filter(
-                predicates::generation
-                    .combine(predicates::labels)
-                    .combine(predicates::annotations)
-                    .combine(predicates::finalizers),
-                Default::default(),
-            );
+            .predicate_filter(parent_changed, Default::default());
         let mut controller =
             Controller::for_stream_with(parent_stream, parent_reader.clone(), r.parent.clone())
                 .with_config(ControllerConfig::default().concurrency(self.config.concurrency));
@@ -592,6 +685,24 @@ async fn discover(
             source: e,
         }),
     }
+}
+
+/// What makes a parent worth reconciling: its spec (generation; for kinds without one,
+/// any change), labels, annotations, finalizers, deletion. Status-only updates, such as
+/// Rulebook's own status writes, do not count.
+fn parent_changed(o: &DynamicObject) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let m = o.meta();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    match m.generation {
+        Some(g) => g.hash(&mut h),
+        None => m.resource_version.hash(&mut h),
+    }
+    m.labels.hash(&mut h);
+    m.annotations.hash(&mut h);
+    m.finalizers.hash(&mut h);
+    m.deletion_timestamp.is_some().hash(&mut h);
+    Some(h.finish())
 }
 
 /// Parents are cached without managedFields and the last-applied annotation.

@@ -218,7 +218,8 @@ async fn a_broken_rule_set_keeps_the_last_good_one() {
     let template_file = templates.join("sturdy/config.yaml");
     let good_template = std::fs::read_to_string(&template_file).unwrap();
 
-    let breakages: Vec<(&str, Box<dyn Fn()>, &str)> = vec![
+    type Breakage<'a> = (&'a str, Box<dyn Fn() + 'a>, &'a str);
+    let breakages: Vec<Breakage> = vec![
         (
             "bad YAML",
             Box::new(|| {
@@ -445,4 +446,57 @@ async fn a_burst_of_writes_is_one_reload() {
 /// Longer than the reload debounce: a second reload would have happened by then.
 fn common_quiet() -> Duration {
     Duration::from_secs(3)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_kind_dropped_from_a_rule_is_pruned() {
+    let client = client().await;
+    let ns = namespace(&client, "reload-drop").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
+    write_rule(&rules, &templates, "Shedder", "x");
+    // A second child, of another kind.
+    let rule_file = rules.join("shedder.yaml");
+    let with_secret = std::fs::read_to_string(&rule_file).unwrap().replace(
+        "  status:",
+        "    - name: token\n      apiVersion: v1\n      kind: Secret\n      template: shedder/secret.yaml\n  status:",
+    );
+    std::fs::write(&rule_file, &with_secret).unwrap();
+    std::fs::write(
+        templates.join("shedder/secret.yaml"),
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ parent.metadata.name ~ \"-token\" }}\nstringData:\n  t: x\n",
+    )
+    .unwrap();
+    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let shedders = parents_api(&client, &ns, "Shedder").await;
+    let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    apply(&shedders, parent("Shedder", &ns, "s")).await;
+    wait_ready(&shedders, "s", "True", None, T).await;
+    assert!(secrets.get_opt("s-token").await.unwrap().is_some());
+    let cm_uid = cms.get_opt("s").await.unwrap().unwrap().metadata.uid;
+
+    // The Secret child leaves the rule: the Secret goes, the ConfigMap stays.
+    std::fs::write(&rule_file, with_secret.replace(
+        "    - name: token\n      apiVersion: v1\n      kind: Secret\n      template: shedder/secret.yaml\n",
+        "",
+    ))
+    .unwrap();
+    wait_for(
+        T,
+        "the Secret of the dropped child kind to be pruned",
+        || async {
+            secrets
+                .get_opt("s-token")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        cms.get_opt("s").await.unwrap().unwrap().metadata.uid,
+        cm_uid
+    );
 }
