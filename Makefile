@@ -49,6 +49,8 @@ unit: ## Only the tests that need no cluster (rule checks, rendering, injection,
 
 .PHONY: test
 test: lint cluster ## Everything: lint, then all tests against the local control plane (started or reused)
+	@# a demo operator watches every namespace and would fight the tests' operators
+	scripts/demo.sh down
 	RULEBOOK_TEST_KUBECONFIG=$(KUBECONFIG_LOCAL) $(CARGO_TEST) --no-fail-fast
 
 .PHONY: demo
@@ -59,3 +61,21 @@ demo: ## Local control plane + operator + example rules and parents; leaves them
 demo-down: ## Stop the demo operator and the local control plane
 	scripts/demo.sh down
 	$(CLUSTER) down
+
+# ---------------------------------------------------------------------------
+# Benchmarks (docs/benchmarks.md): the render cost (criterion), then Rulebook, the
+# hand-written reference controller and kro (when it builds) on the local control plane,
+# and the API server's own limit. Results in target/bench/ (results.md, results.json,
+# converge.svg). Sizes: BENCH_N, BENCH_SCALE_N, BENCH_STEADY_SECONDS, BENCH_CONCURRENCY,
+# BENCH_API_CONCURRENCY, BENCH_CONTENDERS, BENCH_WORKLOADS (see docs/benchmarks.md).
+
+.PHONY: bench
+bench: cluster ## Benchmarks: render cost, then Rulebook vs a hand-written controller (and kro) → target/bench/
+	@mkdir -p target/bench
+	@if [[ ",$${BENCH_CONTENDERS:-kro}," == *,kro,* ]]; then \
+		benches/kro/build.sh >target/bench/kro-build.log 2>&1 || \
+			echo "bench: kro could not be built (see target/bench/kro-build.log); it is left out"; \
+	fi
+	cargo build --locked --release --bin rulebook --example bench-reference
+	cargo bench --locked --bench render
+	cargo bench --locked --bench e2e

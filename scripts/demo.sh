@@ -68,7 +68,7 @@ say "MyWeb hello: status"
 "${K[@]}" get myweb hello -o jsonpath='{.status}' | (command -v jq >/dev/null && jq . || cat); echo
 say "Events on MyWeb hello"
 "${K[@]}" get events --field-selector involvedObject.name=hello,involvedObject.kind=MyWeb \
-  -o custom-columns=REASON:.reason,MESSAGE:.note --sort-by=.metadata.creationTimestamp 2>/dev/null || true
+  -o custom-columns=REASON:.reason,MESSAGE:.message --sort-by=.metadata.creationTimestamp 2>/dev/null || true
 say "Operator metrics (http://$ADDR/metrics)"
 curl -fsS "http://$ADDR/metrics" | grep -E '^rulebook_(reconciles_total|children_applied_total|api_writes_total|ruleset_valid)' || true
 

@@ -130,7 +130,8 @@ async fn myweb_lifecycle() {
     );
     assert_eq!(svc["spec"]["ports"][0]["nodePort"], port);
     assert_eq!(p["status"]["readyReplicas"], 2);
-    assert_eq!(p["status"]["url"], format!("http://hello:{port}"));
+    assert_eq!(p["status"]["url"], format!("http://hello.{ns}.svc"));
+    assert_eq!(p["status"]["nodePort"], port);
     assert_eq!(p["status"]["phase"], "Serving");
 
     // A spec change reaches the children.
@@ -315,8 +316,8 @@ async fn project_lifecycle() {
     );
 
     // A new password reaches the Secret and rolls the pods (the template hashes it).
-    let old_hash =
-        d["spec"]["template"]["metadata"]["annotations"]["rulebook.dev/secret-sha256"].clone();
+    let old_gen =
+        d["spec"]["template"]["metadata"]["annotations"]["rulebook.dev/spec-generation"].clone();
     parent["spec"]["password"] = json!("a-much-better-password");
     apply(&projects, parent.clone()).await;
     wait_for(
@@ -326,8 +327,8 @@ async fn project_lifecycle() {
             let s = get(&k.secret, "apollo-credentials").await?;
             let d = get(&k.deploy, "apollo").await?;
             (s["data"]["password"] == "YS1tdWNoLWJldHRlci1wYXNzd29yZA=="
-                && d["spec"]["template"]["metadata"]["annotations"]["rulebook.dev/secret-sha256"]
-                    != old_hash)
+                && d["spec"]["template"]["metadata"]["annotations"]["rulebook.dev/spec-generation"]
+                    != old_gen)
                 .then_some(())
         },
     )

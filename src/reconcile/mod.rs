@@ -223,6 +223,21 @@ impl RuleContext {
         action: &str,
         note: String,
     ) {
+        self.event_about(parent, None, type_, reason, action, note)
+            .await
+    }
+
+    /// An event on the parent; `related` names the child it is about, which also keeps
+    /// events about different children apart (events are deduplicated by reason and object).
+    async fn event_about(
+        &self,
+        parent: &DynamicObject,
+        related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         if type_ == EventType::Warning {
             let key = parent.uid().unwrap_or_default();
             let text = format!("{reason}:{note}");
@@ -238,7 +253,7 @@ impl RuleContext {
             reason: reason.to_string(),
             note: Some(truncate(&note, 1000)),
             action: action.to_string(),
-            secondary: None,
+            secondary: related,
         };
         match self.recorder.publish(&ev, &reference).await {
             Ok(()) => self.metrics.write(&self.rule.name, "event"),
@@ -607,8 +622,9 @@ async fn apply_child(
         Drift::FieldsChanged => ("Repaired", "repaired (fields changed by someone else)"),
     };
     info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "{verb}");
-    ctx.event(
+    ctx.event_about(
         parent,
+        Some(applied.object_ref(&kind.ar)),
         EventType::Normal,
         reason,
         "Apply",
@@ -700,8 +716,9 @@ async fn prune_child(
         .get_or_create(&metrics::rule(&ctx.rule.name))
         .inc();
     info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "pruned");
-    ctx.event(
+    ctx.event_about(
         parent,
+        Some(obj.object_ref(&kind.ar)),
         EventType::Normal,
         "Pruned",
         "Prune",
