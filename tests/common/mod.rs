@@ -203,6 +203,17 @@ impl Operator {
         ns: Option<&str>,
         extra: &[&str],
     ) -> Operator {
+        Operator::start_as(&kubeconfig_path(), rules, templates, ns, extra).await
+    }
+
+    /// Like [`Operator::start`], with another identity's kubeconfig.
+    pub async fn start_as(
+        kubeconfig: &Path,
+        rules: &Path,
+        templates: &Path,
+        ns: Option<&str>,
+        extra: &[&str],
+    ) -> Operator {
         let metrics_port = free_port();
         let log = std::env::temp_dir().join(format!("{}.log", unique("rulebook-op")));
         let log_file = std::fs::File::create(&log).expect("log file");
@@ -213,7 +224,7 @@ impl Operator {
             .arg("--templates")
             .arg(templates)
             .arg("--kubeconfig")
-            .arg(kubeconfig_path())
+            .arg(kubeconfig)
             .arg("--metrics-addr")
             .arg(format!("127.0.0.1:{metrics_port}"));
         if let Some(ns) = ns {
@@ -370,4 +381,53 @@ pub fn example(file: &str, ns: &str) -> Json {
     let mut o: Json = serde_saphyr::from_str(&text).expect("yaml");
     o["metadata"]["namespace"] = json!(ns);
     o
+}
+
+/// A kubeconfig for the local cluster that authenticates with `token`.
+pub fn token_kubeconfig(token: &str) -> tempfile::NamedTempFile {
+    let admin = Kubeconfig::read_from(kubeconfig_path()).expect("admin kubeconfig");
+    let cluster = admin
+        .clusters
+        .first()
+        .and_then(|c| c.cluster.clone())
+        .expect("cluster");
+    let kc = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": {
+            "server": cluster.server,
+            "certificate-authority-data": cluster.certificate_authority_data,
+        }}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "local", "user": "sa"}}],
+        "current-context": "sa",
+    });
+    let file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(file.path(), serde_json::to_string(&kc).expect("json"))
+        .expect("write kubeconfig");
+    file
+}
+
+/// Runs the `rulebook` binary with `args`; returns stdout, failing the test on a non-zero exit.
+pub fn rulebook(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_rulebook"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("run rulebook");
+    assert!(
+        out.status.success(),
+        "rulebook {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+/// Every object of a YAML stream.
+pub fn yaml_objects(text: &str) -> Vec<Json> {
+    serde_saphyr::from_multiple::<Json>(text)
+        .expect("yaml")
+        .into_iter()
+        .filter(|o| !o.is_null())
+        .collect()
 }
