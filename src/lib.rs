@@ -8,6 +8,7 @@ pub mod cli;
 pub mod crd;
 pub mod engine;
 pub mod http;
+pub mod leader;
 pub mod metrics;
 pub mod operator;
 pub mod rbac;

@@ -225,23 +225,25 @@ pub async fn run(args: RunArgs) -> Result<()> {
     rescan.tick().await;
 
     // Leadership: without election this process always leads.
-    let (mut leader_rx, lease_task) = if args.leader_elect {
+    let (stop_election, election_stopped) = tokio::sync::watch::channel(false);
+    let (mut leader_rx, election) = if args.leader_elect {
         let ns = args
             .lease_namespace
             .clone()
             .unwrap_or_else(|| "default".into());
-        let manager =
-            kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
-                .with_namespace(&ns)
-                .with_identity(&identity)
-                .with_duration(args.lease_duration)
-                .with_grace((args.lease_duration / 3).max(1))
-                .build()
-                .await
-                .context("cannot set up leader election")?;
-        let (rx, task) = manager.watch().await;
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let election = crate::leader::LeaderElection::new(
+            client.clone(),
+            &ns,
+            &args.lease_name,
+            &identity,
+            Duration::from_secs(args.lease_duration),
+        );
         info!(lease = %args.lease_name, namespace = %ns, %identity, "leader election on; waiting for the lease");
-        (Some(rx), Some(task))
+        (
+            Some(rx),
+            Some(tokio::spawn(election.run(tx, election_stopped))),
+        )
     } else {
         (None, None)
     };
@@ -290,13 +292,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
     info!("shutting down: finishing in-flight reconciles");
     engine.shutdown().await;
     is_leader.store(false, Ordering::SeqCst);
-    if let (Some(rx), Some(task)) = (leader_rx, lease_task) {
-        // Closing the channel makes the lease manager release the lease for a standby.
-        drop(rx);
-        match tokio::time::timeout(Duration::from_secs(5), task).await {
-            Ok(Ok(Ok(_))) => info!("lease released"),
-            other => warn!(?other, "could not release the lease cleanly"),
-        }
+    // Only now, with no write left in flight, give the lease to a standby.
+    let _ = stop_election.send(true);
+    if let Some(task) = election
+        && tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .is_err()
+    {
+        warn!("could not release the lease in time; a standby takes over when it expires");
     }
     http.abort();
     Ok(())

@@ -238,6 +238,9 @@ impl RuleContext {
         action: &str,
         note: String,
     ) {
+        if !self.gate.may_write() {
+            return; // events are writes too
+        }
         if type_ == EventType::Warning {
             let key = parent.uid().unwrap_or_default();
             let text = format!("{reason}:{note}");
@@ -591,6 +594,12 @@ async fn apply_child(
         }
     }
 
+    if !ctx.gate.may_write() {
+        return Err((
+            ConditionState::new(false, "NotLeader", "writes are paused"),
+            ReconcileError::NotLeader,
+        ));
+    }
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let applied = match api.patch(&name, &params, &Patch::Apply(&d.object)).await {
         Ok(o) => o,
@@ -705,6 +714,9 @@ async fn prune_child(
         }),
         ..DeleteParams::background()
     };
+    if !ctx.gate.may_write() {
+        return Err(ReconcileError::NotLeader);
+    }
     match api.delete(&name, &dp).await {
         Ok(_) => {}
         Err(e) if is_not_found(&e) => return Ok(()),
@@ -789,6 +801,9 @@ async fn write_status(
         "metadata": {"name": parent.name_any()},
         "status": desired,
     });
+    if !ctx.gate.may_write() {
+        return Err(ReconcileError::NotLeader);
+    }
     let api: Api<DynamicObject> = match (ctx.parent_namespaced, parent.namespace()) {
         (true, Some(ns)) => Api::namespaced_with(ctx.client.clone(), &ns, &ctx.parent_ar),
         _ => Api::all_with(ctx.client.clone(), &ctx.parent_ar),
