@@ -548,6 +548,8 @@ impl RuleRunner {
             };
             let writer = reflector::store::Writer::new(ar.clone());
             let reader = writer.as_reader();
+            let index = Arc::new(crate::reconcile::index::OwnerIndex::default());
+            let indexer = index.clone();
             let stream = watcher(
                 api,
                 watcher::Config::default()
@@ -557,6 +559,12 @@ impl RuleRunner {
             .default_backoff()
             .modify(strip_child)
             .map(synced.observer(i + 1))
+            .map(move |event| {
+                if let Ok(e) = &event {
+                    indexer.observe(e);
+                }
+                event
+            })
             .reflect(writer)
             .touched_objects();
             controller = controller.owns_stream_with(stream, ar.clone());
@@ -564,6 +572,7 @@ impl RuleRunner {
                 ar: ar.clone(),
                 namespaced: *namespaced,
                 store: reader,
+                index,
             });
         }
         let recorder = Recorder::new(

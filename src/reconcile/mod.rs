@@ -6,6 +6,7 @@
 //! record events. At steady state every step finds nothing to do and makes no request.
 
 pub mod drift;
+pub mod index;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -76,6 +77,8 @@ pub struct ChildKind {
     pub ar: ApiResource,
     pub namespaced: bool,
     pub store: Store<DynamicObject>,
+    /// The cached children by owner UID.
+    pub index: Arc<index::OwnerIndex>,
 }
 
 impl ChildKind {
@@ -204,8 +207,13 @@ impl RuleContext {
     fn owned_children(&self, uid: &str) -> Vec<(usize, Arc<DynamicObject>)> {
         let mut out = Vec::new();
         for (k, kind) in self.kinds.iter().enumerate() {
-            for o in kind.store.state() {
-                if o.labels().get(labels::OWNER).map(String::as_str) == Some(uid)
+            for (ns, name) in kind.index.owned_by(uid) {
+                let mut oref = ObjectRef::new_with(&name, kind.ar.clone());
+                if let Some(ns) = ns {
+                    oref = oref.within(&ns);
+                }
+                if let Some(o) = kind.store.get(&oref)
+                    && o.labels().get(labels::OWNER).map(String::as_str) == Some(uid)
                     && controlled_by(&o, uid)
                 {
                     out.push((k, o));
