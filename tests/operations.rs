@@ -101,7 +101,7 @@ async fn one_leader_reconciles_and_a_standby_takes_over() {
     // A third instance stands by; SIGTERM on the leader releases the lease at once.
     let c = Operator::start(&rules, &templates, Some(&ns), &args).await;
     wait_for(T, "the new instance to stand by", || async {
-        (is_leader(&c).await? == false).then_some(())
+        (!is_leader(&c).await?).then_some(())
     })
     .await;
     let status = standby.signal_and_wait("TERM");

@@ -1059,8 +1059,25 @@ fn is_singular(q: &JpQuery) -> bool {
 }
 
 /// Parses one rendered template: a single YAML mapping.
+/// The YAML budget for one rendered object: a Kubernetes object is at most about
+/// 1.5 MiB, so these bounds are generous for real templates and stop alias bombs and
+/// deep nesting written into a template fast. Set here, not left to the crate's defaults.
+fn rendered_yaml_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_events = 250_000;
+    budget.max_aliases = 1_000;
+    budget.max_anchors = 1_000;
+    budget.max_recorded_anchor_events = 100_000;
+    budget.max_recorded_anchor_bytes = 4 << 20;
+    budget.max_depth = 64;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
 fn parse_rendered(text: &str) -> Result<Json, (Option<u64>, String)> {
-    let docs: Vec<Json> = serde_saphyr::from_multiple(text).map_err(|e| {
+    let docs: Vec<Json> = serde_saphyr::from_multiple_with_options(text, rendered_yaml_options())
+        .map_err(|e| {
         (
             e.location().map(|l| l.line()),
             format!(
