@@ -14,7 +14,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -50,10 +50,12 @@ impl LeaderElection {
     /// Runs until `stop` turns true, publishing leadership on `leading`; releases the
     /// lease on the way out when it holds it.
     pub async fn run(mut self, leading: watch::Sender<bool>, mut stop: watch::Receiver<bool>) {
+        // Backs off on errors (a missing permission must not become a request storm).
         let lease_watch = watcher(
             self.api.clone(),
             watcher::Config::default().fields(&format!("metadata.name={}", self.name)),
-        );
+        )
+        .default_backoff();
         let mut lease_changes = std::pin::pin!(lease_watch);
         loop {
             let now_leading = self.step().await;

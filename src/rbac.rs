@@ -135,7 +135,8 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
         rules.push(json!({
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
-            "verbs": ["get", "create", "update"]
+            // list and watch: standbys watch the Lease to take over as soon as it is released
+            "verbs": ["get", "list", "watch", "create", "update"]
         }));
     }
     let labels =
