@@ -408,10 +408,15 @@ async fn reconcile_inner(
 
     // Apply, in rule order; the first failure stops the rest (later children may depend on earlier ones).
     let mut failure: Option<(ConditionState, ReconcileError)> = None;
+    let mut changes: Vec<Change> = Vec::new();
     for d in &desired {
-        if let Err((state, err)) = apply_child(ctx, parent, &uid, namespace.as_deref(), d).await {
-            failure = Some((state, err));
-            break;
+        match apply_child(ctx, parent, &uid, namespace.as_deref(), d).await {
+            Ok(Some(change)) => changes.push(change),
+            Ok(None) => {}
+            Err((state, err)) => {
+                failure = Some((state, err));
+                break;
+            }
         }
     }
 
@@ -425,13 +430,26 @@ async fn reconcile_inner(
         if wanted.contains(&(*k, name.as_str())) {
             continue;
         }
-        if let Err(e) = prune_child(ctx, parent, &ctx.kinds[*k], obj).await
-            && failure.is_none()
-        {
-            let state = ConditionState::new(false, "PruneFailed", &e.to_string());
-            failure = Some((state, e));
+        match prune_child(ctx, parent, &ctx.kinds[*k], obj).await {
+            Ok(Some(change)) => changes.push(change),
+            Ok(None) => {}
+            Err(e) => {
+                if failure.is_none() {
+                    let state = ConditionState::new(false, "PruneFailed", &e.to_string());
+                    failure = Some((state, e));
+                }
+            }
         }
     }
+    report_changes(ctx, parent, &changes).await;
+    // Status sees the children as this reconcile left them: what was just applied
+    // replaces the cached copy, what was just pruned is gone. (Waiting for the caches
+    // would cost a second reconcile and a second status write.)
+    let observed = if changes.is_empty() {
+        observed
+    } else {
+        observed_after(&observed, &changes)
+    };
 
     // Status.
     let (fields, ready) = match rule.status(&parent_json, &observed, &desired) {
@@ -484,7 +502,7 @@ async fn apply_child(
     uid: &str,
     namespace: Option<&str>,
     d: &DesiredChild,
-) -> Result<(), (ConditionState, ReconcileError)> {
+) -> Result<Option<Change>, (ConditionState, ReconcileError)> {
     let kind = &ctx.kinds[ctx.kind_of_child[d.child]];
     let name = d.object_name().to_string();
     let ns = if kind.namespaced {
@@ -562,7 +580,7 @@ async fn apply_child(
         FIELD_MANAGER,
         hash_only,
     ) else {
-        return Ok(());
+        return Ok(None);
     };
 
     if why == Drift::FieldsChanged {
@@ -639,16 +657,85 @@ async fn apply_child(
         Drift::FieldsChanged => ("Repaired", "repaired (fields changed by someone else)"),
     };
     info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "{verb}");
-    ctx.event_about(
-        parent,
-        Some(applied.object_ref(&kind.ar)),
-        EventType::Normal,
+    Ok(Some(Change {
         reason,
-        "Apply",
-        format!("{what} {verb}"),
-    )
-    .await;
-    Ok(())
+        what,
+        related: applied.object_ref(&kind.ar),
+        object: serde_json::to_value(&applied).ok(),
+    }))
+}
+
+/// What one apply or prune did, for the reconcile's events and its status.
+struct Change {
+    /// `Created`, `Updated`, `Repaired` or `Pruned`.
+    reason: &'static str,
+    what: String,
+    related: k8s_openapi::api::core::v1::ObjectReference,
+    /// The object as the API server returned it (applies only).
+    object: Option<Json>,
+}
+
+/// The live children after this reconcile's applies and prunes.
+fn observed_after(observed: &Observed, changes: &[Change]) -> Observed {
+    let key_of = |c: &Change| Some((c.related.kind.clone()?, c.related.name.clone()?));
+    let applied: HashMap<(String, String), &Json> = changes
+        .iter()
+        .filter_map(|c| Some((key_of(c)?, c.object.as_ref()?)))
+        .collect();
+    let pruned: HashSet<(String, String)> = changes
+        .iter()
+        .filter(|c| c.object.is_none())
+        .filter_map(key_of)
+        .collect();
+    let mut objects: Vec<Json> = Vec::new();
+    let mut seen = HashSet::new();
+    for o in observed.children.values().flatten() {
+        let key = (
+            o["kind"].as_str().unwrap_or("").to_string(),
+            o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+        );
+        if pruned.contains(&key) {
+            continue;
+        }
+        objects.push(
+            applied
+                .get(&key)
+                .map_or_else(|| o.clone(), |fresh| (*fresh).clone()),
+        );
+        seen.insert(key);
+    }
+    for (key, fresh) in &applied {
+        if !seen.contains(key) {
+            objects.push((*fresh).clone());
+        }
+    }
+    Observed::from_objects(objects)
+}
+
+/// One Normal event per kind of change in a reconcile (not one per child: events are
+/// writes too), naming every child it concerns.
+async fn report_changes(ctx: &RuleContext, parent: &DynamicObject, changes: &[Change]) {
+    for reason in ["Created", "Updated", "Repaired", "Pruned"] {
+        let these: Vec<&Change> = changes.iter().filter(|c| c.reason == reason).collect();
+        let Some(first) = these.first() else { continue };
+        let verb = match reason {
+            "Created" => "created",
+            "Updated" => "updated",
+            "Repaired" => "repaired (fields changed by someone else)",
+            _ => "pruned (no longer rendered)",
+        };
+        let list: Vec<&str> = these.iter().map(|c| c.what.as_str()).collect();
+        let action = if reason == "Pruned" { "Prune" } else { "Apply" };
+        ctx.event_about(
+            parent,
+            (these.len() == 1).then(|| first.related.clone()),
+            EventType::Normal,
+            reason,
+            action,
+            format!("{}: {verb}", list.join(", ")),
+        )
+        .await;
+    }
 }
 
 fn owner_description(o: &DynamicObject) -> String {
@@ -707,7 +794,7 @@ async fn prune_child(
     parent: &DynamicObject,
     kind: &ChildKind,
     obj: &DynamicObject,
-) -> Result<(), ReconcileError> {
+) -> Result<Option<Change>, ReconcileError> {
     let name = obj.name_any();
     let ns = obj.namespace();
     let what = match &ns {
@@ -727,7 +814,7 @@ async fn prune_child(
     }
     match api.delete(&name, &dp).await {
         Ok(_) => {}
-        Err(e) if is_not_found(&e) => return Ok(()),
+        Err(e) if is_not_found(&e) => return Ok(None),
         Err(e) => return Err(ReconcileError::Prune { what, source: e }),
     }
     ctx.metrics.write(&ctx.rule.name, "delete");
@@ -736,16 +823,12 @@ async fn prune_child(
         .get_or_create(&metrics::rule(&ctx.rule.name))
         .inc();
     info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "pruned");
-    ctx.event_about(
-        parent,
-        Some(obj.object_ref(&kind.ar)),
-        EventType::Normal,
-        "Pruned",
-        "Prune",
-        format!("{what} pruned: the rule no longer renders it"),
-    )
-    .await;
-    Ok(())
+    Ok(Some(Change {
+        reason: "Pruned",
+        what,
+        related: obj.object_ref(&kind.ar),
+        object: None,
+    }))
 }
 
 /// Writes `.status` when it differs from what the parent has. `fields` is `None` when
