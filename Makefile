@@ -6,6 +6,7 @@ SHELL := bash
 # Local control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kwok) built from tests/cluster/*/go.mod; state in .cluster/.
 CLUSTER := tests/cluster/cluster.sh
+KUBECONFIG_LOCAL := $(CURDIR)/.cluster/kubeconfig
 
 .PHONY: help
 help: ## List the targets
@@ -40,7 +41,7 @@ CARGO_TEST := cargo test --locked --lib --bins --tests
 .PHONY: lint
 lint: ## cargo fmt --check and cargo clippy -D warnings
 	cargo fmt --all -- --check
-	cargo clippy --locked --all-targets -- -D warnings
+	cargo clippy --locked --lib --bins --tests -- -D warnings
 
 .PHONY: unit
 unit: ## Only the tests that need no cluster (rule checks, rendering, injection, snapshots)
@@ -100,3 +101,16 @@ rbac: ## Regenerate deploy/base/rbac.yaml (rulebook rbac) from rules/
 .PHONY: deploy-sync
 deploy-sync: rbac ## Regenerate deploy/base/ from rules/ and templates/ (RBAC, rule-set ConfigMaps)
 	deploy/sync-ruleset.sh rules templates
+
+# ---------------------------------------------------------------------------
+# Fault tests (docs/faults.md). The light ones (tests/faults.rs) are part of `make test`;
+# the heavy ones (tests/faults_heavy.rs, all #[ignore]d) run only here, one at a time:
+# 200 parents SIGKILLed 10 times, 500 poison parents, API server and etcd restarts, a
+# forced 410 Gone. They restart the local API server and etcd: other tests using the
+# cluster at the same time see a few seconds of refused connections.
+
+.PHONY: test-faults
+test-faults: cluster ## Heavy fault tests (docs/faults.md); restarts the local API server and etcd
+	@# a demo operator watches every namespace and would fight the tests' operators
+	scripts/demo.sh down
+	cargo test --locked --test faults_heavy -- --ignored --test-threads=1 --nocapture

@@ -27,6 +27,7 @@ pub fn repo() -> PathBuf {
 
 pub fn kubeconfig_path() -> PathBuf {
     std::env::var_os("RULEBOOK_TEST_KUBECONFIG")
+        .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| repo().join(".cluster/kubeconfig"))
 }

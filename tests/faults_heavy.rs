@@ -1,0 +1,63 @@
+//! Heavy fault tests (docs/faults.md). Every test here is `#[ignore]`d: `make test` lists
+//! them as ignored and does not run them; `make test-faults` runs them, one at a time
+//! (`cargo test --test faults_heavy -- --ignored --test-threads=1`).
+//!
+//! Some of them restart the local API server or etcd (`tests/cluster/cluster.sh
+//! restart-apiserver` / `restart-etcd`): other tests using the cluster at that moment see
+//! a few seconds of refused connections, which is why they are not part of `make test`.
+
+mod common;
+mod faults_kit;
+
+use std::time::Duration;
+
+use faults_kit::*;
+
+/// 200 parents, SIGKILLed at random moments while converging, 10 times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy: run with `make test-faults`"]
+async fn heavy_sigkill_while_converging() {
+    let r = kill_restart("KillHeavy", 200, 10, Duration::from_secs(300)).await;
+    assert_eq!(
+        (r.lost, r.orphans, r.duplicates, r.foreign_touched),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(r.parents, 200);
+    let mid: usize = r.at_kill.iter().filter(|(ready, _)| *ready < 200).count();
+    println!(
+        "heavy kill/restart: {} rounds survived ({mid} of them with convergence still under way at the SIGKILL); {} children; converged {:.1} s after the last restart",
+        r.rounds,
+        r.children,
+        r.converge_after_last_restart.as_secs_f64()
+    );
+}
+
+/// 500 poison parents beside 50 healthy ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy: run with `make test-faults`"]
+async fn heavy_poison_parents_back_off() {
+    poison("PoisonHeavy", 500, 50).await;
+}
+
+/// The API server restarted while 100 parents converge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy, restarts the API server: run with `make test-faults`"]
+async fn heavy_apiserver_restart_mid_convergence() {
+    restart_mid_convergence("ApiRestartParent", "apiserver", 100).await;
+}
+
+/// etcd restarted while 100 parents converge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy, restarts etcd: run with `make test-faults`"]
+async fn heavy_etcd_restart_mid_convergence() {
+    restart_mid_convergence("EtcdRestartParent", "etcd", 100).await;
+}
+
+/// The operator stopped, the API server restarted (every watch resourceVersion the
+/// operator holds is now expired: 410 Gone), changes made, the operator resumed: it must
+/// relist and miss nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy, restarts the API server: run with `make test-faults`"]
+async fn heavy_watch_expired_while_paused() {
+    pause_resume("GoneParent", Gap::Expired).await;
+}
