@@ -540,6 +540,10 @@ impl RuleRunner {
             labels::RULE,
             name
         );
+        // Every time a child cache (re)lists — at start, and after a watch expired (410) —
+        // every parent is reconciled: a relist reports the objects that exist, not those
+        // deleted in the gap, so no child event would wake their parents.
+        let (relisted_tx, relisted_rx) = futures::channel::mpsc::unbounded::<()>();
         let mut kinds = Vec::new();
         for (i, (ar, namespaced)) in r.kinds.iter().enumerate() {
             let api: Api<DynamicObject> = match (ns, namespaced) {
@@ -566,6 +570,16 @@ impl RuleRunner {
                 event
             })
             .reflect(writer)
+            .map({
+                let relisted = relisted_tx.clone();
+                move |event| {
+                    // After `reflect`: the store has swapped in the new listing.
+                    if matches!(event, Ok(watcher::Event::InitDone)) {
+                        let _ = relisted.unbounded_send(());
+                    }
+                    event
+                }
+            })
             .touched_objects();
             controller = controller.owns_stream_with(stream, ar.clone());
             kinds.push(ChildKind {
@@ -575,6 +589,8 @@ impl RuleRunner {
                 index,
             });
         }
+        drop(relisted_tx);
+        controller = controller.reconcile_all_on(relisted_rx);
         let recorder = Recorder::new(
             self.client.clone(),
             Reporter {

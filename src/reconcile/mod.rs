@@ -54,6 +54,9 @@ pub enum ReconcileError {
     },
     #[error("{0}")]
     Conflict(String),
+    /// Someone else keeps changing a child's fields; the next repair waits `retry_in`.
+    #[error("{message}")]
+    Fight { message: String, retry_in: Duration },
     #[error("{0}")]
     Invalid(String),
     #[error("writes are paused (not the leader)")]
@@ -64,7 +67,7 @@ impl ReconcileError {
     fn result_label(&self) -> &'static str {
         match self {
             ReconcileError::Render(_) => "render_failed",
-            ReconcileError::Conflict(_) => "conflict",
+            ReconcileError::Conflict(_) | ReconcileError::Fight { .. } => "conflict",
             ReconcileError::Apply { .. } => "apply_failed",
             ReconcileError::NotLeader => "not_leader",
             _ => "error",
@@ -151,13 +154,19 @@ impl BackoffPolicy {
 struct Fight {
     window_start: Instant,
     reapplies: u32,
+    /// Repairs wait until then; `backoff` is how long that block is.
     blocked_until: Option<Instant>,
+    backoff: Duration,
     strikes: u32,
+    /// The last repair; a fight with no repair for [`FIGHT_FORGET`] is forgotten.
+    last_repair: Instant,
 }
 
 /// More drift repairs than this within [`FIGHT_WINDOW`] is a fight: back off.
 const FIGHT_LIMIT: u32 = 3;
 const FIGHT_WINDOW: Duration = Duration::from_secs(60);
+/// A fight with no repair for this long is over: a later one starts from scratch.
+const FIGHT_FORGET: Duration = Duration::from_secs(600);
 
 impl RuleContext {
     #[allow(clippy::too_many_arguments)]
@@ -272,6 +281,14 @@ impl RuleContext {
         }
     }
 
+    /// Whether every child cache has completed its first listing.
+    fn children_listed(&self) -> bool {
+        use futures::FutureExt;
+        self.kinds
+            .iter()
+            .all(|k| matches!(k.store.wait_until_ready().now_or_never(), Some(Ok(()))))
+    }
+
     fn note_success(&self, uid: &str) {
         lock(&self.failures).remove(uid);
         lock(&self.last_warning).remove(uid);
@@ -343,6 +360,12 @@ pub fn error_policy(
     err: &ReconcileError,
     ctx: Arc<RuleContext>,
 ) -> Action {
+    if let ReconcileError::Fight { retry_in, .. } = err {
+        // Not a failure of the reconcile: it waits out the fight's own backoff, which
+        // must not grow the parent's error backoff with every change the other side makes.
+        debug!(rule = %ctx.rule.name, parent = %parent.name_any(), retry_in = ?retry_in, "fight backoff");
+        return Action::requeue(*retry_in + Duration::from_millis(100));
+    }
     let uid = parent.uid().unwrap_or_default();
     let n = {
         let mut f = lock(&ctx.failures);
@@ -350,7 +373,12 @@ pub fn error_policy(
         *n = n.saturating_add(1);
         *n
     };
-    let delay = ctx.backoff.delay(n);
+    let delay = match err {
+        // A template error cannot change until the parent, the rule or a child changes,
+        // and each of those reconciles anyway: retry rarely (16 s, 32 s, … the cap).
+        ReconcileError::Render(_) => ctx.backoff.delay(n.saturating_add(4)),
+        _ => ctx.backoff.delay(n),
+    };
     match err {
         ReconcileError::NotLeader => debug!("not the leader"),
         _ => {
@@ -373,6 +401,12 @@ async fn reconcile_inner(
     let Some(uid) = parent.uid() else {
         return Err(ReconcileError::Invalid("parent has no uid".into()));
     };
+    if !ctx.children_listed() {
+        // A parent reconciled before its children are cached would see none and report
+        // them missing. Each child cache's listing reconciles every parent when it completes.
+        debug!(rule = %ctx.rule.name, parent = %parent.name_any(), "child caches not listed yet; deferred");
+        return Ok(Action::await_change());
+    }
     let namespace = parent.namespace();
     let rule = &ctx.rule;
     let parent_json =
@@ -587,25 +621,37 @@ async fn apply_child(
         // Someone else keeps changing fields Rulebook manages: repair, but not in a hot loop.
         let mut fights = lock(&ctx.fights);
         let now = Instant::now();
+        fights.retain(|_, f| {
+            now.duration_since(f.last_repair) < FIGHT_FORGET
+                || f.blocked_until.is_some_and(|u| u > now)
+        });
         let f = fights.entry(live_uid.clone()).or_insert(Fight {
             window_start: now,
             reapplies: 0,
             blocked_until: None,
+            backoff: Duration::ZERO,
             strikes: 0,
+            last_repair: now,
         });
         if let Some(until) = f.blocked_until
             && now < until
         {
+            // The message stays the same for the whole block (no countdown), so the
+            // reconciles the other side's writes trigger write no status and no event.
             let by = live_json.as_ref().map(other_managers).unwrap_or_default();
-            let msg = format!(
-                "{what}: fields Rulebook manages keep being changed by {by}; repairing again in {}s",
-                (until - now).as_secs().max(1)
+            let message = format!(
+                "{what}: fields Rulebook manages keep being changed by {by}; Rulebook backs off and repairs them {}s after the last repair",
+                f.backoff.as_secs()
             );
             return Err((
-                ConditionState::new(false, "Conflict", &msg),
-                ReconcileError::Conflict(msg),
+                ConditionState::new(false, "Conflict", &message),
+                ReconcileError::Fight {
+                    message,
+                    retry_in: until - now,
+                },
             ));
         }
+        f.last_repair = now;
         if now.duration_since(f.window_start) > FIGHT_WINDOW {
             f.window_start = now;
             f.reapplies = 0;
@@ -615,6 +661,7 @@ async fn apply_child(
             f.strikes = f.strikes.saturating_add(1);
             let wait = ctx.backoff.delay(f.strikes + 4); // 16 s, 32 s, … up to the cap
             f.blocked_until = Some(now + wait);
+            f.backoff = wait;
             f.window_start = now;
             f.reapplies = 0;
         }
@@ -627,7 +674,10 @@ async fn apply_child(
         ));
     }
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let applied = match api.patch(&name, &params, &Patch::Apply(&d.object)).await {
+    let applied = match api
+        .patch(&name, &params, &Patch::Apply(apply_body(&d.object)))
+        .await
+    {
         Ok(o) => o,
         Err(e) => {
             let msg = format!("{what}: {}", describe_api_error(&e));
@@ -901,7 +951,11 @@ async fn write_status(
     };
     let params = PatchParams::apply(FIELD_MANAGER).force();
     match api
-        .patch_status(&parent.name_any(), &params, &Patch::Apply(&body))
+        .patch_status(
+            &parent.name_any(),
+            &params,
+            &Patch::Apply(apply_body(&body)),
+        )
         .await
     {
         Ok(_) => {
@@ -910,6 +964,21 @@ async fn write_status(
         }
         Err(e) if is_not_found(&e) => Ok(()), // the parent is gone
         Err(e) => Err(ReconcileError::Status(e)),
+    }
+}
+
+/// A server-side apply body. The API server reads apply patches with its YAML reader,
+/// which refuses DEL, C1 controls, U+FFFE/U+FFFF and takes NEL, LS and PS for line
+/// breaks — characters JSON leaves unescaped — so they are sent as `\uXXXX` escapes,
+/// which mean the same character to both readers.
+fn apply_body(value: &Json) -> Box<serde_json::value::RawValue> {
+    let text = value.to_string();
+    let safe = crate::render::yaml_safe(&text).into_owned();
+    match serde_json::value::RawValue::from_string(safe) {
+        Ok(raw) => raw,
+        // Unreachable (escaping inside JSON strings keeps valid JSON); send it unescaped.
+        Err(_) => serde_json::value::RawValue::from_string(text)
+            .unwrap_or_else(|_| Box::<serde_json::value::RawValue>::default()),
     }
 }
 
@@ -935,6 +1004,28 @@ mod tests {
         assert_eq!(p.delay(2), Duration::from_secs(2));
         assert_eq!(p.delay(5), Duration::from_secs(16));
         assert_eq!(p.delay(30), Duration::from_secs(300));
+    }
+
+    #[test]
+    fn apply_bodies_escape_what_a_yaml_reader_would_change() {
+        let v =
+            json!({"data": {"v": "a\u{7f}b\u{85}c\u{9f}d\u{2028}e\u{fffe}f\u{ffff}g\"h\u{1f600}"}});
+        let body = apply_body(&v);
+        let text = body.get();
+        assert!(
+            text.is_ascii()
+                || !text.chars().any(|c| matches!(
+                    c,
+                    '\u{7f}'..='\u{9f}' | '\u{2028}' | '\u{fffe}' | '\u{ffff}'
+                )),
+            "{text}"
+        );
+        assert!(
+            text.contains("\\u007f") && text.contains("\\u0085") && text.contains("\\ufffe"),
+            "{text}"
+        );
+        let back: Json = serde_json::from_str(text).unwrap();
+        assert_eq!(back, v);
     }
 
     #[test]

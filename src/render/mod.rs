@@ -844,8 +844,11 @@ impl CompiledRule {
             return Err("metadata must be a mapping".into());
         };
         match meta.get("name").and_then(Json::as_str) {
-            Some(n) if !n.is_empty() => {}
+            Some(n) if !n.is_empty() => check_object_name("metadata.name", n)?,
             _ => return Err("the rendered object has no metadata.name".into()),
+        }
+        if let Some(n) = meta.get("namespace").and_then(Json::as_str) {
+            check_object_name("metadata.namespace", n)?;
         }
         match (scope, parent.namespace) {
             (Scope::Namespaced, None) => {
@@ -1176,4 +1179,64 @@ fn truncate_display(s: &str, max: usize) -> String {
 /// Any serializable value as a template value.
 fn val<T: serde::Serialize>(x: &T) -> Value {
     Value::from(minijinja::value::Serde(x))
+}
+
+/// Names go into request URLs: refuse, at render time, what is never a valid object
+/// name of any kind (the API server's path-segment rules, plus characters that would
+/// change the URL or cannot be in any name), so the parent gets a clear `RenderFailed`
+/// instead of a request for another object. Kind-specific rules (DNS subdomain, label)
+/// stay with the API server.
+pub fn check_object_name(field: &str, name: &str) -> Result<(), String> {
+    let bad = name
+        .chars()
+        .find(|c| matches!(c, '/' | '%' | '?' | '#' | '\\') || c.is_whitespace() || c.is_control());
+    let why = if name.len() > 253 {
+        Some(format!("is {} bytes long (at most 253)", name.len()))
+    } else if name == "." || name == ".." {
+        Some("may not be '.' or '..'".to_string())
+    } else {
+        bad.map(|c| format!("may not contain {c:?}"))
+    };
+    match why {
+        Some(why) => Err(format!(
+            "the rendered {field} {:?} {why}: object names are DNS subdomains (lowercase letters, digits, '-' and '.')",
+            truncate_name(name)
+        )),
+        None => Ok(()),
+    }
+}
+
+fn truncate_name(name: &str) -> String {
+    match name.char_indices().nth(64) {
+        Some((i, _)) => format!("{}…", &name[..i]),
+        None => name.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_would_change_the_request_url_are_refused() {
+        for bad in [
+            "../../x/configmaps/v",
+            "a%2Fb",
+            "v/status",
+            "v?dryRun=All",
+            "c#f",
+            ".",
+            "..",
+            "a b",
+            "a\u{7f}",
+        ] {
+            assert!(check_object_name("metadata.name", bad).is_err(), "{bad:?}");
+        }
+        let long = "a".repeat(254);
+        let err = check_object_name("metadata.name", &long).unwrap_err();
+        assert!(err.contains("254 bytes"), "{err}");
+        for good in ["web-config", "a.b.c", "system:aggregate-to-view", "x"] {
+            assert!(check_object_name("metadata.name", good).is_ok(), "{good:?}");
+        }
+    }
 }
