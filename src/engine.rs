@@ -519,6 +519,14 @@ impl RuleRunner {
         if let Some(sel) = &self.config.parent_selector {
             parent_wc = parent_wc.labels(sel);
         }
+        // Every time a cache (re)lists — at start, and after a watch expired (410) or the
+        // API server restarted — every parent is reconciled. A child relist reports the
+        // objects that exist, not those deleted in the gap, so no child event would wake
+        // their parents; during a parent relist the parent cache keeps its old content
+        // until the listing completes, so a parent created in the gap was not in the
+        // cache when its own event came, and kube-runtime drops such a reconcile.
+        let (relisted_tx, relisted_rx) = futures::channel::mpsc::unbounded::<()>();
+        let status_writes = Arc::new(crate::reconcile::StatusWrites::default());
         let parent_writer = reflector::store::Writer::new(r.parent.clone());
         let parent_reader = parent_writer.as_reader();
         // Status-only changes (Rulebook's own status writes among them) do not reconcile.
@@ -528,6 +536,16 @@ impl RuleRunner {
             .modify(strip_parent)
             .map(synced.observer(0))
             .reflect(parent_writer)
+            .map({
+                let status_writes = status_writes.clone();
+                move |event| {
+                    if let Ok(e) = &event {
+                        status_writes.observe(e);
+                    }
+                    event
+                }
+            })
+            .map(relisted(relisted_tx.clone()))
             .applied_objects()
             .predicate_filter(parent_changed, Default::default());
         let mut controller =
@@ -540,10 +558,6 @@ impl RuleRunner {
             labels::RULE,
             name
         );
-        // Every time a child cache (re)lists — at start, and after a watch expired (410) —
-        // every parent is reconciled: a relist reports the objects that exist, not those
-        // deleted in the gap, so no child event would wake their parents.
-        let (relisted_tx, relisted_rx) = futures::channel::mpsc::unbounded::<()>();
         let mut kinds = Vec::new();
         for (i, (ar, namespaced)) in r.kinds.iter().enumerate() {
             let api: Api<DynamicObject> = match (ns, namespaced) {
@@ -570,16 +584,7 @@ impl RuleRunner {
                 event
             })
             .reflect(writer)
-            .map({
-                let relisted = relisted_tx.clone();
-                move |event| {
-                    // After `reflect`: the store has swapped in the new listing.
-                    if matches!(event, Ok(watcher::Event::InitDone)) {
-                        let _ = relisted.unbounded_send(());
-                    }
-                    event
-                }
-            })
+            .map(relisted(relisted_tx.clone()))
             .touched_objects();
             controller = controller.owns_stream_with(stream, ar.clone());
             kinds.push(ChildKind {
@@ -598,7 +603,7 @@ impl RuleRunner {
                 instance: self.config.instance.clone(),
             },
         );
-        let ctx = Arc::new(RuleContext::new(
+        let mut ctx = RuleContext::new(
             self.rule.clone(),
             self.client.clone(),
             r.parent.clone(),
@@ -609,7 +614,9 @@ impl RuleRunner {
             recorder,
             self.metrics.clone(),
             self.gate.clone(),
-        ));
+        );
+        ctx.status_writes = status_writes;
+        let ctx = Arc::new(ctx);
         let mut stop_signal = stopped.clone();
         let shutdown = async move {
             let _ = stop_signal.wait_for(|s| *s).await;
@@ -636,6 +643,21 @@ impl RuleRunner {
                 futures::future::ready(())
             })
             .await;
+    }
+}
+
+/// A pass-through for watch events, after `reflect` (the store has swapped in the new
+/// listing), that signals each completed listing.
+fn relisted(
+    tx: futures::channel::mpsc::UnboundedSender<()>,
+) -> impl FnMut(
+    Result<watcher::Event<DynamicObject>, watcher::Error>,
+) -> Result<watcher::Event<DynamicObject>, watcher::Error> {
+    move |event| {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            let _ = tx.unbounded_send(());
+        }
+        event
     }
 }
 

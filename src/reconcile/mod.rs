@@ -124,6 +124,64 @@ pub struct RuleContext {
     hash_only: Mutex<HashSet<String>>,
     last_warning: Mutex<HashMap<String, String>>,
     fights: Mutex<HashMap<String, Fight>>,
+    /// Rulebook's status writes the parent cache has not caught up with yet.
+    pub status_writes: Arc<StatusWrites>,
+}
+
+/// The status last written per parent UID, with the parent's resourceVersion after the
+/// write, kept until the parent cache has caught up with that write (the parent watch
+/// feeds [`StatusWrites::observe`]).
+#[derive(Default)]
+pub struct StatusWrites {
+    written: Mutex<HashMap<String, (u64, Json)>>,
+}
+
+impl StatusWrites {
+    /// Forgets writes the cache now holds (or that no longer matter: the parent is gone).
+    pub fn observe(&self, event: &kube::runtime::watcher::Event<DynamicObject>) {
+        use kube::runtime::watcher::Event;
+        let (o, deleted) = match event {
+            // Not `InitApply`: the cache holds a relisted object only from `InitDone` on.
+            Event::Apply(o) => (o, false),
+            Event::Delete(o) => (o, true),
+            _ => return,
+        };
+        let Some(uid) = o.uid() else { return };
+        let mut written = lock(&self.written);
+        if let Some((rv, _)) = written.get(&uid)
+            && (deleted || resource_version(o).is_none_or(|seen| seen >= *rv))
+        {
+            written.remove(&uid);
+        }
+    }
+
+    fn record(&self, uid: String, rv: u64, status: Json) {
+        lock(&self.written).insert(uid, (rv, status));
+    }
+
+    /// The status of the last write of this parent if the cached parent predates it.
+    /// resourceVersions are compared as numbers (etcd revisions); a parent whose
+    /// resourceVersion is not a number is taken as it is cached.
+    fn newer_than(&self, uid: &str, cached: &DynamicObject) -> Option<Json> {
+        let written = lock(&self.written);
+        let (rv, status) = written.get(uid)?;
+        match resource_version(cached) {
+            Some(seen) if seen < *rv => Some(status.clone()),
+            _ => None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.written).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn resource_version(o: &DynamicObject) -> Option<u64> {
+    o.resource_version().and_then(|v| v.parse::<u64>().ok())
 }
 
 /// Per-object exponential backoff after failures.
@@ -198,6 +256,7 @@ impl RuleContext {
             hash_only: Mutex::default(),
             last_warning: Mutex::default(),
             fights: Mutex::default(),
+            status_writes: Arc::default(),
         }
     }
 
@@ -569,6 +628,7 @@ async fn apply_child(
     };
 
     let mut live = kind.store.get(&oref);
+    let mut fetched = false;
     match &live {
         Some(o) if controlled_by(o, uid) => {}
         Some(o) => {
@@ -582,7 +642,11 @@ async fn apply_child(
             // Not in the cache: a foreign object of that name must not be taken over silently.
             match api.get_opt(&name).await {
                 Ok(None) => {}
-                Ok(Some(o)) if controlled_by(&o, uid) => live = Some(Arc::new(o)),
+                Ok(Some(o)) if controlled_by(&o, uid) => {
+                    // Ours, but its watch event has not reached the cache yet.
+                    fetched = true;
+                    live = Some(Arc::new(o));
+                }
                 Ok(Some(o)) => {
                     if !child_spec.adopt {
                         return Err(conflict(owner_description(&o)));
@@ -614,7 +678,16 @@ async fn apply_child(
         FIELD_MANAGER,
         hash_only,
     ) else {
-        return Ok(None);
+        // Up to date. If it came from a GET, the status must see it: the cache does not yet.
+        return Ok(match (fetched, &live) {
+            (true, Some(o)) => Some(Change {
+                reason: "Fetched",
+                what,
+                related: o.object_ref(&kind.ar),
+                object: live_json,
+            }),
+            _ => None,
+        });
     };
 
     if why == Drift::FieldsChanged {
@@ -717,7 +790,8 @@ async fn apply_child(
 
 /// What one apply or prune did, for the reconcile's events and its status.
 struct Change {
-    /// `Created`, `Updated`, `Repaired` or `Pruned`.
+    /// `Created`, `Updated`, `Repaired` or `Pruned`; `Fetched` for an up-to-date child
+    /// read with a GET because the cache did not have it yet (no event, status only).
     reason: &'static str,
     what: String,
     related: k8s_openapi::api::core::v1::ObjectReference,
@@ -928,8 +1002,24 @@ async fn write_status(
         }
     };
     let now = crate::cli::now_rfc3339();
-    let desired = status::desired_status(parent_json, fields, ready, &now);
-    let live = parent_json.get("status");
+    let uid = parent.uid().unwrap_or_default();
+    // A reconcile can run before Rulebook's last status write of this parent has come
+    // back on the watch; the status the API server holds is then the one written, not
+    // the cached one. Without this, a reconcile writes the same status twice, or skips
+    // a write because the stale cached status happens to match.
+    let written = ctx.status_writes.newer_than(&uid, parent);
+    let live_json = match &written {
+        Some(w) => {
+            let mut p = parent_json.clone();
+            if let Some(o) = p.as_object_mut() {
+                o.insert("status".into(), w.clone());
+            }
+            p
+        }
+        None => parent_json.clone(),
+    };
+    let desired = status::desired_status(&live_json, fields, ready, &now);
+    let live = live_json.get("status");
     let stale_field = managed
         .iter()
         .any(|k| !fields.contains_key(*k) && live.and_then(|s| s.get(*k)).is_some());
@@ -958,8 +1048,12 @@ async fn write_status(
         )
         .await
     {
-        Ok(_) => {
+        Ok(o) => {
             ctx.metrics.write(&ctx.rule.name, "apply_status");
+            if let Some(rv) = resource_version(&o) {
+                let st = o.data.get("status").cloned().unwrap_or(Json::Null);
+                ctx.status_writes.record(uid, rv, st);
+            }
             Ok(())
         }
         Err(e) if is_not_found(&e) => Ok(()), // the parent is gone
@@ -1026,6 +1120,39 @@ mod tests {
         );
         let back: Json = serde_json::from_str(text).unwrap();
         assert_eq!(back, v);
+    }
+
+    fn parent_at(rv: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "x/v1", "kind": "P",
+            "metadata": {"name": "p", "uid": "u1", "resourceVersion": rv},
+            "status": {"phase": "cached"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_status_write_counts_until_the_cache_has_caught_up() {
+        use kube::runtime::watcher::Event;
+        let w = StatusWrites::default();
+        w.record("u1".into(), 10, json!({"phase": "written"}));
+        // A cached parent from before the write: the written status is what the server has.
+        assert_eq!(
+            w.newer_than("u1", &parent_at("9")),
+            Some(json!({"phase": "written"}))
+        );
+        assert_eq!(w.newer_than("u2", &parent_at("9")), None);
+        // From the write on, the cache is right.
+        assert_eq!(w.newer_than("u1", &parent_at("10")), None);
+        assert_eq!(w.newer_than("u1", &parent_at("not-a-number")), None);
+        // An older event keeps the entry, the write's own event drops it.
+        w.observe(&Event::Apply(parent_at("9")));
+        assert_eq!(w.len(), 1);
+        w.observe(&Event::Apply(parent_at("11")));
+        assert!(w.is_empty());
+        w.record("u1".into(), 20, json!({}));
+        w.observe(&Event::Delete(parent_at("15")));
+        assert!(w.is_empty());
     }
 
     #[test]
