@@ -79,6 +79,7 @@ bench: cluster ## Benchmarks: render cost, then Rulebook vs a hand-written contr
 	fi
 	cargo build --locked --release --bin rulebook --example bench-reference
 	cargo bench --locked --bench render
+	cargo bench --locked --bench cache_memory
 	cargo bench --locked --bench e2e
 
 # ---------------------------------------------------------------------------

@@ -1096,6 +1096,15 @@ fn main() -> Result<()> {
         return Ok(());
     }
     let cfg = Cfg::from_env();
+    // Re-render the report of an earlier run: BENCH_REPORT_ONLY=target/bench/results.json.
+    if let Some(path) = std::env::var_os("BENCH_REPORT_ONLY") {
+        let results: Json = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        let dir = Path::new(&path).parent().unwrap_or(Path::new("."));
+        std::fs::write(dir.join("results.md"), report::markdown(&results))?;
+        report::plot(&results, &dir.join("converge.svg"))?;
+        eprintln!("bench: re-rendered {}", dir.display());
+        return Ok(());
+    }
     eprintln!("bench: {cfg:?}");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::metrics::{self, Metrics};
-use crate::reconcile::{self, ChildKind, FIELD_MANAGER, RuleContext, WriteGate};
+use crate::reconcile::{self, ChildKind, RuleContext, WriteGate};
 use crate::render::{CompiledRule, labels};
 use crate::rules::{RuleSet, split_api_version};
 
@@ -533,7 +533,7 @@ impl RuleRunner {
         let synced = CacheSync::new(1 + r.kinds.len(), self.status.clone(), name.clone());
         let parent_stream = watcher(parent_api, parent_wc)
             .default_backoff()
-            .modify(strip_parent)
+            .modify(crate::reconcile::cache::strip_parent)
             .map(synced.observer(0))
             .reflect(parent_writer)
             .map({
@@ -575,7 +575,7 @@ impl RuleRunner {
                     .any_semantic(),
             )
             .default_backoff()
-            .modify(strip_child)
+            .modify(crate::reconcile::cache::strip_child)
             .map(synced.observer(i + 1))
             .map(move |event| {
                 if let Ok(e) = &event {
@@ -750,31 +750,4 @@ fn parent_changed(o: &DynamicObject) -> Option<u64> {
     m.finalizers.hash(&mut h);
     m.deletion_timestamp.is_some().hash(&mut h);
     Some(h.finish())
-}
-
-/// Parents are cached without managedFields and the last-applied annotation.
-fn strip_parent(o: &mut DynamicObject) {
-    o.meta_mut().managed_fields = None;
-    if let Some(a) = o.meta_mut().annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
-}
-
-/// Children keep Rulebook's own managedFields entry (the drift check reads it); other
-/// managers keep only their name, operation and time (to name them in a conflict).
-fn strip_child(o: &mut DynamicObject) {
-    if let Some(entries) = o.meta_mut().managed_fields.as_mut() {
-        for e in entries.iter_mut() {
-            let ours = e.manager.as_deref() == Some(FIELD_MANAGER)
-                && e.operation.as_deref() == Some("Apply")
-                && e.subresource.as_deref().unwrap_or("").is_empty();
-            if !ours {
-                e.fields_v1 = None;
-                e.fields_type = None;
-            }
-        }
-    }
-    if let Some(a) = o.meta_mut().annotations.as_mut() {
-        a.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
 }

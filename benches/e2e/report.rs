@@ -173,6 +173,19 @@ impl Table {
     }
 }
 
+/// The first time at which the timeline reached 99 % of its target (N parents, or
+/// `children` for the template change).
+fn quantile_time(timeline: &Json, target: Option<f64>, r: &Json) -> Option<f64> {
+    let n = target.or_else(|| r["config"]["n"].as_f64())?;
+    let want = (n * 0.99).ceil();
+    timeline
+        .as_array()?
+        .iter()
+        .find(|p| p[1].as_f64().is_some_and(|c| c >= want))
+        .and_then(|p| p[0].as_f64())
+}
+
+/// `floor`: seconds the API server needs for the children the workload must write.
 fn phase_rows(t: &mut Table, r: &Json, key: &str, label: &str, floor: Option<f64>, timed: bool) {
     if timed {
         t.numbers(r, label, "time (s)", |c| f(&c[key]["seconds"]));
@@ -181,6 +194,9 @@ fn phase_rows(t: &mut Table, r: &Json, key: &str, label: &str, floor: Option<f64
                 f(&c[key]["seconds"]).map(|s| s / fl)
             });
         }
+        t.numbers(r, label, "time to 99 % of parents (s)", |c| {
+            quantile_time(&c[key]["timeline"], c[key]["children"].as_f64(), r)
+        });
         t.text(r, label, "finished", |c| {
             c[key]["converged"].as_bool().map(|b| {
                 if b {

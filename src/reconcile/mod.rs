@@ -5,6 +5,7 @@
 //! prune what this parent owns but no longer renders → write status when it changed →
 //! record events. At steady state every step finds nothing to do and makes no request.
 
+pub mod cache;
 pub mod drift;
 pub mod index;
 
@@ -334,10 +335,17 @@ impl RuleContext {
             action: action.to_string(),
             secondary: related,
         };
-        match self.recorder.publish(&ev, &reference).await {
-            Ok(()) => self.metrics.write(&self.rule.name, "event"),
-            Err(e) => debug!(error = %e, "cannot publish event"),
-        }
+        // Published in the background: an event is a record for people, and the reconcile
+        // (and with it the parent's next reconcile) need not wait for its round trip.
+        let recorder = self.recorder.clone();
+        let metrics = self.metrics.clone();
+        let rule = self.rule.name.clone();
+        tokio::spawn(async move {
+            match recorder.publish(&ev, &reference).await {
+                Ok(()) => metrics.write(&rule, "event"),
+                Err(e) => debug!(error = %e, "cannot publish event"),
+            }
+        });
     }
 
     /// Whether every child cache has completed its first listing.
@@ -468,14 +476,11 @@ async fn reconcile_inner(
     }
     let namespace = parent.namespace();
     let rule = &ctx.rule;
-    let parent_json =
-        serde_json::to_value(parent).map_err(|e| ReconcileError::Invalid(e.to_string()))?;
+    let parent_json = cache::to_json(parent)
+        .ok_or_else(|| ReconcileError::Invalid("unreadable parent".into()))?;
     let live_children = ctx.owned_children(&uid);
-    let observed = Observed::from_objects(
-        live_children
-            .iter()
-            .filter_map(|(_, o)| serde_json::to_value(o.as_ref()).ok()),
-    );
+    let observed =
+        Observed::from_objects(live_children.iter().filter_map(|(_, o)| cache::to_json(o)));
 
     let scope = |i: usize| ctx.scope(i);
     let desired = match rule.render(&parent_json, &observed, &scope) {
@@ -666,9 +671,7 @@ async fn apply_child(
         }
     }
 
-    let live_json = live
-        .as_ref()
-        .and_then(|o| serde_json::to_value(o.as_ref()).ok());
+    let live_json = live.as_ref().and_then(|o| cache::to_json(o));
     let live_uid = live.as_ref().and_then(|o| o.uid()).unwrap_or_default();
     let hash_only = lock(&ctx.hash_only).contains(&live_uid);
     let Some(why) = drift(

@@ -1351,10 +1351,10 @@ pub async fn poison(kind: &str, poisoned: usize, healthy: usize) -> PoisonReport
         r1 - r0,
         w1 - w0
     );
-    // Backoff 1 s, 2 s, 4 s, 8 s, 16 s: at most 5 retries fit in any 30 s window; a hot
-    // loop would make hundreds.
+    // A render error is retried after 16 s, 32 s, ...: at most 2 retries fit in any 30 s
+    // window (3 counting one reconcile from a change); a hot loop would make hundreds.
     assert!(
-        per <= 5.0,
+        per <= 3.0,
         "poison parents do not back off: {per:.2} reconciles each in {secs:.0} s"
     );
     // Same error, same status: nothing new to write.
