@@ -507,8 +507,9 @@ async fn reconcile_inner(
     // Apply, in rule order; the first failure stops the rest (later children may depend on earlier ones).
     let mut failure: Option<(ConditionState, ReconcileError)> = None;
     let mut changes: Vec<Change> = Vec::new();
-    for d in &desired {
-        match apply_child(ctx, parent, &uid, namespace.as_deref(), d).await {
+    let lookups = look_up_uncached(ctx, namespace.as_deref(), &desired).await;
+    for (d, lookup) in desired.iter().zip(lookups) {
+        match apply_child(ctx, parent, &uid, namespace.as_deref(), d, lookup).await {
             Ok(Some(change)) => changes.push(change),
             Ok(None) => {}
             Err((state, err)) => {
@@ -594,13 +595,16 @@ async fn reconcile_inner(
 }
 
 /// Applies one desired child when it is missing, changed or drifted.
-async fn apply_child(
-    ctx: &RuleContext,
-    parent: &DynamicObject,
-    uid: &str,
-    namespace: Option<&str>,
-    d: &DesiredChild,
-) -> Result<Option<Change>, (ConditionState, ReconcileError)> {
+/// Where a desired child lives: its API, its cache key, and how messages name it.
+struct Target<'a> {
+    kind: &'a ChildKind,
+    api: Api<DynamicObject>,
+    oref: ObjectRef<DynamicObject>,
+    name: String,
+    what: String,
+}
+
+fn target<'a>(ctx: &'a RuleContext, namespace: Option<&str>, d: &DesiredChild) -> Target<'a> {
     let kind = &ctx.kinds[ctx.kind_of_child[d.child]];
     let name = d.object_name().to_string();
     let ns = if kind.namespaced {
@@ -620,6 +624,56 @@ async fn apply_child(
     if let Some(ns) = ns {
         oref = oref.within(ns);
     }
+    Target {
+        kind,
+        api,
+        oref,
+        name,
+        what,
+    }
+}
+
+/// What a GET found for a desired child that is not in the cache.
+type Lookup = Option<Result<Option<DynamicObject>, kube::Error>>;
+
+/// GETs the desired children the cache does not hold, a few at a time, in rule order:
+/// a name that is not in the cache may belong to a foreign object. Done up front so
+/// that a new parent costs one round trip of reads, not one per child before its apply.
+async fn look_up_uncached(
+    ctx: &RuleContext,
+    namespace: Option<&str>,
+    desired: &[DesiredChild],
+) -> Vec<Lookup> {
+    use futures::StreamExt;
+    let lookups: Vec<_> = desired.iter().map(|d| look_up(ctx, namespace, d)).collect();
+    futures::stream::iter(lookups).buffered(8).collect().await
+}
+
+async fn look_up(ctx: &RuleContext, namespace: Option<&str>, d: &DesiredChild) -> Lookup {
+    let t = target(ctx, namespace, d);
+    if t.kind.store.get(&t.oref).is_some() {
+        return None;
+    }
+    Some(t.api.get_opt(&t.name).await)
+}
+
+/// Applies one desired child when it is missing, changed or drifted. `lookup` is what
+/// [`look_up_uncached`] found for it.
+async fn apply_child(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+    namespace: Option<&str>,
+    d: &DesiredChild,
+    lookup: Lookup,
+) -> Result<Option<Change>, (ConditionState, ReconcileError)> {
+    let Target {
+        kind,
+        api,
+        oref,
+        name,
+        what,
+    } = target(ctx, namespace, d);
     let child_spec = &ctx.rule.children()[d.child];
     let conflict = |owner: String| {
         let msg = format!(
@@ -645,7 +699,11 @@ async fn apply_child(
         }
         None => {
             // Not in the cache: a foreign object of that name must not be taken over silently.
-            match api.get_opt(&name).await {
+            let found = match lookup {
+                Some(found) => found,
+                None => api.get_opt(&name).await,
+            };
+            match found {
                 Ok(None) => {}
                 Ok(Some(o)) if controlled_by(&o, uid) => {
                     // Ours, but its watch event has not reached the cache yet.
