@@ -616,6 +616,7 @@ impl RuleRunner {
             self.gate.clone(),
         );
         ctx.status_writes = status_writes;
+        ctx.parent_store = Some(parent_reader.clone());
         let ctx = Arc::new(ctx);
         let mut stop_signal = stopped.clone();
         let shutdown = async move {

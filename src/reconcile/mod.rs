@@ -127,18 +127,35 @@ pub struct RuleContext {
     fights: Mutex<HashMap<String, Fight>>,
     /// Rulebook's status writes the parent cache has not caught up with yet.
     pub status_writes: Arc<StatusWrites>,
+    /// The parent cache, to reconcile the newest cached version of a parent.
+    pub parent_store: Option<Store<DynamicObject>>,
 }
 
 /// The status last written per parent UID, with the parent's resourceVersion after the
-/// write, kept until the parent cache has caught up with that write (the parent watch
-/// feeds [`StatusWrites::observe`]).
+/// write. A reconcile works on the parent as cached when it started, which may predate
+/// Rulebook's last status write even after the cache has caught up, so an entry is kept
+/// for [`STATUS_WRITE_KEEP`] after the parent watch has delivered the write
+/// ([`StatusWrites::observe`]); the status itself is held as compact JSON text.
 #[derive(Default)]
 pub struct StatusWrites {
-    written: Mutex<HashMap<String, (u64, Json)>>,
+    written: Mutex<HashMap<String, StatusWrite>>,
 }
 
+struct StatusWrite {
+    rv: u64,
+    status: String,
+    at: Instant,
+    /// The parent watch has delivered this write (or a later version).
+    seen: bool,
+}
+
+/// How long a status write is remembered after the cache has it.
+const STATUS_WRITE_KEEP: Duration = Duration::from_secs(30);
+/// How long one is remembered at most (its watch event may never come: parent deleted).
+const STATUS_WRITE_MAX: Duration = Duration::from_secs(600);
+
 impl StatusWrites {
-    /// Forgets writes the cache now holds (or that no longer matter: the parent is gone).
+    /// Notes writes the cache now holds; forgets those of deleted parents.
     pub fn observe(&self, event: &kube::runtime::watcher::Event<DynamicObject>) {
         use kube::runtime::watcher::Event;
         let (o, deleted) = match event {
@@ -149,15 +166,33 @@ impl StatusWrites {
         };
         let Some(uid) = o.uid() else { return };
         let mut written = lock(&self.written);
-        if let Some((rv, _)) = written.get(&uid)
-            && (deleted || resource_version(o).is_none_or(|seen| seen >= *rv))
-        {
+        if deleted {
             written.remove(&uid);
+        } else if let Some(w) = written.get_mut(&uid)
+            && resource_version(o).is_none_or(|seen| seen >= w.rv)
+        {
+            w.seen = true;
         }
     }
 
-    fn record(&self, uid: String, rv: u64, status: Json) {
-        lock(&self.written).insert(uid, (rv, status));
+    fn record(&self, uid: String, rv: u64, status: &Json) {
+        let mut written = lock(&self.written);
+        written.insert(
+            uid,
+            StatusWrite {
+                rv,
+                status: status.to_string(),
+                at: Instant::now(),
+                seen: false,
+            },
+        );
+        // Amortised clean-up: a sweep whenever the map has grown by half since the last.
+        if written.len().is_power_of_two() && written.len() >= 64 {
+            written.retain(|_, w| {
+                let age = w.at.elapsed();
+                age < STATUS_WRITE_MAX && !(w.seen && age > STATUS_WRITE_KEEP)
+            });
+        }
     }
 
     /// The status of the last write of this parent if the cached parent predates it.
@@ -165,9 +200,9 @@ impl StatusWrites {
     /// resourceVersion is not a number is taken as it is cached.
     fn newer_than(&self, uid: &str, cached: &DynamicObject) -> Option<Json> {
         let written = lock(&self.written);
-        let (rv, status) = written.get(uid)?;
+        let w = written.get(uid)?;
         match resource_version(cached) {
-            Some(seen) if seen < *rv => Some(status.clone()),
+            Some(seen) if seen < w.rv => serde_json::from_str(&w.status).ok(),
             _ => None,
         }
     }
@@ -258,6 +293,7 @@ impl RuleContext {
             last_warning: Mutex::default(),
             fights: Mutex::default(),
             status_writes: Arc::default(),
+            parent_store: None,
         }
     }
 
@@ -396,6 +432,18 @@ pub async fn reconcile(
         .get_or_create(&metrics::rule(&rule))
         .clone();
     gauge.inc();
+    // kube-runtime hands over the parent as cached when the reconcile was scheduled; the
+    // cache may hold a newer version by now (Rulebook's own last status write among them).
+    let parent = ctx
+        .parent_store
+        .as_ref()
+        .and_then(|s| {
+            s.get(&ObjectRef::from_obj_with(
+                parent.as_ref(),
+                ctx.parent_ar.clone(),
+            ))
+        })
+        .unwrap_or(parent);
     let result = reconcile_inner(&parent, &ctx).await;
     gauge.dec();
     ctx.metrics
@@ -508,8 +556,14 @@ async fn reconcile_inner(
     let mut failure: Option<(ConditionState, ReconcileError)> = None;
     let mut changes: Vec<Change> = Vec::new();
     let lookups = look_up_uncached(ctx, namespace.as_deref(), &desired).await;
+    // The children `observed` holds; one that reached the cache since is read again below.
+    let in_observed: HashSet<(usize, String)> = live_children
+        .iter()
+        .map(|(k, o)| (*k, o.name_any()))
+        .collect();
     for (d, lookup) in desired.iter().zip(lookups) {
-        match apply_child(ctx, parent, &uid, namespace.as_deref(), d, lookup).await {
+        let seen = in_observed.contains(&(ctx.kind_of_child[d.child], d.object_name().to_string()));
+        match apply_child(ctx, parent, &uid, namespace.as_deref(), d, lookup, seen).await {
             Ok(Some(change)) => changes.push(change),
             Ok(None) => {}
             Err((state, err)) => {
@@ -666,6 +720,7 @@ async fn apply_child(
     namespace: Option<&str>,
     d: &DesiredChild,
     lookup: Lookup,
+    seen: bool,
 ) -> Result<Option<Change>, (ConditionState, ReconcileError)> {
     let Target {
         kind,
@@ -739,8 +794,9 @@ async fn apply_child(
         FIELD_MANAGER,
         hash_only,
     ) else {
-        // Up to date. If it came from a GET, the status must see it: the cache does not yet.
-        return Ok(match (fetched, &live) {
+        // Up to date. If it came from a GET, or reached the cache after this reconcile read
+        // the parent's children, the status must see it all the same.
+        return Ok(match (fetched || !seen, &live) {
             (true, Some(o)) => Some(Change {
                 reason: "Fetched",
                 what,
@@ -852,7 +908,7 @@ async fn apply_child(
 /// What one apply or prune did, for the reconcile's events and its status.
 struct Change {
     /// `Created`, `Updated`, `Repaired` or `Pruned`; `Fetched` for an up-to-date child
-    /// read with a GET because the cache did not have it yet (no event, status only).
+    /// that the reconcile's first read of the cache did not include (no event, status only).
     reason: &'static str,
     what: String,
     related: k8s_openapi::api::core::v1::ObjectReference,
@@ -1087,6 +1143,14 @@ async fn write_status(
     if !stale_field && status::status_matches(live, &desired) {
         return Ok(());
     }
+    debug!(
+        parent = %parent.name_any(),
+        cached_rv = parent.resource_version().unwrap_or_default(),
+        after_own_write = written.is_some(),
+        was = %live.map(Json::to_string).unwrap_or_default(),
+        now = %desired,
+        "writing status"
+    );
     let body = json!({
         "apiVersion": ctx.parent_ar.api_version,
         "kind": ctx.parent_ar.kind,
@@ -1113,7 +1177,7 @@ async fn write_status(
             ctx.metrics.write(&ctx.rule.name, "apply_status");
             if let Some(rv) = resource_version(&o) {
                 let st = o.data.get("status").cloned().unwrap_or(Json::Null);
-                ctx.status_writes.record(uid, rv, st);
+                ctx.status_writes.record(uid, rv, &st);
             }
             Ok(())
         }
@@ -1196,7 +1260,7 @@ mod tests {
     fn a_status_write_counts_until_the_cache_has_caught_up() {
         use kube::runtime::watcher::Event;
         let w = StatusWrites::default();
-        w.record("u1".into(), 10, json!({"phase": "written"}));
+        w.record("u1".into(), 10, &json!({"phase": "written"}));
         // A cached parent from before the write: the written status is what the server has.
         assert_eq!(
             w.newer_than("u1", &parent_at("9")),
@@ -1206,12 +1270,15 @@ mod tests {
         // From the write on, the cache is right.
         assert_eq!(w.newer_than("u1", &parent_at("10")), None);
         assert_eq!(w.newer_than("u1", &parent_at("not-a-number")), None);
-        // An older event keeps the entry, the write's own event drops it.
-        w.observe(&Event::Apply(parent_at("9")));
-        assert_eq!(w.len(), 1);
+        // Once the cache has the write, a reconcile that started on an older version of
+        // the parent must still compare with the write.
         w.observe(&Event::Apply(parent_at("11")));
-        assert!(w.is_empty());
-        w.record("u1".into(), 20, json!({}));
+        assert_eq!(
+            w.newer_than("u1", &parent_at("9")),
+            Some(json!({"phase": "written"}))
+        );
+        assert_eq!(w.newer_than("u1", &parent_at("11")), None);
+        // A deleted parent is forgotten.
         w.observe(&Event::Delete(parent_at("15")));
         assert!(w.is_empty());
     }
