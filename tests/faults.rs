@@ -767,6 +767,9 @@ async fn a_child_cannot_leave_its_namespace() {
         .await;
         let (_, r, m) = ready_condition(&o).unwrap();
         println!("namespace escape: child name {name:?} → {r}: {m}");
+        // Refused before any request is made, with a message naming the name.
+        assert_eq!(r, "RenderFailed", "{name:?}: {m}");
+        assert!(m.contains("metadata.name"), "{name:?}: {m}");
     }
     // Nothing appeared in (or changed) the other namespace; the victims are untouched.
     let theirs: Vec<String> = list(&other_cms, None)
