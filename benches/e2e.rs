@@ -12,6 +12,8 @@
 
 #[path = "e2e/cluster.rs"]
 mod cluster;
+#[path = "../tests/common/http_get.rs"]
+mod http_get;
 #[path = "e2e/procs.rs"]
 mod procs;
 #[path = "e2e/report.rs"]
