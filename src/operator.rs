@@ -74,8 +74,10 @@ pub struct RunArgs {
     pub check_permissions: bool,
 }
 
-/// A client from an explicit kubeconfig, or the usual inference.
-pub async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client> {
+/// A client from an explicit kubeconfig, or the usual inference. Its user agent names
+/// this instance (`rulebook/VERSION (IDENTITY)`), so the API server's audit log tells
+/// replicas apart.
+pub async fn client(kubeconfig: Option<&PathBuf>, identity: &str) -> Result<Client> {
     let mut config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
@@ -88,10 +90,15 @@ pub async fn client(kubeconfig: Option<&PathBuf>) -> Result<Client> {
     };
     config.read_timeout = Some(Duration::from_secs(300));
     // Names Rulebook's requests in the API server's audit log and metrics.
-    config.headers.push((
-        http_header::USER_AGENT,
-        http_header::HeaderValue::from_static(concat!("rulebook/", env!("CARGO_PKG_VERSION"))),
-    ));
+    let agent = format!(
+        "rulebook/{} ({})",
+        env!("CARGO_PKG_VERSION"),
+        identity.escape_default()
+    );
+    let agent = http_header::HeaderValue::from_str(&agent).unwrap_or_else(|_| {
+        http_header::HeaderValue::from_static(concat!("rulebook/", env!("CARGO_PKG_VERSION")))
+    });
+    config.headers.push((http_header::USER_AGENT, agent));
     Ok(Client::try_from(config)?)
 }
 
@@ -106,16 +113,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
     if args.leader_elect && args.lease_duration < 3 {
         bail!("--lease-duration must be at least 3 seconds");
     }
-    let client = client(args.kubeconfig.as_ref()).await?;
-    let metrics = Arc::new(Metrics::new());
-    let is_leader = Arc::new(AtomicBool::new(!args.leader_elect));
-    metrics.leader.set(i64::from(!args.leader_elect));
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_string())
             .unwrap_or_else(|_| "rulebook".into());
         format!("{host}-{}", std::process::id())
     });
+    let client = client(args.kubeconfig.as_ref(), &identity).await?;
+    let metrics = Arc::new(Metrics::new());
+    let is_leader = Arc::new(AtomicBool::new(!args.leader_elect));
+    metrics.leader.set(i64::from(!args.leader_elect));
     let engine_config = EngineConfig {
         concurrency: args.concurrency.max(1),
         namespace: args.namespace.clone(),
