@@ -21,6 +21,8 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::metrics::{self, Metrics};
+use crate::reconcile::admission::{Admitted, CacheBudget, CacheLimits};
+use crate::reconcile::wire::Wire;
 use crate::reconcile::{self, ChildKind, RuleContext, WriteGate};
 use crate::render::{CompiledRule, labels};
 use crate::rules::{RuleSet, split_api_version};
@@ -39,6 +41,8 @@ pub struct EngineConfig {
     pub instance: Option<String>,
     /// Check the rule's permissions with SelfSubjectAccessReviews before starting it.
     pub check_permissions: bool,
+    /// Bounds on cached child content.
+    pub cache: CacheLimits,
 }
 
 impl Default for EngineConfig {
@@ -50,6 +54,7 @@ impl Default for EngineConfig {
             reporter: "rulebook".into(),
             instance: None,
             check_permissions: true,
+            cache: CacheLimits::default(),
         }
     }
 }
@@ -140,6 +145,7 @@ pub struct Engine {
     gate: Arc<dyn WriteGate>,
     pub status: Arc<EngineStatus>,
     running: BTreeMap<String, RunningRule>,
+    budget: Arc<CacheBudget>,
 }
 
 /// How long a stopping rule may take to finish its in-flight reconciles.
@@ -152,6 +158,7 @@ impl Engine {
         metrics: Arc<Metrics>,
         gate: Arc<dyn WriteGate>,
     ) -> Engine {
+        let budget = Arc::new(CacheBudget::new(config.cache.clone(), metrics.clone()));
         Engine {
             client,
             config,
@@ -159,6 +166,7 @@ impl Engine {
             gate,
             status: Arc::default(),
             running: BTreeMap::new(),
+            budget,
         }
     }
 
@@ -184,10 +192,11 @@ impl Engine {
                     if !dropped.is_empty() {
                         tokio::spawn(prune_dropped_kinds(
                             self.client.clone(),
-                            name.clone(),
+                            old,
                             dropped,
                             self.config.namespace.clone(),
                             self.metrics.clone(),
+                            self.gate.clone(),
                         ));
                     }
                 }
@@ -225,6 +234,7 @@ impl Engine {
             metrics: self.metrics.clone(),
             gate: self.gate.clone(),
             status: self.status.clone(),
+            budget: self.budget.clone(),
         };
         let span = info_span!("rule", rule = %name);
         let task = tokio::spawn(runner.run(stopped).instrument(span));
@@ -266,77 +276,94 @@ impl Engine {
             self.stop(&name).await;
         }
     }
-
-    pub fn running_versions(&self) -> BTreeMap<String, String> {
-        self.running
-            .iter()
-            .map(|(k, v)| (k.clone(), v.version.clone()))
-            .collect()
-    }
 }
 
-/// `(apiVersion, kind)` of children the old version of a rule had and the new one has not.
+/// `(apiVersion, kind)` of children the old version of a rule had and the new one has not,
+/// compared by API group and kind: a child that moves to another version of its kind
+/// (`autoscaling/v2` → `autoscaling/v1`, a CRD's `v1alpha1` → `v1`) is the same object
+/// served at another version, and the new controller watches and keeps it.
 fn dropped_kinds(old: &CompiledRule, new: &CompiledRule) -> Vec<(String, String)> {
-    let kinds = |r: &CompiledRule| -> std::collections::BTreeSet<(String, String)> {
-        r.children()
-            .iter()
-            .map(|c| (c.api_version.value.clone(), c.kind.value.clone()))
-            .collect()
+    let group_kind = |api_version: &str, kind: &str| {
+        (
+            split_api_version(api_version).0.to_string(),
+            kind.to_string(),
+        )
     };
-    kinds(old).difference(&kinds(new)).cloned().collect()
+    let kept: std::collections::BTreeSet<(String, String)> = new
+        .children()
+        .iter()
+        .map(|c| group_kind(&c.api_version.value, &c.kind.value))
+        .collect();
+    let mut dropped: Vec<(String, String)> = old
+        .children()
+        .iter()
+        .filter(|c| !kept.contains(&group_kind(&c.api_version.value, &c.kind.value)))
+        .map(|c| (c.api_version.value.clone(), c.kind.value.clone()))
+        .collect();
+    dropped.sort();
+    dropped.dedup();
+    dropped
+}
+
+/// Whether `o` is a child that a parent of `rule` created: its owner label is the UID of
+/// its controller reference, and that controller is of the rule's parent kind. Labels
+/// alone are public: anyone may put them on objects of their own.
+fn child_of_rule(o: &DynamicObject, rule: &CompiledRule) -> bool {
+    let parent = &rule.rule.spec.parent;
+    let parent_group = split_api_version(&parent.api_version.value).0;
+    let owner = o.labels().get(labels::OWNER);
+    o.owner_references().iter().any(|r| {
+        r.controller == Some(true)
+            && owner == Some(&r.uid)
+            && r.kind == parent.kind.value
+            && split_api_version(&r.api_version).0 == parent_group
+    })
 }
 
 /// Deletes the children of kinds a rule no longer has: the new controller does not watch
-/// them, so its pruning cannot see them. Only objects with the rule's labels and a
-/// controller ownerReference, each with a UID precondition.
+/// them, so its pruning cannot see them. Only objects [`child_of_rule`] accepts, each
+/// with a UID precondition, and only while this process may write.
 async fn prune_dropped_kinds(
     client: Client,
-    rule: String,
+    rule: Arc<CompiledRule>,
     kinds: Vec<(String, String)>,
     namespace: Option<String>,
     metrics: Arc<Metrics>,
+    gate: Arc<dyn WriteGate>,
 ) {
     use kube::api::{DeleteParams, ListParams, Preconditions};
+    let name = &rule.name;
     let selector = format!(
         "{}={},{}={}",
         labels::MANAGED_BY,
         labels::MANAGED_BY_VALUE,
         labels::RULE,
-        rule
+        name
     );
     for (api_version, kind) in kinds {
         let (ar, caps) = match discover(&client, "dropped child kind", &api_version, &kind).await {
             Ok(found) => found,
             Err(e) => {
-                warn!(rule = %rule, %kind, error = %e, "cannot prune children of a kind the rule dropped");
+                warn!(rule = %name, %kind, error = %e, "cannot prune children of a kind the rule dropped");
                 continue;
             }
         };
-        let api: Api<DynamicObject> = match (&namespace, caps.scope == KubeScope::Namespaced) {
-            (Some(ns), true) => Api::namespaced_with(client.clone(), ns, &ar),
-            _ => Api::all_with(client.clone(), &ar),
-        };
+        let namespaced = caps.scope == KubeScope::Namespaced;
+        let api = kind_api(&client, &ar, namespaced, namespace.as_deref());
         let list = match api.list(&ListParams::default().labels(&selector)).await {
             Ok(l) => l,
             Err(e) => {
-                warn!(rule = %rule, %kind, error = %e, "cannot list children of a kind the rule dropped");
+                warn!(rule = %name, %kind, error = %e, "cannot list children of a kind the rule dropped");
                 continue;
             }
         };
-        for o in list.items {
-            let controlled = o
-                .owner_references()
-                .iter()
-                .any(|r| r.controller == Some(true));
-            let name = o.name_any();
-            if !controlled {
-                continue;
+        for o in list.items.iter().filter(|o| child_of_rule(o, &rule)) {
+            let child = o.name_any();
+            if !gate.may_write() {
+                warn!(rule = %name, %kind, "not pruning children of a dropped kind: not the leader");
+                return;
             }
-            let api: Api<DynamicObject> = match (o.namespace(), caps.scope == KubeScope::Namespaced)
-            {
-                (Some(ns), true) => Api::namespaced_with(client.clone(), &ns, &ar),
-                _ => Api::all_with(client.clone(), &ar),
-            };
+            let api = kind_api(&client, &ar, namespaced, o.namespace().as_deref());
             let dp = DeleteParams {
                 preconditions: Some(Preconditions {
                     uid: o.uid(),
@@ -344,18 +371,31 @@ async fn prune_dropped_kinds(
                 }),
                 ..DeleteParams::background()
             };
-            match api.delete(&name, &dp).await {
+            match api.delete(&child, &dp).await {
                 Ok(_) => {
-                    metrics.write(&rule, "delete");
+                    metrics.write(name, "delete");
                     metrics
                         .children_pruned
-                        .get_or_create(&metrics::rule(&rule))
+                        .get_or_create(&metrics::rule(name))
                         .inc();
-                    info!(rule = %rule, %kind, child = %name, "pruned: the rule no longer has this kind of child");
+                    info!(rule = %name, %kind, %child, "pruned: the rule no longer has this kind of child");
                 }
-                Err(e) => warn!(rule = %rule, %kind, child = %name, error = %e, "cannot prune"),
+                Err(e) => warn!(rule = %name, %kind, %child, error = %e, "cannot prune"),
             }
         }
+    }
+}
+
+/// The API of a kind: in `namespace` when the kind is namespaced and one is given.
+pub fn kind_api(
+    client: &Client,
+    ar: &ApiResource,
+    namespaced: bool,
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
+    match (namespace, namespaced) {
+        (Some(ns), true) => Api::namespaced_with(client.clone(), ns, ar),
+        _ => Api::all_with(client.clone(), ar),
     }
 }
 
@@ -383,6 +423,7 @@ struct RuleRunner {
     metrics: Arc<Metrics>,
     gate: Arc<dyn WriteGate>,
     status: Arc<EngineStatus>,
+    budget: Arc<CacheBudget>,
 }
 
 struct Resolved {
@@ -511,11 +552,13 @@ impl RuleRunner {
     async fn run_controller(&self, r: Resolved, stopped: watch::Receiver<bool>) {
         let name = self.rule.name.clone();
         let ns = self.config.namespace.as_deref();
-        let parent_api: Api<DynamicObject> = match (ns, r.parent_namespaced) {
+        let parent_api: Api<Wire<false>> = match (ns, r.parent_namespaced) {
             (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, &r.parent),
             _ => Api::all_with(self.client.clone(), &r.parent),
         };
-        let mut parent_wc = watcher::Config::default().any_semantic();
+        let mut parent_wc = watcher::Config::default()
+            .any_semantic()
+            .page_size(LIST_PAGE_SIZE);
         if let Some(sel) = &self.config.parent_selector {
             parent_wc = parent_wc.labels(sel);
         }
@@ -533,6 +576,7 @@ impl RuleRunner {
         let synced = CacheSync::new(1 + r.kinds.len(), self.status.clone(), name.clone());
         let parent_stream = watcher(parent_api, parent_wc)
             .default_backoff()
+            .map(packed)
             .modify(crate::reconcile::cache::strip_parent)
             .map(synced.observer(0))
             .reflect(parent_writer)
@@ -558,9 +602,17 @@ impl RuleRunner {
             labels::RULE,
             name
         );
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: self.config.reporter.clone(),
+                instance: self.config.instance.clone(),
+            },
+        );
         let mut kinds = Vec::new();
+        let mut cache_ids = Vec::new();
         for (i, (ar, namespaced)) in r.kinds.iter().enumerate() {
-            let api: Api<DynamicObject> = match (ns, namespaced) {
+            let api: Api<Wire<true>> = match (ns, namespaced) {
                 (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, ar),
                 _ => Api::all_with(self.client.clone(), ar),
             };
@@ -568,14 +620,26 @@ impl RuleRunner {
             let reader = writer.as_reader();
             let index = Arc::new(crate::reconcile::index::OwnerIndex::default());
             let indexer = index.clone();
+            let cache_id = self.budget.cache_id();
+            cache_ids.push(cache_id);
+            let admit = admission(
+                self.budget.clone(),
+                cache_id,
+                name.clone(),
+                ar.clone(),
+                recorder.clone(),
+            );
             let stream = watcher(
                 api,
                 watcher::Config::default()
                     .labels(&child_selector)
-                    .any_semantic(),
+                    .any_semantic()
+                    .page_size(LIST_PAGE_SIZE),
             )
             .default_backoff()
+            .map(packed)
             .modify(crate::reconcile::cache::strip_child)
+            .map(admit)
             .map(synced.observer(i + 1))
             .map(move |event| {
                 if let Ok(e) = &event {
@@ -596,13 +660,6 @@ impl RuleRunner {
         }
         drop(relisted_tx);
         controller = controller.reconcile_all_on(relisted_rx);
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: self.config.reporter.clone(),
-                instance: self.config.instance.clone(),
-            },
-        );
         let mut ctx = RuleContext::new(
             self.rule.clone(),
             self.client.clone(),
@@ -644,6 +701,69 @@ impl RuleRunner {
                 futures::future::ready(())
             })
             .await;
+        for id in cache_ids {
+            self.budget.drop_cache(id);
+        }
+    }
+}
+
+/// Objects per page of an initial listing: a page is read whole before it is decoded,
+/// so this bounds what one listing holds at once (children may be up to ~1.5 MiB each).
+const LIST_PAGE_SIZE: u32 = 25;
+
+/// Watch events of tolerantly decoded objects ([`Wire`]) in their cached form.
+fn packed<const CHILD: bool>(
+    event: Result<watcher::Event<Wire<CHILD>>, watcher::Error>,
+) -> Result<watcher::Event<DynamicObject>, watcher::Error> {
+    use watcher::Event;
+    event.map(|e| match e {
+        Event::Apply(o) => Event::Apply(o.into_packed()),
+        Event::Delete(o) => Event::Delete(o.into_packed()),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(o.into_packed()),
+        Event::InitDone => Event::InitDone,
+    })
+}
+
+/// A pass-through for one child cache's events that keeps it within the cache budget,
+/// announcing (once per namespace in a while) the objects cached without content.
+fn admission(
+    budget: Arc<CacheBudget>,
+    cache_id: u64,
+    rule: String,
+    ar: ApiResource,
+    recorder: Recorder,
+) -> impl FnMut(
+    Result<watcher::Event<DynamicObject>, watcher::Error>,
+) -> Result<watcher::Event<DynamicObject>, watcher::Error> {
+    move |mut event| {
+        if let Ok(e) = event.as_mut()
+            && let Admitted::Stubbed { announce: true } = budget.admit(cache_id, &rule, e)
+            && let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = e
+        {
+            let ns = o.namespace().unwrap_or_default();
+            warn!(rule = %rule, namespace = %ns, "cache budget reached: children in this namespace are cached without content and read on demand");
+            let reference = o.object_ref(&ar);
+            let limits = budget.limits().clone();
+            let recorder = recorder.clone();
+            tokio::spawn(async move {
+                let ev = kube::runtime::events::Event {
+                    type_: kube::runtime::events::EventType::Warning,
+                    reason: "CacheBudgetExceeded".into(),
+                    note: Some(format!(
+                        "Objects with Rulebook's labels in this namespace exceed the cache budget ({} MiB per namespace, {} MiB in all); Rulebook reads them from the API server when it needs them",
+                        limits.per_namespace >> 20,
+                        limits.total >> 20
+                    )),
+                    action: "Cache".into(),
+                    secondary: None,
+                };
+                if let Err(e) = recorder.publish(&ev, &reference).await {
+                    tracing::debug!(error = %e, "cannot publish the cache budget event");
+                }
+            });
+        }
+        event
     }
 }
 

@@ -6,7 +6,16 @@
 //! win. Standbys also watch the Lease, so a release on shutdown is taken over at once.
 //!
 //! A leader that cannot renew stops leading two thirds of the way into its lease, before
-//! anyone else may take over: there are never two writers.
+//! anyone else may take over: there are never two writers. That deadline lives in the
+//! write gate itself ([`LeaseGate::grant_until`]), measured from the start of the renewal
+//! that succeeded, on the monotonic clock: a process that is stopped or starved past it
+//! finds its gate closed when it resumes, whatever its main loop has seen. Every request
+//! of a renewal carries a deadline of a quarter lease, so a hung call cannot keep it going.
+//!
+//! Hand-written, not a crate: kube-runtime 5 has no lease module, and kube-lease-manager
+//! compares `renewTime + leaseDuration` with the local clock (so clock skew between
+//! nodes decides who leads), its standbys sleep until expiry instead of watching the
+//! Lease, and a holder cut off from the API server does not step down on its own.
 
 use std::time::{Duration, Instant};
 
@@ -18,8 +27,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use crate::reconcile::gate::LeaseGate;
+
 pub struct LeaderElection {
     api: Api<Lease>,
+    gate: std::sync::Arc<LeaseGate>,
     name: String,
     identity: String,
     duration: Duration,
@@ -32,6 +44,7 @@ pub struct LeaderElection {
 impl LeaderElection {
     pub fn new(
         client: kube::Client,
+        gate: std::sync::Arc<LeaseGate>,
         namespace: &str,
         name: &str,
         identity: &str,
@@ -39,6 +52,7 @@ impl LeaderElection {
     ) -> Self {
         LeaderElection {
             api: Api::namespaced(client, namespace),
+            gate,
             name: name.to_string(),
             identity: identity.to_string(),
             duration,
@@ -59,6 +73,9 @@ impl LeaderElection {
         let mut lease_changes = std::pin::pin!(lease_watch);
         loop {
             let now_leading = self.step().await;
+            if !now_leading {
+                self.gate.revoke();
+            }
             leading.send_if_modified(|l| {
                 let changed = *l != now_leading;
                 *l = now_leading;
@@ -76,6 +93,7 @@ impl LeaderElection {
                 _ = stop.wait_for(|s| *s) => break,
             }
         }
+        self.gate.revoke();
         if *leading.borrow() {
             leading.send_replace(false);
             match self.release().await {
@@ -90,10 +108,15 @@ impl LeaderElection {
         let now = Instant::now();
         let still_valid =
             |renewed: Option<Instant>, d: Duration| renewed.is_some_and(|r| now < r + d * 2 / 3);
-        let lease = match self.api.get_opt(&self.name).await {
-            Ok(l) => l,
-            Err(e) => {
+        let deadline = self.duration / 4;
+        let lease = match tokio::time::timeout(deadline, self.api.get_opt(&self.name)).await {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
                 debug!(error = %e, "cannot read the lease");
+                return still_valid(self.renewed, self.duration);
+            }
+            Err(_) => {
+                debug!("reading the lease timed out");
                 return still_valid(self.renewed, self.duration);
             }
         };
@@ -131,26 +154,34 @@ impl LeaderElection {
         spec.renew_time = Some(stamp);
         updated.spec = Some(spec);
         // The resourceVersion read above makes this a compare-and-swap.
-        match self
-            .api
-            .replace(&self.name, &PostParams::default(), &updated)
-            .await
-        {
-            Ok(_) => {
+        let replaced = tokio::time::timeout(
+            deadline,
+            self.api
+                .replace(&self.name, &PostParams::default(), &updated),
+        )
+        .await;
+        match replaced {
+            Ok(Ok(_)) => {
                 if !ours {
                     info!(lease = %self.name, identity = %self.identity, "acquired the lease");
                 }
                 self.renewed = Some(now);
+                self.gate.grant_until(now + self.duration * 2 / 3);
                 true
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 debug!(error = %e, "lease update lost");
+                ours && still_valid(self.renewed, self.duration)
+            }
+            Err(_) => {
+                debug!("lease update timed out");
                 ours && still_valid(self.renewed, self.duration)
             }
         }
     }
 
     async fn create(&mut self) -> bool {
+        let started = Instant::now();
         let stamp = MicroTime(jiff::Timestamp::now());
         let lease = Lease {
             metadata: ObjectMeta {
@@ -166,14 +197,24 @@ impl LeaderElection {
                 ..Default::default()
             }),
         };
-        match self.api.create(&PostParams::default(), &lease).await {
-            Ok(_) => {
+        let created = tokio::time::timeout(
+            self.duration / 4,
+            self.api.create(&PostParams::default(), &lease),
+        )
+        .await;
+        match created {
+            Ok(Ok(_)) => {
                 info!(lease = %self.name, identity = %self.identity, "created and acquired the lease");
-                self.renewed = Some(Instant::now());
+                self.renewed = Some(started);
+                self.gate.grant_until(started + self.duration * 2 / 3);
                 true
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 debug!(error = %e, "lease creation lost");
+                false
+            }
+            Err(_) => {
+                debug!("lease creation timed out");
                 false
             }
         }

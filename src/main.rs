@@ -3,7 +3,6 @@
 
 use clap::Parser;
 use rulebook::cli::{Cli, Command, run_offline};
-use tracing_subscriber::EnvFilter;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -27,9 +26,10 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// `RUST_LOG`-style filtering (default `info`), text or JSON lines on stderr.
+/// `RUST_LOG`-style filtering (default `info`; client libraries never log response
+/// bodies: [`rulebook::operator::log_filter`]), text or JSON lines on stderr.
 fn init_logging(format: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = rulebook::operator::log_filter(std::env::var("RUST_LOG").ok().as_deref());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -46,6 +46,14 @@ pub struct Metrics {
     pub reloads: Family<ReloadLabel, Counter>,
     pub ruleset_valid: Gauge,
     pub leader: Gauge,
+    /// Bytes of child content the caches hold (all rules).
+    pub cache_content_bytes: Gauge,
+    /// Child objects cached without their content (over the cache budget), by rule.
+    pub cache_stubbed: Family<RuleLabel, Counter>,
+    /// Objects decoded as unreadable (nested too deep) by rule.
+    pub unreadable_objects: Family<RuleLabel, Counter>,
+    /// Write requests the write gate refused because leadership had lapsed.
+    pub writes_refused: Counter,
 }
 
 impl Default for Metrics {
@@ -126,8 +134,36 @@ impl Metrics {
             "1 while this process holds the leader lease (or runs without leader election)",
             leader.clone(),
         );
+        let cache_content_bytes = Gauge::default();
+        registry.register(
+            "cache_content_bytes",
+            "Bytes of child content held by the caches (bounded by the cache budget)",
+            cache_content_bytes.clone(),
+        );
+        let cache_stubbed = Family::<RuleLabel, Counter>::default();
+        registry.register(
+            "cache_stubbed_objects",
+            "Children cached without content because their namespace or the operator is over the cache budget",
+            cache_stubbed.clone(),
+        );
+        let unreadable_objects = Family::<RuleLabel, Counter>::default();
+        registry.register(
+            "unreadable_objects",
+            "Parents or children Rulebook could not read (nested too deeply); each fails only its own parent",
+            unreadable_objects.clone(),
+        );
+        let writes_refused = Counter::default();
+        registry.register(
+            "writes_refused",
+            "Write requests refused by the write gate (not the leader, or leadership lapsed)",
+            writes_refused.clone(),
+        );
         Metrics {
             registry,
+            cache_content_bytes,
+            cache_stubbed,
+            unreadable_objects,
+            writes_refused,
             reconciles,
             reconcile_duration,
             in_flight,

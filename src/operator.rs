@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use axum::http::header as http_header;
 use clap::Args;
+use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tracing::{error, info, warn};
@@ -19,7 +20,7 @@ use crate::cli::RuleDirs;
 use crate::engine::{Engine, EngineConfig};
 use crate::http::{self, AppState, RuleSetState};
 use crate::metrics::{Metrics, ReloadLabel};
-use crate::reconcile::WriteGate;
+use crate::reconcile::gate::{GateLayer, LeaseGate};
 use crate::reload::{ChangeWatcher, Reload, RuleSource};
 use crate::render::Limits;
 use crate::rules::RuleSet;
@@ -72,12 +73,18 @@ pub struct RunArgs {
     /// Check each rule's permissions (SelfSubjectAccessReview) before starting it.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub check_permissions: bool,
+    /// MiB of child content cached per namespace; children beyond it are read on demand.
+    #[arg(long, default_value_t = 32)]
+    pub cache_namespace_mib: usize,
+    /// MiB of child content cached in all.
+    #[arg(long, default_value_t = 256)]
+    pub cache_total_mib: usize,
 }
 
-/// A client from an explicit kubeconfig, or the usual inference. Its user agent names
-/// this instance (`rulebook/VERSION (IDENTITY)`), so the API server's audit log tells
-/// replicas apart.
-pub async fn client(kubeconfig: Option<&PathBuf>, identity: &str) -> Result<Client> {
+/// The client configuration from an explicit kubeconfig, or the usual inference. Its
+/// user agent names this instance (`rulebook/VERSION (IDENTITY)`), so the API server's
+/// audit log tells replicas apart.
+pub async fn client_config(kubeconfig: Option<&PathBuf>, identity: &str) -> Result<Config> {
     let mut config = match kubeconfig {
         Some(path) => {
             let kc = Kubeconfig::read_from(path)
@@ -89,7 +96,6 @@ pub async fn client(kubeconfig: Option<&PathBuf>, identity: &str) -> Result<Clie
             .context("no Kubernetes configuration found")?,
     };
     config.read_timeout = Some(Duration::from_secs(300));
-    // Names Rulebook's requests in the API server's audit log and metrics.
     let agent = format!(
         "rulebook/{} ({})",
         env!("CARGO_PKG_VERSION"),
@@ -99,14 +105,29 @@ pub async fn client(kubeconfig: Option<&PathBuf>, identity: &str) -> Result<Clie
         http_header::HeaderValue::from_static(concat!("rulebook/", env!("CARGO_PKG_VERSION")))
     });
     config.headers.push((http_header::USER_AGENT, agent));
-    Ok(Client::try_from(config)?)
+    Ok(config)
 }
 
-struct LeaderGate(Arc<AtomicBool>);
-impl WriteGate for LeaderGate {
-    fn may_write(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+/// The log filter: `RUST_LOG` (default `info`), with kube-client's body logging always off.
+/// kube-client logs a whole response body at WARN when it cannot decode it — a LIST page
+/// holds every tenant's objects, Secret values among them — and other bodies at TRACE;
+/// neither may reach the log, whatever `RUST_LOG` asks for.
+pub fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
+    use tracing_subscriber::EnvFilter;
+    let filter = rust_log
+        .and_then(|v| EnvFilter::try_new(v).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    match "kube_client::client=error".parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
     }
+}
+
+/// The client every reconcile, event and cleanup uses: its writes pass the write gate.
+fn gated_client(config: Config, gate: Arc<LeaseGate>, metrics: Arc<Metrics>) -> Result<Client> {
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&GateLayer::new(gate, metrics))
+        .build())
 }
 
 pub async fn run(args: RunArgs) -> Result<()> {
@@ -119,10 +140,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
             .unwrap_or_else(|_| "rulebook".into());
         format!("{host}-{}", std::process::id())
     });
-    let client = client(args.kubeconfig.as_ref(), &identity).await?;
+    let config = client_config(args.kubeconfig.as_ref(), &identity).await?;
     let metrics = Arc::new(Metrics::new());
     let is_leader = Arc::new(AtomicBool::new(!args.leader_elect));
     metrics.leader.set(i64::from(!args.leader_elect));
+    let gate = Arc::new(if args.leader_elect {
+        LeaseGate::leased()
+    } else {
+        LeaseGate::open()
+    });
+    let client = gated_client(config.clone(), gate.clone(), metrics.clone())?;
     let engine_config = EngineConfig {
         concurrency: args.concurrency.max(1),
         namespace: args.namespace.clone(),
@@ -130,13 +157,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         reporter: "rulebook".into(),
         instance: Some(identity.clone()),
         check_permissions: args.check_permissions,
+        cache: crate::reconcile::admission::CacheLimits {
+            per_namespace: args.cache_namespace_mib.saturating_mul(1 << 20),
+            total: args.cache_total_mib.saturating_mul(1 << 20),
+        },
     };
-    let mut engine = Engine::new(
-        client.clone(),
-        engine_config,
-        metrics.clone(),
-        Arc::new(LeaderGate(is_leader.clone())),
-    );
+    let mut engine = Engine::new(client.clone(), engine_config, metrics.clone(), gate.clone());
     let ruleset_state = Arc::new(RwLock::new(RuleSetState::default()));
     let leader_flag = is_leader.clone();
     let app = AppState {
@@ -239,8 +265,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
             .clone()
             .unwrap_or_else(|| "default".into());
         let (tx, rx) = tokio::sync::watch::channel(false);
+        // The lease is renewed through a client of its own: ungated, and with a read
+        // timeout shorter than a renewal period, so a hung request cannot outlive it.
+        let mut lease_config = config.clone();
+        lease_config.read_timeout = Some(Duration::from_secs(args.lease_duration.max(3) / 3));
         let election = crate::leader::LeaderElection::new(
-            client.clone(),
+            Client::try_from(lease_config)?,
+            gate.clone(),
             &ns,
             &args.lease_name,
             &identity,
@@ -299,6 +330,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     info!("shutting down: finishing in-flight reconciles");
     engine.shutdown().await;
     is_leader.store(false, Ordering::SeqCst);
+    gate.close();
     // Only now, with no write left in flight, give the lease to a standby.
     let _ = stop_election.send(true);
     if let Some(task) = election
@@ -325,4 +357,51 @@ async fn activate(client: &Client, engine: &mut Engine, set: &RuleSet, install_c
         }
     }
     engine.apply(set).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::sync::Mutex;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if let Ok(mut v) = self.0.lock() {
+                v.extend_from_slice(buf);
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// kube-client's body logging stays off whatever RUST_LOG says.
+    #[test]
+    fn response_bodies_never_reach_the_log() {
+        for rust_log in [
+            None,
+            Some("info"),
+            Some("trace"),
+            Some("info,kube=trace,kube_client=trace"),
+        ] {
+            let out = Captured::default();
+            let writer = out.clone();
+            let subscriber = tracing_subscriber::fmt()
+                .with_env_filter(log_filter(rust_log))
+                .with_writer(move || writer.clone())
+                .finish();
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::warn!(target: "kube_client::client", "BODY-OF-A-LIST tenant-password");
+                tracing::trace!(target: "kube_client::client", "Status from BODY-OF-A-STATUS");
+                tracing::error!(target: "rulebook", "an error of ours");
+            });
+            let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+            assert!(!text.contains("BODY-OF"), "{rust_log:?}: {text}");
+            assert!(text.contains("an error of ours"), "{rust_log:?}: {text}");
+        }
+    }
 }

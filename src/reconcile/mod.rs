@@ -5,9 +5,14 @@
 //! prune what this parent owns but no longer renders → write status when it changed →
 //! record events. At steady state every step finds nothing to do and makes no request.
 
+pub mod admission;
 pub mod cache;
 pub mod drift;
+pub mod gate;
 pub mod index;
+mod observe;
+mod offload;
+pub mod wire;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -25,6 +30,8 @@ use crate::metrics::{self, Metrics, ResultLabels};
 use crate::render::status::{self, ConditionState};
 use crate::render::{CompiledRule, DesiredChild, Observed, RenderError, Scope, labels};
 use drift::{Drift, drift, fields_cover};
+use observe::{Confined, confine_to_rendered_namespaces, read_stubs, unreadable_parent};
+use offload::{render_off_runtime, status_off_runtime};
 
 /// The field manager of every apply, and the `managedFields` entry the drift check reads.
 pub const FIELD_MANAGER: &str = "rulebook";
@@ -94,18 +101,7 @@ impl ChildKind {
     }
 }
 
-/// Gate on API writes: only the leader writes.
-pub trait WriteGate: Send + Sync {
-    fn may_write(&self) -> bool;
-}
-
-/// Always writes (no leader election).
-pub struct AlwaysWrite;
-impl WriteGate for AlwaysWrite {
-    fn may_write(&self) -> bool {
-        true
-    }
-}
+pub use gate::WriteGate;
 
 /// Everything one rule's reconciles share.
 pub struct RuleContext {
@@ -308,11 +304,20 @@ impl RuleContext {
         }
     }
 
-    /// This parent's children in the caches: labelled with its UID and controlled by it.
-    fn owned_children(&self, uid: &str) -> Vec<(usize, Arc<DynamicObject>)> {
+    /// This parent's children in the caches: labelled with its UID and controlled by it,
+    /// and — for a namespaced parent — in its namespace. (An object elsewhere that claims
+    /// the parent's UID is someone else's: ownerReferences never cross namespaces.)
+    fn owned_children(
+        &self,
+        uid: &str,
+        parent_ns: Option<&str>,
+    ) -> Vec<(usize, Arc<DynamicObject>)> {
         let mut out = Vec::new();
         for (k, kind) in self.kinds.iter().enumerate() {
             for (ns, name) in kind.index.owned_by(uid) {
+                if self.parent_namespaced && kind.namespaced && ns.as_deref() != parent_ns {
+                    continue;
+                }
                 let mut oref = ObjectRef::new_with(&name, kind.ar.clone());
                 if let Some(ns) = ns {
                     oref = oref.within(&ns);
@@ -524,14 +529,23 @@ async fn reconcile_inner(
     }
     let namespace = parent.namespace();
     let rule = &ctx.rule;
-    let parent_json = cache::to_json(parent)
-        .ok_or_else(|| ReconcileError::Invalid("unreadable parent".into()))?;
-    let live_children = ctx.owned_children(&uid);
+    let Some(parent_json) = cache::to_json(parent) else {
+        return unreadable_parent(ctx, parent).await;
+    };
+    let live_children = read_stubs(ctx, ctx.owned_children(&uid, namespace.as_deref())).await?;
     let observed =
         Observed::from_objects(live_children.iter().filter_map(|(_, o)| cache::to_json(o)));
 
-    let scope = |i: usize| ctx.scope(i);
-    let desired = match rule.render(&parent_json, &observed, &scope) {
+    let (rendered, parent_json, observed) = render_off_runtime(ctx, parent_json, observed).await?;
+    let (desired, live_children, observed) =
+        match confine_to_rendered_namespaces(ctx, rendered, live_children, observed) {
+            Confined::Same(d, l, o) => (d, l, o),
+            Confined::Narrowed(l, o) => {
+                let (again, _, o) = render_off_runtime(ctx, parent_json.clone(), o).await?;
+                (again, l, o)
+            }
+        };
+    let desired = match desired {
         Ok(d) => d,
         Err(e) => {
             ctx.metrics
@@ -605,7 +619,8 @@ async fn reconcile_inner(
     };
 
     // Status.
-    let (fields, ready) = match rule.status(&parent_json, &observed, &desired) {
+    let (report, parent_json, _) = status_off_runtime(ctx, parent_json, observed, desired).await?;
+    let (fields, ready) = match report {
         Ok(report) => (Some(report.fields), report.readiness.condition()),
         Err(e) => {
             ctx.metrics
@@ -731,10 +746,16 @@ async fn apply_child(
     } = target(ctx, namespace, d);
     let child_spec = &ctx.rule.children()[d.child];
     let conflict = |owner: String| {
-        let msg = format!(
-            "{what} already exists and {owner}; Rulebook leaves it alone (set `adopt: true` on child '{}' to take it over)",
-            d.name
-        );
+        let msg = if child_spec.adopt {
+            format!(
+                "{what} already exists and {owner}; Rulebook adopts only objects that have no controller and no other parent's label"
+            )
+        } else {
+            format!(
+                "{what} already exists and {owner}; Rulebook leaves it alone (set `adopt: true` on child '{}' to take it over)",
+                d.name
+            )
+        };
         (
             ConditionState::new(false, "Conflict", &msg),
             ReconcileError::Conflict(msg),
@@ -743,11 +764,15 @@ async fn apply_child(
 
     let mut live = kind.store.get(&oref);
     let mut fetched = false;
+    if live.as_deref().is_some_and(wire::is_stub) {
+        // Cached without content (cache budget): the API server has it.
+        live = None;
+    }
     match &live {
         Some(o) if controlled_by(o, uid) => {}
         Some(o) => {
-            // Ours by label (same rule) but another parent controls it.
-            if !child_spec.adopt {
+            // Labelled for this rule, but not this parent's.
+            if !may_adopt(child_spec.adopt, o, uid) {
                 return Err(conflict(owner_description(o)));
             }
             live = None;
@@ -766,7 +791,7 @@ async fn apply_child(
                     live = Some(Arc::new(o));
                 }
                 Ok(Some(o)) => {
-                    if !child_spec.adopt {
+                    if !may_adopt(child_spec.adopt, &o, uid) {
                         return Err(conflict(owner_description(&o)));
                     }
                 }
@@ -785,6 +810,16 @@ async fn apply_child(
     }
 
     let live_json = live.as_ref().and_then(|o| cache::to_json(o));
+    if live.is_some() && live_json.is_none() {
+        let msg = format!(
+            "{what} cannot be read: its content is nested more deeply than Rulebook reads ({} levels)",
+            wire::MAX_DEPTH
+        );
+        return Err((
+            ConditionState::new(false, "InvalidChild", &msg),
+            ReconcileError::Invalid(msg),
+        ));
+    }
     let live_uid = live.as_ref().and_then(|o| o.uid()).unwrap_or_default();
     let hash_only = lock(&ctx.hash_only).contains(&live_uid);
     let Some(why) = drift(
@@ -979,6 +1014,20 @@ async fn report_changes(ctx: &RuleContext, parent: &DynamicObject, changes: &[Ch
     }
 }
 
+/// Whether a child with `adopt: true` may take over `o`: only an object without any
+/// controller, and never one labelled as another parent's child (a tenant could name a
+/// parent so that its child's name is another parent's child, or any object it wants).
+fn may_adopt(adopt: bool, o: &DynamicObject, uid: &str) -> bool {
+    adopt
+        && !o
+            .owner_references()
+            .iter()
+            .any(|r| r.controller == Some(true))
+        && o.labels()
+            .get(labels::OWNER)
+            .is_none_or(|owner| owner == uid)
+}
+
 fn owner_description(o: &DynamicObject) -> String {
     match o
         .owner_references()
@@ -986,6 +1035,9 @@ fn owner_description(o: &DynamicObject) -> String {
         .find(|r| r.controller == Some(true))
     {
         Some(r) => format!("is controlled by {} {}", r.kind, r.name),
+        None if o.labels().contains_key(labels::OWNER) => {
+            "is labelled as another parent's child".to_string()
+        }
         None => "was not created by Rulebook for this parent".to_string(),
     }
 }

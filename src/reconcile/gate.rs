@@ -1,0 +1,255 @@
+//! The write gate: one writer at a time, known by the gate itself.
+//!
+//! Leadership reaches the gate directly from the lease: [`LeaseGate`] holds the instant
+//! until which the last successful renewal entitles this process to write (the renewal's
+//! start + two thirds of the lease, on the monotonic clock, which keeps counting while
+//! the process is stopped). A process that stalls — SIGSTOP, a long GC-like pause, a
+//! starved runtime — finds the gate closed when it resumes, before the main loop has
+//! even noticed, and long before a standby may take over (a whole lease after the last
+//! renewal it saw).
+//!
+//! The gate is enforced twice: reconcile stages ask [`WriteGate::may_write`] before each
+//! write (to report `NotLeader` cleanly), and [`GateLayer`] sits in the operator's API
+//! client, refusing every mutating request that reaches the wire while the gate is
+//! closed — events, pruning after a rule change, anything added later — so no write path
+//! can bypass it. The lease itself is renewed through a separate, ungated client.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use http::{Method, Request};
+
+use crate::metrics::Metrics;
+
+/// Whether this process may write now.
+pub trait WriteGate: Send + Sync {
+    fn may_write(&self) -> bool;
+}
+
+/// Leadership as a deadline. Without leader election the gate is always open.
+pub struct LeaseGate {
+    always: bool,
+    until: Mutex<Option<Instant>>,
+    /// Set when the process shuts down or loses the lease: closes at once.
+    closed: AtomicBool,
+}
+
+impl LeaseGate {
+    /// A gate that is always open (no leader election).
+    pub fn open() -> LeaseGate {
+        LeaseGate {
+            always: true,
+            until: Mutex::new(None),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// A gate that opens only while a lease renewal says so.
+    pub fn leased() -> LeaseGate {
+        LeaseGate {
+            always: false,
+            until: Mutex::new(None),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// A successful renewal (or acquisition) entitles this process to write until `until`.
+    pub fn grant_until(&self, until: Instant) {
+        *lock(&self.until) = Some(until);
+    }
+
+    /// Leadership ended (lost, released, or the process stops): close now.
+    pub fn revoke(&self) {
+        *lock(&self.until) = None;
+    }
+
+    /// Closes the gate for good (shutdown), whatever the lease says.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the gate is open at `now` (for tests and the election's own checks).
+    pub fn open_at(&self, now: Instant) -> bool {
+        if self.closed.load(Ordering::SeqCst) {
+            return false;
+        }
+        self.always || lock(&self.until).is_some_and(|u| now < u)
+    }
+}
+
+impl WriteGate for LeaseGate {
+    fn may_write(&self) -> bool {
+        self.open_at(Instant::now())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The error a refused request fails with.
+#[derive(Debug, thiserror::Error)]
+#[error("write refused: this process does not hold the leader lease (or it lapsed)")]
+pub struct WriteRefused;
+
+/// Whether a request changes something. Reads, and reviews that only ask the API server
+/// a question (SelfSubjectAccessReview) or dry-run, pass a closed gate.
+pub fn is_write<B>(req: &Request<B>) -> bool {
+    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+        return false;
+    }
+    let path = req.uri().path();
+    if path.starts_with("/apis/authorization.k8s.io/") {
+        return false;
+    }
+    let dry_run = req
+        .uri()
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv == "dryRun=All"));
+    !dry_run
+}
+
+/// A layer for the API client that refuses writes while the gate is closed.
+#[derive(Clone)]
+pub struct GateLayer {
+    gate: Arc<dyn WriteGate>,
+    metrics: Arc<Metrics>,
+}
+
+impl GateLayer {
+    pub fn new(gate: Arc<dyn WriteGate>, metrics: Arc<Metrics>) -> GateLayer {
+        GateLayer { gate, metrics }
+    }
+}
+
+impl<S> tower::Layer<S> for GateLayer {
+    type Service = Gated<S>;
+    fn layer(&self, inner: S) -> Gated<S> {
+        Gated {
+            inner,
+            gate: self.gate.clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Gated<S> {
+    inner: S,
+    gate: Arc<dyn WriteGate>,
+    metrics: Arc<Metrics>,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<S, B> tower::Service<Request<B>> for Gated<S>
+where
+    S: tower::Service<Request<B>>,
+    S::Response: Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // Checked as the request leaves: whatever a caller checked earlier may be stale.
+        if is_write(&req) && !self.gate.may_write() {
+            self.metrics.writes_refused.inc();
+            return Box::pin(std::future::ready(Err(Box::new(WriteRefused) as BoxError)));
+        }
+        let fut = self.inner.call(req);
+        Box::pin(async move { fut.await.map_err(Into::into) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_lapsed_lease_closes_the_gate_by_itself() {
+        let g = LeaseGate::leased();
+        let now = Instant::now();
+        assert!(!g.open_at(now));
+        g.grant_until(now + Duration::from_secs(10));
+        assert!(g.open_at(now));
+        assert!(g.open_at(now + Duration::from_secs(9)));
+        // Nobody revoked anything: the deadline alone closes it.
+        assert!(!g.open_at(now + Duration::from_secs(10)));
+        g.grant_until(now + Duration::from_secs(20));
+        g.revoke();
+        assert!(!g.open_at(now));
+        let open = LeaseGate::open();
+        assert!(open.open_at(now + Duration::from_secs(1_000_000)));
+        open.close();
+        assert!(!open.open_at(now));
+    }
+
+    #[test]
+    fn reads_reviews_and_dry_runs_are_not_writes() {
+        let req = |m: Method, uri: &str| Request::builder().method(m).uri(uri).body(()).unwrap();
+        assert!(!is_write(&req(
+            Method::GET,
+            "/api/v1/namespaces/a/configmaps?watch=true"
+        )));
+        assert!(!is_write(&req(
+            Method::POST,
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        )));
+        assert!(!is_write(&req(
+            Method::PATCH,
+            "/api/v1/namespaces/a/configmaps/x?dryRun=All&fieldManager=rulebook"
+        )));
+        assert!(is_write(&req(
+            Method::PATCH,
+            "/api/v1/namespaces/a/configmaps/x?fieldManager=rulebook"
+        )));
+        assert!(is_write(&req(
+            Method::DELETE,
+            "/api/v1/namespaces/a/configmaps/x"
+        )));
+        assert!(is_write(&req(
+            Method::POST,
+            "/apis/events.k8s.io/v1/namespaces/a/events"
+        )));
+    }
+
+    #[tokio::test]
+    async fn the_layer_refuses_writes_at_the_wire() {
+        use tower::{Layer, Service, ServiceExt};
+        let gate = Arc::new(LeaseGate::leased());
+        let metrics = Arc::new(Metrics::new());
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = sent.clone();
+        let inner = tower::service_fn(move |_req: Request<()>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, std::convert::Infallible>(()) }
+        });
+        let mut svc = GateLayer::new(gate.clone(), metrics.clone()).layer(inner);
+        let patch = || {
+            Request::builder()
+                .method(Method::PATCH)
+                .uri("/api/v1/namespaces/a/configmaps/x")
+                .body(())
+                .unwrap()
+        };
+        let refused = svc.ready().await.unwrap().call(patch()).await;
+        assert!(refused.is_err());
+        assert_eq!(sent.load(Ordering::SeqCst), 0);
+        assert_eq!(metrics.writes_refused.get(), 1);
+        gate.grant_until(Instant::now() + Duration::from_secs(30));
+        svc.ready().await.unwrap().call(patch()).await.unwrap();
+        assert_eq!(sent.load(Ordering::SeqCst), 1);
+    }
+}

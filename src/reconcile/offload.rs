@@ -1,0 +1,67 @@
+//! Rendering and status evaluation run off the async runtime, a bounded number at a time.
+//!
+//! A render is CPU work whose size a tenant controls (the parent's content) up to the
+//! rule's budgets. On the async runtime — one worker under `cpu: 1` — one heavy render
+//! would freeze health checks, watch streams and lease renewal with it. Each render and
+//! each status evaluation therefore runs on tokio's blocking pool, behind a semaphore of
+//! as many slots as the machine has cores, so renders also cannot crowd out each other's
+//! parents without bound.
+
+use std::sync::{Arc, LazyLock};
+
+use serde_json::Value as Json;
+use tokio::sync::Semaphore;
+
+use super::{ReconcileError, RuleContext};
+use crate::render::{DesiredChild, Observed, RenderError, Scope, StatusReport};
+
+static SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {
+    Semaphore::new(
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+    )
+});
+
+async fn off_runtime<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ReconcileError> {
+    let _slot = SLOTS
+        .acquire()
+        .await
+        .map_err(|_| ReconcileError::Invalid("the render pool is closed".into()))?;
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ReconcileError::Invalid(format!("render task failed: {e}")))
+}
+
+/// The desired children of `parent`, rendered on the blocking pool; hands the inputs back.
+pub(super) async fn render_off_runtime(
+    ctx: &RuleContext,
+    parent: Json,
+    observed: Observed,
+) -> Result<(Result<Vec<DesiredChild>, RenderError>, Json, Observed), ReconcileError> {
+    let rule = ctx.rule.clone();
+    let scopes: Vec<Scope> = (0..rule.children().len()).map(|i| ctx.scope(i)).collect();
+    off_runtime(move || {
+        let scope = |i: usize| scopes.get(i).copied().unwrap_or(Scope::Namespaced);
+        let desired = rule.render(&parent, &observed, &scope);
+        (desired, parent, observed)
+    })
+    .await
+}
+
+/// The parent's status fields and readiness, evaluated on the blocking pool.
+pub(super) async fn status_off_runtime(
+    ctx: &RuleContext,
+    parent: Json,
+    observed: Observed,
+    desired: Vec<DesiredChild>,
+) -> Result<(Result<StatusReport, RenderError>, Json, Vec<DesiredChild>), ReconcileError> {
+    let rule: Arc<_> = ctx.rule.clone();
+    off_runtime(move || {
+        let report = rule.status(&parent, &observed, &desired);
+        (report, parent, desired)
+    })
+    .await
+}
