@@ -135,6 +135,8 @@ pub struct RuleContext {
 #[derive(Default)]
 pub struct StatusWrites {
     written: Mutex<HashMap<String, StatusWrite>>,
+    /// UIDs of parents deleted since the last reconcile: their per-parent memory goes.
+    gone: Mutex<Vec<String>>,
 }
 
 struct StatusWrite {
@@ -164,6 +166,7 @@ impl StatusWrites {
         let mut written = lock(&self.written);
         if deleted {
             written.remove(&uid);
+            lock(&self.gone).push(uid);
         } else if let Some(w) = written.get_mut(&uid)
             && resource_version(o).is_none_or(|seen| seen >= w.rv)
         {
@@ -251,6 +254,9 @@ struct Fight {
     /// The last repair; a fight with no repair for [`FIGHT_FORGET`] is forgotten.
     last_repair: Instant,
 }
+
+/// Children checked by hash only, remembered at most (then forgotten and found again).
+const HASH_ONLY_MAX: usize = 10_000;
 
 /// More drift repairs than this within [`FIGHT_WINDOW`] is a fight: back off.
 const FIGHT_LIMIT: u32 = 3;
@@ -397,6 +403,24 @@ impl RuleContext {
             .all(|k| matches!(k.store.wait_until_ready().now_or_never(), Some(Ok(()))))
     }
 
+    /// Forgets what is remembered of parents that were deleted (failures, warnings), and
+    /// bounds what is remembered of children, so per-object memory does not only grow.
+    fn forget_gone(&self) {
+        let gone = std::mem::take(&mut *lock(&self.status_writes.gone));
+        if !gone.is_empty() {
+            let mut failures = lock(&self.failures);
+            let mut warnings = lock(&self.last_warning);
+            for uid in &gone {
+                failures.remove(uid);
+                warnings.remove(uid);
+            }
+        }
+        let mut hash_only = lock(&self.hash_only);
+        if hash_only.len() > HASH_ONLY_MAX {
+            hash_only.clear();
+        }
+    }
+
     fn note_success(&self, uid: &str) {
         lock(&self.failures).remove(uid);
         lock(&self.last_warning).remove(uid);
@@ -449,6 +473,7 @@ pub async fn reconcile(
             ))
         })
         .unwrap_or(parent);
+    ctx.forget_gone();
     let result = reconcile_inner(&parent, &ctx).await;
     gauge.dec();
     ctx.metrics
@@ -502,7 +527,10 @@ pub fn error_policy(
     match err {
         ReconcileError::NotLeader => debug!("not the leader"),
         _ => {
-            warn!(rule = %ctx.rule.name, parent = %parent.name_any(), failures = n, retry_in = ?delay, error = %err, "reconcile failed")
+            // The message may quote tenant values (a template error, a conflicting name):
+            // it is on the parent's condition and at debug level, not in warnings.
+            warn!(rule = %ctx.rule.name, parent = %parent.name_any(), failures = n, retry_in = ?delay, reason = err.result_label(), "reconcile failed");
+            debug!(rule = %ctx.rule.name, parent = %parent.name_any(), error = %err, "reconcile failed");
         }
     }
     Action::requeue(delay)
