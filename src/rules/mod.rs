@@ -12,7 +12,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use load::{Sources, load};
+pub use load::{Read, Sources, load, read};
 pub use model::*;
 
 use crate::render::{CompiledRule, Limits};
