@@ -73,8 +73,14 @@ pub struct RuleDirs {
 }
 
 impl RuleDirs {
-    pub fn load(&self) -> Result<RuleSet, rules::Diagnostics> {
-        rules::load(&self.rules, &self.templates, &Limits::default())
+    /// Reads and validates the rule set; the warnings of the read (skipped files) are
+    /// written to `err`, whatever the outcome.
+    pub fn load(&self, err: &mut dyn Write) -> Result<Result<RuleSet, rules::Diagnostics>> {
+        let read = rules::read(&self.rules, &self.templates);
+        for w in &read.warnings {
+            writeln!(err, "warning: {w}")?;
+        }
+        Ok(read.compile(&Limits::default()))
     }
 }
 
@@ -118,7 +124,7 @@ pub fn run_offline(command: &Command, out: &mut dyn Write, err: &mut dyn Write) 
 }
 
 fn load_or_report(dirs: &RuleDirs, err: &mut dyn Write) -> Result<Option<RuleSet>> {
-    match dirs.load() {
+    match dirs.load(err)? {
         Ok(set) => Ok(Some(set)),
         Err(diags) => {
             for d in &diags.0 {
@@ -170,7 +176,7 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
 }
 
 fn check(args: &CheckArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
-    match args.dirs.load() {
+    match args.dirs.load(err)? {
         Ok(set) => {
             for (name, rule) in &set.rules {
                 writeln!(
@@ -196,7 +202,7 @@ fn check(args: &CheckArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i
 }
 
 fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
-    let set = match args.dirs.load() {
+    let set = match args.dirs.load(err)? {
         Ok(set) => set,
         Err(diags) => {
             for d in &diags.0 {

@@ -215,8 +215,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 *serving = Some(set);
                 true
             }
-            Reload::Invalid(diags) => {
-                *last_seen = source.fingerprint();
+            Reload::Invalid {
+                diagnostics: diags,
+                fingerprint,
+            } => {
+                *last_seen = Some(fingerprint);
                 metrics.ruleset_valid.set(0);
                 metrics
                     .reloads

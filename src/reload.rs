@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::render::Limits;
-use crate::rules::{self, Diagnostics, RuleSet, Sources};
+use crate::rules::{self, Diagnostics, RuleSet};
 
 /// Where rule sets come from.
 #[derive(Clone, Debug)]
@@ -27,36 +27,41 @@ pub struct RuleSource {
     pub limits: Limits,
 }
 
-/// The outcome of looking at the directories again.
+/// The outcome of looking at the directories again. A changed outcome carries the
+/// fingerprint of exactly what it read: reading the directories a second time to get one
+/// could pick up a newer rule set and then take it as already seen.
 #[derive(Debug)]
 pub enum Reload {
     /// Same content as last time.
     Unchanged,
+    /// Its `fingerprint` is that of the read.
     Valid(RuleSet),
-    Invalid(Diagnostics),
+    Invalid {
+        diagnostics: Diagnostics,
+        fingerprint: String,
+    },
 }
 
 impl RuleSource {
-    /// Reads and validates everything; `last` is the fingerprint of the last read.
+    /// Reads the directories once and validates what it read; `last` is the fingerprint
+    /// of the last outcome. Warnings (skipped files) are logged here, with every changed
+    /// outcome.
     pub fn load(&self, last: Option<&str>) -> Reload {
-        let sources = match Sources::read(&self.rules_dir, &self.templates_dir) {
-            Ok(s) => s,
-            Err(d) => return Reload::Invalid(d),
-        };
-        if last == Some(sources.fingerprint().as_str()) {
+        let read = rules::read(&self.rules_dir, &self.templates_dir);
+        let fingerprint = read.fingerprint();
+        if last == Some(fingerprint.as_str()) {
             return Reload::Unchanged;
         }
-        match rules::compile(&sources, &self.limits) {
-            Ok(set) => Reload::Valid(set),
-            Err(d) => Reload::Invalid(d),
+        for w in &read.warnings {
+            warn!("{w}");
         }
-    }
-
-    /// The content fingerprint of what is on disk now (or `None` when unreadable).
-    pub fn fingerprint(&self) -> Option<String> {
-        Sources::read(&self.rules_dir, &self.templates_dir)
-            .ok()
-            .map(|s| s.fingerprint())
+        match read.compile(&self.limits) {
+            Ok(set) => Reload::Valid(set),
+            Err(diagnostics) => Reload::Invalid {
+                diagnostics,
+                fingerprint,
+            },
+        }
     }
 }
 
@@ -142,5 +147,99 @@ impl ChangeWatcher {
             _watcher: watcher,
             changes: rx,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULE: &str = "apiVersion: rulebook.dev/v1alpha1
+kind: Rule
+metadata:
+  name: demo
+spec:
+  parent:
+    apiVersion: test.rulebook.dev/v1
+    kind: Demo
+  children:
+    - name: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: config.yaml
+";
+    const TEMPLATE: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n";
+
+    fn source(dir: &Path) -> RuleSource {
+        std::fs::create_dir_all(dir.join("rules")).unwrap();
+        std::fs::create_dir_all(dir.join("templates")).unwrap();
+        std::fs::write(dir.join("templates/config.yaml"), TEMPLATE).unwrap();
+        RuleSource {
+            rules_dir: dir.join("rules"),
+            templates_dir: dir.join("templates"),
+            limits: Limits::default(),
+        }
+    }
+
+    /// The race of a second read: an invalid set is loaded, a valid one is written before
+    /// the caller records what it saw. The fingerprint it records must be the invalid
+    /// set's, so that the valid one is a change.
+    #[test]
+    fn an_invalid_outcome_carries_the_fingerprint_of_what_it_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = source(dir.path());
+        let rule = dir.path().join("rules/demo.yaml");
+        std::fs::write(&rule, RULE.replace("kind: Demo", "kind: demo")).unwrap();
+        let Reload::Invalid {
+            diagnostics,
+            fingerprint,
+        } = source.load(None)
+        else {
+            panic!("a lower-case kind must be invalid");
+        };
+        assert!(
+            diagnostics.to_string().contains("is not a kind"),
+            "{diagnostics}"
+        );
+        let invalid = rules::read(&source.rules_dir, &source.templates_dir);
+        assert_eq!(fingerprint, invalid.fingerprint());
+        assert!(matches!(source.load(Some(&fingerprint)), Reload::Unchanged));
+
+        // The valid set written "between the load and the second read".
+        std::fs::write(&rule, RULE).unwrap();
+        match source.load(Some(&fingerprint)) {
+            Reload::Valid(set) => {
+                assert_ne!(set.fingerprint, fingerprint);
+                assert!(matches!(
+                    source.load(Some(&set.fingerprint)),
+                    Reload::Unchanged
+                ));
+            }
+            other => panic!("the valid set must be loaded, got {other:?}"),
+        }
+    }
+
+    /// A read error is an invalid outcome with a fingerprint too: it is reported once,
+    /// and the fix is a change.
+    #[test]
+    fn an_unreadable_rule_set_has_a_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        let source = source(dir.path());
+        let rule = dir.path().join("rules/demo.yaml");
+        std::fs::write(&rule, b"kind: \xff\xfe\n").unwrap();
+        let Reload::Invalid {
+            diagnostics,
+            fingerprint,
+        } = source.load(None)
+        else {
+            panic!("a binary rule file must be invalid");
+        };
+        assert!(
+            diagnostics.to_string().contains("not UTF-8"),
+            "{diagnostics}"
+        );
+        assert!(matches!(source.load(Some(&fingerprint)), Reload::Unchanged));
+        std::fs::write(&rule, RULE).unwrap();
+        assert!(matches!(source.load(Some(&fingerprint)), Reload::Valid(_)));
     }
 }
