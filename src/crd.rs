@@ -306,7 +306,7 @@ pub async fn install(client: &kube::Client, set: &crate::rules::RuleSet) -> Vec<
                 continue;
             }
         }
-        let params = PatchParams::apply(crate::reconcile::FIELD_MANAGER).force();
+        let params = PatchParams::apply(crate::meta::FIELD_MANAGER).force();
         if let Err(e) = api.patch(&name, &params, &Patch::Apply(&desired)).await {
             let msg = format!("CRD {name}: {e}");
             tracing::error!(rule = %rule.name, "{msg}");

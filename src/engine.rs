@@ -23,7 +23,8 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::admission::{Admitted, CacheBudget, CacheLimits};
 use crate::reconcile::wire::Wire;
-use crate::reconcile::{self, ChildKind, RuleContext, WriteGate};
+use crate::reconcile::writer::{Deleted, WriteError, Writer};
+use crate::reconcile::{self, ChildKind, ContextParts, ParentKind, RuleContext, WriteGate};
 use crate::render::{CompiledRule, labels};
 use crate::rules::{RuleSet, split_api_version};
 
@@ -331,8 +332,9 @@ async fn prune_dropped_kinds(
     metrics: Arc<Metrics>,
     gate: Arc<dyn WriteGate>,
 ) {
-    use kube::api::{DeleteParams, ListParams, Preconditions};
+    use kube::api::ListParams;
     let name = &rule.name;
+    let writer = Writer::new(gate, metrics.clone(), name);
     let selector = format!(
         "{}={},{}={}",
         labels::MANAGED_BY,
@@ -359,26 +361,19 @@ async fn prune_dropped_kinds(
         };
         for o in list.items.iter().filter(|o| child_of_rule(o, &rule)) {
             let child = o.name_any();
-            if !gate.may_write() {
-                warn!(rule = %name, %kind, "not pruning children of a dropped kind: not the leader");
-                return;
-            }
             let api = kind_api(&client, &ar, namespaced, o.namespace().as_deref());
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: o.uid(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::background()
-            };
-            match api.delete(&child, &dp).await {
-                Ok(_) => {
-                    metrics.write(name, "delete");
+            match writer.delete(&api, &child, o.uid()).await {
+                Ok(Deleted::Deleted) => {
                     metrics
                         .children_pruned
                         .get_or_create(&metrics::rule(name))
                         .inc();
                     info!(rule = %name, %kind, %child, "pruned: the rule no longer has this kind of child");
+                }
+                Ok(Deleted::Gone) => {}
+                Err(WriteError::NotLeader) => {
+                    warn!(rule = %name, %kind, "not pruning children of a dropped kind: not the leader");
+                    return;
                 }
                 Err(e) => warn!(rule = %name, %kind, %child, error = %e, "cannot prune"),
             }
@@ -660,21 +655,22 @@ impl RuleRunner {
         }
         drop(relisted_tx);
         controller = controller.reconcile_all_on(relisted_rx);
-        let mut ctx = RuleContext::new(
-            self.rule.clone(),
-            self.client.clone(),
-            r.parent.clone(),
-            r.parent_namespaced,
-            r.status_subresource,
+        let ctx = Arc::new(RuleContext::new(ContextParts {
+            rule: self.rule.clone(),
+            client: self.client.clone(),
+            parent: ParentKind {
+                ar: r.parent.clone(),
+                namespaced: r.parent_namespaced,
+                status_subresource: r.status_subresource,
+            },
             kinds,
-            r.kind_of_child,
+            kind_of_child: r.kind_of_child,
             recorder,
-            self.metrics.clone(),
-            self.gate.clone(),
-        );
-        ctx.status_writes = status_writes;
-        ctx.parent_store = Some(parent_reader.clone());
-        let ctx = Arc::new(ctx);
+            metrics: self.metrics.clone(),
+            writer: Writer::new(self.gate.clone(), self.metrics.clone(), &name),
+            status_writes,
+            parent_store: parent_reader.clone(),
+        }));
         let mut stop_signal = stopped.clone();
         let shutdown = async move {
             let _ = stop_signal.wait_for(|s| *s).await;

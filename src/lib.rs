@@ -9,6 +9,7 @@ pub mod crd;
 pub mod engine;
 pub mod http;
 pub mod leader;
+pub mod meta;
 pub mod metrics;
 pub mod operator;
 pub mod rbac;

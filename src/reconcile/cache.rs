@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
 use kube::api::DynamicObject;
 use serde_json::{Map, Value as Json};
 
-use super::FIELD_MANAGER;
+use crate::meta::FIELD_MANAGER;
 
 /// Parents are cached without managedFields and the last-applied annotation.
 pub fn strip_parent(o: &mut DynamicObject) {

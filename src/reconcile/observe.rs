@@ -12,10 +12,12 @@ use kube::runtime::controller::Action;
 use serde_json::value::RawValue;
 use serde_json::{Value as Json, json};
 
+use super::cache;
+use super::context::RuleContext;
+use super::error::ReconcileError;
+use super::status::write_status;
 use super::wire::is_stub;
-use super::{ReconcileError, RuleContext, cache, write_status};
 use crate::metrics;
-use crate::render::status::ConditionState;
 use crate::render::{DesiredChild, Observed, RenderError};
 
 pub(super) type Live = Vec<(usize, Arc<DynamicObject>)>;
@@ -65,7 +67,7 @@ pub(super) fn confine_to_rendered_namespaces(
     let Ok(desired) = &rendered else {
         return Confined::Same(rendered, live, observed);
     };
-    if ctx.parent_namespaced {
+    if ctx.parent.namespaced {
         return Confined::Same(rendered, live, observed);
     }
     let namespaces: HashSet<&str> = desired
@@ -101,19 +103,19 @@ pub(super) async fn unreadable_parent(
         .inc();
     let message = format!(
         "{} {} cannot be read: its content is nested more deeply than Rulebook reads ({} levels); nothing is rendered for it",
-        ctx.parent_ar.kind,
+        ctx.parent.ar.kind,
         parent.name_any(),
         super::wire::MAX_DEPTH
     );
     let minimal = json!({
-        "apiVersion": ctx.parent_ar.api_version,
-        "kind": ctx.parent_ar.kind,
+        "apiVersion": ctx.parent.ar.api_version,
+        "kind": ctx.parent.ar.kind,
         "metadata": serde_json::to_value(&parent.metadata).unwrap_or(Json::Null),
         "status": status_of(parent),
     });
-    let state = ConditionState::new(false, "InvalidParent", &message);
-    write_status(ctx, parent, &minimal, None, &state).await?;
-    Err(ReconcileError::Invalid(message))
+    let err = ReconcileError::InvalidParent(message);
+    write_status(ctx, parent, &minimal, None, &err.condition()).await?;
+    Err(err)
 }
 
 /// The `status` of a cached object read on its own (its spec may be what is too deep).

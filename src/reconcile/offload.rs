@@ -12,7 +12,8 @@ use std::sync::{Arc, LazyLock};
 use serde_json::Value as Json;
 use tokio::sync::Semaphore;
 
-use super::{ReconcileError, RuleContext};
+use super::context::RuleContext;
+use super::error::ReconcileError;
 use crate::render::{DesiredChild, Observed, RenderError, Scope, StatusReport};
 
 static SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {

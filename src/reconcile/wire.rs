@@ -27,7 +27,7 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value as Json;
 use serde_json::value::RawValue;
 
-use super::FIELD_MANAGER;
+use crate::meta::FIELD_MANAGER;
 use crate::render::labels;
 
 /// A watched object as decoded: typed metadata, the rest as raw JSON text. `CHILD`

@@ -321,9 +321,4 @@ impl KindRef {
     }
 }
 
-pub fn split_api_version(api_version: &str) -> (&str, &str) {
-    match api_version.rsplit_once('/') {
-        Some((g, v)) => (g, v),
-        None => ("", api_version),
-    }
-}
+pub use crate::meta::split_api_version;

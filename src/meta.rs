@@ -1,0 +1,65 @@
+//! The shared vocabulary: the names Rulebook writes on objects (labels, annotations, the
+//! field manager) and the small helpers for Kubernetes names that every layer uses. A
+//! leaf: it imports nothing of Rulebook's, so every other module may import it.
+
+/// The field manager of every apply, and the `managedFields` entry the drift check reads.
+pub const FIELD_MANAGER: &str = "rulebook";
+
+/// Labels and annotations Rulebook puts on every child.
+pub mod labels {
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+    pub const MANAGED_BY_VALUE: &str = "rulebook";
+    pub const RULE: &str = "rulebook.dev/rule";
+    /// The UID of the parent; with the controller ownerReference, what pruning trusts.
+    pub const OWNER: &str = "rulebook.dev/owner";
+    /// The rule's child name (`spec.children[].name`) that produced the object.
+    pub const CHILD: &str = "rulebook.dev/child";
+    /// The rule version (content hash of the rule and its templates) that produced the object.
+    pub const RULE_VERSION: &str = "rulebook.dev/rule-version";
+    /// The hash of the desired object as last applied.
+    pub const DESIRED_HASH: &str = "rulebook.dev/desired-hash";
+    /// The `forEach` index of the object.
+    pub const INDEX: &str = "rulebook.dev/index";
+
+    /// The label selector of a rule's children: `managed-by=rulebook,rule=<rule>`.
+    pub fn child_selector(rule: &str) -> String {
+        format!("{MANAGED_BY}={MANAGED_BY_VALUE},{RULE}={rule}")
+    }
+}
+
+/// `group/version` → `(group, version)`; the core group is `""`.
+pub fn split_api_version(api_version: &str) -> (&str, &str) {
+    match api_version.rsplit_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", api_version),
+    }
+}
+
+/// An RFC 1123 label: lower-case alphanumerics and `-`, at most 63, not starting or
+/// ending with `-`.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// The plural Kubernetes uses for a kind it has no CRD for here (its own rule for
+/// built-in kinds: lower case, `s` → `ses`, `y` → `ies`, else `s`).
+pub fn guess_plural(kind: &str) -> String {
+    let lower = kind.to_lowercase();
+    if lower == "endpoints" {
+        return lower;
+    }
+    if lower.ends_with('s') || lower.ends_with("ch") || lower.ends_with('x') {
+        format!("{lower}es")
+    } else if let Some(stem) = lower.strip_suffix('y')
+        && !stem.ends_with(['a', 'e', 'i', 'o', 'u'])
+    {
+        format!("{stem}ies")
+    } else {
+        format!("{lower}s")
+    }
+}

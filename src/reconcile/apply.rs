@@ -1,0 +1,212 @@
+//! Stage 3 of a reconcile: each desired child, in rule order, is found (cache, else a
+//! GET — a name not in the cache may belong to a foreign object), planned
+//! ([`super::plan::plan_child`]) and, when the plan says so, applied with one server-side
+//! apply. Drift repairs pass the fight check first.
+
+use std::time::Instant;
+
+use kube::api::{Api, DynamicObject};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use serde_json::Value as Json;
+use tracing::{info, warn};
+
+use super::cache;
+use super::context::{ChildKind, RuleContext, lock};
+use super::drift::{Drift, fields_cover};
+use super::error::ReconcileError;
+use super::events::{Change, other_managers};
+use super::plan::{ChildStep, Live, plan_child};
+use super::wire::{self, is_stub};
+use super::writer::WriteError;
+use crate::meta::FIELD_MANAGER;
+use crate::metrics;
+use crate::render::DesiredChild;
+
+/// Where a desired child lives: its API, its cache key, and how messages name it.
+pub(super) struct Target<'a> {
+    pub kind: &'a ChildKind,
+    pub api: Api<DynamicObject>,
+    pub oref: ObjectRef<DynamicObject>,
+    pub name: String,
+    pub what: String,
+}
+
+pub(super) fn target<'a>(
+    ctx: &'a RuleContext,
+    namespace: Option<&str>,
+    d: &DesiredChild,
+) -> Target<'a> {
+    let kind = ctx.kind_of(d.child);
+    let name = d.object_name().to_string();
+    let ns = if kind.namespaced {
+        d.object
+            .pointer("/metadata/namespace")
+            .and_then(Json::as_str)
+            .or(namespace)
+    } else {
+        None
+    };
+    let what = match ns {
+        Some(ns) => format!("{} {ns}/{name}", d.kind()),
+        None => format!("{} {name}", d.kind()),
+    };
+    let api = kind.api(&ctx.client, ns);
+    let mut oref = ObjectRef::new_with(&name, kind.ar.clone());
+    if let Some(ns) = ns {
+        oref = oref.within(ns);
+    }
+    Target {
+        kind,
+        api,
+        oref,
+        name,
+        what,
+    }
+}
+
+/// What a GET found for a desired child that the cache does not hold (with content).
+pub(super) type Lookup = Option<Result<Option<DynamicObject>, kube::Error>>;
+
+/// GETs the desired children the cache does not hold, a few at a time, in rule order.
+/// Done up front so that a new parent costs one round trip of reads, not one per child.
+pub(super) async fn look_up_uncached(
+    ctx: &RuleContext,
+    namespace: Option<&str>,
+    desired: &[DesiredChild],
+) -> Vec<Lookup> {
+    use futures::StreamExt;
+    let lookups: Vec<_> = desired.iter().map(|d| look_up(ctx, namespace, d)).collect();
+    futures::stream::iter(lookups).buffered(8).collect().await
+}
+
+async fn look_up(ctx: &RuleContext, namespace: Option<&str>, d: &DesiredChild) -> Lookup {
+    let t = target(ctx, namespace, d);
+    match t.kind.store.get(&t.oref) {
+        Some(o) if !is_stub(&o) => None,
+        _ => Some(t.api.get_opt(&t.name).await),
+    }
+}
+
+/// Applies one desired child when the plan says so. `lookup` is what
+/// [`look_up_uncached`] found for it; `seen` whether the reconcile observed it.
+pub(super) async fn apply_child(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+    namespace: Option<&str>,
+    d: &DesiredChild,
+    lookup: Lookup,
+    seen: bool,
+) -> Result<Option<Change>, ReconcileError> {
+    let Target {
+        kind,
+        api,
+        oref,
+        name,
+        what,
+    } = target(ctx, namespace, d);
+    let child_spec = &ctx.rule.children()[d.child];
+
+    let cached = kind.store.get(&oref).filter(|o| !is_stub(o));
+    let fetched = match (&cached, lookup) {
+        (Some(_), _) => None,
+        (None, Some(found)) => Some(found),
+        (None, None) => Some(api.get_opt(&name).await),
+    };
+    let fetched = match fetched.transpose() {
+        Ok(f) => f.flatten(),
+        Err(e) => return Err(ReconcileError::Read { what, source: e }),
+    };
+    let live = match (&cached, &fetched) {
+        (Some(o), _) => Live::Cached(o),
+        (None, Some(o)) => Live::Fetched(o),
+        (None, None) => Live::Absent,
+    };
+    let live_object: Option<&DynamicObject> = match live {
+        Live::Cached(o) | Live::Fetched(o) => Some(o),
+        Live::Absent => None,
+    };
+    let live_uid = live_object.and_then(|o| o.uid()).unwrap_or_default();
+    let hash_only = lock(&ctx.hash_only).contains(&live_uid);
+
+    let why = match plan_child(uid, child_spec.adopt, live, seen, d, hash_only) {
+        ChildStep::UpToDate { report } => {
+            // If it came from a GET, or reached the cache after this reconcile read the
+            // parent's children, the status must see it all the same.
+            return Ok(match (report, live_object) {
+                (true, Some(o)) => Some(Change {
+                    reason: "Fetched",
+                    what,
+                    related: o.object_ref(&kind.ar),
+                    object: cache::to_json(o),
+                }),
+                _ => None,
+            });
+        }
+        ChildStep::Conflict { owner } => {
+            let msg = if child_spec.adopt {
+                format!(
+                    "{what} already exists and {owner}; Rulebook adopts only objects that have no controller and no other parent's label"
+                )
+            } else {
+                format!(
+                    "{what} already exists and {owner}; Rulebook leaves it alone (set `adopt: true` on child '{}' to take it over)",
+                    d.name
+                )
+            };
+            return Err(ReconcileError::Conflict(msg));
+        }
+        ChildStep::Unreadable => {
+            return Err(ReconcileError::InvalidChild(format!(
+                "{what} cannot be read: its content is nested more deeply than Rulebook reads ({} levels)",
+                wire::MAX_DEPTH
+            )));
+        }
+        ChildStep::Apply { why, .. } => why,
+    };
+
+    if why == Drift::FieldsChanged {
+        // Someone else keeps changing fields Rulebook manages: repair, but not in a hot loop.
+        let by = || {
+            live_object
+                .and_then(cache::to_json)
+                .as_ref()
+                .map(other_managers)
+                .unwrap_or_default()
+        };
+        ctx.fights
+            .before_repair(&live_uid, &what, by, &ctx.backoff, Instant::now())?;
+    }
+
+    let applied = match ctx.writer.apply(&api, &name, &d.object).await {
+        Ok(o) => o,
+        Err(WriteError::NotLeader) => return Err(ReconcileError::NotLeader),
+        Err(WriteError::Api(e)) => return Err(ReconcileError::Apply { what, source: e }),
+    };
+    ctx.metrics
+        .children_applied
+        .get_or_create(&metrics::rule(&ctx.rule.name))
+        .inc();
+    if let Ok(applied_json) = serde_json::to_value(&applied)
+        && !fields_cover(&applied_json, &d.object, FIELD_MANAGER)
+        && let Some(u) = applied.uid()
+    {
+        // The API server recorded the fields differently than the check reads them:
+        // rely on the hash alone for this object rather than re-applying forever.
+        warn!(child = %what, "managed fields do not mirror the desired object; checking it by hash only (hand edits of it will not be reverted)");
+        lock(&ctx.hash_only).insert(u);
+    }
+    let (reason, verb) = match why {
+        Drift::Missing => ("Created", "created"),
+        Drift::DesiredChanged => ("Updated", "updated"),
+        Drift::FieldsChanged => ("Repaired", "repaired (fields changed by someone else)"),
+    };
+    info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "{verb}");
+    Ok(Some(Change {
+        reason,
+        what,
+        related: applied.object_ref(&kind.ar),
+        object: serde_json::to_value(&applied).ok(),
+    }))
+}

@@ -1,0 +1,235 @@
+//! What every reconcile of one rule shares: the resolved kinds and their caches, the
+//! writer, the recorder, and the little memory kept per parent and per child (failures,
+//! last warnings, fights, children checked by hash only). Built once per running rule,
+//! from what the engine resolved.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, ResourceExt};
+
+use super::fight::Fights;
+use super::index::OwnerIndex;
+use super::plan::controlled_by;
+use super::status::StatusWrites;
+use super::writer::Writer;
+use crate::meta::labels;
+use crate::metrics::Metrics;
+use crate::render::{CompiledRule, Scope};
+
+/// A kind a rule's children have, with the cache of the rule's children of that kind.
+pub struct ChildKind {
+    pub ar: ApiResource,
+    pub namespaced: bool,
+    pub store: Store<DynamicObject>,
+    /// The cached children by owner UID.
+    pub index: Arc<OwnerIndex>,
+}
+
+impl ChildKind {
+    pub fn api(&self, client: &Client, namespace: Option<&str>) -> Api<DynamicObject> {
+        match (self.namespaced, namespace) {
+            (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &self.ar),
+            _ => Api::all_with(client.clone(), &self.ar),
+        }
+    }
+}
+
+/// The parent kind as the engine resolved it.
+pub struct ParentKind {
+    pub ar: ApiResource,
+    pub namespaced: bool,
+    /// Whether the kind has a status subresource (else no status can be written).
+    pub status_subresource: bool,
+}
+
+/// Everything the engine resolved for a rule, to build its [`RuleContext`] from.
+pub struct ContextParts {
+    pub rule: Arc<CompiledRule>,
+    pub client: Client,
+    pub parent: ParentKind,
+    pub kinds: Vec<ChildKind>,
+    /// Child index in the rule → index in `kinds`.
+    pub kind_of_child: Vec<usize>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub writer: Writer,
+    /// Shared with the parent watch, which tells it about status writes and deletions.
+    pub status_writes: Arc<StatusWrites>,
+    /// The parent cache, to reconcile the newest cached version of a parent.
+    pub parent_store: Store<DynamicObject>,
+}
+
+/// Everything one rule's reconciles share.
+pub struct RuleContext {
+    pub rule: Arc<CompiledRule>,
+    pub client: Client,
+    pub parent: ParentKind,
+    pub kinds: Vec<ChildKind>,
+    pub kind_of_child: Vec<usize>,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub writer: Writer,
+    pub backoff: BackoffPolicy,
+    pub status_writes: Arc<StatusWrites>,
+    pub parent_store: Store<DynamicObject>,
+    pub(super) failures: Mutex<HashMap<String, u32>>,
+    pub(super) hash_only: Mutex<HashSet<String>>,
+    pub(super) last_warning: Mutex<HashMap<String, String>>,
+    pub(super) fights: Fights,
+}
+
+/// Children checked by hash only, remembered at most (then forgotten and found again).
+const HASH_ONLY_MAX: usize = 10_000;
+
+impl RuleContext {
+    pub fn new(p: ContextParts) -> RuleContext {
+        RuleContext {
+            rule: p.rule,
+            client: p.client,
+            parent: p.parent,
+            kinds: p.kinds,
+            kind_of_child: p.kind_of_child,
+            recorder: p.recorder,
+            metrics: p.metrics,
+            writer: p.writer,
+            backoff: BackoffPolicy::default(),
+            status_writes: p.status_writes,
+            parent_store: p.parent_store,
+            failures: Mutex::default(),
+            hash_only: Mutex::default(),
+            last_warning: Mutex::default(),
+            fights: Fights::default(),
+        }
+    }
+
+    /// The cache of rule child `child`'s kind.
+    pub fn kind_of(&self, child: usize) -> &ChildKind {
+        &self.kinds[self.kind_of_child[child]]
+    }
+
+    pub fn scope(&self, child: usize) -> Scope {
+        match self
+            .kind_of_child
+            .get(child)
+            .and_then(|k| self.kinds.get(*k))
+        {
+            Some(k) if !k.namespaced => Scope::Cluster,
+            _ => Scope::Namespaced,
+        }
+    }
+
+    /// This parent's children in the caches: labelled with its UID and controlled by it,
+    /// and — for a namespaced parent — in its namespace. (An object elsewhere that claims
+    /// the parent's UID is someone else's: ownerReferences never cross namespaces.)
+    pub fn owned_children(
+        &self,
+        uid: &str,
+        parent_ns: Option<&str>,
+    ) -> Vec<(usize, Arc<DynamicObject>)> {
+        let mut out = Vec::new();
+        for (k, kind) in self.kinds.iter().enumerate() {
+            for (ns, name) in kind.index.owned_by(uid) {
+                if self.parent.namespaced && kind.namespaced && ns.as_deref() != parent_ns {
+                    continue;
+                }
+                let mut oref = ObjectRef::new_with(&name, kind.ar.clone());
+                if let Some(ns) = ns {
+                    oref = oref.within(&ns);
+                }
+                if let Some(o) = kind.store.get(&oref)
+                    && o.labels().get(labels::OWNER).map(String::as_str) == Some(uid)
+                    && controlled_by(&o, uid)
+                {
+                    out.push((k, o));
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether every child cache has completed its first listing.
+    pub fn children_listed(&self) -> bool {
+        use futures::FutureExt;
+        self.kinds
+            .iter()
+            .all(|k| matches!(k.store.wait_until_ready().now_or_never(), Some(Ok(()))))
+    }
+
+    pub fn note_success(&self, uid: &str) {
+        lock(&self.failures).remove(uid);
+        lock(&self.last_warning).remove(uid);
+    }
+
+    /// Counts a failure of parent `uid`; returns how many in a row.
+    pub fn note_failure(&self, uid: &str) -> u32 {
+        let mut f = lock(&self.failures);
+        let n = f.entry(uid.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    }
+
+    /// Forgets what is remembered of parents that were deleted (failures, warnings), and
+    /// bounds what is remembered of children, so per-object memory does not only grow.
+    pub fn forget_gone(&self) {
+        let gone = self.status_writes.take_gone();
+        if !gone.is_empty() {
+            let mut failures = lock(&self.failures);
+            let mut warnings = lock(&self.last_warning);
+            for uid in &gone {
+                failures.remove(uid);
+                warnings.remove(uid);
+            }
+        }
+        let mut hash_only = lock(&self.hash_only);
+        if hash_only.len() > HASH_ONLY_MAX {
+            hash_only.clear();
+        }
+    }
+}
+
+/// Per-object exponential backoff after failures.
+#[derive(Clone, Debug)]
+pub struct BackoffPolicy {
+    pub base: Duration,
+    pub max: Duration,
+}
+
+impl Default for BackoffPolicy {
+    fn default() -> Self {
+        BackoffPolicy {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl BackoffPolicy {
+    pub fn delay(&self, failures: u32) -> Duration {
+        let exp = failures.saturating_sub(1).min(20);
+        let d = self.base.saturating_mul(1u32 << exp);
+        d.min(self.max)
+    }
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let p = BackoffPolicy::default();
+        assert_eq!(p.delay(1), Duration::from_secs(1));
+        assert_eq!(p.delay(2), Duration::from_secs(2));
+        assert_eq!(p.delay(5), Duration::from_secs(16));
+        assert_eq!(p.delay(30), Duration::from_secs(300));
+    }
+}

@@ -1,0 +1,199 @@
+//! What a reconcile tells people: Events on the parent (one per kind of change, not one
+//! per child; a repeated warning once), and the children as the reconcile left them,
+//! for the status it writes next.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use kube::api::DynamicObject;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::Value as Json;
+
+use super::context::{RuleContext, lock};
+use crate::meta::FIELD_MANAGER;
+use crate::render::Observed;
+
+/// An event on the parent.
+pub(super) fn event(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    event_about(ctx, parent, None, type_, reason, action, note)
+}
+
+/// An event on the parent; `related` names the child it is about, which also keeps
+/// events about different children apart (events are deduplicated by reason and object).
+pub(super) fn event_about(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    related: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    type_: EventType,
+    reason: &str,
+    action: &str,
+    note: String,
+) {
+    if !ctx.writer.may_write() {
+        return; // events are writes too
+    }
+    if type_ == EventType::Warning {
+        let key = parent.uid().unwrap_or_default();
+        let text = format!("{reason}:{note}");
+        let mut last = lock(&ctx.last_warning);
+        if last.get(&key) == Some(&text) {
+            return; // the same warning again says nothing new
+        }
+        last.insert(key, text);
+    }
+    let reference = parent.object_ref(&ctx.parent.ar);
+    let ev = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(truncate(&note, 1000)),
+        action: action.to_string(),
+        secondary: related,
+    };
+    ctx.writer.publish(&ctx.recorder, ev, reference);
+}
+
+/// What one apply or prune did, for the reconcile's events and its status.
+pub(super) struct Change {
+    /// `Created`, `Updated`, `Repaired` or `Pruned`; `Fetched` for an up-to-date child
+    /// that the reconcile's first read of the cache did not include (no event, status only).
+    pub reason: &'static str,
+    pub what: String,
+    pub related: k8s_openapi::api::core::v1::ObjectReference,
+    /// The object as the API server returned it (applies only).
+    pub object: Option<Json>,
+}
+
+/// The live children after this reconcile's applies and prunes.
+pub(super) fn observed_after(observed: &Observed, changes: &[Change]) -> Observed {
+    let key_of = |c: &Change| Some((c.related.kind.clone()?, c.related.name.clone()?));
+    let applied: HashMap<(String, String), &Json> = changes
+        .iter()
+        .filter_map(|c| Some((key_of(c)?, c.object.as_ref()?)))
+        .collect();
+    let pruned: HashSet<(String, String)> = changes
+        .iter()
+        .filter(|c| c.object.is_none())
+        .filter_map(key_of)
+        .collect();
+    let mut objects: Vec<Json> = Vec::new();
+    let mut seen = HashSet::new();
+    for o in observed.children.values().flatten() {
+        let key = (
+            o["kind"].as_str().unwrap_or("").to_string(),
+            o["metadata"]["name"].as_str().unwrap_or("").to_string(),
+        );
+        if pruned.contains(&key) {
+            continue;
+        }
+        objects.push(
+            applied
+                .get(&key)
+                .map_or_else(|| o.clone(), |fresh| (*fresh).clone()),
+        );
+        seen.insert(key);
+    }
+    for (key, fresh) in &applied {
+        if !seen.contains(key) {
+            objects.push((*fresh).clone());
+        }
+    }
+    Observed::from_objects(objects)
+}
+
+/// One Normal event per kind of change in a reconcile (not one per child: events are
+/// writes too), naming every child it concerns.
+pub(super) fn report_changes(ctx: &RuleContext, parent: &DynamicObject, changes: &[Change]) {
+    for reason in ["Created", "Updated", "Repaired", "Pruned"] {
+        let these: Vec<&Change> = changes.iter().filter(|c| c.reason == reason).collect();
+        let Some(first) = these.first() else { continue };
+        let verb = match reason {
+            "Created" => "created",
+            "Updated" => "updated",
+            "Repaired" => "repaired (fields changed by someone else)",
+            _ => "pruned (no longer rendered)",
+        };
+        let list: Vec<&str> = these.iter().map(|c| c.what.as_str()).collect();
+        let action = if reason == "Pruned" { "Prune" } else { "Apply" };
+        event_about(
+            ctx,
+            parent,
+            (these.len() == 1).then(|| first.related.clone()),
+            EventType::Normal,
+            reason,
+            action,
+            format!("{}: {verb}", list.join(", ")),
+        );
+    }
+}
+
+/// Managers other than Rulebook that hold fields of the object, most recent first.
+pub(super) fn other_managers(live: &Json) -> String {
+    let mut names: Vec<(String, String)> = live
+        .pointer("/metadata/managedFields")
+        .and_then(Json::as_array)
+        .map(|entries| {
+            entries
+                .iter()
+                .filter_map(|e| {
+                    let m = e.get("manager")?.as_str()?;
+                    (m != FIELD_MANAGER).then(|| {
+                        (
+                            e.get("time")
+                                .and_then(Json::as_str)
+                                .unwrap_or("")
+                                .to_string(),
+                            m.to_string(),
+                        )
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names.reverse();
+    let list: Vec<String> = names
+        .into_iter()
+        .map(|(_, m)| m)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if list.is_empty() {
+        "another client".into()
+    } else {
+        format!("field manager {}", list.join(", "))
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn other_managers_are_named_newest_first() {
+        let live = json!({"metadata": {"managedFields": [
+            {"manager": "rulebook", "operation": "Apply", "time": "2026-01-01T00:00:03Z"},
+            {"manager": "kubectl-edit", "operation": "Update", "time": "2026-01-01T00:00:02Z"},
+        ]}});
+        assert_eq!(other_managers(&live), "field manager kubectl-edit");
+        assert_eq!(other_managers(&json!({})), "another client");
+    }
+}

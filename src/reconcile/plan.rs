@@ -1,0 +1,168 @@
+//! The decisions of a reconcile, as pure functions of what it observed: for each desired
+//! child whether to apply it (and why), leave it, or refuse it; which owned children to
+//! prune; whether the parent's status needs a write. No API calls, no locks, no clock:
+//! the stages in `apply.rs`, `prune.rs` and `status.rs` carry the plan out, and
+//! `tests/plan.rs` specifies it with objects built in code.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+use serde_json::{Map, Value as Json};
+
+use super::cache;
+use super::drift::{Drift, drift};
+use crate::meta::{FIELD_MANAGER, labels};
+use crate::render::DesiredChild;
+use crate::render::status::{self, ConditionState};
+
+/// What a reconcile found under a desired child's name.
+#[derive(Clone, Copy, Debug)]
+pub enum Live<'a> {
+    Absent,
+    /// In the cache (with content).
+    Cached(&'a DynamicObject),
+    /// Read from the API server: not cached yet, or cached without content.
+    Fetched(&'a DynamicObject),
+}
+
+/// What to do about one desired child.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChildStep {
+    /// Nothing to write. `report`: the status must see this object all the same (it was
+    /// read from the API server, or reached the cache after the reconcile read its children).
+    UpToDate { report: bool },
+    /// Apply it: missing, changed, or drifted; `adopt` when it takes over an object
+    /// without a controller.
+    Apply { why: Drift, adopt: bool },
+    /// An object of that name belongs to someone else: leave it alone.
+    Conflict { owner: String },
+    /// The live object's content cannot be read (nested too deeply).
+    Unreadable,
+}
+
+/// The step for one desired child of the parent with UID `parent_uid`. `seen`: the object
+/// was among the children the reconcile observed (and rendered with); `hash_only`: the
+/// drift check trusts the desired-hash annotation alone for this object.
+pub fn plan_child(
+    parent_uid: &str,
+    adopt: bool,
+    live: Live<'_>,
+    seen: bool,
+    desired: &DesiredChild,
+    hash_only: bool,
+) -> ChildStep {
+    let (object, fetched) = match live {
+        Live::Absent => (None, false),
+        Live::Cached(o) => (Some(o), false),
+        Live::Fetched(o) => (Some(o), true),
+    };
+    let object = match object {
+        Some(o) if controlled_by(o, parent_uid) => Some(o),
+        Some(o) if may_adopt(adopt, o, parent_uid) => {
+            return ChildStep::Apply {
+                why: Drift::Missing,
+                adopt: true,
+            };
+        }
+        Some(o) => {
+            return ChildStep::Conflict {
+                owner: owner_description(o),
+            };
+        }
+        None => None,
+    };
+    let live_json = object.and_then(cache::to_json);
+    if object.is_some() && live_json.is_none() {
+        return ChildStep::Unreadable;
+    }
+    match drift(
+        live_json.as_ref(),
+        &desired.hash,
+        &desired.object,
+        FIELD_MANAGER,
+        hash_only,
+    ) {
+        None => ChildStep::UpToDate {
+            report: object.is_some() && (fetched || !seen),
+        },
+        Some(why) => ChildStep::Apply { why, adopt: false },
+    }
+}
+
+/// The positions in `owned` (this parent's live children, by kind index) of those no
+/// desired child names: `desired` as `(kind index, namespace, name)`.
+pub fn plan_prunes(
+    desired: &[(usize, Option<&str>, &str)],
+    owned: &[(usize, Arc<DynamicObject>)],
+) -> Vec<usize> {
+    let wanted: HashSet<(usize, Option<&str>, &str)> = desired.iter().copied().collect();
+    owned
+        .iter()
+        .enumerate()
+        .filter(|(_, (k, o))| {
+            let ns = o.metadata.namespace.as_deref();
+            let name = o.metadata.name.as_deref().unwrap_or("");
+            !wanted.contains(&(*k, ns, name))
+        })
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The status to write, or `None` when the parent already has it. `live` is the parent as
+/// the API server holds it (its status possibly Rulebook's own last write); `managed` are
+/// the status fields the rule owns; `fields` the values computed now.
+pub fn plan_status(
+    live: &Json,
+    managed: &[&str],
+    fields: &Map<String, Json>,
+    ready: &ConditionState,
+    now: &str,
+) -> Option<Json> {
+    let desired = status::desired_status(live, fields, ready, now);
+    let live_status = live.get("status");
+    let stale_field = managed
+        .iter()
+        .any(|k| !fields.contains_key(*k) && live_status.and_then(|s| s.get(*k)).is_some());
+    if !stale_field && status::status_matches(live_status, &desired) {
+        None
+    } else {
+        Some(desired)
+    }
+}
+
+pub fn controlled_by(o: &DynamicObject, uid: &str) -> bool {
+    o.owner_references()
+        .iter()
+        .any(|r| r.uid == uid && r.controller == Some(true))
+}
+
+/// Whether a child with `adopt: true` may take over `o`: only an object without any
+/// controller, and never one labelled as another parent's child (a tenant could name a
+/// parent so that its child's name is another parent's child, or any object it wants).
+pub fn may_adopt(adopt: bool, o: &DynamicObject, uid: &str) -> bool {
+    adopt
+        && !o
+            .owner_references()
+            .iter()
+            .any(|r| r.controller == Some(true))
+        && o.labels()
+            .get(labels::OWNER)
+            .is_none_or(|owner| owner == uid)
+}
+
+/// Who an object that is not this parent's belongs to, for the conflict message.
+pub fn owner_description(o: &DynamicObject) -> String {
+    match o
+        .owner_references()
+        .iter()
+        .find(|r| r.controller == Some(true))
+    {
+        Some(r) => format!("is controlled by {} {}", r.kind, r.name),
+        None if o.labels().contains_key(labels::OWNER) => {
+            "is labelled as another parent's child".to_string()
+        }
+        None => "was not created by Rulebook for this parent".to_string(),
+    }
+}

@@ -1,0 +1,264 @@
+//! The parent's status: computed by the rule, compared with what the parent has (or
+//! with Rulebook's own last write, when the cache has not caught up with it), written
+//! with one server-side apply to the status subresource only when it differs.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::events::EventType;
+use serde_json::{Value as Json, json};
+use tracing::debug;
+
+use super::context::{RuleContext, lock};
+use super::error::{ReconcileError, is_not_found};
+use super::events::event;
+use super::plan::plan_status;
+use super::writer::WriteError;
+use crate::render::status::ConditionState;
+
+/// The status last written per parent UID, with the parent's resourceVersion after the
+/// write. A reconcile works on the parent as cached when it started, which may predate
+/// Rulebook's last status write even after the cache has caught up, so an entry is kept
+/// for [`STATUS_WRITE_KEEP`] after the parent watch has delivered the write
+/// ([`StatusWrites::observe`]); the status itself is held as compact JSON text.
+#[derive(Default)]
+pub struct StatusWrites {
+    written: Mutex<HashMap<String, StatusWrite>>,
+    /// UIDs of parents deleted since the last reconcile: their per-parent memory goes.
+    gone: Mutex<Vec<String>>,
+}
+
+struct StatusWrite {
+    rv: u64,
+    status: String,
+    at: Instant,
+    /// The parent watch has delivered this write (or a later version).
+    seen: bool,
+}
+
+/// How long a status write is remembered after the cache has it.
+const STATUS_WRITE_KEEP: Duration = Duration::from_secs(30);
+/// How long one is remembered at most (its watch event may never come: parent deleted).
+const STATUS_WRITE_MAX: Duration = Duration::from_secs(600);
+
+impl StatusWrites {
+    /// Notes writes the cache now holds; forgets those of deleted parents.
+    pub fn observe(&self, event: &kube::runtime::watcher::Event<DynamicObject>) {
+        use kube::runtime::watcher::Event;
+        let (o, deleted) = match event {
+            // Not `InitApply`: the cache holds a relisted object only from `InitDone` on.
+            Event::Apply(o) => (o, false),
+            Event::Delete(o) => (o, true),
+            _ => return,
+        };
+        let Some(uid) = o.uid() else { return };
+        let mut written = lock(&self.written);
+        if deleted {
+            written.remove(&uid);
+            lock(&self.gone).push(uid);
+        } else if let Some(w) = written.get_mut(&uid)
+            && resource_version(o).is_none_or(|seen| seen >= w.rv)
+        {
+            w.seen = true;
+        }
+    }
+
+    pub(super) fn record(&self, uid: String, rv: u64, status: &Json) {
+        let mut written = lock(&self.written);
+        written.insert(
+            uid,
+            StatusWrite {
+                rv,
+                status: status.to_string(),
+                at: Instant::now(),
+                seen: false,
+            },
+        );
+        // Amortised clean-up: a sweep whenever the map has grown by half since the last.
+        if written.len().is_power_of_two() && written.len() >= 64 {
+            written.retain(|_, w| {
+                let age = w.at.elapsed();
+                age < STATUS_WRITE_MAX && !(w.seen && age > STATUS_WRITE_KEEP)
+            });
+        }
+    }
+
+    /// The status of the last write of this parent if the cached parent predates it.
+    /// resourceVersions are compared as numbers (etcd revisions); a parent whose
+    /// resourceVersion is not a number is taken as it is cached.
+    pub(super) fn newer_than(&self, uid: &str, cached: &DynamicObject) -> Option<Json> {
+        let written = lock(&self.written);
+        let w = written.get(uid)?;
+        match resource_version(cached) {
+            Some(seen) if seen < w.rv => serde_json::from_str(&w.status).ok(),
+            _ => None,
+        }
+    }
+
+    /// UIDs of the parents deleted since the last call.
+    pub fn take_gone(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.gone))
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.written).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn resource_version(o: &DynamicObject) -> Option<u64> {
+    o.resource_version().and_then(|v| v.parse::<u64>().ok())
+}
+
+/// Writes `.status` when it differs from what the parent has. `fields` is `None` when
+/// they could not be computed; then the parent's current values are kept.
+pub(super) async fn write_status(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    parent_json: &Json,
+    fields: Option<&serde_json::Map<String, Json>>,
+    ready: &ConditionState,
+) -> Result<(), ReconcileError> {
+    if !ctx.parent.status_subresource {
+        event(
+            ctx,
+            parent,
+            EventType::Warning,
+            "Invalid",
+            "Status",
+            format!(
+                "{} has no status subresource: Rulebook cannot write status or conditions ({}: {})",
+                ctx.parent.ar.kind, ready.reason, ready.message
+            ),
+        );
+        return Ok(());
+    }
+    let managed: Vec<&str> = ctx
+        .rule
+        .rule
+        .spec
+        .status
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let kept;
+    let fields = match fields {
+        Some(f) => f,
+        None => {
+            kept = managed
+                .iter()
+                .filter_map(|k| {
+                    parent_json
+                        .pointer(&format!("/status/{k}"))
+                        .map(|v| (k.to_string(), v.clone()))
+                })
+                .collect();
+            &kept
+        }
+    };
+    let uid = parent.uid().unwrap_or_default();
+    // A reconcile can run before Rulebook's last status write of this parent has come
+    // back on the watch; the status the API server holds is then the one written, not
+    // the cached one. Without this, a reconcile writes the same status twice, or skips
+    // a write because the stale cached status happens to match.
+    let written = ctx.status_writes.newer_than(&uid, parent);
+    let live_json = match &written {
+        Some(w) => {
+            let mut p = parent_json.clone();
+            if let Some(o) = p.as_object_mut() {
+                o.insert("status".into(), w.clone());
+            }
+            p
+        }
+        None => parent_json.clone(),
+    };
+    let Some(desired) = plan_status(&live_json, &managed, fields, ready, &now_rfc3339()) else {
+        return Ok(());
+    };
+    debug!(
+        parent = %parent.name_any(),
+        cached_rv = parent.resource_version().unwrap_or_default(),
+        after_own_write = written.is_some(),
+        "writing status"
+    );
+    let body = json!({
+        "apiVersion": ctx.parent.ar.api_version,
+        "kind": ctx.parent.ar.kind,
+        "metadata": {"name": parent.name_any()},
+        "status": desired,
+    });
+    let api: Api<DynamicObject> = match (ctx.parent.namespaced, parent.namespace()) {
+        (true, Some(ns)) => Api::namespaced_with(ctx.client.clone(), &ns, &ctx.parent.ar),
+        _ => Api::all_with(ctx.client.clone(), &ctx.parent.ar),
+    };
+    match ctx
+        .writer
+        .apply_status(&api, &parent.name_any(), &body)
+        .await
+    {
+        Ok(o) => {
+            if let Some(rv) = resource_version(&o) {
+                let st = o.data.get("status").cloned().unwrap_or(Json::Null);
+                ctx.status_writes.record(uid, rv, &st);
+            }
+            Ok(())
+        }
+        Err(WriteError::NotLeader) => Err(ReconcileError::NotLeader),
+        Err(WriteError::Api(e)) if is_not_found(&e) => Ok(()), // the parent is gone
+        Err(WriteError::Api(e)) => Err(ReconcileError::Status(e)),
+    }
+}
+
+/// The current time as the API server writes it in conditions.
+pub fn now_rfc3339() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parent_at(rv: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "x/v1", "kind": "P",
+            "metadata": {"name": "p", "uid": "u1", "resourceVersion": rv},
+            "status": {"phase": "cached"}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_status_write_counts_until_the_cache_has_caught_up() {
+        use kube::runtime::watcher::Event;
+        let w = StatusWrites::default();
+        w.record("u1".into(), 10, &json!({"phase": "written"}));
+        // A cached parent from before the write: the written status is what the server has.
+        assert_eq!(
+            w.newer_than("u1", &parent_at("9")),
+            Some(json!({"phase": "written"}))
+        );
+        assert_eq!(w.newer_than("u2", &parent_at("9")), None);
+        // From the write on, the cache is right.
+        assert_eq!(w.newer_than("u1", &parent_at("10")), None);
+        assert_eq!(w.newer_than("u1", &parent_at("not-a-number")), None);
+        // Once the cache has the write, a reconcile that started on an older version of
+        // the parent must still compare with the write.
+        w.observe(&Event::Apply(parent_at("11")));
+        assert_eq!(
+            w.newer_than("u1", &parent_at("9")),
+            Some(json!({"phase": "written"}))
+        );
+        assert_eq!(w.newer_than("u1", &parent_at("11")), None);
+        // A deleted parent is forgotten.
+        w.observe(&Event::Delete(parent_at("15")));
+        assert!(w.is_empty());
+    }
+}

@@ -1,0 +1,211 @@
+//! The one writer: every API write Rulebook makes — child applies, status applies,
+//! deletions (pruning, and the cleanup after a rule drops a kind), events — goes through
+//! [`Writer`], which asks the write gate first and counts the write. (The API client
+//! underneath refuses writes on a closed gate as well: [`super::gate::GateLayer`].)
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::runtime::events::{Event, Recorder};
+use serde_json::Value as Json;
+use tracing::debug;
+
+use super::gate::WriteGate;
+use crate::meta::FIELD_MANAGER;
+use crate::metrics::Metrics;
+
+/// Why a write did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("writes are paused (not the leader)")]
+    NotLeader,
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+}
+
+/// What a delete found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Deleted {
+    Deleted,
+    /// Already gone (or replaced by an object with another UID).
+    Gone,
+}
+
+#[derive(Clone)]
+pub struct Writer {
+    gate: Arc<dyn WriteGate>,
+    metrics: Arc<Metrics>,
+    /// The rule the writes are counted for.
+    rule: String,
+}
+
+impl Writer {
+    pub fn new(gate: Arc<dyn WriteGate>, metrics: Arc<Metrics>, rule: &str) -> Writer {
+        Writer {
+            gate,
+            metrics,
+            rule: rule.to_string(),
+        }
+    }
+
+    pub fn may_write(&self) -> bool {
+        self.gate.may_write()
+    }
+
+    fn check(&self) -> Result<(), WriteError> {
+        if self.gate.may_write() {
+            Ok(())
+        } else {
+            Err(WriteError::NotLeader)
+        }
+    }
+
+    /// Server-side apply of `body` (forced, Rulebook's field manager).
+    pub async fn apply(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        body: &Json,
+    ) -> Result<DynamicObject, WriteError> {
+        self.check()?;
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let applied = api
+            .patch(name, &params, &Patch::Apply(apply_body(body)))
+            .await?;
+        self.metrics.write(&self.rule, "apply");
+        Ok(applied)
+    }
+
+    /// Server-side apply of a parent's status subresource.
+    pub async fn apply_status(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        body: &Json,
+    ) -> Result<DynamicObject, WriteError> {
+        self.check()?;
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let applied = api
+            .patch_status(name, &params, &Patch::Apply(apply_body(body)))
+            .await?;
+        self.metrics.write(&self.rule, "apply_status");
+        Ok(applied)
+    }
+
+    /// Deletes exactly the object with `uid` (a precondition: a replacement of the same
+    /// name is never deleted), in the background.
+    pub async fn delete(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        uid: Option<String>,
+    ) -> Result<Deleted, WriteError> {
+        self.check()?;
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid,
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(name, &dp).await {
+            Ok(_) => {
+                self.metrics.write(&self.rule, "delete");
+                Ok(Deleted::Deleted)
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Deleted::Gone),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Publishes an event in the background: an event is a record for people, and the
+    /// reconcile need not wait for its round trip.
+    pub fn publish(&self, recorder: &Recorder, event: Event, about: ObjectReference) {
+        if !self.gate.may_write() {
+            return;
+        }
+        let recorder = recorder.clone();
+        let metrics = self.metrics.clone();
+        let rule = self.rule.clone();
+        tokio::spawn(async move {
+            match recorder.publish(&event, &about).await {
+                Ok(()) => metrics.write(&rule, "event"),
+                Err(e) => debug!(error = %e, "cannot publish event"),
+            }
+        });
+    }
+}
+
+/// A server-side apply body. The API server reads apply patches with its YAML reader,
+/// which refuses DEL, C1 controls, U+FFFE/U+FFFF and takes NEL, LS and PS for line
+/// breaks — characters JSON leaves unescaped — so they are sent as `\uXXXX` escapes,
+/// which mean the same character to both readers.
+pub fn apply_body(value: &Json) -> Box<serde_json::value::RawValue> {
+    let text = value.to_string();
+    let safe = crate::render::yaml_safe(&text).into_owned();
+    match serde_json::value::RawValue::from_string(safe) {
+        Ok(raw) => raw,
+        // Unreachable (escaping inside JSON strings keeps valid JSON); send it unescaped.
+        Err(_) => serde_json::value::RawValue::from_string(text)
+            .unwrap_or_else(|_| Box::<serde_json::value::RawValue>::default()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn apply_bodies_escape_what_a_yaml_reader_would_change() {
+        let v =
+            json!({"data": {"v": "a\u{7f}b\u{85}c\u{9f}d\u{2028}e\u{fffe}f\u{ffff}g\"h\u{1f600}"}});
+        let body = apply_body(&v);
+        let text = body.get();
+        assert!(
+            !text.chars().any(|c| matches!(
+                c,
+                '\u{7f}'..='\u{9f}' | '\u{2028}' | '\u{fffe}' | '\u{ffff}'
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains("\\u007f") && text.contains("\\u0085") && text.contains("\\ufffe"),
+            "{text}"
+        );
+        let back: Json = serde_json::from_str(text).unwrap();
+        assert_eq!(back, v);
+    }
+
+    #[tokio::test]
+    async fn a_closed_gate_stops_every_write_before_the_client() {
+        struct Closed;
+        impl WriteGate for Closed {
+            fn may_write(&self) -> bool {
+                false
+            }
+        }
+        // A client that would fail loudly if it were ever asked: nothing reaches it.
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let ar = kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+        let api: Api<DynamicObject> = Api::namespaced_with(client, "ns", &ar);
+        let metrics = Arc::new(Metrics::new());
+        let w = Writer::new(Arc::new(Closed), metrics.clone(), "r");
+        let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}});
+        assert!(matches!(
+            w.apply(&api, "c", &body).await,
+            Err(WriteError::NotLeader)
+        ));
+        assert!(matches!(
+            w.apply_status(&api, "c", &body).await,
+            Err(WriteError::NotLeader)
+        ));
+        assert!(matches!(
+            w.delete(&api, "c", None).await,
+            Err(WriteError::NotLeader)
+        ));
+        assert!(!metrics.encode().contains("rulebook_api_writes_total{"));
+    }
+}

@@ -1,0 +1,252 @@
+//! The reconcile plan as a specification: objects built in code, a plan computed from
+//! them, and what it must say — with no cluster and no client. (The stages that carry a
+//! plan out are tested against the local control plane in the other test files.)
+
+use std::sync::Arc;
+
+use kube::api::DynamicObject;
+use rulebook::reconcile::drift::Drift;
+use rulebook::reconcile::plan::{ChildStep, Live, plan_child, plan_prunes, plan_status};
+use rulebook::render::DesiredChild;
+use rulebook::render::status::ConditionState;
+use serde_json::{Map, Value as Json, json};
+
+const PARENT: &str = "uid-parent";
+const HASH: &str = "h1";
+
+/// The ConfigMap a rule wants: `data.k = v`.
+fn desired(value: &str) -> DesiredChild {
+    DesiredChild {
+        child: 0,
+        name: "config".into(),
+        index: None,
+        object: json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "ns"},
+            "data": {"k": value}
+        }),
+        hash: HASH.into(),
+    }
+}
+
+/// A live ConfigMap `c`: controlled by `controller` (if any), labelled with `owner` (if
+/// any), last applied by Rulebook with `hash`, with `fields` as Rulebook's field set.
+fn live(controller: Option<&str>, owner: Option<&str>, hash: &str, fields: Json) -> DynamicObject {
+    let mut labels = Map::new();
+    if let Some(o) = owner {
+        labels.insert("rulebook.dev/owner".into(), json!(o));
+    }
+    let refs: Vec<Json> = controller
+        .map(|uid| {
+            json!({"apiVersion": "x.dev/v1", "kind": "App", "name": "p", "uid": uid,
+                   "controller": true})
+        })
+        .into_iter()
+        .collect();
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {
+            "name": "c", "namespace": "ns", "uid": "uid-child",
+            "labels": labels,
+            "annotations": {"rulebook.dev/desired-hash": hash},
+            "ownerReferences": refs,
+            "managedFields": [{"manager": "rulebook", "operation": "Apply",
+                               "fieldsType": "FieldsV1", "fieldsV1": fields}]
+        },
+        "data": {"k": "v"}
+    }))
+    .unwrap()
+}
+
+fn ours_intact() -> DynamicObject {
+    live(
+        Some(PARENT),
+        Some(PARENT),
+        HASH,
+        json!({"f:metadata": {}, "f:data": {"f:k": {}}}),
+    )
+}
+
+#[test]
+fn a_missing_child_is_created() {
+    let step = plan_child(PARENT, false, Live::Absent, false, &desired("v"), false);
+    assert_eq!(
+        step,
+        ChildStep::Apply {
+            why: Drift::Missing,
+            adopt: false
+        }
+    );
+}
+
+#[test]
+fn an_intact_child_needs_nothing() {
+    let o = ours_intact();
+    let step = plan_child(PARENT, false, Live::Cached(&o), true, &desired("v"), false);
+    assert_eq!(step, ChildStep::UpToDate { report: false });
+    // Read from the API server (not yet cached): nothing to write, but the status must see it.
+    let step = plan_child(
+        PARENT,
+        false,
+        Live::Fetched(&o),
+        false,
+        &desired("v"),
+        false,
+    );
+    assert_eq!(step, ChildStep::UpToDate { report: true });
+}
+
+#[test]
+fn a_changed_template_or_parent_updates_the_child() {
+    let o = live(
+        Some(PARENT),
+        Some(PARENT),
+        "h0",
+        json!({"f:metadata": {}, "f:data": {"f:k": {}}}),
+    );
+    let step = plan_child(PARENT, false, Live::Cached(&o), true, &desired("w"), false);
+    assert_eq!(
+        step,
+        ChildStep::Apply {
+            why: Drift::DesiredChanged,
+            adopt: false
+        }
+    );
+}
+
+#[test]
+fn drift_is_repaired_when_someone_else_took_a_field() {
+    // Another manager changed data.k: the API server moved the field out of Rulebook's set.
+    let o = live(Some(PARENT), Some(PARENT), HASH, json!({"f:metadata": {}}));
+    let step = plan_child(PARENT, false, Live::Cached(&o), true, &desired("v"), false);
+    assert_eq!(
+        step,
+        ChildStep::Apply {
+            why: Drift::FieldsChanged,
+            adopt: false
+        }
+    );
+    // Checked by hash only (the API server records fields differently): no repair loop.
+    let step = plan_child(PARENT, false, Live::Cached(&o), true, &desired("v"), true);
+    assert_eq!(step, ChildStep::UpToDate { report: false });
+}
+
+#[test]
+fn adoption_is_refused_for_objects_with_a_controller_or_another_parents_label() {
+    let fields = json!({});
+    // Another parent's child, even with `adopt: true`.
+    let other = live(Some("uid-other"), Some("uid-other"), HASH, fields.clone());
+    for adopt in [false, true] {
+        let step = plan_child(
+            PARENT,
+            adopt,
+            Live::Fetched(&other),
+            false,
+            &desired("v"),
+            false,
+        );
+        assert!(
+            matches!(&step, ChildStep::Conflict { owner } if owner.contains("controlled by App p")),
+            "{step:?}"
+        );
+    }
+    // No controller, but labelled as another parent's child.
+    let labelled = live(None, Some("uid-other"), HASH, fields.clone());
+    let step = plan_child(
+        PARENT,
+        true,
+        Live::Cached(&labelled),
+        true,
+        &desired("v"),
+        false,
+    );
+    assert!(
+        matches!(&step, ChildStep::Conflict { owner } if owner.contains("another parent")),
+        "{step:?}"
+    );
+    // A plain foreign object: left alone without `adopt`, taken over with it.
+    let foreign = live(None, None, "", fields);
+    let step = plan_child(
+        PARENT,
+        false,
+        Live::Fetched(&foreign),
+        false,
+        &desired("v"),
+        false,
+    );
+    assert!(matches!(step, ChildStep::Conflict { .. }), "{step:?}");
+    let step = plan_child(
+        PARENT,
+        true,
+        Live::Fetched(&foreign),
+        false,
+        &desired("v"),
+        false,
+    );
+    assert_eq!(
+        step,
+        ChildStep::Apply {
+            why: Drift::Missing,
+            adopt: true
+        }
+    );
+}
+
+#[test]
+fn what_is_no_longer_rendered_is_pruned() {
+    let kept = Arc::new(ours_intact());
+    let mut gone = ours_intact();
+    gone.metadata.name = Some("old".into());
+    let mut elsewhere = ours_intact();
+    elsewhere.metadata.namespace = Some("other".into());
+    let owned = vec![(0, kept), (0, Arc::new(gone)), (0, Arc::new(elsewhere))];
+    // `c` in `ns` is still rendered; `old` is not, nor is `c` in namespace `other`.
+    assert_eq!(plan_prunes(&[(0, Some("ns"), "c")], &owned), vec![1, 2]);
+    // Same name, another kind: pruned too.
+    assert_eq!(plan_prunes(&[(1, Some("ns"), "c")], &owned), vec![0, 1, 2]);
+}
+
+fn parent_with(status: Json) -> Json {
+    json!({"apiVersion": "x.dev/v1", "kind": "App",
+           "metadata": {"name": "p", "generation": 2}, "status": status})
+}
+
+#[test]
+fn a_status_change_alone_is_written_and_an_unchanged_one_is_not() {
+    let ready = ConditionState::new(true, "Ready", "all children are ready");
+    let mut fields = Map::new();
+    fields.insert("phase".into(), json!("Serving"));
+    let now = "2026-11-23T12:00:00Z";
+    // First time: everything to write.
+    let first = plan_status(&parent_with(json!({})), &["phase"], &fields, &ready, now)
+        .expect("a first status");
+    assert_eq!(first["phase"], "Serving");
+    assert_eq!(first["conditions"][0]["reason"], "Ready");
+    // The parent has exactly that: nothing to do, even later (the time alone is no change).
+    let later = "2026-11-23T12:05:00Z";
+    assert_eq!(
+        plan_status(
+            &parent_with(first.clone()),
+            &["phase"],
+            &fields,
+            &ready,
+            later
+        ),
+        None
+    );
+    // Only a status field changed (children untouched): one write with the new value.
+    fields.insert("phase".into(), json!("Degraded"));
+    let changed = plan_status(
+        &parent_with(first.clone()),
+        &["phase"],
+        &fields,
+        &ready,
+        later,
+    )
+    .expect("a status write");
+    assert_eq!(changed["phase"], "Degraded");
+    // A field the rule no longer computes is removed.
+    let gone = plan_status(&parent_with(first), &["phase"], &Map::new(), &ready, later)
+        .expect("a status write");
+    assert!(gone.get("phase").is_none_or(Json::is_null), "{gone}");
+}
