@@ -109,6 +109,25 @@ where
     }
 }
 
+/// Like [`wait_for`], but gives `None` after `timeout` instead of failing the test, for a
+/// test that reports several findings before it asserts.
+pub async fn poll_for<T, F, Fut>(timeout: Duration, mut probe: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return Some(v);
+        }
+        if start.elapsed() > timeout {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// An API for any kind, by apiVersion and kind (plural guessed the Kubernetes way).
 pub fn api(
     client: &Client,

@@ -320,6 +320,76 @@ pub async fn terminated_watchers(client: &kube::Client) -> f64 {
         .sum()
 }
 
+/// The API server's audit log of write requests (`.cluster/logs/audit.log`), read from
+/// where it ended when [`Audit::mark`] was called.
+pub struct Audit {
+    path: PathBuf,
+    from: u64,
+}
+
+impl Audit {
+    pub fn mark() -> Audit {
+        let path = kubeconfig_path()
+            .parent()
+            .expect("cluster dir")
+            .join("logs/audit.log");
+        let from = std::fs::metadata(&path)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}: the local control plane writes an audit log of write requests; \
+                     restart it with `make cluster-restart`",
+                    path.display()
+                )
+            })
+            .len();
+        Audit { path, from }
+    }
+
+    /// The write requests (create, update, patch, delete, deletecollection) to objects in
+    /// `ns` logged since the mark, as audit events (`verb`, `userAgent`, `objectRef`,
+    /// `responseStatus`, `stageTimestamp`, ...).
+    pub fn writes(&self, ns: &str) -> Vec<Json> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = std::fs::File::open(&self.path).expect("audit log");
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        // Rotated meanwhile (500 MB): read the new file from its start.
+        let from = if len < self.from { 0 } else { self.from };
+        f.seek(SeekFrom::Start(from)).expect("seek");
+        let mut text = String::new();
+        f.read_to_string(&mut text).expect("read audit log");
+        let quoted = format!("\"{ns}\"");
+        text.lines()
+            .filter(|l| l.contains(&quoted))
+            .filter_map(|l| serde_json::from_str::<Json>(l).ok())
+            .filter(|e| {
+                e["objectRef"]["namespace"] == ns
+                    && matches!(
+                        e["verb"].as_str(),
+                        Some("create" | "update" | "patch" | "delete" | "deletecollection")
+                    )
+            })
+            .collect()
+    }
+}
+
+/// An audit event's `stageTimestamp`.
+pub fn audit_time(e: &Json) -> Option<jiff::Timestamp> {
+    e["stageTimestamp"].as_str()?.parse().ok()
+}
+
+/// `verb resource/name (code, user agent)` of an audit event.
+pub fn describe_audit(e: &Json) -> String {
+    format!(
+        "{} {} {}/{} ({}, {})",
+        e["stageTimestamp"].as_str().unwrap_or(""),
+        e["verb"].as_str().unwrap_or(""),
+        e["objectRef"]["resource"].as_str().unwrap_or(""),
+        e["objectRef"]["name"].as_str().unwrap_or(""),
+        e["responseStatus"]["code"],
+        e["userAgent"].as_str().unwrap_or("")
+    )
+}
+
 /// Sends a signal to a process (e.g. `STOP`, `CONT`).
 pub fn signal(pid: u32, sig: &str) {
     let ok = Command::new("kill")
