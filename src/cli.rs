@@ -178,6 +178,13 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
 fn check(args: &CheckArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
     match args.dirs.load(err)? {
         Ok(set) => {
+            // Warnings do not fail the check: standard error, exit code 0.
+            for w in &set.warnings {
+                writeln!(err, "{w}")?;
+            }
+            if !set.warnings.is_empty() {
+                writeln!(err, "{} warnings", set.warnings.len())?;
+            }
             for (name, rule) in &set.rules {
                 writeln!(
                     out,

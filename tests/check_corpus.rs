@@ -234,6 +234,43 @@ fn binary_check_accepts_the_repository_rules() {
 }
 
 #[test]
+fn binary_check_warns_about_an_adopted_child_named_from_the_spec() {
+    let case = "tests/corpus/warnings/adopt-name-from-spec";
+    let (code, stdout, stderr) = rulebook(&[
+        "check",
+        "--rules",
+        &format!("{case}/rules"),
+        "--templates",
+        &format!("{case}/templates"),
+    ]);
+    // A warning, not an error: the set is valid.
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.ends_with("1 rules valid\n"), "stdout:\n{stdout}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "stderr:\n{stderr}");
+    assert!(is_diagnostic_line(lines[0]), "{:?}", lines[0]);
+    assert!(
+        lines[0].starts_with(&format!(
+            "{case}/rules/adopt.yaml:13:13: warning: rule 'adopter': spec.children[0] 'taken' has adopt: true"
+        )),
+        "{:?}",
+        lines[0]
+    );
+    for needle in [
+        "depends on parent.spec.target",
+        "which existing ConfigMap",
+        "parent.metadata.name",
+    ] {
+        assert!(
+            lines[0].contains(needle),
+            "{needle:?} not in {:?}",
+            lines[0]
+        );
+    }
+    assert_eq!(lines[1], "1 warnings");
+}
+
+#[test]
 fn binary_check_of_a_missing_directory_fails_cleanly() {
     let (code, _, stderr) = rulebook(&[
         "check",

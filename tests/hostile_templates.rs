@@ -2,6 +2,10 @@
 //! line where there is one) and says which bound was hit.
 //!
 //! The time bound is a sanity check against hangs, not a performance assertion.
+//! The per-parent budget cases are in `hostile_templates/budget.rs`.
+
+#[path = "hostile_templates/budget.rs"]
+mod budget;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

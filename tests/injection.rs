@@ -138,9 +138,14 @@ fn compile(limits: &Limits) -> Arc<CompiledRule> {
     set.rules["injection"].clone()
 }
 
+/// The per-parent budget is raised too: a 1 MiB payload printed in every position is
+/// more than the default budget allows (and slow in a debug build), and this test is
+/// about structure, not budgets (tests/hostile_templates.rs covers those).
 fn test_limits() -> Limits {
     Limits {
         max_output_bytes: OUTPUT_CAP,
+        parent_output_bytes: 8 * OUTPUT_CAP,
+        parent_time: std::time::Duration::from_secs(300),
         ..Limits::default()
     }
 }

@@ -10,13 +10,20 @@
 //! * Fuel bounds the instructions of one evaluation, a recursion limit bounds macro
 //!   depth, the output of one template is capped, and nothing reads files, the
 //!   environment or the cluster: templates see only the context they are given.
+//! * One parent's whole render and status share a budget of fuel, bytes and time
+//!   ([`super::budget`]); the built-ins that can build big values are bounded by it
+//!   ([`super::guarded`]), and so are printing and the output writer.
 
 use std::io;
+use std::time::Duration;
 
 use base64::Engine as _;
 use minijinja::value::Value;
 use minijinja::{Environment, Error, ErrorKind, State, UndefinedBehavior};
 use sha2::Digest;
+
+use super::budget::{self, Charge};
+use super::guarded;
 
 /// Bounds on one rule's templates and expressions.
 #[derive(Clone, Debug, PartialEq)]
@@ -29,6 +36,15 @@ pub struct Limits {
     pub max_output_bytes: usize,
     /// Maximum items of one `forEach`.
     pub max_for_each: usize,
+    /// Fuel for one parent: the sum over every template render and expression
+    /// evaluation of its render and status.
+    pub parent_fuel: u64,
+    /// Bytes for one parent: everything its templates print plus what string- and
+    /// list-building filters produce, across its render and status.
+    pub parent_output_bytes: usize,
+    /// Wall-clock time for one parent's render and status, checked between evaluations
+    /// and whenever a template prints or calls a filter.
+    pub parent_time: Duration,
 }
 
 impl Default for Limits {
@@ -38,6 +54,9 @@ impl Default for Limits {
             recursion: 64,
             max_output_bytes: 1 << 20,
             max_for_each: 1000,
+            parent_fuel: 10_000_000,
+            parent_output_bytes: 16 << 20,
+            parent_time: Duration::from_secs(5),
         }
     }
 }
@@ -56,6 +75,7 @@ pub fn environment(limits: &Limits) -> Environment<'static> {
     for name in ["safe", "escape", "e"] {
         env.add_filter(name, disabled_filter);
     }
+    guarded::register(&mut env);
     env.add_filter("b64encode", b64encode);
     env.add_filter("b64decode", b64decode);
     env.add_filter("sha256", sha256);
@@ -74,9 +94,10 @@ fn disabled_filter(_value: Value) -> Result<Value, Error> {
 /// Prints every value as JSON: a quoted string, a number, a flow collection.
 fn format_value(
     out: &mut minijinja::Output<'_>,
-    _state: &mut State<'_, '_>,
+    state: &mut State<'_, '_>,
     value: &Value,
 ) -> Result<(), Error> {
+    guarded::checkpoint(state)?;
     if value.is_undefined() {
         return Err(Error::new(
             ErrorKind::UndefinedError,
@@ -87,7 +108,7 @@ fn format_value(
         // Only Rulebook's own safe strings get here (macro output, `tojson`): already JSON.
         value.as_str().unwrap_or_default().to_string()
     } else {
-        json_scalar(value)?
+        json_capped(value)?
     };
     out.write_str(&yaml_safe(&text))
         .map_err(|e| Error::new(ErrorKind::WriteFailure, "cannot write output").with_source(e))
@@ -101,6 +122,21 @@ pub fn json_scalar(value: &Value) -> Result<String, Error> {
             format!("cannot print value: {e}"),
         )
     })
+}
+
+/// A value as compact JSON, built only while it fits in the parent's output budget.
+fn json_capped(value: &Value) -> Result<String, Error> {
+    let mut c = guarded::Capped::new(budget::remaining_output(), true);
+    match serde_json::to_writer(&mut c, value) {
+        Ok(()) => Ok(c.text),
+        Err(_) if c.over.is_some() => {
+            budget::charge(Charge::Output, c.over.unwrap_or(usize::MAX)).map(|_| String::new())
+        }
+        Err(e) => Err(Error::new(
+            ErrorKind::BadSerialization,
+            format!("cannot print value: {e}"),
+        )),
+    }
 }
 
 /// Escapes the characters that a YAML reader may take as line breaks or markers, or
@@ -128,11 +164,21 @@ pub fn yaml_safe(json: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(s)
 }
 
-fn b64encode(value: Value) -> Result<String, Error> {
+fn b64encode(state: &State, value: Value) -> Result<String, Error> {
+    guarded::checkpoint(state)?;
+    let text;
     let bytes = match value.as_bytes() {
-        Some(b) => b.to_vec(),
-        None => value.to_string().into_bytes(),
+        Some(b) => b,
+        None => {
+            text = guarded::build("b64encode", |w| {
+                use std::fmt::Write as _;
+                write!(w, "{value}")
+            })?;
+            text.as_bytes()
+        }
     };
+    let len = bytes.len().div_ceil(3).saturating_mul(4);
+    budget::charge(Charge::Filter("b64encode"), len)?;
     Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
 }
 
@@ -148,26 +194,59 @@ fn b64decode(value: &str) -> Result<String, Error> {
     })
 }
 
-fn sha256(value: Value) -> String {
-    let bytes = match value.as_bytes() {
-        Some(b) => b.to_vec(),
-        None => value.to_string().into_bytes(),
-    };
-    hex::encode(sha2::Sha256::digest(bytes))
+fn sha256(state: &State, value: Value) -> Result<String, Error> {
+    guarded::checkpoint(state)?;
+    /// Hashes text as it is formatted, so a big value is never copied.
+    struct Hashing(sha2::Sha256);
+    impl std::fmt::Write for Hashing {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            self.0.update(s.as_bytes());
+            Ok(())
+        }
+    }
+    let mut h = Hashing(sha2::Sha256::new());
+    match value.as_bytes() {
+        Some(b) => h.0.update(b),
+        None => {
+            use std::fmt::Write as _;
+            write!(h, "{value}").map_err(|_| {
+                Error::new(ErrorKind::InvalidOperation, "sha256: cannot format value")
+            })?;
+        }
+    }
+    Ok(hex::encode(h.0.finalize()))
 }
 
 /// A value as a YAML document in a string (to embed a config file as a string field).
-fn to_yaml(value: Value) -> Result<String, Error> {
-    serde_saphyr::to_string(&value)
-        .map_err(|e| Error::new(ErrorKind::BadSerialization, format!("to_yaml: {e}")))
+fn to_yaml(state: &State, value: Value) -> Result<String, Error> {
+    guarded::checkpoint(state)?;
+    let mut c = guarded::Capped::new(budget::remaining_output(), true);
+    match serde_saphyr::to_fmt_writer(&mut c, &value) {
+        Ok(()) => {
+            budget::charge(Charge::Filter("to_yaml"), c.text.len())?;
+            Ok(c.text)
+        }
+        Err(_) if c.over.is_some() => {
+            budget::charge(Charge::Filter("to_yaml"), c.over.unwrap_or(usize::MAX))
+                .map(|_| String::new())
+        }
+        Err(e) => Err(Error::new(
+            ErrorKind::BadSerialization,
+            format!("to_yaml: {e}"),
+        )),
+    }
 }
 
 /// A value as compact JSON in a string.
-fn to_json(value: Value) -> Result<String, Error> {
-    json_scalar(&value)
+fn to_json(state: &State, value: Value) -> Result<String, Error> {
+    guarded::checkpoint(state)?;
+    let text = json_capped(&value)?;
+    budget::charge(Charge::Filter("to_json"), text.len())?;
+    Ok(text)
 }
 
-/// An `io::Write` that fails once more than `limit` bytes were written.
+/// An `io::Write` that fails once more than `limit` bytes were written, or once the
+/// parent's output budget is spent.
 pub struct CappedWriter {
     pub buf: Vec<u8>,
     pub limit: usize,
@@ -176,11 +255,13 @@ pub struct CappedWriter {
 impl io::Write for CappedWriter {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         if self.buf.len() + data.len() > self.limit {
-            return Err(io::Error::other(format!(
-                "output is larger than the limit of {} bytes",
-                self.limit
-            )));
+            let message = format!("output is larger than the limit of {} bytes", self.limit);
+            budget::trip(format!("{message} per template"));
+            return Err(io::Error::other(message));
         }
+        budget::charge(Charge::Output, data.len()).map_err(|e| {
+            io::Error::other(e.detail().unwrap_or("over the render budget").to_string())
+        })?;
         self.buf.extend_from_slice(data);
         Ok(data.len())
     }

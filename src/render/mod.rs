@@ -2,10 +2,18 @@
 //! live children to the parent's status. Pure and deterministic; no cluster.
 //!
 //! A rule is compiled once ([`CompiledRule::compile`]): its templates, expressions and
-//! JSONPaths are parsed at load, never per call.
+//! JSONPaths are parsed at load, never per call. Rendering a parent
+//! ([`CompiledRule::render_within`], `children.rs`) and evaluating its status
+//! ([`CompiledRule::status_within`], `status_eval.rs`) spend from one [`ParentBudget`].
 
+pub mod adopt;
+pub mod budget;
+mod children;
 mod env;
+mod error;
+mod guarded;
 pub mod status;
+mod status_eval;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, LazyLock};
@@ -15,10 +23,13 @@ use jsonpath_rust::parser::model::JpQuery;
 use minijinja::value::Value;
 use minijinja::{Environment, Expression};
 use regex::Regex;
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
+pub use budget::ParentBudget;
+pub use children::check_object_name;
 pub use env::{Limits, json_scalar, yaml_safe};
+pub use error::{FailureReason, RenderError, describe};
 pub use status::{Condition, Readiness, StatusReport};
 
 use crate::rules::{ChildRule, Diagnostic, Loc, SourcedRule, StatusValue, parse_duration};
@@ -38,25 +49,6 @@ pub mod labels {
     pub const DESIRED_HASH: &str = "rulebook.dev/desired-hash";
     /// The `forEach` index of the object.
     pub const INDEX: &str = "rulebook.dev/index";
-}
-
-/// An error while rendering or evaluating, pointing at the template or rule line.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{}", self.location_and_message())]
-pub struct RenderError {
-    /// The template file, or the rule file for an expression.
-    pub file: String,
-    pub line: Option<u64>,
-    pub message: String,
-}
-
-impl RenderError {
-    fn location_and_message(&self) -> String {
-        match self.line {
-            Some(l) => format!("{}:{}: {}", self.file, l, self.message),
-            None => format!("{}: {}", self.file, self.message),
-        }
-    }
 }
 
 /// A compiled expression, with the rule position it came from.
@@ -456,6 +448,10 @@ impl CompiledRule {
                                 ));
                             }
                         }
+                        // Evaluated with the fuel probe at the end, so its fuel counts
+                        // toward the parent's budget.
+                        let probed = format!("({})|{}", src.value, guarded::FUEL_PROBE);
+                        let expr = env.compile_expression_owned(probed).unwrap_or(expr);
                         ok.then_some(Expr {
                             expr,
                             key,
@@ -652,401 +648,34 @@ impl CompiledRule {
         ctx
     }
 
+    /// A fresh render budget for one parent, from this rule's limits.
+    pub fn budget(&self) -> ParentBudget {
+        ParentBudget::new(&self.limits)
+    }
+
+    /// Evaluates an expression against the active budget: refused when the budget is
+    /// spent, and its fuel (reported by the probe filter) is added after.
     fn eval(
         &self,
         e: &Expr<'_>,
         ctx: &BTreeMap<&'static str, Value>,
     ) -> Result<Value, RenderError> {
-        e.expr.eval(ctx).map_err(|err| RenderError {
-            file: self.file.clone(),
-            line: Some(e.line),
-            message: format!("rule '{}': {}: {}", self.name, e.key, describe(&err)),
-        })
-    }
-
-    /// The desired children of `parent`, in rule order, fully decorated (namespace,
-    /// labels, annotations, controller ownerReference) as they would be applied.
-    /// `scope(i)` says whether child `i` is namespaced (from discovery, or assumed).
-    pub fn render(
-        &self,
-        parent: &Json,
-        observed: &Observed,
-        scope: &dyn Fn(usize) -> Scope,
-    ) -> Result<Vec<DesiredChild>, RenderError> {
-        let info = ParentInfo::of(parent);
-        let ctx = self.context(parent, observed);
-        let programs = self.compiled.borrow_dependent();
-        let env = self.compiled.borrow_owner();
-        let mut out = Vec::new();
-        for (i, c) in self.rule.spec.children.iter().enumerate() {
-            let p = &programs.children[i];
-            if let Some(w) = &p.include_when
-                && !self.eval(w, &ctx)?.is_true()
-            {
-                continue;
-            }
-            let items: Vec<Option<Value>> = match &p.for_each {
-                None => vec![None],
-                Some(e) => {
-                    let v = self.eval(e, &ctx)?;
-                    if v.is_undefined() || v.is_none() {
-                        vec![]
-                    } else if !matches!(
-                        v.kind(),
-                        minijinja::value::ValueKind::Seq | minijinja::value::ValueKind::Iterable
-                    ) {
-                        return Err(RenderError {
-                            file: self.file.clone(),
-                            line: Some(e.line),
-                            message: format!(
-                                "rule '{}': {}: gives {} ({}), not a list",
-                                self.name,
-                                e.key,
-                                v.kind(),
-                                truncate_display(&v.to_string(), 80)
-                            ),
-                        });
-                    } else {
-                        let len = v.len().unwrap_or(0);
-                        if len > self.limits.max_for_each {
-                            return Err(RenderError {
-                                file: self.file.clone(),
-                                line: Some(e.line),
-                                message: format!(
-                                    "rule '{}': {}: {len} items, more than the limit of {}",
-                                    self.name, e.key, self.limits.max_for_each
-                                ),
-                            });
-                        }
-                        let iter = v.try_iter().map_err(|err| RenderError {
-                            file: self.file.clone(),
-                            line: Some(e.line),
-                            message: format!(
-                                "rule '{}': {}: not a list: {}",
-                                self.name,
-                                e.key,
-                                describe(&err)
-                            ),
-                        })?;
-                        iter.take(self.limits.max_for_each).map(Some).collect()
-                    }
-                }
-            };
-            let template_path = self
-                .template_files
-                .get(c.template.as_str())
-                .cloned()
-                .unwrap_or_else(|| c.template.value.clone());
-            let tmpl = env.get_template(&c.template).map_err(|e| RenderError {
-                file: template_path.clone(),
-                line: None,
-                message: describe(&e),
-            })?;
-            for (idx, item) in items.into_iter().enumerate() {
-                let mut local = ctx.clone();
-                let index = item.as_ref().map(|_| idx);
-                if let Some(item) = item {
-                    local.insert("item", item);
-                    local.insert("index", Value::from(idx));
-                }
-                let mut w = env::CappedWriter {
-                    buf: Vec::new(),
-                    limit: self.limits.max_output_bytes,
-                };
-                if let Err(e) = tmpl.render_captured_to(&local, &mut w) {
-                    return Err(RenderError {
-                        file: template_path.clone(),
-                        line: e.line().map(|l| l as u64),
-                        message: describe(&e),
-                    });
-                }
-                let text = String::from_utf8_lossy(&w.buf);
-                let object = parse_rendered(&text).map_err(|(line, message)| RenderError {
-                    file: template_path.clone(),
-                    line,
-                    message,
-                })?;
-                let object = self
-                    .check_and_decorate(c, object, &info, scope(i), index)
-                    .map_err(|message| RenderError {
-                        file: template_path.clone(),
-                        line: None,
-                        message,
-                    })?;
-                let hash = object_hash(&object);
-                let mut object = object;
-                set_annotation(&mut object, labels::DESIRED_HASH, &hash);
-                out.push(DesiredChild {
-                    child: i,
-                    name: c.name.value.clone(),
-                    index,
-                    object,
-                    hash,
-                });
-            }
-        }
-        // Two children rendering the same object would fight each other.
-        let mut seen = BTreeMap::new();
-        for d in &out {
-            let key = (
-                d.api_version().to_string(),
-                d.kind().to_string(),
-                d.object_name().to_string(),
-            );
-            if let Some(first) = seen.insert(key.clone(), d.label()) {
-                return Err(RenderError {
-                    file: self.file.clone(),
-                    line: None,
-                    message: format!(
-                        "rule '{}': children {first} and {} both render {} {}",
-                        self.name,
-                        d.label(),
-                        key.1,
-                        key.2
-                    ),
-                });
-            }
-        }
-        Ok(out)
-    }
-
-    fn check_and_decorate(
-        &self,
-        c: &ChildRule,
-        mut object: Json,
-        parent: &ParentInfo<'_>,
-        scope: Scope,
-        index: Option<usize>,
-    ) -> Result<Json, String> {
-        let Some(map) = object.as_object_mut() else {
-            return Err("the template must render one YAML mapping (an object)".into());
+        let prefix = format!("rule '{}': {}: ", self.name, e.key);
+        let at = |message: String| {
+            RenderError::budget(
+                self.file.clone(),
+                Some(e.line),
+                format!("{prefix}{message}"),
+            )
         };
-        for (key, want) in [
-            ("apiVersion", &c.api_version.value),
-            ("kind", &c.kind.value),
-        ] {
-            match map.get(key).and_then(Json::as_str) {
-                Some(got) if got == want => {}
-                Some(got) => {
-                    return Err(format!(
-                        "rendered {key} '{got}', but the rule declares '{want}'"
-                    ));
-                }
-                None => {
-                    map.insert(key.to_string(), Json::String(want.clone()));
-                }
-            }
-        }
-        let meta = map
-            .entry("metadata")
-            .or_insert_with(|| Json::Object(Map::new()));
-        let Some(meta) = meta.as_object_mut() else {
-            return Err("metadata must be a mapping".into());
-        };
-        match meta.get("name").and_then(Json::as_str) {
-            Some(n) if !n.is_empty() => check_object_name("metadata.name", n)?,
-            _ => return Err("the rendered object has no metadata.name".into()),
-        }
-        if let Some(n) = meta.get("namespace").and_then(Json::as_str) {
-            check_object_name("metadata.namespace", n)?;
-        }
-        match (scope, parent.namespace) {
-            (Scope::Namespaced, None) => {
-                // A cluster-scoped parent places its namespaced children where the template says.
-                if meta.get("namespace").and_then(Json::as_str).is_none() {
-                    meta.insert("namespace".into(), Json::String("default".into()));
-                }
-            }
-            (Scope::Namespaced, Some(ns)) => {
-                if let Some(got) = meta.get("namespace").and_then(Json::as_str)
-                    && got != ns
-                {
-                    return Err(format!(
-                        "the rendered object is in namespace '{got}'; children live in the parent's namespace '{ns}'"
-                    ));
-                }
-                meta.insert("namespace".into(), Json::String(ns.to_string()));
-            }
-            (Scope::Cluster, Some(_)) => {
-                return Err(format!(
-                    "{} is cluster-scoped and the parent is namespaced: a cluster-scoped child cannot be owned by a namespaced parent",
-                    c.kind.value
-                ));
-            }
-            (Scope::Cluster, None) => {
-                meta.remove("namespace");
-            }
-        }
-        let labels_map = meta
-            .entry("labels")
-            .or_insert_with(|| Json::Object(Map::new()));
-        let Some(labels_map) = labels_map.as_object_mut() else {
-            return Err("metadata.labels must be a mapping".into());
-        };
-        labels_map.insert(labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into());
-        labels_map.insert(labels::RULE.into(), self.name.clone().into());
-        labels_map.insert(labels::OWNER.into(), parent.uid.into());
-        labels_map.insert(labels::CHILD.into(), c.name.value.clone().into());
-        let ann = meta
-            .entry("annotations")
-            .or_insert_with(|| Json::Object(Map::new()));
-        let Some(ann) = ann.as_object_mut() else {
-            return Err("metadata.annotations must be a mapping".into());
-        };
-        ann.insert(labels::RULE_VERSION.into(), self.version.clone().into());
-        ann.remove(labels::DESIRED_HASH);
-        match index {
-            Some(i) => {
-                ann.insert(labels::INDEX.into(), i.to_string().into());
-            }
-            None => {
-                ann.remove(labels::INDEX);
-            }
-        }
-        meta.insert(
-            "ownerReferences".into(),
-            serde_json::json!([{
-                "apiVersion": parent.api_version,
-                "kind": parent.kind,
-                "name": parent.name,
-                "uid": parent.uid,
-                "controller": true,
-            }]),
-        );
-        for forbidden in [
-            "uid",
-            "resourceVersion",
-            "generation",
-            "creationTimestamp",
-            "managedFields",
-        ] {
-            meta.remove(forbidden);
-        }
-        map.remove("status");
-        Ok(object)
+        budget::before_evaluation().map_err(at)?;
+        let v = e
+            .expr
+            .eval(ctx)
+            .map_err(|err| RenderError::from_minijinja(&self.file, Some(e.line), &prefix, &err))?;
+        budget::add_fuel(budget::take_probe().unwrap_or(0)).map_err(at)?;
+        Ok(v)
     }
-
-    /// The status Rulebook would write, given the desired and the live children.
-    pub fn status(
-        &self,
-        parent: &Json,
-        observed: &Observed,
-        desired: &[DesiredChild],
-    ) -> Result<StatusReport, RenderError> {
-        let ctx = self.context(parent, observed);
-        let programs = self.compiled.borrow_dependent();
-        let root = serde_json::json!({
-            "parent": parent,
-            "children": observed_json(&self.rule.spec.children, programs, observed),
-        });
-        let mut fields = Map::new();
-        for (field, program) in &programs.status {
-            let value = match program {
-                StatusProgram::JsonPath {
-                    query,
-                    singular,
-                    default,
-                } => {
-                    let found = jsonpath_rust::query::js_path_process(query, &root)
-                        .map(|refs| {
-                            refs.into_iter()
-                                .map(|r| r.val().clone())
-                                .collect::<Vec<_>>()
-                        })
-                        .unwrap_or_default();
-                    match (found.len(), singular) {
-                        (0, _) => default.clone(),
-                        (1, true) => found.into_iter().next(),
-                        _ => Some(Json::Array(found)),
-                    }
-                }
-                StatusProgram::Expr(e) => to_json(self.eval(e, &ctx)?),
-                StatusProgram::Value(v) => Some(v.clone()),
-                StatusProgram::Cases(cases) => {
-                    let mut result = None;
-                    for (when, then) in cases {
-                        let hit = match when {
-                            Some(w) => self.eval(w, &ctx)?.is_true(),
-                            None => true,
-                        };
-                        if hit {
-                            result = match then {
-                                CaseResult::Value(v) => Some(v.clone()),
-                                CaseResult::Expr(e) => to_json(self.eval(e, &ctx)?),
-                                CaseResult::Unset => None,
-                            };
-                            break;
-                        }
-                    }
-                    result
-                }
-            };
-            if let Some(v) = value
-                && !v.is_null()
-            {
-                fields.insert(field.clone(), v);
-            }
-        }
-        let readiness = self.readiness(&ctx, observed, desired)?;
-        Ok(StatusReport { fields, readiness })
-    }
-
-    fn readiness(
-        &self,
-        ctx: &BTreeMap<&'static str, Value>,
-        observed: &Observed,
-        desired: &[DesiredChild],
-    ) -> Result<Readiness, RenderError> {
-        let programs = self.compiled.borrow_dependent();
-        let mut missing = Vec::new();
-        let mut not_ready = Vec::new();
-        for d in desired {
-            let live = observed.children.get(&d.name).and_then(|list| {
-                list.iter().find(|o| {
-                    o.pointer("/metadata/name").and_then(Json::as_str) == Some(d.object_name())
-                })
-            });
-            let Some(live) = live else {
-                missing.push(d.label());
-                continue;
-            };
-            if let Some(rw) = &programs.children[d.child].ready_when {
-                let mut local = ctx.clone();
-                local.insert("child", val(&live));
-                if let Some(i) = d.index {
-                    local.insert("index", Value::from(i));
-                }
-                if !self.eval(rw, &local)?.is_true() {
-                    not_ready.push(d.label());
-                }
-            }
-        }
-        Ok(Readiness { missing, not_ready })
-    }
-}
-
-/// `children` as JSONPath sees it: objects by name, lists for `forEach`.
-fn observed_json(children: &[ChildRule], programs: &Programs<'_>, observed: &Observed) -> Json {
-    let mut out = Map::new();
-    for (i, c) in children.iter().enumerate() {
-        let live = observed.children.get(c.name.as_str());
-        if programs.children[i].for_each.is_some() {
-            out.insert(
-                c.name.value.clone(),
-                Json::Array(live.cloned().unwrap_or_default()),
-            );
-        } else if let Some(o) = live.and_then(|l| l.first()) {
-            out.insert(c.name.value.clone(), o.clone());
-        }
-    }
-    Json::Object(out)
-}
-
-fn to_json(v: Value) -> Option<Json> {
-    if v.is_undefined() || v.is_none() {
-        return None;
-    }
-    serde_json::to_value(&v).ok()
 }
 
 /// A query with only name and index selectors selects at most one node (RFC 9535 §2.3.5.1).
@@ -1061,72 +690,10 @@ fn is_singular(q: &JpQuery) -> bool {
     })
 }
 
-/// Parses one rendered template: a single YAML mapping.
-/// The YAML budget for one rendered object: a Kubernetes object is at most about
-/// 1.5 MiB, so these bounds are generous for real templates and stop alias bombs and
-/// deep nesting written into a template fast. Set here, not left to the crate's defaults.
-fn rendered_yaml_options() -> serde_saphyr::Options {
-    let mut budget = serde_saphyr::Budget::default();
-    budget.max_events = 250_000;
-    budget.max_aliases = 1_000;
-    budget.max_anchors = 1_000;
-    budget.max_recorded_anchor_events = 100_000;
-    budget.max_recorded_anchor_bytes = 4 << 20;
-    budget.max_depth = 64;
-    let mut options = serde_saphyr::Options::default();
-    options.budget = Some(budget);
-    options
-}
-
-fn parse_rendered(text: &str) -> Result<Json, (Option<u64>, String)> {
-    let docs: Vec<Json> = serde_saphyr::from_multiple_with_options(text, rendered_yaml_options())
-        .map_err(|e| {
-        (
-            e.location().map(|l| l.line()),
-            format!(
-                "the rendered output is not valid YAML: {}",
-                crate::rules::yaml_message(&e)
-            ),
-        )
-    })?;
-    let mut docs: Vec<Json> = docs.into_iter().filter(|d| !d.is_null()).collect();
-    match docs.len() {
-        1 => Ok(docs.remove(0)),
-        0 => Err((None, "the template rendered no object".into())),
-        n => Err((
-            None,
-            format!("the template rendered {n} objects; a template renders exactly one"),
-        )),
-    }
-}
-
-fn set_annotation(object: &mut Json, key: &str, value: &str) {
-    if let Some(ann) = object
-        .pointer_mut("/metadata/annotations")
-        .and_then(Json::as_object_mut)
-    {
-        ann.insert(key.to_string(), Json::String(value.to_string()));
-    }
-}
-
 /// A stable hash of an object (serde_json maps are ordered, so this is canonical).
 pub fn object_hash(object: &Json) -> String {
     let bytes = serde_json::to_vec(object).unwrap_or_default();
     hex::encode(&Sha256::digest(&bytes)[..8])
-}
-
-/// A minijinja error as one line: what went wrong, without the template dump.
-pub fn describe(e: &minijinja::Error) -> String {
-    let mut msg = match e.detail() {
-        Some(d) => format!("{}: {d}", e.kind()),
-        None => e.kind().to_string(),
-    };
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        msg.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    msg
 }
 
 /// A parse error on one line: the JSONPath parser draws the position over several lines
@@ -1179,64 +746,4 @@ fn truncate_display(s: &str, max: usize) -> String {
 /// Any serializable value as a template value.
 fn val<T: serde::Serialize>(x: &T) -> Value {
     Value::from(minijinja::value::Serde(x))
-}
-
-/// Names go into request URLs: refuse, at render time, what is never a valid object
-/// name of any kind (the API server's path-segment rules, plus characters that would
-/// change the URL or cannot be in any name), so the parent gets a clear `RenderFailed`
-/// instead of a request for another object. Kind-specific rules (DNS subdomain, label)
-/// stay with the API server.
-pub fn check_object_name(field: &str, name: &str) -> Result<(), String> {
-    let bad = name
-        .chars()
-        .find(|c| matches!(c, '/' | '%' | '?' | '#' | '\\') || c.is_whitespace() || c.is_control());
-    let why = if name.len() > 253 {
-        Some(format!("is {} bytes long (at most 253)", name.len()))
-    } else if name == "." || name == ".." {
-        Some("may not be '.' or '..'".to_string())
-    } else {
-        bad.map(|c| format!("may not contain {c:?}"))
-    };
-    match why {
-        Some(why) => Err(format!(
-            "the rendered {field} {:?} {why}: object names are DNS subdomains (lowercase letters, digits, '-' and '.')",
-            truncate_name(name)
-        )),
-        None => Ok(()),
-    }
-}
-
-fn truncate_name(name: &str) -> String {
-    match name.char_indices().nth(64) {
-        Some((i, _)) => format!("{}…", &name[..i]),
-        None => name.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_that_would_change_the_request_url_are_refused() {
-        for bad in [
-            "../../x/configmaps/v",
-            "a%2Fb",
-            "v/status",
-            "v?dryRun=All",
-            "c#f",
-            ".",
-            "..",
-            "a b",
-            "a\u{7f}",
-        ] {
-            assert!(check_object_name("metadata.name", bad).is_err(), "{bad:?}");
-        }
-        let long = "a".repeat(254);
-        let err = check_object_name("metadata.name", &long).unwrap_err();
-        assert!(err.contains("254 bytes"), "{err}");
-        for good in ["web-config", "a.b.c", "system:aggregate-to-view", "x"] {
-            assert!(check_object_name("metadata.name", good).is_ok(), "{good:?}");
-        }
-    }
 }

@@ -79,6 +79,9 @@ pub struct SourcedRule {
 #[derive(Clone, Default)]
 pub struct RuleSet {
     pub rules: BTreeMap<String, Arc<CompiledRule>>,
+    /// Problems that do not stop the set from loading (`rulebook check` prints them),
+    /// such as an adopted child whose name the parent's writer chooses.
+    pub warnings: Vec<Diagnostic>,
     /// A hash of every input file, to notice when nothing changed.
     pub fingerprint: String,
 }
@@ -158,8 +161,14 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
         }
     }
     if diags.is_empty() {
+        let mut warnings: Vec<Diagnostic> = rules
+            .values()
+            .flat_map(|r| crate::render::adopt::warnings(r))
+            .collect();
+        warnings.sort();
         Ok(RuleSet {
             rules,
+            warnings,
             fingerprint: sources.fingerprint(),
         })
     } else {

@@ -1,0 +1,380 @@
+//! The render budget of one parent. Parents are written by tenants, and the per-template
+//! limits alone let one parent cost up to `forEach` × (fuel, output) of a single
+//! template: a big parent through an ordinary template took seconds and gigabytes.
+//! A [`ParentBudget`] bounds the whole of one parent's render and status evaluation:
+//! total fuel, total bytes built (output plus what string-building filters produce),
+//! and wall-clock time.
+//!
+//! Renders run synchronously on one thread, so while a parent is being rendered its
+//! budget sits in a thread-local where the filters, the value formatter and the output
+//! writer can charge it and refuse work before allocating. Outside a render (no active
+//! budget) the checks fall back to a fresh default budget's bounds.
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use minijinja::{Error, ErrorKind};
+
+use super::Limits;
+
+/// What one parent may still spend. Create one per parent (per reconcile) with
+/// [`ParentBudget::new`] or [`CompiledRule::budget`](super::CompiledRule::budget) and
+/// pass it to both [`render_within`](super::CompiledRule::render_within) and
+/// [`status_within`](super::CompiledRule::status_within).
+#[derive(Clone, Debug)]
+pub struct ParentBudget {
+    fuel_limit: u64,
+    output_limit: usize,
+    time_limit: Duration,
+    started: Instant,
+    fuel_used: u64,
+    output_used: usize,
+    /// The first bound that was hit: once set, every later check fails with it.
+    exceeded: Option<String>,
+    /// Fuel reported by the probe at the end of the last expression evaluation.
+    probe: Option<u64>,
+}
+
+impl ParentBudget {
+    /// A full budget; the clock starts now.
+    pub fn new(limits: &Limits) -> ParentBudget {
+        ParentBudget {
+            fuel_limit: limits.parent_fuel,
+            output_limit: limits.parent_output_bytes,
+            time_limit: limits.parent_time,
+            started: Instant::now(),
+            fuel_used: 0,
+            output_used: 0,
+            exceeded: None,
+            probe: None,
+        }
+    }
+
+    /// Fuel spent so far by finished template renders and expression evaluations.
+    pub fn fuel_used(&self) -> u64 {
+        self.fuel_used
+    }
+
+    /// Bytes charged so far: rendered output plus string-building filter results.
+    pub fn output_used(&self) -> usize {
+        self.output_used
+    }
+
+    /// Time since the budget was created.
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// The message of the bound that was hit, if one was.
+    pub fn exceeded(&self) -> Option<&str> {
+        self.exceeded.as_deref()
+    }
+
+    /// Makes this budget the active one on this thread until the guard is dropped.
+    pub(super) fn enter(&mut self) -> Entered<'_> {
+        let previous = ACTIVE.with(|a| a.borrow_mut().replace(self.clone()));
+        Entered {
+            budget: self,
+            previous,
+        }
+    }
+
+    fn trip(&mut self, message: String) -> String {
+        self.exceeded.get_or_insert(message).clone()
+    }
+
+    fn check_time(&mut self) -> Result<(), String> {
+        let took = self.started.elapsed();
+        if took > self.time_limit {
+            return Err(self.trip(format!(
+                "parent exceeds the render budget: rendering took {} ms (limit {} ms per parent)",
+                took.as_millis(),
+                self.time_limit.as_millis()
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_fuel(&mut self, extra: u64) -> Result<(), String> {
+        let total = self.fuel_used.saturating_add(extra);
+        if total > self.fuel_limit {
+            return Err(self.trip(format!(
+                "parent exceeds the render budget: {total} fuel (limit {} per parent)",
+                self.fuel_limit
+            )));
+        }
+        Ok(())
+    }
+
+    /// Everything that is checked before an evaluation starts.
+    fn check_all(&mut self) -> Result<(), String> {
+        if let Some(e) = &self.exceeded {
+            return Err(e.clone());
+        }
+        self.check_time()?;
+        if self.fuel_used >= self.fuel_limit {
+            return Err(self.trip(format!(
+                "parent exceeds the render budget: its {} fuel are spent (limit per parent)",
+                self.fuel_limit
+            )));
+        }
+        Ok(())
+    }
+
+    fn remaining_output(&self) -> usize {
+        self.output_limit.saturating_sub(self.output_used)
+    }
+
+    fn charge(&mut self, what: Charge<'_>, bytes: usize) -> Result<(), String> {
+        if let Some(e) = &self.exceeded {
+            return Err(e.clone());
+        }
+        if bytes > self.remaining_output() {
+            let message = match what {
+                Charge::Output => format!(
+                    "parent exceeds the render budget: {} of output (limit {} per parent)",
+                    human_bytes(self.output_used.saturating_add(bytes)),
+                    human_bytes(self.output_limit)
+                ),
+                Charge::Filter(name) => format!(
+                    "parent exceeds the render budget: `{name}` would build {}, more than the {} \
+                     left of {} per parent",
+                    human_bytes(bytes),
+                    human_bytes(self.remaining_output()),
+                    human_bytes(self.output_limit)
+                ),
+            };
+            return Err(self.trip(message));
+        }
+        self.output_used += bytes;
+        self.check_time()
+    }
+}
+
+/// What bytes are charged for.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Charge<'a> {
+    /// Rendered template output.
+    Output,
+    /// The result of a filter or function, by name.
+    Filter(&'a str),
+}
+
+thread_local! {
+    static ACTIVE: RefCell<Option<ParentBudget>> = const { RefCell::new(None) };
+}
+
+/// The budget active on this thread; copied back into the caller's budget on drop.
+pub(super) struct Entered<'a> {
+    budget: &'a mut ParentBudget,
+    previous: Option<ParentBudget>,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        if let Some(state) = ACTIVE.with(|a| std::mem::replace(&mut *a.borrow_mut(), previous)) {
+            *self.budget = state;
+        }
+    }
+}
+
+/// Runs `f` on the active budget, or on a fresh default one when none is active.
+fn with_active<R>(f: impl FnOnce(&mut ParentBudget) -> R) -> R {
+    ACTIVE.with(|a| match a.borrow_mut().as_mut() {
+        Some(b) => f(b),
+        None => f(&mut ParentBudget::new(&Limits::default())),
+    })
+}
+
+fn budget_error(message: String) -> Error {
+    Error::new(ErrorKind::InvalidOperation, message)
+}
+
+/// Before a template render or an expression evaluation: no bound hit yet, time left,
+/// fuel left. Clears the expression fuel probe.
+pub(super) fn before_evaluation() -> Result<(), String> {
+    with_active(|b| {
+        b.probe = None;
+        b.check_all()
+    })
+}
+
+/// After an evaluation that consumed `fuel`.
+pub(super) fn add_fuel(fuel: u64) -> Result<(), String> {
+    with_active(|b| {
+        b.check_fuel(fuel)?;
+        b.fuel_used += fuel;
+        b.check_time()
+    })
+}
+
+/// Fuel the probe saw at the end of the last expression evaluation.
+pub(super) fn take_probe() -> Option<u64> {
+    with_active(|b| b.probe.take())
+}
+
+/// Called by the expression probe filter with the evaluation's fuel so far.
+pub(super) fn set_probe(consumed: u64) {
+    with_active(|b| b.probe = Some(consumed));
+}
+
+/// A checkpoint inside a running evaluation that has consumed `consumed` fuel so far:
+/// fails once the parent's fuel or time is spent.
+pub(super) fn checkpoint(consumed: Option<u64>) -> Result<(), Error> {
+    with_active(|b| {
+        if let Some(e) = &b.exceeded {
+            return Err(e.clone());
+        }
+        b.check_fuel(consumed.unwrap_or(0))?;
+        b.check_time()
+    })
+    .map_err(budget_error)
+}
+
+/// Charges `bytes` to the output budget, failing before they are built or written.
+pub(super) fn charge(what: Charge<'_>, bytes: usize) -> Result<(), Error> {
+    with_active(|b| b.charge(what, bytes)).map_err(budget_error)
+}
+
+/// Bytes left in the output budget.
+pub(super) fn remaining_output() -> usize {
+    with_active(|b| b.remaining_output())
+}
+
+/// Records that a per-evaluation bound (a template's output cap) was hit, so the parent
+/// fails as over budget.
+pub(super) fn trip(message: String) {
+    with_active(|b| {
+        b.trip(message);
+    });
+}
+
+/// The bound that was hit on the active budget, if any.
+pub(super) fn exceeded() -> Option<String> {
+    ACTIVE.with(|a| a.borrow().as_ref().and_then(|b| b.exceeded.clone()))
+}
+
+/// `16 MiB`, `1.5 MiB`, `900 KiB`, `300 bytes`.
+pub fn human_bytes(n: usize) -> String {
+    const KIB: usize = 1 << 10;
+    const MIB: usize = 1 << 20;
+    const GIB: usize = 1 << 30;
+    let unit = |u: usize, name: &str| {
+        if n.is_multiple_of(u) {
+            format!("{} {name}", n / u)
+        } else {
+            format!("{:.1} {name}", n as f64 / u as f64)
+        }
+    };
+    if n >= GIB {
+        unit(GIB, "GiB")
+    } else if n >= MIB {
+        unit(MIB, "MiB")
+    } else if n >= KIB {
+        unit(KIB, "KiB")
+    } else {
+        format!("{n} bytes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> Limits {
+        Limits {
+            parent_fuel: 100,
+            parent_output_bytes: 1000,
+            parent_time: Duration::from_secs(60),
+            ..Limits::default()
+        }
+    }
+
+    #[test]
+    fn output_is_charged_across_evaluations_and_refused_past_the_limit() {
+        let mut budget = ParentBudget::new(&small());
+        {
+            let _g = budget.enter();
+            assert!(charge(Charge::Output, 600).is_ok());
+            assert_eq!(remaining_output(), 400);
+        }
+        assert_eq!(budget.output_used(), 600);
+        let _g = budget.enter();
+        let e = charge(Charge::Filter("indent"), 500).unwrap_err();
+        let msg = e.detail().unwrap_or_default().to_string();
+        assert!(msg.starts_with("parent exceeds the render budget"), "{msg}");
+        assert!(msg.contains("`indent` would build 500 bytes"), "{msg}");
+        // Once exceeded, everything fails with the first message.
+        assert!(charge(Charge::Output, 1).is_err());
+        assert_eq!(before_evaluation().unwrap_err(), msg);
+        assert_eq!(exceeded(), Some(msg));
+    }
+
+    #[test]
+    fn fuel_adds_up_and_checkpoints_see_the_running_evaluation() {
+        let mut budget = ParentBudget::new(&small());
+        let _g = budget.enter();
+        assert!(before_evaluation().is_ok());
+        assert!(add_fuel(60).is_ok());
+        assert!(checkpoint(Some(30)).is_ok());
+        let e = checkpoint(Some(50)).unwrap_err();
+        assert!(
+            e.to_string().contains("110 fuel (limit 100 per parent)"),
+            "{e}"
+        );
+        assert!(before_evaluation().is_err());
+    }
+
+    #[test]
+    fn fuel_exactly_spent_refuses_the_next_evaluation() {
+        let mut budget = ParentBudget::new(&small());
+        let _g = budget.enter();
+        assert!(add_fuel(100).is_ok());
+        let e = before_evaluation().unwrap_err();
+        assert!(e.contains("its 100 fuel are spent"), "{e}");
+    }
+
+    #[test]
+    fn the_deadline_is_checked() {
+        let limits = Limits {
+            parent_time: Duration::ZERO,
+            ..small()
+        };
+        let mut budget = ParentBudget::new(&limits);
+        std::thread::sleep(Duration::from_millis(2));
+        let _g = budget.enter();
+        let e = before_evaluation().unwrap_err();
+        assert!(e.contains("rendering took"), "{e}");
+        assert!(e.contains("(limit 0 ms per parent)"), "{e}");
+    }
+
+    #[test]
+    fn nested_entries_restore_the_outer_budget() {
+        let mut outer = ParentBudget::new(&small());
+        let _g = outer.enter();
+        charge(Charge::Output, 10).unwrap();
+        {
+            let mut inner = ParentBudget::new(&small());
+            let _i = inner.enter();
+            assert_eq!(remaining_output(), 1000);
+        }
+        assert_eq!(remaining_output(), 990);
+    }
+
+    #[test]
+    fn without_an_active_budget_the_default_bounds_apply() {
+        let limit = Limits::default().parent_output_bytes;
+        assert!(charge(Charge::Filter("x"), limit).is_ok());
+        assert!(charge(Charge::Filter("x"), limit + 1).is_err());
+    }
+
+    #[test]
+    fn sizes_read_well() {
+        assert_eq!(human_bytes(300), "300 bytes");
+        assert_eq!(human_bytes(4 << 20), "4 MiB");
+        assert_eq!(human_bytes(1536 << 10), "1.5 MiB");
+        assert_eq!(human_bytes(900 << 10), "900 KiB");
+        assert_eq!(human_bytes(1 << 30), "1 GiB");
+    }
+}

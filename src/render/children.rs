@@ -1,0 +1,404 @@
+//! Rendering one parent's children: `forEach` and `includeWhen`, each template render
+//! within the parent's budget, and the checks and decoration that make the rendered
+//! text an object Rulebook can apply (split out of `mod.rs`, which holds compiling).
+
+use std::collections::BTreeMap;
+
+use minijinja::value::Value;
+use serde_json::{Map, Value as Json};
+
+use super::budget::{self, ParentBudget};
+use super::{
+    CompiledRule, DesiredChild, Observed, ParentInfo, RenderError, Scope, describe, env, labels,
+    object_hash, truncate_display,
+};
+use crate::rules::ChildRule;
+
+impl CompiledRule {
+    /// The desired children of `parent`, in rule order, fully decorated (namespace,
+    /// labels, annotations, controller ownerReference) as they would be applied.
+    /// `scope(i)` says whether child `i` is namespaced (from discovery, or assumed).
+    /// Uses a fresh budget; see [`render_within`](Self::render_within).
+    pub fn render(
+        &self,
+        parent: &Json,
+        observed: &Observed,
+        scope: &dyn Fn(usize) -> Scope,
+    ) -> Result<Vec<DesiredChild>, RenderError> {
+        self.render_within(parent, observed, scope, &mut self.budget())
+    }
+
+    /// [`render`](Self::render), spending from `budget`: pass the same budget to
+    /// [`status_within`](Self::status_within) so one parent's render and status share it.
+    pub fn render_within(
+        &self,
+        parent: &Json,
+        observed: &Observed,
+        scope: &dyn Fn(usize) -> Scope,
+        budget: &mut ParentBudget,
+    ) -> Result<Vec<DesiredChild>, RenderError> {
+        let _active = budget.enter();
+        let info = ParentInfo::of(parent);
+        let ctx = self.context(parent, observed);
+        let programs = self.compiled.borrow_dependent();
+        let env = self.compiled.borrow_owner();
+        let mut out = Vec::new();
+        for (i, c) in self.rule.spec.children.iter().enumerate() {
+            let p = &programs.children[i];
+            if let Some(w) = &p.include_when
+                && !self.eval(w, &ctx)?.is_true()
+            {
+                continue;
+            }
+            let items: Vec<Option<Value>> = match &p.for_each {
+                None => vec![None],
+                Some(e) => {
+                    let v = self.eval(e, &ctx)?;
+                    if v.is_undefined() || v.is_none() {
+                        vec![]
+                    } else if !matches!(
+                        v.kind(),
+                        minijinja::value::ValueKind::Seq | minijinja::value::ValueKind::Iterable
+                    ) {
+                        return Err(RenderError::new(
+                            self.file.clone(),
+                            Some(e.line),
+                            format!(
+                                "rule '{}': {}: gives {} ({}), not a list",
+                                self.name,
+                                e.key,
+                                v.kind(),
+                                truncate_display(&v.to_string(), 80)
+                            ),
+                        ));
+                    } else {
+                        let len = v.len().unwrap_or(0);
+                        if len > self.limits.max_for_each {
+                            return Err(RenderError::budget(
+                                self.file.clone(),
+                                Some(e.line),
+                                format!(
+                                    "rule '{}': {}: {len} items, more than the limit of {}",
+                                    self.name, e.key, self.limits.max_for_each
+                                ),
+                            ));
+                        }
+                        let iter = v.try_iter().map_err(|err| {
+                            RenderError::new(
+                                self.file.clone(),
+                                Some(e.line),
+                                format!(
+                                    "rule '{}': {}: not a list: {}",
+                                    self.name,
+                                    e.key,
+                                    describe(&err)
+                                ),
+                            )
+                        })?;
+                        iter.take(self.limits.max_for_each).map(Some).collect()
+                    }
+                }
+            };
+            let template_path = self
+                .template_files
+                .get(c.template.as_str())
+                .cloned()
+                .unwrap_or_else(|| c.template.value.clone());
+            let tmpl = env
+                .get_template(&c.template)
+                .map_err(|e| RenderError::new(template_path.clone(), None, describe(&e)))?;
+            for (idx, item) in items.into_iter().enumerate() {
+                let mut local = ctx.clone();
+                let index = item.as_ref().map(|_| idx);
+                if let Some(item) = item {
+                    local.insert("item", item);
+                    local.insert("index", Value::from(idx));
+                }
+                let text = self.render_one(&tmpl, &template_path, &local)?;
+                let object = parse_rendered(&text)
+                    .map_err(|(line, message)| RenderError::new(&template_path, line, message))?;
+                let object = self
+                    .check_and_decorate(c, object, &info, scope(i), index)
+                    .map_err(|message| RenderError::new(&template_path, None, message))?;
+                let hash = object_hash(&object);
+                let mut object = object;
+                set_annotation(&mut object, labels::DESIRED_HASH, &hash);
+                out.push(DesiredChild {
+                    child: i,
+                    name: c.name.value.clone(),
+                    index,
+                    object,
+                    hash,
+                });
+            }
+        }
+        // Two children rendering the same object would fight each other.
+        let mut seen = BTreeMap::new();
+        for d in &out {
+            let key = (
+                d.api_version().to_string(),
+                d.kind().to_string(),
+                d.object_name().to_string(),
+            );
+            if let Some(first) = seen.insert(key.clone(), d.label()) {
+                return Err(RenderError::new(
+                    self.file.clone(),
+                    None,
+                    format!(
+                        "rule '{}': children {first} and {} both render {} {}",
+                        self.name,
+                        d.label(),
+                        key.1,
+                        key.2
+                    ),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Renders one template against the active budget: refused when the budget is
+    /// spent, output charged as it is written, fuel added after.
+    fn render_one(
+        &self,
+        tmpl: &minijinja::Template<'_, '_>,
+        path: &str,
+        ctx: &BTreeMap<&'static str, Value>,
+    ) -> Result<String, RenderError> {
+        budget::before_evaluation().map_err(|m| RenderError::budget(path, None, m))?;
+        let mut w = env::CappedWriter {
+            buf: Vec::new(),
+            limit: self.limits.max_output_bytes,
+        };
+        let captured = tmpl
+            .render_captured_to(ctx, &mut w)
+            .map_err(|e| RenderError::from_minijinja(path, e.line().map(|l| l as u64), "", &e))?;
+        let fuel = captured.state().fuel_levels().map_or(0, |(used, _)| used);
+        budget::add_fuel(fuel).map_err(|m| RenderError::budget(path, None, m))?;
+        Ok(String::from_utf8_lossy(&w.buf).into_owned())
+    }
+
+    fn check_and_decorate(
+        &self,
+        c: &ChildRule,
+        mut object: Json,
+        parent: &ParentInfo<'_>,
+        scope: Scope,
+        index: Option<usize>,
+    ) -> Result<Json, String> {
+        let Some(map) = object.as_object_mut() else {
+            return Err("the template must render one YAML mapping (an object)".into());
+        };
+        for (key, want) in [
+            ("apiVersion", &c.api_version.value),
+            ("kind", &c.kind.value),
+        ] {
+            match map.get(key).and_then(Json::as_str) {
+                Some(got) if got == want => {}
+                Some(got) => {
+                    return Err(format!(
+                        "rendered {key} '{got}', but the rule declares '{want}'"
+                    ));
+                }
+                None => {
+                    map.insert(key.to_string(), Json::String(want.clone()));
+                }
+            }
+        }
+        let meta = map
+            .entry("metadata")
+            .or_insert_with(|| Json::Object(Map::new()));
+        let Some(meta) = meta.as_object_mut() else {
+            return Err("metadata must be a mapping".into());
+        };
+        match meta.get("name").and_then(Json::as_str) {
+            Some(n) if !n.is_empty() => check_object_name("metadata.name", n)?,
+            _ => return Err("the rendered object has no metadata.name".into()),
+        }
+        if let Some(n) = meta.get("namespace").and_then(Json::as_str) {
+            check_object_name("metadata.namespace", n)?;
+        }
+        match (scope, parent.namespace) {
+            (Scope::Namespaced, None) => {
+                // A cluster-scoped parent places its namespaced children where the template says.
+                if meta.get("namespace").and_then(Json::as_str).is_none() {
+                    meta.insert("namespace".into(), Json::String("default".into()));
+                }
+            }
+            (Scope::Namespaced, Some(ns)) => {
+                if let Some(got) = meta.get("namespace").and_then(Json::as_str)
+                    && got != ns
+                {
+                    return Err(format!(
+                        "the rendered object is in namespace '{got}'; children live in the parent's namespace '{ns}'"
+                    ));
+                }
+                meta.insert("namespace".into(), Json::String(ns.to_string()));
+            }
+            (Scope::Cluster, Some(_)) => {
+                return Err(format!(
+                    "{} is cluster-scoped and the parent is namespaced: a cluster-scoped child cannot be owned by a namespaced parent",
+                    c.kind.value
+                ));
+            }
+            (Scope::Cluster, None) => {
+                meta.remove("namespace");
+            }
+        }
+        let labels_map = meta
+            .entry("labels")
+            .or_insert_with(|| Json::Object(Map::new()));
+        let Some(labels_map) = labels_map.as_object_mut() else {
+            return Err("metadata.labels must be a mapping".into());
+        };
+        labels_map.insert(labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into());
+        labels_map.insert(labels::RULE.into(), self.name.clone().into());
+        labels_map.insert(labels::OWNER.into(), parent.uid.into());
+        labels_map.insert(labels::CHILD.into(), c.name.value.clone().into());
+        let ann = meta
+            .entry("annotations")
+            .or_insert_with(|| Json::Object(Map::new()));
+        let Some(ann) = ann.as_object_mut() else {
+            return Err("metadata.annotations must be a mapping".into());
+        };
+        ann.insert(labels::RULE_VERSION.into(), self.version.clone().into());
+        ann.remove(labels::DESIRED_HASH);
+        match index {
+            Some(i) => {
+                ann.insert(labels::INDEX.into(), i.to_string().into());
+            }
+            None => {
+                ann.remove(labels::INDEX);
+            }
+        }
+        meta.insert(
+            "ownerReferences".into(),
+            serde_json::json!([{
+                "apiVersion": parent.api_version,
+                "kind": parent.kind,
+                "name": parent.name,
+                "uid": parent.uid,
+                "controller": true,
+            }]),
+        );
+        for forbidden in [
+            "uid",
+            "resourceVersion",
+            "generation",
+            "creationTimestamp",
+            "managedFields",
+        ] {
+            meta.remove(forbidden);
+        }
+        map.remove("status");
+        Ok(object)
+    }
+}
+
+/// Parses one rendered template: a single YAML mapping.
+/// The YAML budget for one rendered object: a Kubernetes object is at most about
+/// 1.5 MiB, so these bounds are generous for real templates and stop alias bombs and
+/// deep nesting written into a template fast. Set here, not left to the crate's defaults.
+fn rendered_yaml_options() -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_events = 250_000;
+    budget.max_aliases = 1_000;
+    budget.max_anchors = 1_000;
+    budget.max_recorded_anchor_events = 100_000;
+    budget.max_recorded_anchor_bytes = 4 << 20;
+    budget.max_depth = 64;
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
+fn parse_rendered(text: &str) -> Result<Json, (Option<u64>, String)> {
+    let docs: Vec<Json> = serde_saphyr::from_multiple_with_options(text, rendered_yaml_options())
+        .map_err(|e| {
+        (
+            e.location().map(|l| l.line()),
+            format!(
+                "the rendered output is not valid YAML: {}",
+                crate::rules::yaml_message(&e)
+            ),
+        )
+    })?;
+    let mut docs: Vec<Json> = docs.into_iter().filter(|d| !d.is_null()).collect();
+    match docs.len() {
+        1 => Ok(docs.remove(0)),
+        0 => Err((None, "the template rendered no object".into())),
+        n => Err((
+            None,
+            format!("the template rendered {n} objects; a template renders exactly one"),
+        )),
+    }
+}
+
+fn set_annotation(object: &mut Json, key: &str, value: &str) {
+    if let Some(ann) = object
+        .pointer_mut("/metadata/annotations")
+        .and_then(Json::as_object_mut)
+    {
+        ann.insert(key.to_string(), Json::String(value.to_string()));
+    }
+}
+
+/// Names go into request URLs: refuse, at render time, what is never a valid object
+/// name of any kind (the API server's path-segment rules, plus characters that would
+/// change the URL or cannot be in any name), so the parent gets a clear `RenderFailed`
+/// instead of a request for another object. Kind-specific rules (DNS subdomain, label)
+/// stay with the API server.
+pub fn check_object_name(field: &str, name: &str) -> Result<(), String> {
+    let bad = name
+        .chars()
+        .find(|c| matches!(c, '/' | '%' | '?' | '#' | '\\') || c.is_whitespace() || c.is_control());
+    let why = if name.len() > 253 {
+        Some(format!("is {} bytes long (at most 253)", name.len()))
+    } else if name == "." || name == ".." {
+        Some("may not be '.' or '..'".to_string())
+    } else {
+        bad.map(|c| format!("may not contain {c:?}"))
+    };
+    match why {
+        Some(why) => Err(format!(
+            "the rendered {field} {:?} {why}: object names are DNS subdomains (lowercase letters, digits, '-' and '.')",
+            truncate_name(name)
+        )),
+        None => Ok(()),
+    }
+}
+
+fn truncate_name(name: &str) -> String {
+    match name.char_indices().nth(64) {
+        Some((i, _)) => format!("{}…", &name[..i]),
+        None => name.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_would_change_the_request_url_are_refused() {
+        for bad in [
+            "../../x/configmaps/v",
+            "a%2Fb",
+            "v/status",
+            "v?dryRun=All",
+            "c#f",
+            ".",
+            "..",
+            "a b",
+            "a\u{7f}",
+        ] {
+            assert!(check_object_name("metadata.name", bad).is_err(), "{bad:?}");
+        }
+        let long = "a".repeat(254);
+        let err = check_object_name("metadata.name", &long).unwrap_err();
+        assert!(err.contains("254 bytes"), "{err}");
+        for good in ["web-config", "a.b.c", "system:aggregate-to-view", "x"] {
+            assert!(check_object_name("metadata.name", good).is_ok(), "{good:?}");
+        }
+    }
+}
