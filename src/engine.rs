@@ -20,12 +20,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::meta::labels;
 use crate::metrics::{self, Metrics};
 use crate::reconcile::admission::{Admitted, CacheBudget, CacheLimits};
 use crate::reconcile::wire::Wire;
 use crate::reconcile::writer::{Deleted, WriteError, Writer};
 use crate::reconcile::{self, ChildKind, ContextParts, ParentKind, RuleContext, WriteGate};
-use crate::render::{CompiledRule, labels};
+use crate::render::CompiledRule;
 use crate::rules::{RuleSet, split_api_version};
 
 #[derive(Clone, Debug)]
@@ -335,13 +336,7 @@ async fn prune_dropped_kinds(
     use kube::api::ListParams;
     let name = &rule.name;
     let writer = Writer::new(gate, metrics.clone(), name);
-    let selector = format!(
-        "{}={},{}={}",
-        labels::MANAGED_BY,
-        labels::MANAGED_BY_VALUE,
-        labels::RULE,
-        name
-    );
+    let selector = labels::child_selector(&name);
     for (api_version, kind) in kinds {
         let (ar, caps) = match discover(&client, "dropped child kind", &api_version, &kind).await {
             Ok(found) => found,
@@ -590,13 +585,7 @@ impl RuleRunner {
         let mut controller =
             Controller::for_stream_with(parent_stream, parent_reader.clone(), r.parent.clone())
                 .with_config(ControllerConfig::default().concurrency(self.config.concurrency));
-        let child_selector = format!(
-            "{}={},{}={}",
-            labels::MANAGED_BY,
-            labels::MANAGED_BY_VALUE,
-            labels::RULE,
-            name
-        );
+        let child_selector = labels::child_selector(&name);
         let recorder = Recorder::new(
             self.client.clone(),
             Reporter {

@@ -20,7 +20,7 @@
 
 use serde_json::{Map, Value as Json};
 
-use crate::render::labels;
+use crate::meta::labels;
 
 /// Why a child needs an apply, or `None` when it is up to date.
 #[derive(Clone, Debug, PartialEq, Eq)]

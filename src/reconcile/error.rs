@@ -94,7 +94,7 @@ impl ReconcileError {
 
     pub fn reason(&self) -> Reason {
         match self {
-            ReconcileError::Render(e) if budget_exceeded(e) => Reason::RenderBudgetExceeded,
+            ReconcileError::Render(e) if e.is_budget_exceeded() => Reason::RenderBudgetExceeded,
             ReconcileError::Render(_) => Reason::RenderFailed,
             ReconcileError::Apply { .. } | ReconcileError::Read { .. } => Reason::ApplyFailed,
             ReconcileError::Prune { .. } => Reason::PruneFailed,
@@ -136,11 +136,7 @@ mod tests {
 
     #[test]
     fn each_failure_has_one_reason() {
-        let render = RenderError {
-            file: "t.yaml".into(),
-            line: Some(3),
-            message: "boom".into(),
-        };
+        let render = RenderError::new("t.yaml", Some(3), "boom");
         let c = ReconcileError::Render(render).condition();
         assert_eq!((c.status, c.reason.as_str()), (false, "RenderFailed"));
         assert_eq!(c.message, "t.yaml:3: boom");
@@ -150,14 +146,14 @@ mod tests {
             ("Conflict", "taken")
         );
         assert_eq!(ReconcileError::NotLeader.condition().reason, "NotLeader");
+        let budget = RenderError::budget("t.yaml", None, "parent exceeds the render budget");
+        assert_eq!(
+            ReconcileError::Render(budget).condition().reason,
+            "RenderBudgetExceeded"
+        );
         assert_eq!(
             ReconcileError::InvalidParent("deep".into()).reason(),
             Reason::InvalidParent
         );
     }
-}
-
-// TEMPORARY until the render budget lands.
-fn budget_exceeded(_e: &RenderError) -> bool {
-    false
 }

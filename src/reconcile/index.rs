@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
 
-use crate::render::labels;
+use crate::meta::labels;
 
 /// `(namespace, name)` of a cached object.
 pub type Key = (Option<String>, String);

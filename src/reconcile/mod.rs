@@ -163,13 +163,16 @@ async fn reconcile_inner(
         Observed::from_objects(live_children.iter().filter_map(|(_, o)| cache::to_json(o)));
 
     // 2. Render the desired children, off the async runtime.
-    let (rendered, parent_json, observed) = render_off_runtime(ctx, parent_json, observed).await?;
-    let (desired, live_children, observed) =
+    let budget = rule.budget();
+    let (rendered, parent_json, observed, budget) =
+        render_off_runtime(ctx, parent_json, observed, budget).await?;
+    let (desired, live_children, observed, budget) =
         match confine_to_rendered_namespaces(ctx, rendered, live_children, observed) {
-            Confined::Same(d, l, o) => (d, l, o),
+            Confined::Same(d, l, o) => (d, l, o, budget),
             Confined::Narrowed(l, o) => {
-                let (again, _, o) = render_off_runtime(ctx, parent_json.clone(), o).await?;
-                (again, l, o)
+                let (again, _, o, budget) =
+                    render_off_runtime(ctx, parent_json.clone(), o, budget).await?;
+                (again, l, o, budget)
             }
         };
     let desired = match desired {
@@ -233,7 +236,8 @@ async fn reconcile_inner(
     } else {
         observed_after(&observed, &changes)
     };
-    let (report, parent_json, _) = status_off_runtime(ctx, parent_json, observed, desired).await?;
+    let (report, parent_json) =
+        status_off_runtime(ctx, parent_json, observed, desired, budget).await?;
     let report = match report {
         Ok(report) => report,
         Err(e) => return render_failed(ctx, parent, &parent_json, e, "Status").await,

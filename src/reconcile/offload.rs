@@ -14,7 +14,7 @@ use tokio::sync::Semaphore;
 
 use super::context::RuleContext;
 use super::error::ReconcileError;
-use crate::render::{DesiredChild, Observed, RenderError, Scope, StatusReport};
+use crate::render::{DesiredChild, Observed, ParentBudget, RenderError, Scope, StatusReport};
 
 static SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {
     Semaphore::new(
@@ -36,18 +36,28 @@ async fn off_runtime<T: Send + 'static>(
         .map_err(|e| ReconcileError::Invalid(format!("render task failed: {e}")))
 }
 
-/// The desired children of `parent`, rendered on the blocking pool; hands the inputs back.
+/// What a render hands back: its result, its inputs, and what is left of the budget.
+pub(super) type Rendered = (
+    Result<Vec<DesiredChild>, RenderError>,
+    Json,
+    Observed,
+    ParentBudget,
+);
+
+/// The desired children of `parent`, rendered on the blocking pool within `budget` (one
+/// budget per parent and reconcile: its render, a second render, and its status).
 pub(super) async fn render_off_runtime(
     ctx: &RuleContext,
     parent: Json,
     observed: Observed,
-) -> Result<(Result<Vec<DesiredChild>, RenderError>, Json, Observed), ReconcileError> {
+    mut budget: ParentBudget,
+) -> Result<Rendered, ReconcileError> {
     let rule = ctx.rule.clone();
     let scopes: Vec<Scope> = (0..rule.children().len()).map(|i| ctx.scope(i)).collect();
     off_runtime(move || {
         let scope = |i: usize| scopes.get(i).copied().unwrap_or(Scope::Namespaced);
-        let desired = rule.render(&parent, &observed, &scope);
-        (desired, parent, observed)
+        let desired = rule.render_within(&parent, &observed, &scope, &mut budget);
+        (desired, parent, observed, budget)
     })
     .await
 }
@@ -58,11 +68,12 @@ pub(super) async fn status_off_runtime(
     parent: Json,
     observed: Observed,
     desired: Vec<DesiredChild>,
-) -> Result<(Result<StatusReport, RenderError>, Json, Vec<DesiredChild>), ReconcileError> {
+    mut budget: ParentBudget,
+) -> Result<(Result<StatusReport, RenderError>, Json), ReconcileError> {
     let rule: Arc<_> = ctx.rule.clone();
     off_runtime(move || {
-        let report = rule.status(&parent, &observed, &desired);
-        (report, parent, desired)
+        let report = rule.status_within(&parent, &observed, &desired, &mut budget);
+        (report, parent)
     })
     .await
 }

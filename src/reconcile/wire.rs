@@ -28,7 +28,7 @@ use serde_json::Value as Json;
 use serde_json::value::RawValue;
 
 use crate::meta::FIELD_MANAGER;
-use crate::render::labels;
+use crate::meta::labels;
 
 /// A watched object as decoded: typed metadata, the rest as raw JSON text. `CHILD`
 /// objects that cannot be children keep no content (`content` is `None`).

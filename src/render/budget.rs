@@ -26,7 +26,11 @@ pub struct ParentBudget {
     fuel_limit: u64,
     output_limit: usize,
     time_limit: Duration,
-    started: Instant,
+    /// Time spent rendering with this budget (between renders — API calls of the
+    /// reconcile, waiting for a render slot — the clock does not run).
+    spent: Duration,
+    /// When the current render with this budget started.
+    entered_at: Option<Instant>,
     fuel_used: u64,
     output_used: usize,
     /// The first bound that was hit: once set, every later check fails with it.
@@ -36,13 +40,14 @@ pub struct ParentBudget {
 }
 
 impl ParentBudget {
-    /// A full budget; the clock starts now.
+    /// A full budget; its clock runs only while a render uses it.
     pub fn new(limits: &Limits) -> ParentBudget {
         ParentBudget {
             fuel_limit: limits.parent_fuel,
             output_limit: limits.parent_output_bytes,
             time_limit: limits.parent_time,
-            started: Instant::now(),
+            spent: Duration::ZERO,
+            entered_at: None,
             fuel_used: 0,
             output_used: 0,
             exceeded: None,
@@ -60,9 +65,9 @@ impl ParentBudget {
         self.output_used
     }
 
-    /// Time since the budget was created.
+    /// Time spent rendering with this budget.
     pub fn elapsed(&self) -> Duration {
-        self.started.elapsed()
+        self.spent + self.entered_at.map_or(Duration::ZERO, |t| t.elapsed())
     }
 
     /// The message of the bound that was hit, if one was.
@@ -72,7 +77,9 @@ impl ParentBudget {
 
     /// Makes this budget the active one on this thread until the guard is dropped.
     pub(super) fn enter(&mut self) -> Entered<'_> {
-        let previous = ACTIVE.with(|a| a.borrow_mut().replace(self.clone()));
+        let mut active = self.clone();
+        active.entered_at = Some(Instant::now());
+        let previous = ACTIVE.with(|a| a.borrow_mut().replace(active));
         Entered {
             budget: self,
             previous,
@@ -84,7 +91,7 @@ impl ParentBudget {
     }
 
     fn check_time(&mut self) -> Result<(), String> {
-        let took = self.started.elapsed();
+        let took = self.elapsed();
         if took > self.time_limit {
             return Err(self.trip(format!(
                 "parent exceeds the render budget: rendering took {} ms (limit {} ms per parent)",
@@ -173,7 +180,10 @@ pub(super) struct Entered<'a> {
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
         let previous = self.previous.take();
-        if let Some(state) = ACTIVE.with(|a| std::mem::replace(&mut *a.borrow_mut(), previous)) {
+        if let Some(mut state) = ACTIVE.with(|a| std::mem::replace(&mut *a.borrow_mut(), previous))
+        {
+            state.spent = state.elapsed();
+            state.entered_at = None;
             *self.budget = state;
         }
     }

@@ -34,22 +34,8 @@ pub use status::{Condition, Readiness, StatusReport};
 
 use crate::rules::{ChildRule, Diagnostic, Loc, SourcedRule, StatusValue, parse_duration};
 
-/// Labels and annotations Rulebook puts on every child.
-pub mod labels {
-    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-    pub const MANAGED_BY_VALUE: &str = "rulebook";
-    pub const RULE: &str = "rulebook.dev/rule";
-    /// The UID of the parent; with the controller ownerReference, what pruning trusts.
-    pub const OWNER: &str = "rulebook.dev/owner";
-    /// The rule's child name (`spec.children[].name`) that produced the object.
-    pub const CHILD: &str = "rulebook.dev/child";
-    /// The rule version (content hash of the rule and its templates) that produced the object.
-    pub const RULE_VERSION: &str = "rulebook.dev/rule-version";
-    /// The hash of the desired object as last applied.
-    pub const DESIRED_HASH: &str = "rulebook.dev/desired-hash";
-    /// The `forEach` index of the object.
-    pub const INDEX: &str = "rulebook.dev/index";
-}
+/// Labels and annotations Rulebook puts on every child (the shared vocabulary).
+pub use crate::meta::labels;
 
 /// A compiled expression, with the rule position it came from.
 struct Expr<'env> {
