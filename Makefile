@@ -38,10 +38,12 @@ cluster-status: ## Exit 0 if the local cluster is up
 
 CARGO_TEST := cargo test --locked --lib --bins --tests
 
+# Every target, benches and the benchmark's reference controller included, so that
+# `make bench` cannot rot uncompiled.
 .PHONY: lint
-lint: ## cargo fmt --check and cargo clippy -D warnings
+lint: ## cargo fmt --check and cargo clippy --all-targets -D warnings (benches and examples too)
 	cargo fmt --all -- --check
-	cargo clippy --locked --lib --bins --tests -- -D warnings
+	cargo clippy --locked --all-targets -- -D warnings
 
 .PHONY: unit
 unit: ## Only the tests that need no cluster (rule checks, rendering, injection, snapshots)
