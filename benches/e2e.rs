@@ -53,10 +53,23 @@ pub struct Cfg {
     pub contenders: Vec<Kind>,
     pub workloads: BTreeSet<String>,
     pub timeout: Option<Duration>,
+    /// Cargo's target directory: `CARGO_TARGET_DIR` when set (relative to the
+    /// repository, where `make bench` runs cargo), else `target/`.
+    pub target_dir: PathBuf,
     pub rulebook_bin: PathBuf,
     pub reference_bin: PathBuf,
     pub kro_dir: PathBuf,
     pub kro_bin: PathBuf,
+}
+
+/// Where cargo puts its build output: `CARGO_TARGET_DIR` when set (a relative one is
+/// relative to the repository, where `make bench` runs cargo), else `<repo>/target`.
+/// `.ci/run` sets it to a cache outside the clone.
+fn target_dir(repo: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR").filter(|v| !v.is_empty()) {
+        Some(dir) => repo.join(dir), // `join` keeps an absolute path as it is
+        None => repo.join("target"),
+    }
 }
 
 fn env<T: std::str::FromStr>(key: &str, default: T) -> T {
@@ -88,6 +101,7 @@ impl Cfg {
                 PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/rulebook")
             });
         let kro_version = std::env::var("KRO_VERSION").unwrap_or_else(|_| "v0.9.4".into());
+        let target_dir = target_dir(&repo);
         Cfg {
             out: repo.join("target/bench"),
             kubeconfig: std::env::var_os("BENCH_KUBECONFIG")
@@ -118,8 +132,9 @@ impl Cfg {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map(Duration::from_secs),
-            rulebook_bin: repo.join("target/release/rulebook"),
-            reference_bin: repo.join("target/release/examples/bench-reference"),
+            rulebook_bin: target_dir.join("release/rulebook"),
+            reference_bin: target_dir.join("release/examples/bench-reference"),
+            target_dir,
             kro_bin: cache.join("kro").join(&kro_version).join("bin/controller"),
             kro_dir: cache.join("kro").join(kro_version),
             repo,
@@ -893,12 +908,17 @@ fn git_describe(repo: &Path) -> String {
         .unwrap_or_default()
 }
 
-/// Criterion's estimates for the render benchmark, in nanoseconds.
-fn render_cost(repo: &Path) -> Json {
+/// Criterion's estimates for the render benchmark, in nanoseconds, from where criterion
+/// writes them: `CRITERION_HOME`, else `<target dir>/criterion`.
+fn render_cost(target_dir: &Path) -> Json {
+    let criterion = std::env::var_os("CRITERION_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir.join("criterion"));
     let mut out = json!({});
     for group in ["myweb", "bench"] {
         for f in ["render", "status", "render_status"] {
-            let path = repo.join(format!("target/criterion/{group}/{f}/new/estimates.json"));
+            let path = criterion.join(format!("{group}/{f}/new/estimates.json"));
             if let Ok(text) = std::fs::read_to_string(&path)
                 && let Ok(v) = serde_json::from_str::<Json>(&text)
             {
@@ -1078,7 +1098,7 @@ async fn run(cfg: Cfg) -> Result<Json> {
             .await;
     }
     if cfg.wants("render") {
-        results["render"] = render_cost(&cfg.repo);
+        results["render"] = render_cost(&cfg.target_dir);
     }
     let restarted = procs::component_pid(&cfg.repo, "kube-apiserver") != b.apiserver_pid;
     if restarted {

@@ -8,7 +8,8 @@
 //! workloads pay.
 //!
 //! `cargo bench --bench render`; `make bench` reads the figure from
-//! `target/criterion/<rule>/render_status/new/estimates.json`.
+//! `<target dir>/criterion/<rule>/render_status/new/estimates.json` (`CARGO_TARGET_DIR`
+//! when set, else `target/`).
 
 use std::path::{Path, PathBuf};
 
