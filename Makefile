@@ -37,6 +37,8 @@ cluster-status: ## Exit 0 if the local cluster is up
 # Rulebook itself.
 
 CARGO_TEST := cargo test --locked --lib --bins --tests
+# The heavy fault tests (tests/faults_heavy.rs, every one #[ignore]d), one at a time.
+HEAVY_TEST := cargo test --locked --test faults_heavy -- --ignored --test-threads=1 --nocapture
 
 # Every target, benches and the benchmark's reference controller included, so that
 # `make bench` cannot rot uncompiled.
@@ -50,11 +52,20 @@ unit: ## Only the tests that need no cluster (rule checks, rendering, injection,
 	cargo test --locked --lib --test check_corpus --test injection --test hostile_templates \
 		--test render_snapshots --test status_eval
 
+# `make test` runs every test: first all but the heavy fault tests (in parallel, as cargo
+# does), then the heavy ones one at a time (they restart the local API server and etcd,
+# so they must not overlap anything else). Both run even when the first fails; the
+# target fails when either did.
 .PHONY: test
-test: lint cluster ## Everything: lint, then all tests against the local control plane (started or reused)
+test: lint cluster ## Everything: lint, all tests against the local control plane (started or reused), then the heavy fault tests
 	@# a demo operator watches every namespace and would fight the tests' operators
 	scripts/demo.sh down
-	RULEBOOK_TEST_KUBECONFIG=$(KUBECONFIG_LOCAL) $(CARGO_TEST) --no-fail-fast
+	@failed=""; \
+	echo "$(CARGO_TEST) --no-fail-fast"; \
+	RULEBOOK_TEST_KUBECONFIG=$(KUBECONFIG_LOCAL) $(CARGO_TEST) --no-fail-fast || failed="tests"; \
+	echo "$(HEAVY_TEST)"; \
+	RULEBOOK_TEST_KUBECONFIG=$(KUBECONFIG_LOCAL) $(HEAVY_TEST) || failed="$${failed:+$$failed and }heavy fault tests"; \
+	if [[ -n "$$failed" ]]; then echo "make test: FAILED: $$failed" >&2; exit 1; fi
 
 .PHONY: demo
 demo: ## Local control plane + operator + example rules and parents; leaves them running
@@ -106,14 +117,15 @@ deploy-sync: rbac ## Regenerate deploy/base/ from rules/ and templates/ (RBAC, r
 	deploy/sync-ruleset.sh rules templates
 
 # ---------------------------------------------------------------------------
-# Fault tests (docs/faults.md). The light ones (tests/faults.rs) are part of `make test`;
-# the heavy ones (tests/faults_heavy.rs, all #[ignore]d) run only here, one at a time:
-# 200 parents SIGKILLed 10 times, 500 poison parents, API server and etcd restarts, a
-# forced 410 Gone. They restart the local API server and etcd: other tests using the
-# cluster at the same time see a few seconds of refused connections.
+# Fault tests (docs/faults.md). The light ones (tests/faults.rs) run with the other tests
+# of `make test`; the heavy ones (tests/faults_heavy.rs, all #[ignore]d: 200 parents
+# SIGKILLed 10 times, 500 poison parents, API server and etcd restarts, a forced 410 Gone)
+# run at the end of `make test`, one at a time, and alone here. They restart the local
+# API server and etcd: anything else using the cluster at the same time sees a few
+# seconds of refused connections.
 
 .PHONY: test-faults
-test-faults: cluster ## Heavy fault tests (docs/faults.md); restarts the local API server and etcd
+test-faults: cluster ## Only the heavy fault tests (docs/faults.md; also the end of `make test`); restarts the local API server and etcd
 	@# a demo operator watches every namespace and would fight the tests' operators
 	scripts/demo.sh down
-	cargo test --locked --test faults_heavy -- --ignored --test-threads=1 --nocapture
+	RULEBOOK_TEST_KUBECONFIG=$(KUBECONFIG_LOCAL) $(HEAVY_TEST)

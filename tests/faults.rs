@@ -1,8 +1,9 @@
 //! Fault and abuse tests against the local control plane, with `rulebook run` as a child
-//! process (light variants; `make test`). The heavy variants — 200 parents killed ten
-//! times, 500 poison parents, API server and etcd restarts, a forced 410 Gone — are in
-//! `tests/faults_heavy.rs` (`make test-faults`). What each test does and the figures of
-//! the last runs: docs/faults.md.
+//! process (light variants; they run beside the other tests of `make test`). The heavy
+//! variants — 200 parents killed ten times, 500 poison parents, API server and etcd
+//! restarts, a forced 410 Gone — are in `tests/faults_heavy.rs` (the end of `make test`,
+//! or `make test-faults` alone). What each test does and the figures of the last runs:
+//! docs/faults.md.
 
 mod common;
 mod faults_kit;

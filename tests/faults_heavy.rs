@@ -1,10 +1,11 @@
-//! Heavy fault tests (docs/faults.md). Every test here is `#[ignore]`d: `make test` lists
-//! them as ignored and does not run them; `make test-faults` runs them, one at a time
-//! (`cargo test --test faults_heavy -- --ignored --test-threads=1`).
+//! Heavy fault tests (docs/faults.md). Every test here is `#[ignore]`d, so that the
+//! parallel run of all tests lists them as ignored and leaves them out; `make test` then
+//! runs them as its last step, one at a time (`cargo test --test faults_heavy --
+//! --ignored --test-threads=1`), and `make test-faults` runs only that step.
 //!
 //! Some of them restart the local API server or etcd (`tests/cluster/cluster.sh
 //! restart-apiserver` / `restart-etcd`): other tests using the cluster at that moment see
-//! a few seconds of refused connections, which is why they are not part of `make test`.
+//! a few seconds of refused connections, which is why they run alone, after the others.
 
 mod common;
 mod faults_kit;
@@ -15,7 +16,7 @@ use faults_kit::*;
 
 /// 200 parents, SIGKILLed at random moments while converging, 10 times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy: run with `make test-faults`"]
+#[ignore = "heavy: run alone: the end of `make test`, or `make test-faults`"]
 async fn heavy_sigkill_while_converging() {
     let r = kill_restart("KillHeavy", 200, 10, Duration::from_secs(300)).await;
     assert_eq!(
@@ -34,21 +35,21 @@ async fn heavy_sigkill_while_converging() {
 
 /// 500 poison parents beside 50 healthy ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy: run with `make test-faults`"]
+#[ignore = "heavy: run alone: the end of `make test`, or `make test-faults`"]
 async fn heavy_poison_parents_back_off() {
     poison("PoisonHeavy", 500, 50).await;
 }
 
 /// The API server restarted while 100 parents converge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy, restarts the API server: run with `make test-faults`"]
+#[ignore = "heavy, restarts the API server: run alone: the end of `make test`, or `make test-faults`"]
 async fn heavy_apiserver_restart_mid_convergence() {
     restart_mid_convergence("ApiRestartParent", "apiserver", 100).await;
 }
 
 /// etcd restarted while 100 parents converge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy, restarts etcd: run with `make test-faults`"]
+#[ignore = "heavy, restarts etcd: run alone: the end of `make test`, or `make test-faults`"]
 async fn heavy_etcd_restart_mid_convergence() {
     restart_mid_convergence("EtcdRestartParent", "etcd", 100).await;
 }
@@ -57,7 +58,7 @@ async fn heavy_etcd_restart_mid_convergence() {
 /// operator holds is now expired: 410 Gone), changes made, the operator resumed: it must
 /// relist and miss nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy, restarts the API server: run with `make test-faults`"]
+#[ignore = "heavy, restarts the API server: run alone: the end of `make test`, or `make test-faults`"]
 async fn heavy_watch_expired_while_paused() {
     pause_resume("GoneParent", Gap::Expired).await;
 }

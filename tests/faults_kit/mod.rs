@@ -1,5 +1,6 @@
-//! Shared scenarios of the fault and abuse tests (`tests/faults.rs`, light, run by `make
-//! test`; `tests/faults_heavy.rs`, heavy, `#[ignore]`d and run by `make test-faults`).
+//! Shared scenarios of the fault and abuse tests (`tests/faults.rs`, light, run with the
+//! other tests of `make test`; `tests/faults_heavy.rs`, heavy, `#[ignore]`d and run one at
+//! a time at the end of `make test` or alone by `make test-faults`).
 //! See docs/faults.md.
 //!
 //! Every scenario runs its own `rulebook run` process on rules it writes into a temp dir,
