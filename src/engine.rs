@@ -215,6 +215,7 @@ impl Engine {
     fn start(&mut self, rule: Arc<CompiledRule>) {
         let name = rule.name.clone();
         info!(rule = %name, version = %rule.version, "starting rule");
+        self.metrics.init_rule(&name);
         self.status.insert(
             &name,
             RuleStatus {

@@ -178,6 +178,26 @@ impl Metrics {
         }
     }
 
+    /// The verbs of `rulebook_api_writes_total`.
+    pub const WRITE_VERBS: [&'static str; 4] = ["apply", "apply_status", "delete", "event"];
+
+    /// Exposes a rule's write, apply, prune and render-error counters at 0 from the moment
+    /// the rule starts, so that "nothing written" reads as a 0 rather than as a missing
+    /// series (which a renamed metric or label would also give).
+    pub fn init_rule(&self, rule: &str) {
+        // `get_or_create` creates the series; the guard it returns is not needed.
+        for verb in Self::WRITE_VERBS {
+            let _ = self.api_writes.get_or_create(&VerbLabels {
+                rule: rule.to_string(),
+                verb: verb.to_string(),
+            });
+        }
+        let label = self::rule(rule);
+        let _ = self.children_applied.get_or_create(&label);
+        let _ = self.children_pruned.get_or_create(&label);
+        let _ = self.render_errors.get_or_create(&label);
+    }
+
     pub fn write(&self, rule: &str, verb: &str) {
         self.api_writes
             .get_or_create(&VerbLabels {
@@ -198,5 +218,28 @@ impl Metrics {
 pub fn rule(rule: &str) -> RuleLabel {
     RuleLabel {
         rule: rule.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_started_rule_counts_zero_instead_of_nothing() {
+        let m = Metrics::new();
+        assert!(!m.encode().contains("rule=\"r\""));
+        m.init_rule("r");
+        m.write("r", "apply");
+        let text = m.encode();
+        for verb in Metrics::WRITE_VERBS {
+            let want = if verb == "apply" { 1 } else { 0 };
+            let line = format!("rulebook_api_writes_total{{rule=\"r\",verb=\"{verb}\"}} {want}\n");
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
+        for family in ["children_applied", "children_pruned", "render_errors"] {
+            let line = format!("rulebook_{family}_total{{rule=\"r\"}} 0\n");
+            assert!(text.contains(&line), "{line} in\n{text}");
+        }
     }
 }
