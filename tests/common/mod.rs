@@ -282,13 +282,22 @@ impl Operator {
             })
     }
 
-    /// The value of one metric series, e.g. `rulebook_api_writes_total{rule="x",verb="apply"}`.
+    /// The value of one metric series, e.g. `rulebook_api_writes_total{rule="x",verb="apply"}`,
+    /// or the sum of a family's series (`rulebook_reconciles_total`). Fails the test when
+    /// `/metrics` has no such series: an absent series is not a 0 (a renamed metric or
+    /// label gives one too), so `metric(..) == 0.0` holds only for a series that is there
+    /// and counted nothing. [`Operator::metric_opt`] tells "absent" (`None`) apart.
     pub async fn metric(&self, series: &str) -> f64 {
         let text = self.get("/metrics").await;
-        text.lines()
-            .filter(|l| l.starts_with(series))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        parse_metric(&text, series).unwrap_or_else(|| {
+            panic!("/metrics has no series {series} (a renamed metric or label?):\n{text}")
+        })
+    }
+
+    /// Like [`Operator::metric`], but `None` when `/metrics` has no such series (a family
+    /// without series is not listed at all, not even its `# TYPE`).
+    pub async fn metric_opt(&self, series: &str) -> Option<f64> {
+        parse_metric(&self.get("/metrics").await, series)
     }
 
     pub fn log_tail(&self) -> String {
@@ -313,6 +322,21 @@ impl Operator {
             .status();
         child.wait().expect("wait")
     }
+}
+
+/// The value of `series` in a Prometheus/OpenMetrics text: the sum over the lines whose
+/// name (and labels, when `series` has them) is exactly `series`, or over every series of
+/// the name when `series` has no labels; `None` when no line matches.
+pub fn parse_metric(text: &str, series: &str) -> Option<f64> {
+    let values: Vec<f64> = text
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(series)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
 impl Drop for Operator {

@@ -1393,6 +1393,12 @@ pub async fn poison(kind: &str, poisoned: usize, healthy: usize) -> PoisonReport
     let writes =
         |verb: &str| format!("rulebook_api_writes_total{{rule=\"{rule}\",verb=\"{verb}\"}}");
     let r0 = op.metric(&series).await;
+    // The series counts what the per-parent figure below divides: every poison parent has
+    // reported RenderFailed, so each failed a reconcile at least once.
+    assert!(
+        r0 >= poisoned as f64,
+        "{series} is {r0} although {poisoned} parents report RenderFailed"
+    );
     let w0 = op.metric(&writes("apply_status")).await + op.metric(&writes("event")).await;
     let window = Instant::now();
     tokio::time::sleep(Duration::from_secs(30)).await; // the measuring window
