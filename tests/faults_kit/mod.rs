@@ -306,19 +306,22 @@ pub async fn status(op: &Operator) -> Json {
 }
 
 /// The API server's count of ConfigMap watchers it closed because they did not keep up
-/// (`apiserver_terminated_watchers_total`; absent until the first one).
-pub async fn terminated_watchers(client: &kube::Client) -> f64 {
+/// (`apiserver_terminated_watchers_total{resource="configmaps"}`); `None` while it has
+/// closed none (the series appears with the first one) or `/metrics` cannot be read.
+pub async fn terminated_watchers(client: &kube::Client) -> Option<f64> {
     let text = client
-        .request_text(http::Request::get("/metrics").body(vec![]).unwrap())
+        .request_text(http::Request::get("/metrics").body(vec![]).ok()?)
         .await
-        .unwrap_or_default();
-    text.lines()
+        .ok()?;
+    let values: Vec<f64> = text
+        .lines()
         .filter(|l| {
-            l.starts_with("apiserver_terminated_watchers_total")
+            l.starts_with("apiserver_terminated_watchers_total{")
                 && l.contains("resource=\"configmaps\"")
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
 /// The API server's audit log of write requests (`.cluster/logs/audit.log`), read from
@@ -1036,6 +1039,41 @@ pub async fn pause_resume(kind: &str, gap: Gap) {
         println!("{test}: a watch from resourceVersion {rv0} now answers 410 Gone");
     }
 
+    // 300 writes of 64 KiB each down the stalled child watch (~19 MB: more than the
+    // connection buffers hold), so that the API server gives up on the stalled watcher.
+    let terminated0 = terminated_watchers(&client).await.unwrap_or(0.0);
+    let blob = "x".repeat(64 << 10);
+    for i in 1..=300 {
+        merge(
+            &cms,
+            "filler",
+            json!({"data": {"n": i.to_string(), "blob": blob}}),
+        )
+        .await;
+    }
+    if gap == Gap::Pause {
+        // The point of the scenario: the operator's ConfigMap watch is dropped while it is
+        // stopped. The changes below come after the drop, so they can reach the operator
+        // only through the watch it re-establishes after SIGCONT.
+        let dropped = poll_for(Duration::from_secs(30), || async {
+            let now = terminated_watchers(&client).await?;
+            (now > terminated0).then_some(now - terminated0)
+        })
+        .await;
+        let Some(dropped) = dropped else {
+            panic!(
+                "{test}: the API server did not drop the stalled ConfigMap watcher \
+                 (apiserver_terminated_watchers_total{{resource=\"configmaps\"}} is {:?}, was \
+                 {terminated0} before 300 writes of 64 KiB): the scenario tests nothing",
+                terminated_watchers(&client).await
+            )
+        };
+        println!(
+            "{test}: the API server dropped {dropped} stalled ConfigMap watcher(s) {:.1} s into the pause",
+            paused.elapsed().as_secs_f64()
+        );
+    }
+
     // The changes, while the operator is stopped.
     let spec_changed: Vec<String> = (0..5).map(|i| format!("p{i}")).collect();
     let child_deleted: Vec<String> = (5..10).map(|i| format!("p{i}")).collect();
@@ -1064,28 +1102,10 @@ pub async fn pause_resume(kind: &str, gap: Gap) {
         put(&parents, &parent(kind, &ns, p, json!({"rev": 0}))).await;
         names.insert(p.clone());
     }
-    // 300 writes of ~32 KiB each down the stalled child watch (~10 MB: more than the
-    // connection buffers hold, so the API server may give up on the stalled watcher).
-    let terminated0 = terminated_watchers(&client).await;
-    let blob = "x".repeat(64 << 10);
-    for i in 1..=300 {
-        merge(
-            &cms,
-            "filler",
-            json!({"data": {"n": i.to_string(), "blob": blob}}),
-        )
-        .await;
-    }
     println!(
-        "{test}: operator stopped for {:.1} s while 5 specs changed, 5 children were deleted, 5 edited, 3 parents deleted, 5 created, 300 other writes",
+        "{test}: operator stopped for {:.1} s: 300 writes of 64 KiB, then 5 specs changed, 5 children were deleted, 5 edited, 3 parents deleted, 5 created",
         paused.elapsed().as_secs_f64()
     );
-    let terminated = terminated_watchers(&client).await - terminated0;
-    if gap == Gap::Pause {
-        println!(
-            "{test}: the API server terminated {terminated} stalled ConfigMap watcher(s) meanwhile"
-        );
-    }
     signal(op.pid(), "CONT");
     let resumed = Instant::now();
 
