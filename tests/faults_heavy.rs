@@ -19,16 +19,12 @@ use faults_kit::*;
 #[ignore = "heavy: run alone: the end of `make test`, or `make test-faults`"]
 async fn heavy_sigkill_while_converging() {
     let r = kill_restart("KillHeavy", 200, 10, Duration::from_secs(300)).await;
-    assert_eq!(
-        (r.lost, r.orphans, r.duplicates, r.foreign_touched),
-        (0, 0, 0, 0)
-    );
-    assert_eq!(r.parents, 200);
+    r.assert_intact(200);
     let mid: usize = r.at_kill.iter().filter(|(ready, _)| *ready < 200).count();
     println!(
         "heavy kill/restart: {} rounds survived ({mid} of them with convergence still under way at the SIGKILL); {} children; converged {:.1} s after the last restart",
         r.rounds,
-        r.children,
+        r.census.children,
         r.converge_after_last_restart.as_secs_f64()
     );
 }

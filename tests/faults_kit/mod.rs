@@ -792,16 +792,50 @@ impl Census {
 }
 
 pub struct KillReport {
+    pub test: String,
     pub rounds: usize,
-    pub parents: usize,
-    pub children: usize,
     /// Parents Ready (for their generation) when each SIGKILL hit, and the delay after start.
     pub at_kill: Vec<(usize, Duration)>,
+    /// Until the census was clean, or until the timeout.
     pub converge_after_last_restart: Duration,
-    pub lost: usize,
-    pub orphans: usize,
-    pub duplicates: usize,
-    pub foreign_touched: usize,
+    /// The namespace at the end: clean, or what was still wrong at the timeout.
+    pub census: Census,
+    /// Foreign objects changed or deleted.
+    pub foreign_touched: Vec<String>,
+}
+
+impl KillReport {
+    /// Every expected parent Ready with exactly its children, nothing lost, duplicated,
+    /// orphaned or stale, no foreign object touched.
+    pub fn assert_intact(&self, parents: usize) {
+        let c = &self.census;
+        assert!(
+            self.foreign_touched.is_empty(),
+            "{}: foreign objects touched: {:?}",
+            self.test,
+            self.foreign_touched
+        );
+        assert_eq!(
+            (
+                c.lost.len(),
+                c.orphans.len(),
+                c.duplicates.len(),
+                c.stale.len()
+            ),
+            (0, 0, 0, 0),
+            "{}: lost, orphans, duplicates, stale after the last restart: {}",
+            self.test,
+            c.describe()
+        );
+        assert!(
+            c.not_ready.is_empty(),
+            "{}: parents still not Ready {:.1} s after the last restart: {}",
+            self.test,
+            self.converge_after_last_restart.as_secs_f64(),
+            c.describe()
+        );
+        assert_eq!(c.parents, parents, "{}: {}", self.test, c.describe());
+    }
 }
 
 async fn count_ready(a: &Api<DynamicObject>) -> usize {
@@ -895,37 +929,27 @@ pub async fn kill_restart(kind: &str, n: usize, rounds: usize, timeout: Duration
     .await;
     let converge = restarted.elapsed();
     let touched = foreign.touched().await;
-    let (Ok(c) | Err(c)) = &census;
+    let clean = census.is_ok();
+    let (Ok(census) | Err(census)) = census;
     println!(
         "{test}: {} {:.1} s after the last restart: {}; {} of {} foreign objects touched",
-        if census.is_ok() {
-            "converged"
-        } else {
-            "NOT converged"
-        },
+        if clean { "converged" } else { "NOT converged" },
         converge.as_secs_f64(),
-        c.describe(),
+        census.describe(),
         touched.len(),
         foreign_names.len()
     );
-    assert!(touched.is_empty(), "foreign objects touched: {touched:?}");
-    let c = census.unwrap_or_else(|c| {
-        panic!(
-            "{test}: not converged {timeout:?} after the last restart: {}",
-            c.describe()
-        )
-    });
-    cleanup_namespace(&client, &ns).await;
+    // A failed run leaves its namespace for inspection.
+    if clean && touched.is_empty() {
+        cleanup_namespace(&client, &ns).await;
+    }
     KillReport {
+        test,
         rounds,
-        parents: c.parents,
-        children: c.children,
         at_kill,
         converge_after_last_restart: converge,
-        lost: c.lost.len(),
-        orphans: c.orphans.len(),
-        duplicates: c.duplicates.len(),
-        foreign_touched: touched.len(),
+        census,
+        foreign_touched: touched,
     }
 }
 
@@ -1459,8 +1483,7 @@ pub async fn poison(kind: &str, poisoned: usize, healthy: usize) -> PoisonReport
         wper <= 0.1,
         "failing parents keep writing status/events: {wper:.3} writes each in {secs:.0} s"
     );
-    // Sanity only (no timing claims): the healthy parents did converge with the poison present.
-    assert!(with_poison < t && settled < t);
+    // No timing claims: the healthy parents converging at all (the waits above) is the check.
     let h = op.get("/healthz").await;
     assert_eq!(h.trim(), "ok");
     cleanup_namespace(&client, &ns).await;
