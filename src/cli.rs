@@ -8,8 +8,9 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value as Json;
 
+use crate::render::RuleSet;
 use crate::render::{Limits, Observed, Scope, status};
-use crate::rules::{self, RuleSet};
+use crate::rules;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -80,7 +81,7 @@ impl RuleDirs {
         for w in &read.warnings {
             writeln!(err, "warning: {w}")?;
         }
-        Ok(read.compile(&Limits::default()))
+        Ok(crate::render::compile_read(&read, &Limits::default()))
     }
 }
 

@@ -257,7 +257,7 @@ fn schema_of(crd: &Json) -> Option<&Json> {
 /// Applies the CRDs of `set` (server-side apply, field manager `rulebook`), refusing
 /// breaking schema changes unless the rule allows them, and waits until each is
 /// Established. Failures are reported per rule; the others go on. Never deletes a CRD.
-pub async fn install(client: &kube::Client, set: &crate::rules::RuleSet) -> Vec<(String, String)> {
+pub async fn install(client: &kube::Client, set: &crate::render::RuleSet) -> Vec<(String, String)> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Api, Patch, PatchParams};
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());

@@ -21,13 +21,14 @@ use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::meta::labels;
+use crate::meta::split_api_version;
 use crate::metrics::{self, Metrics};
 use crate::reconcile::admission::{Admitted, CacheBudget, CacheLimits};
 use crate::reconcile::wire::Wire;
 use crate::reconcile::writer::{Deleted, WriteError, Writer};
 use crate::reconcile::{self, ChildKind, ContextParts, ParentKind, RuleContext, WriteGate};
 use crate::render::CompiledRule;
-use crate::rules::{RuleSet, split_api_version};
+use crate::render::RuleSet;
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {

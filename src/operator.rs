@@ -23,7 +23,7 @@ use crate::metrics::{Metrics, ReloadLabel};
 use crate::reconcile::gate::{GateLayer, LeaseGate};
 use crate::reload::{ChangeWatcher, Reload, RuleSource};
 use crate::render::Limits;
-use crate::rules::RuleSet;
+use crate::render::RuleSet;
 
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {

@@ -11,8 +11,9 @@ use kube::Client;
 use kube::api::{Api, ApiResource, PostParams};
 use serde_json::{Value as Json, json};
 
+use crate::meta::split_api_version;
 use crate::render::CompiledRule;
-use crate::rules::{RuleSet, split_api_version};
+use crate::render::RuleSet;
 
 pub const PARENT_VERBS: &[&str] = &["get", "list", "watch"];
 pub const STATUS_VERBS: &[&str] = &["patch"];

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use rulebook::render::Limits;
-use rulebook::rules::{self, Diagnostic};
+use rulebook::rules::Diagnostic;
 
 fn corpus() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/broken")
@@ -64,7 +64,7 @@ fn check_case(case: &Path) -> Vec<String> {
         problems.push(format!("{name}: expect.txt lists no diagnostics"));
         return problems;
     }
-    let diags = match rules::load(
+    let diags = match rulebook::render::load(
         &case.join("rules"),
         &case.join("templates"),
         &Limits::default(),

@@ -12,6 +12,7 @@ mod children;
 mod env;
 mod error;
 mod guarded;
+mod set;
 pub mod status;
 mod status_eval;
 
@@ -30,6 +31,7 @@ pub use budget::ParentBudget;
 pub use children::check_object_name;
 pub use env::{Limits, json_scalar, yaml_safe};
 pub use error::{FailureReason, RenderError, describe};
+pub use set::{RuleSet, compile, compile_read, load};
 pub use status::{Condition, Readiness, StatusReport};
 
 use crate::rules::{ChildRule, Diagnostic, Loc, SourcedRule, StatusValue, parse_duration};

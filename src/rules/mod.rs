@@ -9,13 +9,10 @@ pub mod model;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
-pub use load::{Read, Sources, load, read};
+pub use load::{Read, Sources, read};
 pub use model::*;
-
-use crate::render::{CompiledRule, Limits};
 
 /// One problem in the rule set, with the place it comes from.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -75,28 +72,9 @@ pub struct SourcedRule {
     pub rule: Rule,
 }
 
-/// A loaded, validated, compiled rule set. Cheap to clone.
-#[derive(Clone, Default)]
-pub struct RuleSet {
-    pub rules: BTreeMap<String, Arc<CompiledRule>>,
-    /// Problems that do not stop the set from loading (`rulebook check` prints them),
-    /// such as an adopted child whose name the parent's writer chooses.
-    pub warnings: Vec<Diagnostic>,
-    /// A hash of every input file, to notice when nothing changed.
-    pub fingerprint: String,
-}
-
-impl fmt::Debug for RuleSet {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.debug_struct("RuleSet")
-            .field("rules", &self.rules.keys().collect::<Vec<_>>())
-            .field("fingerprint", &self.fingerprint)
-            .finish()
-    }
-}
-
-/// Parses, validates and compiles a rule set already in memory.
-pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostics> {
+/// Parses and validates a rule set already in memory: the rules that are valid on their
+/// own, and every problem found (in any rule). Compiling them is [`crate::render`]'s.
+pub fn parse_and_validate(sources: &Sources) -> (Vec<SourcedRule>, Vec<Diagnostic>) {
     let mut diags = Vec::new();
     let mut parsed = Vec::new();
     for (file, text) in &sources.rule_files {
@@ -146,36 +124,15 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
             parents.insert(key, sr);
         }
     }
-    let mut rules = BTreeMap::new();
-    for sr in &parsed {
+    let mut valid = Vec::new();
+    for sr in parsed {
         let before = diags.len();
-        validate_rule(sr, &mut diags);
-        if diags.len() > before {
-            continue; // compiling a structurally broken rule only repeats the errors
-        }
-        match CompiledRule::compile(sr, &sources.templates, limits) {
-            Ok(c) => {
-                rules.insert(sr.rule.metadata.name.value.clone(), Arc::new(c));
-            }
-            Err(mut d) => diags.append(&mut d),
+        validate_rule(&sr, &mut diags);
+        if diags.len() == before {
+            valid.push(sr);
         }
     }
-    if diags.is_empty() {
-        let mut warnings: Vec<Diagnostic> = rules
-            .values()
-            .flat_map(|r| crate::render::adopt::warnings(r))
-            .collect();
-        warnings.sort();
-        Ok(RuleSet {
-            rules,
-            warnings,
-            fingerprint: sources.fingerprint(),
-        })
-    } else {
-        diags.sort();
-        diags.dedup();
-        Err(Diagnostics(diags))
-    }
+    (valid, diags)
 }
 
 /// Splits a YAML stream into documents and reads each as a rule. A document that is
