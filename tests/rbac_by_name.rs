@@ -281,26 +281,40 @@ async fn installs_and_leads_on_rbac_limited_to_names_and_never_takes_over_a_fore
     assert!(!may(&sa, "update", coord, "leases", Some(&ns), "other-lease").await);
     assert!(!may(&sa, "patch", coord, "leases", Some(&ns), &lease).await);
 
-    let op = Operator::start_as(
-        kubeconfig.path(),
-        &rules,
-        &templates,
-        Some(&ns),
-        &[
-            "--install-crds",
-            "--leader-elect",
-            "--lease-name",
-            &lease,
-            "--lease-namespace",
-            &ns,
-            "--identity",
-            "a",
-        ],
-    )
-    .await;
+    // A lease of 60 s: a standby polls every 15 s, so a quick takeover below proves that
+    // its watch on the Lease (by name) is allowed.
+    let start = |identity: &'static str| {
+        let (kubeconfig, rules, templates) = (
+            kubeconfig.path().to_path_buf(),
+            rules.clone(),
+            templates.clone(),
+        );
+        let (lease, ns) = (lease.clone(), ns.clone());
+        async move {
+            Operator::start_as(
+                &kubeconfig,
+                &rules,
+                &templates,
+                Some(&ns),
+                &[
+                    "--install-crds",
+                    "--leader-elect",
+                    "--lease-name",
+                    &lease,
+                    "--lease-namespace",
+                    &ns,
+                    "--lease-duration",
+                    "60",
+                    "--identity",
+                    identity,
+                ],
+            )
+            .await
+        }
+    };
+    let mut op = start("a").await;
     wait_for(T, "the operator to take the Lease", || async {
-        let s: Json = serde_json::from_str(&op.get("/status").await).ok()?;
-        (s["leader"] == true).then_some(())
+        leads(&op).await.then_some(())
     })
     .await;
 
@@ -400,11 +414,33 @@ async fn installs_and_leads_on_rbac_limited_to_names_and_never_takes_over_a_fore
     );
     assert!(s["rules"]["owned"].get("problem").is_none(), "{s:#}");
 
-    let log = std::fs::read_to_string(&op.log).unwrap_or_default();
-    let forbidden: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+    // A standby takes over at once when the leader releases the Lease.
+    let standby = start("b").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!leads(&standby).await, "b stands by while a leads");
+    op.signal_and_wait("TERM");
+    let released = std::time::Instant::now();
+    wait_for(T, "b to take the Lease over", || async {
+        leads(&standby).await.then_some(())
+    })
+    .await;
+    let took = released.elapsed();
     assert!(
-        forbidden.is_empty(),
-        "refused something on the generated RBAC:\n{}",
-        forbidden.join("\n")
+        took < Duration::from_secs(10),
+        "b took {took:?} to take over: its watch on the Lease should see the release at once"
     );
+    for (who, op) in [("a", &op), ("b", &standby)] {
+        let log = std::fs::read_to_string(&op.log).unwrap_or_default();
+        let forbidden: Vec<&str> = log.lines().filter(|l| l.contains("forbidden")).collect();
+        assert!(
+            forbidden.is_empty(),
+            "{who} was refused something on the generated RBAC:\n{}",
+            forbidden.join("\n")
+        );
+    }
+}
+
+async fn leads(op: &Operator) -> bool {
+    let s: Json = serde_json::from_str(&op.get("/status").await).unwrap_or_default();
+    s["leader"] == true
 }
