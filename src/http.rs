@@ -141,15 +141,12 @@ pub fn watch_error_summary(e: &watcher::Error) -> String {
         watcher::Error::WatchStartFailed(err) => ("starting the watch failed", err),
         watcher::Error::WatchFailed(err) => ("the watch failed", err),
         watcher::Error::WatchError(s) => {
-            return format!(
-                "the API server ended the watch: {} {}: {}",
-                s.code, s.reason, s.message
-            );
+            return format!("the API server ended the watch: {}", api_status(s));
         }
         watcher::Error::NoResourceVersion => return e.to_string(),
     };
     match err {
-        kube::Error::Api(s) => format!("{what}: {} {}: {}", s.code, s.reason, s.message),
+        kube::Error::Api(s) => format!("{what}: {}", api_status(s)),
         kube::Error::SerdeError(_) => {
             format!("{what}: cannot decode the API server's answer (details in the log)")
         }
@@ -194,6 +191,16 @@ async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
     Json(serde_json::to_value(body).unwrap_or_default())
 }
 
+/// `403 Forbidden: message`; kube's own reasons for bodies that were no Status (e.g.
+/// "Failed to parse error data") are left out.
+fn api_status(s: &kube::core::Status) -> String {
+    if s.reason.is_empty() || s.reason.contains(' ') {
+        format!("{}: {}", s.code, s.message)
+    } else {
+        format!("{} {}: {}", s.code, s.reason, s.message)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +228,16 @@ mod tests {
                 forbidden
             ))),
             "starting the watch failed: 403 Forbidden: mywebs is forbidden"
+        );
+        let not_json =
+            kube::core::Status::failure("404 page not found", "Failed to parse error data")
+                .with_code(404)
+                .boxed();
+        assert_eq!(
+            watch_error_summary(&watcher::Error::WatchStartFailed(kube::Error::Api(
+                not_json
+            ))),
+            "starting the watch failed: 404: 404 page not found"
         );
     }
 }
