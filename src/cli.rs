@@ -61,6 +61,10 @@ pub struct RbacArgs {
     /// Include what `run --leader-elect` needs.
     #[arg(long)]
     pub leader_elect: bool,
+    /// The Lease of `run --leader-elect` (its `--lease-name`); the only Lease the role may
+    /// read or update.
+    #[arg(long, default_value = "rulebook")]
+    pub lease_name: String,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -171,6 +175,7 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
         service_account: (ns.to_string(), name.to_string()),
         install_crds: args.install_crds,
         leader_elect: args.leader_elect,
+        lease_name: args.lease_name.clone(),
     };
     write_stream(&crate::rbac::manifests(&set, &opts), out)?;
     Ok(0)

@@ -1,7 +1,16 @@
-//! CustomResourceDefinitions from rules' `spec.crd` sections. Pure: builds the objects;
-//! `rulebook crds` prints them and `rulebook run --install-crds` applies them.
+//! CustomResourceDefinitions from rules' `spec.crd` sections. Pure: builds and checks the
+//! objects; `rulebook crds` prints them and `rulebook run --install-crds` applies them
+//! (the I/O is in `crd/install.rs`).
 
 use serde_json::{Map, Value as Json, json};
+
+mod install;
+pub use install::{foreign, install};
+
+/// The label on every CRD Rulebook generates. With the field manager `rulebook`, it is
+/// how `--install-crds` tells a CRD it may change from one somebody else owns.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY_VALUE: &str = "rulebook";
 
 use crate::render::CompiledRule;
 use crate::rules::{CrdSpec, split_api_version};
@@ -12,6 +21,14 @@ pub fn plural(crd: &CrdSpec, kind: &str) -> String {
         Some(p) => p.value.clone(),
         None => crate::rbac::guess_plural(kind),
     }
+}
+
+/// The name of the CRD a rule defines (`PLURAL.GROUP`), if it has a `spec.crd` section.
+pub fn crd_name(rule: &crate::rules::Rule) -> Option<String> {
+    let crd = rule.spec.crd.as_ref()?;
+    let parent = &rule.spec.parent;
+    let (group, _) = split_api_version(&parent.api_version);
+    Some(format!("{}.{group}", plural(crd, &parent.kind)))
 }
 
 /// The CRD of a rule that has a `spec.crd` section.
@@ -85,7 +102,7 @@ pub fn crd_for(rule: &CompiledRule) -> Option<Json> {
         "metadata": {
             "name": format!("{plural}.{group}"),
             "labels": {
-                "app.kubernetes.io/managed-by": "rulebook",
+                (MANAGED_BY_LABEL): MANAGED_BY_VALUE,
                 "rulebook.dev/rule": rule.name,
             },
         },
@@ -243,110 +260,6 @@ pub fn breaking_changes(old: &Json, new: &Json, path: &str, out: &mut Vec<String
             out.push(format!("{here}: {k} changes"));
         }
     }
-}
-
-/// The served version's schema of a CRD object.
-fn schema_of(crd: &Json) -> Option<&Json> {
-    crd.pointer("/spec/versions")?
-        .as_array()?
-        .iter()
-        .find(|v| v.get("storage") == Some(&Json::Bool(true)))?
-        .pointer("/schema/openAPIV3Schema")
-}
-
-/// Applies the CRDs of `set` (server-side apply, field manager `rulebook`), refusing
-/// breaking schema changes unless the rule allows them, and waits until each is
-/// Established. Failures are reported per rule; the others go on. Never deletes a CRD.
-pub async fn install(client: &kube::Client, set: &crate::render::RuleSet) -> Vec<(String, String)> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::api::{Api, Patch, PatchParams};
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut failures = Vec::new();
-    for rule in set.rules.values() {
-        let Some(desired) = crd_for(rule) else {
-            continue;
-        };
-        let name = desired
-            .pointer("/metadata/name")
-            .and_then(Json::as_str)
-            .unwrap_or("")
-            .to_string();
-        let allow_breaking = rule
-            .rule
-            .spec
-            .crd
-            .as_ref()
-            .is_some_and(|c| c.allow_breaking_changes);
-        match api.get_opt(&name).await {
-            Ok(Some(live)) => {
-                let live = serde_json::to_value(&live).unwrap_or_default();
-                if !allow_breaking
-                    && let (Some(old), Some(new)) = (schema_of(&live), schema_of(&desired))
-                {
-                    let mut changes = Vec::new();
-                    breaking_changes(old, new, "", &mut changes);
-                    if !changes.is_empty() {
-                        let msg = format!(
-                            "CRD {name}: refusing breaking schema changes ({}); set spec.crd.allowBreakingChanges: true to apply them",
-                            changes.join("; ")
-                        );
-                        tracing::error!(rule = %rule.name, "{msg}");
-                        failures.push((rule.name.clone(), msg));
-                        continue;
-                    }
-                }
-                // Unchanged: no write.
-                if crd_matches(&live, &desired) {
-                    continue;
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                failures.push((rule.name.clone(), format!("CRD {name}: {e}")));
-                continue;
-            }
-        }
-        let params = PatchParams::apply(crate::meta::FIELD_MANAGER).force();
-        if let Err(e) = api.patch(&name, &params, &Patch::Apply(&desired)).await {
-            let msg = format!("CRD {name}: {e}");
-            tracing::error!(rule = %rule.name, "{msg}");
-            failures.push((rule.name.clone(), msg));
-            continue;
-        }
-        tracing::info!(rule = %rule.name, crd = %name, "CRD applied");
-        let established = kube::runtime::wait::await_condition(
-            api.clone(),
-            &name,
-            kube::runtime::conditions::is_crd_established(),
-        );
-        if tokio::time::timeout(std::time::Duration::from_secs(30), established)
-            .await
-            .is_err()
-        {
-            failures.push((
-                rule.name.clone(),
-                format!("CRD {name} is not Established after 30s"),
-            ));
-        }
-    }
-    failures
-}
-
-/// Whether the live CRD already carries everything in `desired`.
-fn crd_matches(live: &Json, desired: &Json) -> bool {
-    fn subset(want: &Json, have: &Json) -> bool {
-        match (want, have) {
-            (Json::Object(w), Json::Object(h)) => w
-                .iter()
-                .all(|(k, v)| h.get(k).is_some_and(|hv| subset(v, hv))),
-            (Json::Array(w), Json::Array(h)) => {
-                w.len() == h.len() && w.iter().zip(h).all(|(a, b)| subset(a, b))
-            }
-            (w, h) => w == h,
-        }
-    }
-    subset(&desired["spec"], &live["spec"])
-        && subset(&desired["metadata"]["labels"], &live["metadata"]["labels"])
 }
 
 /// Problems the API server would reject in a CRD section, as `(key, message)`:

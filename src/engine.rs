@@ -673,7 +673,10 @@ impl RuleRunner {
                 if let Err(kube::runtime::controller::Error::QueueError(e)) = &res {
                     // A watch failed (API server down, kind deleted): report it; the watcher retries.
                     warn!(rule = %name, error = %e, "watch error");
-                    status.update(&name, |s| s.message = Some(format!("watch error: {e}")));
+                    let summary = crate::http::watch_error_summary(e);
+                    status.update(&name, |s| {
+                        s.message = Some(format!("watch error: {summary}"))
+                    });
                 } else if res.is_ok() {
                     status.update(&name, |s| {
                         if s.message

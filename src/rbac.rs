@@ -107,9 +107,21 @@ pub struct RbacOptions {
     pub service_account: (String, String),
     pub install_crds: bool,
     pub leader_elect: bool,
+    /// The Lease `run --leader-elect` uses (`run --lease-name`).
+    pub lease_name: String,
 }
 
-/// A ClusterRole with exactly what the rules need, and its ClusterRoleBinding.
+/// What `run --install-crds` does to a CRD: read it (`get`), apply it (`patch`; an apply
+/// that creates the CRD is also authorized as `create` on its name), and wait until it
+/// is Established (a `list` and `watch` with a field selector on its name).
+pub const CRD_VERBS: &[&str] = &["create", "get", "list", "patch", "watch"];
+/// What leader election does to its Lease: read, renew or take over (`update`), and,
+/// on standbys, `list` and `watch` it with a field selector on its name.
+pub const LEASE_VERBS: &[&str] = &["get", "list", "update", "watch"];
+
+/// A ClusterRole with exactly what the rules need, and its ClusterRoleBinding. Writes
+/// to cluster-wide kinds Rulebook does not own are limited by name (`resourceNames`):
+/// CRDs to those the rules define, Leases to the one Lease.
 pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
     let mut rules: Vec<Json> = needs(set)
         .into_iter()
@@ -125,19 +137,36 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
     // SelfSubjectAccessReviews (the start-up permission check) are allowed to every
     // authenticated user by the built-in system:basic-user role.
     if opts.install_crds {
-        rules.push(json!({
-            "apiGroups": ["apiextensions.k8s.io"],
-            "resources": ["customresourcedefinitions"],
-            // list and watch: waiting until a CRD is Established
-            "verbs": ["get", "list", "watch", "create", "patch"]
-        }));
+        let crds: BTreeSet<String> = set
+            .rules
+            .values()
+            .filter_map(|r| crate::crd::crd_name(&r.rule))
+            .collect();
+        // Kubernetes authorizes the `create` of a server-side apply by the object's name,
+        // so every verb is limited to the rules' CRDs. No CRD in the rules: nothing.
+        if !crds.is_empty() {
+            rules.push(json!({
+                "apiGroups": ["apiextensions.k8s.io"],
+                "resources": ["customresourcedefinitions"],
+                "resourceNames": crds,
+                "verbs": CRD_VERBS,
+            }));
+        }
     }
     if opts.leader_elect {
         rules.push(json!({
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
-            // list and watch: standbys watch the Lease to take over as soon as it is released
-            "verbs": ["get", "list", "watch", "create", "update"]
+            "resourceNames": [opts.lease_name],
+            "verbs": LEASE_VERBS,
+        }));
+        // A plain `create` (POST) has no name in its URL, so Kubernetes cannot limit it
+        // with resourceNames: this is create on every Lease. A namespaced Role (see
+        // deploy/base/leader-election.yaml) confines it to one namespace.
+        rules.push(json!({
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["create"],
         }));
     }
     let labels =
