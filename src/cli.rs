@@ -2,6 +2,7 @@
 //! `run` works without a cluster.
 
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -36,7 +37,90 @@ pub enum Command {
     /// Print a least-privilege ClusterRole and ClusterRoleBinding for the rules.
     Rbac(RbacArgs),
     /// Run the operator against a cluster.
-    Run(crate::operator::RunArgs),
+    Run(RunArgs),
+}
+
+/// `rulebook run`: the operator.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub dirs: RuleDirs,
+    /// Kubeconfig file; default: in-cluster config, then $KUBECONFIG, then ~/.kube/config.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Concurrent reconciles per rule.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: u16,
+    /// Watch parents in this namespace only (default: all namespaces).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Label selector on parents, e.g. `shard=a` (to run several instances side by side).
+    #[arg(long)]
+    pub selector: Option<String>,
+    /// Address of /metrics, /healthz, /readyz and /status.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+    /// Reload rules and templates when they change on disk.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub watch: bool,
+    /// Seconds between full re-scans of the directories (backs up missed file events).
+    #[arg(long, default_value_t = 60)]
+    pub rescan_seconds: u64,
+    /// Apply the CRDs defined in rules at start and on every rule change.
+    #[arg(long)]
+    pub install_crds: bool,
+    /// Only the holder of a Lease reconciles.
+    #[arg(long)]
+    pub leader_elect: bool,
+    #[arg(long, default_value = "rulebook")]
+    pub lease_name: String,
+    /// Namespace of the Lease (default: the pod's namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Seconds a lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration: u64,
+    /// This instance's identity (default: the pod name, else the host name and pid).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Check each rule's permissions (SelfSubjectAccessReview) before starting it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub check_permissions: bool,
+    /// MiB of child content cached per namespace; children beyond it are read on demand.
+    #[arg(long, default_value_t = 32)]
+    pub cache_namespace_mib: usize,
+    /// MiB of child content cached in all.
+    #[arg(long, default_value_t = 256)]
+    pub cache_total_mib: usize,
+}
+
+impl RunArgs {
+    /// What the operator needs of the command line.
+    pub fn settings(&self) -> crate::operator::Settings {
+        crate::operator::Settings {
+            rules: self.dirs.rules.clone(),
+            templates: self.dirs.templates.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            concurrency: self.concurrency,
+            namespace: self.namespace.clone(),
+            selector: self.selector.clone(),
+            metrics_addr: self.metrics_addr,
+            watch: self.watch,
+            rescan_seconds: self.rescan_seconds,
+            install_crds: self.install_crds,
+            leader_elect: self.leader_elect,
+            lease_name: self.lease_name.clone(),
+            lease_namespace: self.lease_namespace.clone(),
+            lease_duration: self.lease_duration,
+            identity: self.identity.clone(),
+            check_permissions: self.check_permissions,
+            cache_namespace_mib: self.cache_namespace_mib,
+            cache_total_mib: self.cache_total_mib,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -157,7 +241,7 @@ fn crds(args: &CrdsArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
     let crds: Vec<Json> = set
         .rules
         .values()
-        .filter_map(|r| crate::crd::crd_for(r))
+        .filter_map(|r| crate::rules::crd::crd_for(&r.rule))
         .collect();
     write_stream(&crds, out)?;
     Ok(0)

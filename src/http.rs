@@ -16,7 +16,6 @@ use axum::routing::get;
 use axum::{Json, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use kube::runtime::watcher;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -132,28 +131,6 @@ pub async fn serve_on(
     }
 }
 
-/// A watch error as `/status` shows it: what failed and the API server's answer (code,
-/// reason, message). A response that could not be decoded is not quoted: serde's
-/// message can cite a field of a tenant's object (the log has it in full).
-pub fn watch_error_summary(e: &watcher::Error) -> String {
-    let (what, err) = match e {
-        watcher::Error::InitialListFailed(err) => ("listing failed", err),
-        watcher::Error::WatchStartFailed(err) => ("starting the watch failed", err),
-        watcher::Error::WatchFailed(err) => ("the watch failed", err),
-        watcher::Error::WatchError(s) => {
-            return format!("the API server ended the watch: {}", api_status(s));
-        }
-        watcher::Error::NoResourceVersion => return e.to_string(),
-    };
-    match err {
-        kube::Error::Api(s) => format!("{what}: {}", api_status(s)),
-        kube::Error::SerdeError(_) => {
-            format!("{what}: cannot decode the API server's answer (details in the log)")
-        }
-        other => format!("{what}: {other}"),
-    }
-}
-
 async fn metrics(State(s): State<AppState>) -> Response {
     (
         [(
@@ -189,55 +166,4 @@ async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
         rules: s.engine.snapshot(),
     };
     Json(serde_json::to_value(body).unwrap_or_default())
-}
-
-/// `403 Forbidden: message`; kube's own reasons for bodies that were no Status (e.g.
-/// "Failed to parse error data") are left out.
-fn api_status(s: &kube::core::Status) -> String {
-    if s.reason.is_empty() || s.reason.contains(' ') {
-        format!("{}: {}", s.code, s.message)
-    } else {
-        format!("{} {}: {}", s.code, s.reason, s.message)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn watch_errors_on_status_never_quote_objects() {
-        let decode = serde_json::from_str::<u32>(r#""tenant-secret-value""#)
-            .err()
-            .map(kube::Error::SerdeError)
-            .expect("a decoding error");
-        assert!(
-            decode.to_string().contains("tenant-secret-value"),
-            "serde quotes the value: the reason for the summary"
-        );
-        let summary = watch_error_summary(&watcher::Error::InitialListFailed(decode));
-        assert_eq!(
-            summary,
-            "listing failed: cannot decode the API server's answer (details in the log)"
-        );
-        let forbidden = kube::core::Status::failure("mywebs is forbidden", "Forbidden")
-            .with_code(403)
-            .boxed();
-        assert_eq!(
-            watch_error_summary(&watcher::Error::WatchStartFailed(kube::Error::Api(
-                forbidden
-            ))),
-            "starting the watch failed: 403 Forbidden: mywebs is forbidden"
-        );
-        let not_json =
-            kube::core::Status::failure("404 page not found", "Failed to parse error data")
-                .with_code(404)
-                .boxed();
-        assert_eq!(
-            watch_error_summary(&watcher::Error::WatchStartFailed(kube::Error::Api(
-                not_json
-            ))),
-            "starting the watch failed: 404: 404 page not found"
-        );
-    }
 }

@@ -4,6 +4,7 @@
 //! Every problem becomes a [`Diagnostic`] that says `file:line:col: message`, and loading
 //! reports all of them at once.
 
+pub mod crd;
 mod load;
 pub mod model;
 
@@ -73,7 +74,7 @@ pub struct SourcedRule {
 }
 
 /// Parses and validates a rule set already in memory: the rules that are valid on their
-/// own, and every problem found (in any rule). Compiling them is [`crate::render`]'s.
+/// own, and every problem found (in any rule). Compiling them is the render layer's.
 pub fn parse_and_validate(sources: &Sources) -> (Vec<SourcedRule>, Vec<Diagnostic>) {
     let mut diags = Vec::new();
     let mut parsed = Vec::new();
@@ -336,7 +337,7 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
             );
         }
     }
-    for (key, msg) in crate::crd::validate(r) {
+    for (key, msg) in crd::validate(r) {
         let at = r
             .spec
             .crd

@@ -1,30 +1,27 @@
 //! CustomResourceDefinitions from rules' `spec.crd` sections. Pure: builds and checks the
 //! objects; `rulebook crds` prints them and `rulebook run --install-crds` applies them
-//! (the I/O is in `crd/install.rs`).
+//! (the I/O is in `src/crds.rs`).
 
 use serde_json::{Map, Value as Json, json};
-
-mod install;
-pub use install::{foreign, install};
 
 /// The label on every CRD Rulebook generates. With the field manager `rulebook`, it is
 /// how `--install-crds` tells a CRD it may change from one somebody else owns.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY_VALUE: &str = "rulebook";
 
-use crate::render::CompiledRule;
-use crate::rules::{CrdSpec, split_api_version};
+use super::{CrdSpec, Rule};
+use crate::meta::split_api_version;
 
 /// The CRD's plural: given, or the kind in lower case plus `s`.
 pub fn plural(crd: &CrdSpec, kind: &str) -> String {
     match &crd.plural {
         Some(p) => p.value.clone(),
-        None => crate::rbac::guess_plural(kind),
+        None => crate::meta::guess_plural(kind),
     }
 }
 
 /// The name of the CRD a rule defines (`PLURAL.GROUP`), if it has a `spec.crd` section.
-pub fn crd_name(rule: &crate::rules::Rule) -> Option<String> {
+pub fn crd_name(rule: &Rule) -> Option<String> {
     let crd = rule.spec.crd.as_ref()?;
     let parent = &rule.spec.parent;
     let (group, _) = split_api_version(&parent.api_version);
@@ -32,9 +29,9 @@ pub fn crd_name(rule: &crate::rules::Rule) -> Option<String> {
 }
 
 /// The CRD of a rule that has a `spec.crd` section.
-pub fn crd_for(rule: &CompiledRule) -> Option<Json> {
-    let crd = rule.rule.spec.crd.as_ref()?;
-    let parent = &rule.rule.spec.parent;
+pub fn crd_for(rule: &Rule) -> Option<Json> {
+    let crd = rule.spec.crd.as_ref()?;
+    let parent = &rule.spec.parent;
     let (group, version) = split_api_version(&parent.api_version);
     let kind = parent.kind.as_str();
     let plural = plural(crd, kind);
@@ -103,7 +100,7 @@ pub fn crd_for(rule: &CompiledRule) -> Option<Json> {
             "name": format!("{plural}.{group}"),
             "labels": {
                 (MANAGED_BY_LABEL): MANAGED_BY_VALUE,
-                "rulebook.dev/rule": rule.name,
+                "rulebook.dev/rule": rule.metadata.name.value,
             },
         },
         "spec": {
@@ -264,7 +261,7 @@ pub fn breaking_changes(old: &Json, new: &Json, path: &str, out: &mut Vec<String
 
 /// Problems the API server would reject in a CRD section, as `(key, message)`:
 /// scope and names, and the structural-schema rules for `specSchema`/`statusSchema`.
-pub fn validate(rule: &crate::rules::Rule) -> Vec<(String, String)> {
+pub fn validate(rule: &Rule) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let Some(crd) = &rule.spec.crd else {
         return out;
@@ -289,7 +286,7 @@ pub fn validate(rule: &crate::rules::Rule) -> Vec<(String, String)> {
         ));
     }
     let plural = plural(crd, &parent.kind);
-    if !crate::rules::is_dns_label(&plural) {
+    if !crate::meta::is_dns_label(&plural) {
         out.push((
             "spec.crd.plural".into(),
             format!("'{plural}' is not a lower-case DNS label"),
@@ -297,7 +294,7 @@ pub fn validate(rule: &crate::rules::Rule) -> Vec<(String, String)> {
     }
     for (key, value) in [("singular", crd.singular.as_deref())] {
         if let Some(v) = value
-            && !crate::rules::is_dns_label(v)
+            && !crate::meta::is_dns_label(v)
         {
             out.push((
                 format!("spec.crd.{key}"),
@@ -306,7 +303,7 @@ pub fn validate(rule: &crate::rules::Rule) -> Vec<(String, String)> {
         }
     }
     for s in &crd.short_names {
-        if !crate::rules::is_dns_label(s) {
+        if !crate::meta::is_dns_label(s) {
             out.push((
                 "spec.crd.shortNames".into(),
                 format!("'{s}' is not a lower-case DNS label"),

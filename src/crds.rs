@@ -1,5 +1,5 @@
 //! Installing the rules' CRDs (`rulebook run --install-crds`): the I/O half of CRD
-//! support, kept apart from the pure generation and checks in `crd.rs`. It changes only
+//! support, kept apart from the pure generation and checks in `rules/crd.rs`. It changes only
 //! CRDs that are Rulebook's: a CRD of the same name that somebody else installed is
 //! refused, never taken over (a rule file must not be able to rewrite another
 //! operator's API). It never deletes a CRD.
@@ -8,8 +8,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::Value as Json;
 
-use super::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, breaking_changes, crd_for};
 use crate::meta::FIELD_MANAGER;
+use crate::rules::crd::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, breaking_changes, crd_for};
 
 /// The served version's schema of a CRD object.
 fn schema_of(crd: &Json) -> Option<&Json> {
@@ -78,7 +78,7 @@ pub async fn install(client: &kube::Client, set: &crate::render::RuleSet) -> Vec
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut failures = Vec::new();
     for rule in set.rules.values() {
-        let Some(desired) = crd_for(rule) else {
+        let Some(desired) = crd_for(&rule.rule) else {
             continue;
         };
         let name = desired
