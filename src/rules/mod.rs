@@ -388,14 +388,7 @@ fn check_kind_ref(k: &KindRef, key: &str, err: &mut impl FnMut((u64, u64), &str,
     }
 }
 
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
+pub use crate::meta::is_dns_label;
 
 pub fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
