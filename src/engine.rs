@@ -336,7 +336,7 @@ async fn prune_dropped_kinds(
     use kube::api::ListParams;
     let name = &rule.name;
     let writer = Writer::new(gate, metrics.clone(), name);
-    let selector = labels::child_selector(&name);
+    let selector = labels::child_selector(name);
     for (api_version, kind) in kinds {
         let (ar, caps) = match discover(&client, "dropped child kind", &api_version, &kind).await {
             Ok(found) => found,
