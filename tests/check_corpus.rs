@@ -217,6 +217,27 @@ fn binary_check_of_a_template_error_names_the_template_line() {
 }
 
 #[test]
+fn binary_check_reports_a_mis_indented_key_at_its_line_and_column() {
+    let case = "tests/corpus/broken/54-key-indented-less";
+    let (code, _, stderr) = rulebook(&[
+        "check",
+        "--rules",
+        &format!("{case}/rules"),
+        "--templates",
+        &format!("{case}/templates"),
+    ]);
+    assert_eq!(code, 1, "stderr:\n{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "{case}/rules/r.yaml:12:6: while parsing a block collection, did not find expected \
+             '-' indicator (check the indentation: this line is indented 5 spaces, the blocks \
+             above it 0, 2, 4 or 6)\n1 errors\n"
+        )
+    );
+}
+
+#[test]
 fn binary_check_accepts_the_repository_rules() {
     let (code, stdout, stderr) =
         rulebook(&["check", "--rules", "rules", "--templates", "templates"]);

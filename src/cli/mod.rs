@@ -1,6 +1,8 @@
 //! The `rulebook` command line: subcommands and their output. Everything here but
 //! `run` works without a cluster.
 
+pub mod observed;
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -10,7 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::Value as Json;
 
 use crate::render::RuleSet;
-use crate::render::{Limits, Observed, Scope, status};
+use crate::render::{Limits, Scope, status};
 use crate::rules;
 
 #[derive(Parser, Debug)]
@@ -186,7 +188,9 @@ pub struct RenderArgs {
     /// The parent object (YAML or JSON); its apiVersion and kind pick the rule.
     #[arg(short = 'f', long = "filename")]
     pub parent: PathBuf,
-    /// Live children (a multi-document YAML of objects) to render and compute status against.
+    /// Live children (a multi-document YAML of objects) to render and compute status against:
+    /// those labelled `rulebook.dev/child`, and those with a rendered child's apiVersion,
+    /// kind and name. Every other object is ignored with a warning.
     #[arg(long)]
     pub observed: Option<PathBuf>,
     /// Print the status Rulebook would write instead of the children.
@@ -324,9 +328,9 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
         bail!("no rule has parent {api_version} {kind}");
     };
     let parent = with_render_defaults(parent);
-    let observed = match &args.observed {
-        Some(p) => Observed::from_objects(read_objects(p)?),
-        None => Observed::default(),
+    let objects = match &args.observed {
+        Some(p) => read_objects(p)?,
+        None => Vec::new(),
     };
     let scope = |i: usize| {
         let c = &rule.children()[i];
@@ -336,13 +340,22 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
             Scope::Namespaced
         }
     };
-    let desired = match rule.render(&parent, &observed, &scope) {
-        Ok(d) => d,
+    let observed::Matched {
+        observed,
+        desired,
+        ignored,
+    } = match observed::render_against(rule, &parent, objects, &scope) {
+        Ok(m) => m,
         Err(e) => {
             writeln!(err, "{e}")?;
             return Ok(1);
         }
     };
+    if let Some(file) = &args.observed {
+        for note in &ignored {
+            writeln!(err, "warning: {}: {note}", file.display())?;
+        }
+    }
     if args.status {
         let report = match rule.status(&parent, &observed, &desired) {
             Ok(r) => r,
