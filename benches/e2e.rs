@@ -728,11 +728,11 @@ impl Bench {
             );
             let tmp = templates.join("bench/.configmap.yaml.tmp");
             std::fs::write(&tmp, &edited)?;
-            let set = rulebook::rules::load(&rules, &templates, &Default::default())
+            let set = rulebook::render::load(&rules, &templates, &Default::default())
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let old_version = set.rules["bench"].version.clone();
             std::fs::rename(&tmp, &path)?;
-            let set = rulebook::rules::load(&rules, &templates, &Default::default())
+            let set = rulebook::render::load(&rules, &templates, &Default::default())
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let version = set.rules["bench"].version.clone();
             if version == old_version {

@@ -22,7 +22,7 @@ fn repo() -> PathBuf {
 }
 
 fn load_rule(rules: &Path, templates: &Path, name: &str) -> std::sync::Arc<CompiledRule> {
-    let set = rulebook::rules::load(rules, templates, &Limits::default())
+    let set = rulebook::render::load(rules, templates, &Limits::default())
         .unwrap_or_else(|e| panic!("loading {}: {e}", rules.display()));
     set.rules
         .get(name)

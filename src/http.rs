@@ -1,15 +1,24 @@
-//! The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/status`.
+//! The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/status`. It is reachable from
+//! the pod network, so it bounds what a client can hold (header time, connection
+//! lifetime, connections at once) and `/status` says nothing about tenants' objects: rule
+//! names, files and states, rule-file errors, and API errors stripped of object content.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::pin::pin;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::engine::{EngineStatus, RuleStatus};
 use crate::metrics::Metrics;
@@ -53,10 +62,73 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// What one client may hold of the endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Time to send a request's headers; a slower client (slow loris) is disconnected.
+    pub header_read: Duration,
+    /// Longest life of a connection, keep-alive included. Then the connection finishes
+    /// the request in flight (within `header_read` more) and is closed.
+    pub connection: Duration,
+    /// Connections served at once; further clients wait in the listen backlog.
+    pub max_connections: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            header_read: Duration::from_secs(10),
+            connection: Duration::from_secs(60),
+            max_connections: 64,
+        }
+    }
+}
+
 pub async fn serve(addr: SocketAddr, state: AppState) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let listener = TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz, /status");
-    axum::serve(listener, router(state)).await
+    serve_on(listener, router(state), HttpLimits::default()).await
+}
+
+/// Serves `app` (HTTP/1.1) on `listener` within `limits`, until the task is dropped.
+pub async fn serve_on(
+    listener: TcpListener,
+    app: Router,
+    limits: HttpLimits,
+) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    loop {
+        // A slot first: at the limit, new connections wait unaccepted.
+        let slot = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(std::io::Error::other)?;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // E.g. out of file descriptors: wait a little rather than spin.
+                tracing::debug!(error = %e, "cannot accept a connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let service = TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let _slot = slot;
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(limits.header_read);
+            let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), service));
+            tokio::select! {
+                _ = conn.as_mut() => return,
+                _ = tokio::time::sleep(limits.connection) => {}
+            }
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(limits.header_read, conn).await;
+        });
+    }
 }
 
 async fn metrics(State(s): State<AppState>) -> Response {

@@ -35,8 +35,8 @@ pub struct LeaderElection {
     name: String,
     identity: String,
     duration: Duration,
-    /// The last record seen (holder, renew time) and when this instance first saw it.
-    observed: Option<(Option<String>, Option<String>, Instant)>,
+    /// The last record seen and when this instance first saw it.
+    observed: Option<Seen>,
     /// When this instance last renewed successfully while holding the lease.
     renewed: Option<Instant>,
 }
@@ -124,24 +124,29 @@ impl LeaderElection {
             return self.create().await;
         };
         let spec = lease.spec.clone().unwrap_or_default();
-        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-        let renew = spec.renew_time.as_ref().map(|t| format!("{:?}", t.0));
-        match &self.observed {
-            Some((h, r, _)) if *h == holder && *r == renew => {}
-            _ => self.observed = Some((holder.clone(), renew.clone(), now)),
-        }
-        let observed_at = self.observed.as_ref().map(|o| o.2).unwrap_or(now);
+        let record = Seen {
+            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
+            renew: spec.renew_time.as_ref().map(|t| format!("{:?}", t.0)),
+            since: now,
+        };
         let duration = spec
             .lease_duration_seconds
             .and_then(|s| u64::try_from(s).ok())
             .map(Duration::from_secs)
             .unwrap_or(self.duration);
-        let ours = holder.as_deref() == Some(self.identity.as_str());
-        let free = holder.is_none() || now.duration_since(observed_at) > duration;
-        if !ours && !free {
+        let (decision, seen) = decide(
+            &self.identity,
+            record,
+            duration,
+            self.observed.as_ref(),
+            now,
+        );
+        self.observed = Some(seen);
+        if decision == Decision::Wait {
             self.renewed = None;
             return false;
         }
+        let ours = decision == Decision::Renew;
         let mut updated = lease.clone();
         let mut spec = spec;
         let stamp = MicroTime(jiff::Timestamp::now());
@@ -237,5 +242,97 @@ impl LeaderElection {
             .replace(&self.name, &PostParams::default(), &lease)
             .await?;
         Ok(())
+    }
+}
+
+/// A Lease record as this instance saw it: holder, renew time, and when it first saw
+/// exactly that record (on its own monotonic clock).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    pub holder: Option<String>,
+    pub renew: Option<String>,
+    pub since: Instant,
+}
+
+/// What an instance may do with the Lease it just read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// It holds the lease: renew it.
+    Renew,
+    /// The lease is free (released, or unchanged for a whole lease duration): take it.
+    Acquire,
+    /// Someone else holds a live lease.
+    Wait,
+}
+
+/// The takeover rule, as a pure function of the record just read (`record.since` = now),
+/// the lease duration, what was seen before, and the time. Expiry is measured from when
+/// this instance first saw the record unchanged — never from the record's own renew
+/// time — so clocks that disagree between nodes cannot make two holders.
+pub fn decide(
+    identity: &str,
+    record: Seen,
+    duration: Duration,
+    before: Option<&Seen>,
+    now: Instant,
+) -> (Decision, Seen) {
+    let seen = match before {
+        Some(b) if b.holder == record.holder && b.renew == record.renew => b.clone(),
+        _ => record,
+    };
+    let decision = if seen.holder.as_deref() == Some(identity) {
+        Decision::Renew
+    } else if seen.holder.is_none() || now.duration_since(seen.since) > duration {
+        Decision::Acquire
+    } else {
+        Decision::Wait
+    };
+    (decision, seen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: Duration = Duration::from_secs(15);
+
+    fn record(holder: Option<&str>, renew: &str, at: Instant) -> Seen {
+        Seen {
+            holder: holder.map(str::to_string),
+            renew: Some(renew.to_string()),
+            since: at,
+        }
+    }
+
+    #[test]
+    fn a_renewing_holder_keeps_its_lease() {
+        let t0 = Instant::now();
+        let (d, seen) = decide("b", record(Some("a"), "r1", t0), D, None, t0);
+        assert_eq!(d, Decision::Wait);
+        // Each renewal changes the record: the clock starts again, however long it has been.
+        let t1 = t0 + D * 2;
+        let (d, seen) = decide("b", record(Some("a"), "r2", t1), D, Some(&seen), t1);
+        assert_eq!((d, seen.since), (Decision::Wait, t1));
+    }
+
+    #[test]
+    fn an_unchanged_record_expires_a_lease_duration_after_it_was_first_seen() {
+        let t0 = Instant::now();
+        let (_, seen) = decide("b", record(Some("a"), "r1", t0), D, None, t0);
+        let almost = t0 + D;
+        let (d, seen) = decide("b", record(Some("a"), "r1", almost), D, Some(&seen), almost);
+        assert_eq!(d, Decision::Wait);
+        let past = t0 + D + Duration::from_millis(1);
+        let (d, _) = decide("b", record(Some("a"), "r1", past), D, Some(&seen), past);
+        assert_eq!(d, Decision::Acquire);
+    }
+
+    #[test]
+    fn a_released_lease_is_taken_at_once_and_a_held_one_renewed() {
+        let t0 = Instant::now();
+        let (d, _) = decide("b", record(None, "r1", t0), D, None, t0);
+        assert_eq!(d, Decision::Acquire);
+        let (d, _) = decide("b", record(Some("b"), "r1", t0), D, None, t0);
+        assert_eq!(d, Decision::Renew);
     }
 }

@@ -5,7 +5,7 @@
 //! `engine` (one controller per rule) → `reload` (new rule sets from disk).
 
 pub mod cli;
-pub mod crd;
+pub mod crds;
 pub mod engine;
 pub mod http;
 pub mod leader;

@@ -11,7 +11,7 @@ fn main() -> anyhow::Result<()> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
-        return runtime.block_on(rulebook::operator::run(args));
+        return runtime.block_on(rulebook::operator::run(args.settings()));
     }
     match run_offline(&cli.command, &mut std::io::stdout(), &mut std::io::stderr()) {
         Ok(code) => std::process::exit(code),

@@ -63,3 +63,15 @@ pub fn guess_plural(kind: &str) -> String {
         format!("{lower}s")
     }
 }
+
+/// `s` cut to at most `max` bytes (at a character boundary), ending with `…` when cut.
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}

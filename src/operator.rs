@@ -10,74 +10,56 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use axum::http::header as http_header;
-use clap::Args;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tracing::{error, info, warn};
 
-use crate::cli::RuleDirs;
 use crate::engine::{Engine, EngineConfig};
 use crate::http::{self, AppState, RuleSetState};
 use crate::metrics::{Metrics, ReloadLabel};
 use crate::reconcile::gate::{GateLayer, LeaseGate};
 use crate::reload::{ChangeWatcher, Reload, RuleSource};
 use crate::render::Limits;
-use crate::rules::RuleSet;
+use crate::render::RuleSet;
 
-#[derive(Args, Debug, Clone)]
-pub struct RunArgs {
-    #[command(flatten)]
-    pub dirs: RuleDirs,
+/// How `rulebook run` runs: what its command line says (see `cli::RunArgs`).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The rules directory.
+    pub rules: PathBuf,
+    /// The templates directory.
+    pub templates: PathBuf,
     /// Kubeconfig file; default: in-cluster config, then $KUBECONFIG, then ~/.kube/config.
-    #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
     /// Concurrent reconciles per rule.
-    #[arg(long, default_value_t = 4)]
     pub concurrency: u16,
     /// Watch parents in this namespace only (default: all namespaces).
-    #[arg(long)]
     pub namespace: Option<String>,
     /// Label selector on parents, e.g. `shard=a` (to run several instances side by side).
-    #[arg(long)]
     pub selector: Option<String>,
     /// Address of /metrics, /healthz, /readyz and /status.
-    #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
-    /// Log format.
-    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
-    pub log_format: String,
     /// Reload rules and templates when they change on disk.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub watch: bool,
     /// Seconds between full re-scans of the directories (backs up missed file events).
-    #[arg(long, default_value_t = 60)]
     pub rescan_seconds: u64,
     /// Apply the CRDs defined in rules at start and on every rule change.
-    #[arg(long)]
     pub install_crds: bool,
     /// Only the holder of a Lease reconciles.
-    #[arg(long)]
     pub leader_elect: bool,
-    #[arg(long, default_value = "rulebook")]
     pub lease_name: String,
     /// Namespace of the Lease (default: the pod's namespace, else `default`).
-    #[arg(long, env = "POD_NAMESPACE")]
     pub lease_namespace: Option<String>,
     /// Seconds a lease stays valid without renewal.
-    #[arg(long, default_value_t = 15)]
     pub lease_duration: u64,
     /// This instance's identity (default: the pod name, else the host name and pid).
-    #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
     /// Check each rule's permissions (SelfSubjectAccessReview) before starting it.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub check_permissions: bool,
     /// MiB of child content cached per namespace; children beyond it are read on demand.
-    #[arg(long, default_value_t = 32)]
     pub cache_namespace_mib: usize,
     /// MiB of child content cached in all.
-    #[arg(long, default_value_t = 256)]
     pub cache_total_mib: usize,
 }
 
@@ -130,7 +112,7 @@ fn gated_client(config: Config, gate: Arc<LeaseGate>, metrics: Arc<Metrics>) -> 
         .build())
 }
 
-pub async fn run(args: RunArgs) -> Result<()> {
+pub async fn run(args: Settings) -> Result<()> {
     if args.leader_elect && args.lease_duration < 3 {
         bail!("--lease-duration must be at least 3 seconds");
     }
@@ -179,8 +161,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
     });
 
     let source = RuleSource {
-        rules_dir: args.dirs.rules.clone(),
-        templates_dir: args.dirs.templates.clone(),
+        rules_dir: args.rules.clone(),
+        templates_dir: args.templates.clone(),
         limits: Limits::default(),
     };
     let mut serving: Option<RuleSet> = None;
@@ -250,10 +232,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     reload(&mut serving, &mut last_seen);
 
     let mut watcher = if args.watch {
-        Some(ChangeWatcher::new(&[
-            &args.dirs.rules,
-            &args.dirs.templates,
-        ])?)
+        Some(ChangeWatcher::new(&[&args.rules, &args.templates])?)
     } else {
         None
     };
@@ -299,7 +278,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         let changed = tokio::select! {
             Some(()) = async { match watcher.as_mut() { Some(w) => w.changes.recv().await, None => std::future::pending().await } } => {
                 // Watch afresh: a flipped symlink leaves the old watches on the old target.
-                match ChangeWatcher::new(&[&args.dirs.rules, &args.dirs.templates]) {
+                match ChangeWatcher::new(&[&args.rules, &args.templates]) {
                     Ok(w) => watcher = Some(w),
                     Err(e) => warn!(error = %e, "cannot re-establish file watches; relying on the periodic re-scan"),
                 }
@@ -350,7 +329,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
 /// Installs CRDs when asked, then makes the engine run `set`.
 async fn activate(client: &Client, engine: &mut Engine, set: &RuleSet, install_crds: bool) {
     if install_crds {
-        let problems = crate::crd::install(client, set).await;
+        let problems = crate::crds::install(client, set).await;
         for rule in set.rules.keys() {
             let problem = problems
                 .iter()

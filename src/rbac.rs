@@ -4,15 +4,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
-};
-use kube::Client;
-use kube::api::{Api, ApiResource, PostParams};
 use serde_json::{Value as Json, json};
 
-use crate::render::CompiledRule;
-use crate::rules::{RuleSet, split_api_version};
+use crate::meta::split_api_version;
+use crate::render::RuleSet;
 
 pub const PARENT_VERBS: &[&str] = &["get", "list", "watch"];
 pub const STATUS_VERBS: &[&str] = &["patch"];
@@ -27,23 +22,7 @@ pub struct Need {
     pub verbs: BTreeSet<String>,
 }
 
-/// The plural Kubernetes uses for a kind it has no CRD for here (its own rule for
-/// built-in kinds: lower case, `s` → `ses`, `y` → `ies`, else `s`).
-pub fn guess_plural(kind: &str) -> String {
-    let lower = kind.to_lowercase();
-    if lower == "endpoints" {
-        return lower;
-    }
-    if lower.ends_with('s') || lower.ends_with("ch") || lower.ends_with('x') {
-        format!("{lower}es")
-    } else if let Some(stem) = lower.strip_suffix('y')
-        && !stem.ends_with(['a', 'e', 'i', 'o', 'u'])
-    {
-        format!("{stem}ies")
-    } else {
-        format!("{lower}s")
-    }
-}
+pub use crate::meta::guess_plural;
 
 /// The plural of a kind: from a rule's CRD section when a rule defines that kind.
 fn plural_of(set: &RuleSet, api_version: &str, kind: &str) -> String {
@@ -53,7 +32,7 @@ fn plural_of(set: &RuleSet, api_version: &str, kind: &str) -> String {
             && p.kind.as_str() == kind
             && let Some(crd) = &r.rule.spec.crd
         {
-            return crate::crd::plural(crd, kind);
+            return crate::rules::crd::plural(crd, kind);
         }
     }
     guess_plural(kind)
@@ -106,9 +85,21 @@ pub struct RbacOptions {
     pub service_account: (String, String),
     pub install_crds: bool,
     pub leader_elect: bool,
+    /// The Lease `run --leader-elect` uses (`run --lease-name`).
+    pub lease_name: String,
 }
 
-/// A ClusterRole with exactly what the rules need, and its ClusterRoleBinding.
+/// What `run --install-crds` does to a CRD: read it (`get`), apply it (`patch`; an apply
+/// that creates the CRD is also authorized as `create` on its name), and wait until it
+/// is Established (a `list` and `watch` with a field selector on its name).
+pub const CRD_VERBS: &[&str] = &["create", "get", "list", "patch", "watch"];
+/// What leader election does to its Lease: read, renew or take over (`update`), and,
+/// on standbys, `list` and `watch` it with a field selector on its name.
+pub const LEASE_VERBS: &[&str] = &["get", "list", "update", "watch"];
+
+/// A ClusterRole with exactly what the rules need, and its ClusterRoleBinding. Writes
+/// to cluster-wide kinds Rulebook does not own are limited by name (`resourceNames`):
+/// CRDs to those the rules define, Leases to the one Lease.
 pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
     let mut rules: Vec<Json> = needs(set)
         .into_iter()
@@ -124,19 +115,36 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
     // SelfSubjectAccessReviews (the start-up permission check) are allowed to every
     // authenticated user by the built-in system:basic-user role.
     if opts.install_crds {
-        rules.push(json!({
-            "apiGroups": ["apiextensions.k8s.io"],
-            "resources": ["customresourcedefinitions"],
-            // list and watch: waiting until a CRD is Established
-            "verbs": ["get", "list", "watch", "create", "patch"]
-        }));
+        let crds: BTreeSet<String> = set
+            .rules
+            .values()
+            .filter_map(|r| crate::rules::crd::crd_name(&r.rule))
+            .collect();
+        // Kubernetes authorizes the `create` of a server-side apply by the object's name,
+        // so every verb is limited to the rules' CRDs. No CRD in the rules: nothing.
+        if !crds.is_empty() {
+            rules.push(json!({
+                "apiGroups": ["apiextensions.k8s.io"],
+                "resources": ["customresourcedefinitions"],
+                "resourceNames": crds,
+                "verbs": CRD_VERBS,
+            }));
+        }
     }
     if opts.leader_elect {
         rules.push(json!({
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
-            // list and watch: standbys watch the Lease to take over as soon as it is released
-            "verbs": ["get", "list", "watch", "create", "update"]
+            "resourceNames": [opts.lease_name],
+            "verbs": LEASE_VERBS,
+        }));
+        // A plain `create` (POST) has no name in its URL, so Kubernetes cannot limit it
+        // with resourceNames: this is create on every Lease. A namespaced Role (see
+        // deploy/base/leader-election.yaml) confines it to one namespace.
+        rules.push(json!({
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["create"],
         }));
     }
     let labels =
@@ -160,67 +168,6 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
             }],
         }),
     ]
-}
-
-/// Asks the API server whether this process may do everything `rule` needs.
-/// `Err` lists what is missing, e.g. `list, watch mywebs.operator.k8s-summit.org`.
-pub async fn check_rule_permissions(
-    client: &Client,
-    rule: &CompiledRule,
-    parent: &ApiResource,
-    child_kinds: &[ApiResource],
-    namespace: Option<&str>,
-) -> Result<(), String> {
-    let mut wanted: Vec<(&ApiResource, Option<&str>, &[&str])> = vec![
-        (parent, None, PARENT_VERBS),
-        (parent, Some("status"), STATUS_VERBS),
-    ];
-    for k in child_kinds {
-        wanted.push((k, None, CHILD_VERBS));
-    }
-    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
-    let mut missing: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (ar, sub, verbs) in wanted {
-        for verb in verbs {
-            let review = SelfSubjectAccessReview {
-                spec: SelfSubjectAccessReviewSpec {
-                    resource_attributes: Some(ResourceAttributes {
-                        group: Some(ar.group.clone()),
-                        resource: Some(ar.plural.clone()),
-                        subresource: sub.map(str::to_string),
-                        verb: Some(verb.to_string()),
-                        namespace: namespace.map(str::to_string),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                },
-                ..Default::default()
-            };
-            let allowed = match api.create(&PostParams::default(), &review).await {
-                Ok(r) => r.status.map(|s| s.allowed).unwrap_or(false),
-                Err(e) => return Err(format!("cannot check permissions: {e}")),
-            };
-            if !allowed {
-                let res = match (ar.group.as_str(), sub) {
-                    ("", None) => ar.plural.clone(),
-                    ("", Some(s)) => format!("{}/{s}", ar.plural),
-                    (g, None) => format!("{}.{g}", ar.plural),
-                    (g, Some(s)) => format!("{}.{g}/{s}", ar.plural),
-                };
-                missing.entry(res).or_default().push(verb.to_string());
-            }
-        }
-    }
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        let _ = rule;
-        Err(missing
-            .into_iter()
-            .map(|(res, verbs)| format!("{} {res}", verbs.join(", ")))
-            .collect::<Vec<_>>()
-            .join("; "))
-    }
 }
 
 #[cfg(test)]

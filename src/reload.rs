@@ -17,7 +17,8 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::render::Limits;
-use crate::rules::{self, Diagnostics, RuleSet};
+use crate::render::RuleSet;
+use crate::rules::{self, Diagnostics};
 
 /// Where rule sets come from.
 #[derive(Clone, Debug)]
@@ -55,7 +56,7 @@ impl RuleSource {
         for w in &read.warnings {
             warn!("{w}");
         }
-        match read.compile(&self.limits) {
+        match crate::render::compile_read(&read, &self.limits) {
             Ok(set) => Reload::Valid(set),
             Err(diagnostics) => Reload::Invalid {
                 diagnostics,

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use rulebook::render::Limits;
-use rulebook::rules::{self, Diagnostic};
+use rulebook::rules::Diagnostic;
 
 fn corpus() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/broken")
@@ -64,7 +64,7 @@ fn check_case(case: &Path) -> Vec<String> {
         problems.push(format!("{name}: expect.txt lists no diagnostics"));
         return problems;
     }
-    let diags = match rules::load(
+    let diags = match rulebook::render::load(
         &case.join("rules"),
         &case.join("templates"),
         &Limits::default(),
@@ -213,6 +213,27 @@ fn binary_check_of_a_template_error_names_the_template_line() {
     assert!(
         first.starts_with(&format!("{case}/templates/cm.yaml:7: syntax error")),
         "{first:?}"
+    );
+}
+
+#[test]
+fn binary_check_reports_a_mis_indented_key_at_its_line_and_column() {
+    let case = "tests/corpus/broken/54-key-indented-less";
+    let (code, _, stderr) = rulebook(&[
+        "check",
+        "--rules",
+        &format!("{case}/rules"),
+        "--templates",
+        &format!("{case}/templates"),
+    ]);
+    assert_eq!(code, 1, "stderr:\n{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "{case}/rules/r.yaml:12:6: while parsing a block collection, did not find expected \
+             '-' indicator (check the indentation: this line is indented 5 spaces, the blocks \
+             above it 0, 2, 4 or 6)\n1 errors\n"
+        )
     );
 }
 

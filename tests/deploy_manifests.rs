@@ -33,7 +33,8 @@ const NAMESPACE: &str = "rulebook-system";
 const SERVICE_ACCOUNT: &str = "rulebook";
 /// `make rbac`'s flags: DEPLOY_RBAC_FLAGS in the Makefile. Without `--leader-elect`: the
 /// Lease permissions are a Role on the one Lease in the operator's namespace
-/// (deploy/base/leader-election.yaml), narrower than a ClusterRole on every lease.
+/// (deploy/base/leader-election.yaml), narrower than a ClusterRole (which names the Lease
+/// in every namespace and may create any Lease).
 const RBAC_FLAGS: &[&str] = &[
     "--service-account",
     "rulebook-system/rulebook",

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rulebook::render::{CompiledRule, DesiredChild, Limits, Observed, RenderError, Scope};
-use rulebook::rules::{self, Diagnostics, Sources};
+use rulebook::rules::{Diagnostics, Sources};
 use serde_json::{Value as Json, json};
 
 const BOUND: Duration = Duration::from_secs(5);
@@ -63,7 +63,7 @@ fn timed<T>(what: &str, f: impl FnOnce() -> T) -> T {
 }
 
 fn load(extra: &str, template: &str) -> Result<Arc<CompiledRule>, Diagnostics> {
-    rules::compile(&sources(extra, template), &Limits::default())
+    rulebook::render::compile(&sources(extra, template), &Limits::default())
         .map(|set| set.rules["hostile"].clone())
 }
 

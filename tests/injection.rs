@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use rulebook::render::{CompiledRule, DesiredChild, Limits, Observed, RenderError, Scope};
-use rulebook::rules::{self, Sources};
+use rulebook::rules::Sources;
 use serde_json::{Value as Json, json};
 
 const RULE: &str = r#"apiVersion: rulebook.dev/v1alpha1
@@ -134,7 +134,7 @@ fn sources() -> Sources {
 }
 
 fn compile(limits: &Limits) -> Arc<CompiledRule> {
-    let set = rules::compile(&sources(), limits).unwrap_or_else(|d| panic!("{d}"));
+    let set = rulebook::render::compile(&sources(), limits).unwrap_or_else(|d| panic!("{d}"));
     set.rules["injection"].clone()
 }
 

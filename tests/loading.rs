@@ -44,7 +44,7 @@ fn shown(ds: &[Diagnostic]) -> String {
 
 /// The errors of a rule set that must not load.
 fn errors(rules: &Path, templates: &Path) -> Vec<Diagnostic> {
-    match rules::load(rules, templates, &Limits::default()) {
+    match rulebook::render::load(rules, templates, &Limits::default()) {
         Ok(set) => panic!("loaded: {set:?}"),
         Err(d) => d.0,
     }
@@ -192,8 +192,8 @@ fn a_configmap_volume_layout_is_accepted() {
         "..2026_11_23_10_00_00.1",
         &[("demo/config.yaml", CONFIG)],
     );
-    let first =
-        rules::load(&rules, &templates, &Limits::default()).unwrap_or_else(|d| panic!("{d}"));
+    let first = rulebook::render::load(&rules, &templates, &Limits::default())
+        .unwrap_or_else(|d| panic!("{d}"));
     assert_eq!(first.rules.len(), 1);
     let read = rules::read(&rules, &templates);
     assert!(read.warnings.is_empty(), "{}", shown(&read.warnings));
@@ -212,8 +212,8 @@ fn a_configmap_volume_layout_is_accepted() {
         &[("demo/config.yaml", &changed)],
     );
     std::fs::remove_dir_all(templates.join("..2026_11_23_10_00_00.1")).unwrap();
-    let second =
-        rules::load(&rules, &templates, &Limits::default()).unwrap_or_else(|d| panic!("{d}"));
+    let second = rulebook::render::load(&rules, &templates, &Limits::default())
+        .unwrap_or_else(|d| panic!("{d}"));
     assert_ne!(first.fingerprint, second.fingerprint);
 }
 
@@ -232,9 +232,8 @@ fn a_git_sync_style_symlinked_root_is_accepted() {
         read.sources.rule_files[0].0,
         rules.join("demo.yaml").display().to_string()
     );
-    let a = read
-        .compile(&Limits::default())
-        .unwrap_or_else(|d| panic!("{d}"));
+    let a =
+        rulebook::render::compile_read(&read, &Limits::default()).unwrap_or_else(|d| panic!("{d}"));
 
     // The flip to a new revision, and a root that is itself a link.
     rule_set(&git.join("rev-def"), &format!("{CONFIG}data: {{}}\n"));
@@ -242,7 +241,7 @@ fn a_git_sync_style_symlinked_root_is_accepted() {
     symlink("rev-def", &tmp).unwrap();
     std::fs::rename(&tmp, git.join("current")).unwrap();
     symlink(git.join("current/templates"), dir.path().join("templates")).unwrap();
-    let b = rules::load(&rules, &dir.path().join("templates"), &Limits::default())
+    let b = rulebook::render::load(&rules, &dir.path().join("templates"), &Limits::default())
         .unwrap_or_else(|d| panic!("{d}"));
     assert_ne!(a.fingerprint, b.fingerprint);
 }
@@ -265,7 +264,9 @@ fn binary_and_non_rule_files_do_not_invalidate_the_rule_set() {
     assert_eq!(read.warnings[0].file, png);
     assert!(read.warnings[0].message.contains("not UTF-8"));
     assert_eq!(
-        read.compile(&Limits::default()).map(|s| s.rules.len()).ok(),
+        rulebook::render::compile_read(&read, &Limits::default())
+            .map(|s| s.rules.len())
+            .ok(),
         Some(1)
     );
 
@@ -319,9 +320,8 @@ fn a_dangling_link_is_a_warning_and_the_set_stays_valid() {
     );
     warned(templates.join("loop"), "links to a directory above it");
     assert_eq!(read.warnings.len(), 3, "{}", shown(&read.warnings));
-    let set = read
-        .compile(&Limits::default())
-        .unwrap_or_else(|d| panic!("{d}"));
+    let set =
+        rulebook::render::compile_read(&read, &Limits::default()).unwrap_or_else(|d| panic!("{d}"));
     assert_eq!(set.rules.len(), 1);
     // The warnings are part of what was seen: a new dangling link is a change.
     let again = rules::read(&rules, &templates);

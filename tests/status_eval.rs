@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rulebook::render::{CompiledRule, DesiredChild, Limits, Observed, Readiness, Scope};
-use rulebook::rules::{self, Sources};
+use rulebook::rules::Sources;
 use serde_json::{Map, Value as Json, json};
 
 const RULE: &str = r#"apiVersion: rulebook.dev/v1alpha1
@@ -113,7 +113,8 @@ fn compile_rule(rule: &str, templates: &[(&str, &str)]) -> Arc<CompiledRule> {
         rule_files: vec![("rules/stat.yaml".to_string(), rule.to_string())],
         templates,
     };
-    let set = rules::compile(&sources, &Limits::default()).unwrap_or_else(|d| panic!("{d}"));
+    let set =
+        rulebook::render::compile(&sources, &Limits::default()).unwrap_or_else(|d| panic!("{d}"));
     set.rules.values().next().unwrap().clone()
 }
 
@@ -520,7 +521,7 @@ fn ready_when_can_use_item_or_rejects_it_at_load() {
         rule_files: vec![("rules/stat.yaml".to_string(), rule_text)],
         templates,
     };
-    match rules::compile(&sources, &Limits::default()) {
+    match rulebook::render::compile(&sources, &Limits::default()) {
         Err(d) => assert!(d.to_string().contains("unknown variable 'item'"), "{d}"),
         Ok(set) => {
             let r = set.rules["stat"].clone();

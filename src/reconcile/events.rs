@@ -52,7 +52,7 @@ pub(super) fn event_about(
     let ev = Event {
         type_,
         reason: reason.to_string(),
-        note: Some(truncate(&note, 1000)),
+        note: Some(crate::meta::truncate(&note, 1000)),
         action: action.to_string(),
         secondary: related,
     };
@@ -169,17 +169,6 @@ pub(super) fn other_managers(live: &Json) -> String {
     } else {
         format!("field manager {}", list.join(", "))
     }
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 #[cfg(test)]

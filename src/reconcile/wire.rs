@@ -168,16 +168,7 @@ impl<'de, const CHILD: bool> Visitor<'de> for WireVisitor<CHILD> {
 /// other managers keep their name, operation and time.
 fn metadata_from(mut raw: BTreeMap<String, Box<RawValue>>) -> Result<ObjectMeta, String> {
     let managed = raw.remove("managedFields");
-    let mut text = String::from("{");
-    for (k, v) in &raw {
-        if text.len() > 1 {
-            text.push(',');
-        }
-        text.push_str(&Json::String(k.clone()).to_string());
-        text.push(':');
-        text.push_str(v.get());
-    }
-    text.push('}');
+    let text = object_text(raw.iter().map(|(k, v)| (k.as_str(), v.get())));
     let mut meta: ObjectMeta =
         serde_json::from_str(&text).map_err(|e| format!("invalid metadata: {e}"))?;
     if let Some(managed) = managed {
@@ -186,16 +177,7 @@ fn metadata_from(mut raw: BTreeMap<String, Box<RawValue>>) -> Result<ObjectMeta,
         let mut out = Vec::with_capacity(entries.len());
         for mut e in entries {
             let fields = e.remove("fieldsV1");
-            let mut text = String::from("{");
-            for (k, v) in &e {
-                if text.len() > 1 {
-                    text.push(',');
-                }
-                text.push_str(&Json::String(k.clone()).to_string());
-                text.push(':');
-                text.push_str(v.get());
-            }
-            text.push('}');
+            let text = object_text(e.iter().map(|(k, v)| (k.as_str(), v.get())));
             let mut entry: ManagedFieldsEntry =
                 serde_json::from_str(&text).map_err(|e| format!("invalid managedFields: {e}"))?;
             let ours = entry.manager.as_deref() == Some(FIELD_MANAGER)
@@ -213,6 +195,21 @@ fn metadata_from(mut raw: BTreeMap<String, Box<RawValue>>) -> Result<ObjectMeta,
         meta.managed_fields = Some(out);
     }
     Ok(meta)
+}
+
+/// A JSON object's text from its fields' raw JSON texts.
+fn object_text<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
+    let mut text = String::from("{");
+    for (k, v) in fields {
+        if text.len() > 1 {
+            text.push(',');
+        }
+        text.push_str(&Json::String(k.to_string()).to_string());
+        text.push(':');
+        text.push_str(v);
+    }
+    text.push('}');
+    text
 }
 
 /// How deeply serde_json reads (its recursion limit): deeper content cannot be read.

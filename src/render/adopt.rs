@@ -279,7 +279,7 @@ mod tests {
             rule_files: vec![("rules/a.yaml".to_string(), rule)],
             templates,
         };
-        let set = crate::rules::compile(&sources, &super::super::Limits::default())
+        let set = crate::render::compile(&sources, &super::super::Limits::default())
             .unwrap_or_else(|d| panic!("{d}"));
         warnings(&set.rules["a"])
             .into_iter()

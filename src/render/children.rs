@@ -401,4 +401,29 @@ mod tests {
             assert!(check_object_name("metadata.name", good).is_ok(), "{good:?}");
         }
     }
+
+    #[test]
+    fn a_mis_indented_rendered_line_is_a_yaml_error_on_its_line() {
+        // Read untyped, so the parser's error is never preceded by a `missing field`
+        // (rules::yaml): a line indented one space less or more than its siblings.
+        for (text, line, message) in [
+            (
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n labels: {}\ndata: {}\n",
+                5,
+                "did not find expected key",
+            ),
+            (
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n   labels: {}\n",
+                5,
+                "mapping values are not allowed",
+            ),
+        ] {
+            let (got_line, got) = parse_rendered(text).unwrap_err();
+            assert_eq!(got_line, Some(line), "{got}");
+            assert!(
+                got.starts_with("the rendered output is not valid YAML: ") && got.contains(message),
+                "{got}"
+            );
+        }
+    }
 }

@@ -54,7 +54,7 @@ impl ConditionState {
         ConditionState {
             status,
             reason: reason.to_string(),
-            message: truncate(message, 1024),
+            message: crate::meta::truncate(message, 1024),
         }
     }
 }
@@ -154,17 +154,6 @@ pub fn status_matches(live: Option<&Json>, desired: &Json) -> bool {
         }
         live.get(k) == Some(v)
     })
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }
 
 #[cfg(test)]

@@ -17,8 +17,7 @@ use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
-use super::{Diagnostic, Diagnostics, RuleSet, compile};
-use crate::render::Limits;
+use super::{Diagnostic, Diagnostics};
 
 /// Directories nest at most this deep below a root (symlinked directories included).
 const MAX_DEPTH: usize = 32;
@@ -67,19 +66,6 @@ impl Read {
         let notes: Vec<&Diagnostic> = self.errors.iter().chain(&self.warnings).collect();
         hash(&self.sources, &notes)
     }
-
-    /// Validates and compiles what was read. The set's fingerprint is [`Read::fingerprint`].
-    pub fn compile(&self, limits: &Limits) -> Result<RuleSet, Diagnostics> {
-        if !self.errors.is_empty() {
-            let mut errors = self.errors.clone();
-            errors.sort();
-            errors.dedup();
-            return Err(Diagnostics(errors));
-        }
-        let mut set = compile(&self.sources, limits)?;
-        set.fingerprint = self.fingerprint();
-        Ok(set)
-    }
 }
 
 fn hash(sources: &Sources, notes: &[&Diagnostic]) -> String {
@@ -102,15 +88,6 @@ fn hash(sources: &Sources, notes: &[&Diagnostic]) -> String {
         h.update(note.to_string().as_bytes());
     }
     hex::encode(&h.finalize()[..16])
-}
-
-/// Reads the rules and templates directories and validates them as a whole.
-pub fn load(
-    rules_dir: &Path,
-    templates_dir: &Path,
-    limits: &Limits,
-) -> Result<RuleSet, Diagnostics> {
-    read(rules_dir, templates_dir).compile(limits)
 }
 
 /// Reads `*.yaml`/`*.yml` below `rules_dir` and every file below `templates_dir`.

@@ -4,18 +4,19 @@
 //! Every problem becomes a [`Diagnostic`] that says `file:line:col: message`, and loading
 //! reports all of them at once.
 
+pub mod crd;
 mod load;
 pub mod model;
+mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
-pub use load::{Read, Sources, load, read};
+pub use load::{Read, Sources, read};
 pub use model::*;
-
-use crate::render::{CompiledRule, Limits};
+pub use yaml::yaml_message;
+use yaml::{parse_document, split_documents};
 
 /// One problem in the rule set, with the place it comes from.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -75,28 +76,9 @@ pub struct SourcedRule {
     pub rule: Rule,
 }
 
-/// A loaded, validated, compiled rule set. Cheap to clone.
-#[derive(Clone, Default)]
-pub struct RuleSet {
-    pub rules: BTreeMap<String, Arc<CompiledRule>>,
-    /// Problems that do not stop the set from loading (`rulebook check` prints them),
-    /// such as an adopted child whose name the parent's writer chooses.
-    pub warnings: Vec<Diagnostic>,
-    /// A hash of every input file, to notice when nothing changed.
-    pub fingerprint: String,
-}
-
-impl fmt::Debug for RuleSet {
-    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.debug_struct("RuleSet")
-            .field("rules", &self.rules.keys().collect::<Vec<_>>())
-            .field("fingerprint", &self.fingerprint)
-            .finish()
-    }
-}
-
-/// Parses, validates and compiles a rule set already in memory.
-pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostics> {
+/// Parses and validates a rule set already in memory: the rules that are valid on their
+/// own, and every problem found (in any rule). Compiling them is the render layer's.
+pub fn parse_and_validate(sources: &Sources) -> (Vec<SourcedRule>, Vec<Diagnostic>) {
     let mut diags = Vec::new();
     let mut parsed = Vec::new();
     for (file, text) in &sources.rule_files {
@@ -146,36 +128,15 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
             parents.insert(key, sr);
         }
     }
-    let mut rules = BTreeMap::new();
-    for sr in &parsed {
+    let mut valid = Vec::new();
+    for sr in parsed {
         let before = diags.len();
-        validate_rule(sr, &mut diags);
-        if diags.len() > before {
-            continue; // compiling a structurally broken rule only repeats the errors
-        }
-        match CompiledRule::compile(sr, &sources.templates, limits) {
-            Ok(c) => {
-                rules.insert(sr.rule.metadata.name.value.clone(), Arc::new(c));
-            }
-            Err(mut d) => diags.append(&mut d),
+        validate_rule(&sr, &mut diags);
+        if diags.len() == before {
+            valid.push(sr);
         }
     }
-    if diags.is_empty() {
-        let mut warnings: Vec<Diagnostic> = rules
-            .values()
-            .flat_map(|r| crate::render::adopt::warnings(r))
-            .collect();
-        warnings.sort();
-        Ok(RuleSet {
-            rules,
-            warnings,
-            fingerprint: sources.fingerprint(),
-        })
-    } else {
-        diags.sort();
-        diags.dedup();
-        Err(Diagnostics(diags))
-    }
+    (valid, diags)
 }
 
 /// Splits a YAML stream into documents and reads each as a rule. A document that is
@@ -200,90 +161,15 @@ fn parse_documents(file: &str, text: &str) -> (Vec<SourcedRule>, Vec<Diagnostic>
         {
             continue;
         }
-        match serde_saphyr::from_str::<Rule>(&doc) {
+        match parse_document::<Rule>(&doc) {
             Ok(rule) => rules.push(SourcedRule {
                 file: file.to_string(),
                 rule,
             }),
-            Err(e) => {
-                let (line, col) = e
-                    .location()
-                    .map(|l| (l.line(), l.column()))
-                    .unwrap_or((0, 0));
-                let message = yaml_message(&e);
-                let (line, col) = if message.contains("found a tab") {
-                    tab_position(&doc, line).unwrap_or((line, col))
-                } else {
-                    (line, col)
-                };
-                diags.push(Diagnostic::new(file, line, col, message));
-            }
+            Err((line, col, message)) => diags.push(Diagnostic::new(file, line, col, message)),
         }
     }
     (rules, diags)
-}
-
-/// The first line of a YAML error, without the position (the diagnostic carries it).
-pub fn yaml_message(e: &serde_saphyr::Error) -> String {
-    // Without the source snippet, serde-saphyr prints "<message> at line X, column Y".
-    let full = e.without_snippet().to_string();
-    let first = full.lines().next().unwrap_or("").trim();
-    // serde-saphyr appends " at line X, column Y"; the diagnostic says that already.
-    let msg = match first.rfind(" at line ") {
-        Some(i) => &first[..i],
-        None => first,
-    };
-    let msg = msg.trim_start_matches("error: ");
-    // Library advice that means nothing to a rule author.
-    let msg = msg.split(", set DuplicateKeyPolicy").next().unwrap_or(msg);
-    msg.to_string()
-}
-
-/// The YAML scanner reports a tab that indents the line after a plain scalar at the
-/// scalar's start; the tab is on the next non-blank line.
-fn tab_position(doc: &str, line: u64) -> Option<(u64, u64)> {
-    let lines: Vec<&str> = doc.lines().collect();
-    let here = lines.get(usize::try_from(line).ok()?.checked_sub(1)?)?;
-    if here.contains('\t') {
-        return None;
-    }
-    lines
-        .iter()
-        .enumerate()
-        .skip(line as usize)
-        .find(|(_, l)| !l.trim().is_empty())
-        .and_then(|(i, l)| {
-            let indent = &l[..l.len() - l.trim_start().len()];
-            indent.find('\t').map(|col| (i as u64 + 1, col as u64 + 1))
-        })
-}
-
-/// Each document of a YAML stream, padded with blank lines so that line numbers stay
-/// those of the whole stream. A `---` or `...` at column 0 always ends a document (the
-/// YAML spec forbids them inside content).
-fn split_documents(text: &str) -> Vec<String> {
-    let is_marker = |line: &str, m: &str| {
-        let bare = line.trim_end_matches(['\n', '\r']);
-        bare == m || bare.starts_with(&format!("{m} ")) || bare.starts_with(&format!("{m}\t"))
-    };
-    let mut docs = Vec::new();
-    let mut current = String::new();
-    for (seen, line) in text.split_inclusive('\n').enumerate() {
-        if is_marker(line, "---") {
-            docs.push(std::mem::take(&mut current));
-            // `--- {a: 1}` keeps its content, at its column
-            current = "\n".repeat(seen);
-            current.push_str("   ");
-            current.push_str(&line[3..]);
-        } else if is_marker(line, "...") {
-            docs.push(std::mem::take(&mut current));
-            current = "\n".repeat(seen + 1);
-        } else {
-            current.push_str(line);
-        }
-    }
-    docs.push(current);
-    docs
 }
 
 /// Structural checks of one rule that need no templates.
@@ -379,7 +265,7 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
             );
         }
     }
-    for (key, msg) in crate::crd::validate(r) {
+    for (key, msg) in crd::validate(r) {
         let at = r
             .spec
             .crd
@@ -430,14 +316,7 @@ fn check_kind_ref(k: &KindRef, key: &str, err: &mut impl FnMut((u64, u64), &str,
     }
 }
 
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
+pub use crate::meta::is_dns_label;
 
 pub fn is_identifier(s: &str) -> bool {
     let mut chars = s.chars();
@@ -501,28 +380,5 @@ mod tests {
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("").is_err());
         assert!(parse_duration("100ms").is_err());
-    }
-
-    #[test]
-    fn documents_keep_their_line_numbers() {
-        let text = "a: 1\n---\nb: 2\n\nc: 3\n--- \n# only a comment\n---\nd: 4\n";
-        let docs = split_documents(text);
-        let docs: Vec<_> = docs
-            .into_iter()
-            .filter(|d| {
-                d.lines()
-                    .any(|l| !l.trim().is_empty() && !l.trim().starts_with('#'))
-            })
-            .collect();
-        assert_eq!(docs.len(), 3);
-        let line_of = |doc: &str, needle: &str| {
-            doc.lines()
-                .position(|l| l.starts_with(needle))
-                .map(|i| i + 1)
-        };
-        assert_eq!(line_of(&docs[0], "a:"), Some(1));
-        assert_eq!(line_of(&docs[1], "b:"), Some(3));
-        assert_eq!(line_of(&docs[1], "c:"), Some(5));
-        assert_eq!(line_of(&docs[2], "d:"), Some(9));
     }
 }

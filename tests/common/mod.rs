@@ -435,3 +435,69 @@ pub fn yaml_objects(text: &str) -> Vec<Json> {
         .filter(|o| !o.is_null())
         .collect()
 }
+
+/// Applies objects with the admin client (server-side apply, manager `test`).
+pub async fn apply_all(client: &kube::Client, objects: &[Json]) {
+    for o in objects {
+        let av = o["apiVersion"].as_str().unwrap();
+        let kind = o["kind"].as_str().unwrap();
+        let plural = match kind {
+            "CustomResourceDefinition" => "customresourcedefinitions",
+            "ClusterRole" => "clusterroles",
+            "ClusterRoleBinding" => "clusterrolebindings",
+            other => panic!("unexpected kind {other}"),
+        };
+        apply(&api(client, None, av, kind, plural), o.clone()).await;
+    }
+}
+
+pub async fn wait_established(client: &kube::Client, name: &str) {
+    let crds = api(
+        client,
+        None,
+        "apiextensions.k8s.io/v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+    );
+    wait_for(
+        Duration::from_secs(120),
+        &format!("CRD {name} to be Established"),
+        || async {
+            let crd = to_json(&crds.get_opt(name).await.ok()??);
+            crd["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "Established" && c["status"] == "True")
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+/// A ServiceAccount in `ns`, bound to `rbac` (the output of `rulebook rbac`, possibly
+/// edited), and a kubeconfig that authenticates as it.
+pub async fn service_account_kubeconfig(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    rbac: Vec<Json>,
+) -> tempfile::NamedTempFile {
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), ns);
+    let sa: k8s_openapi::api::core::v1::ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    sas.create(&PostParams::default(), &sa).await.unwrap();
+    apply_all(client, &rbac).await;
+    let request: k8s_openapi::api::authentication::v1::TokenRequest =
+        serde_json::from_value(json!({
+            "spec": {"audiences": [], "expirationSeconds": 3600}
+        }))
+        .unwrap();
+    let token = sas
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.token)
+        .expect("a token");
+    token_kubeconfig(&token)
+}

@@ -9,7 +9,6 @@ use std::path::Path;
 use std::time::Duration;
 
 use rulebook::render::{Limits, Observed, ParentBudget, Scope};
-use rulebook::rules;
 use serde_json::{Value as Json, json};
 
 use super::*;
@@ -68,7 +67,7 @@ const MIB: usize = 1 << 20;
 /// Loads with `limits`, renders (which must fail) and checks it is a budget error.
 fn over_budget(what: &str, limits: &Limits, extra: &str, template: &str, spec: Json) -> String {
     let e = timed(what, || {
-        let rule = rules::compile(&sources(extra, template), limits)
+        let rule = rulebook::render::compile(&sources(extra, template), limits)
             .unwrap_or_else(|d| panic!("{what}: load failed:\n{d}"))
             .rules["hostile"]
             .clone();
@@ -409,13 +408,13 @@ fn within_budget(rule: &rulebook::render::CompiledRule, parent: &Json, what: &st
 #[test]
 fn the_shipped_rules_fit_well_within_the_budget() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let set = rules::load(&root.join("rules"), &root.join("templates"), &defaults())
+    let set = rulebook::render::load(&root.join("rules"), &root.join("templates"), &defaults())
         .unwrap_or_else(|d| panic!("{d}"));
     for name in ["myapp", "myweb", "project"] {
         let parent = example(&root.join(format!("examples/{name}.yaml")));
         within_budget(&set.rules[name], &parent, name);
     }
-    let bench = rules::load(
+    let bench = rulebook::render::load(
         &root.join("benches/rules"),
         &root.join("benches/templates"),
         &defaults(),

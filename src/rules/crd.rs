@@ -1,23 +1,37 @@
-//! CustomResourceDefinitions from rules' `spec.crd` sections. Pure: builds the objects;
-//! `rulebook crds` prints them and `rulebook run --install-crds` applies them.
+//! CustomResourceDefinitions from rules' `spec.crd` sections. Pure: builds and checks the
+//! objects; `rulebook crds` prints them and `rulebook run --install-crds` applies them
+//! (the I/O is in `src/crds.rs`).
 
 use serde_json::{Map, Value as Json, json};
 
-use crate::render::CompiledRule;
-use crate::rules::{CrdSpec, split_api_version};
+/// The label on every CRD Rulebook generates. With the field manager `rulebook`, it is
+/// how `--install-crds` tells a CRD it may change from one somebody else owns.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const MANAGED_BY_VALUE: &str = "rulebook";
+
+use super::{CrdSpec, Rule};
+use crate::meta::split_api_version;
 
 /// The CRD's plural: given, or the kind in lower case plus `s`.
 pub fn plural(crd: &CrdSpec, kind: &str) -> String {
     match &crd.plural {
         Some(p) => p.value.clone(),
-        None => crate::rbac::guess_plural(kind),
+        None => crate::meta::guess_plural(kind),
     }
 }
 
+/// The name of the CRD a rule defines (`PLURAL.GROUP`), if it has a `spec.crd` section.
+pub fn crd_name(rule: &Rule) -> Option<String> {
+    let crd = rule.spec.crd.as_ref()?;
+    let parent = &rule.spec.parent;
+    let (group, _) = split_api_version(&parent.api_version);
+    Some(format!("{}.{group}", plural(crd, &parent.kind)))
+}
+
 /// The CRD of a rule that has a `spec.crd` section.
-pub fn crd_for(rule: &CompiledRule) -> Option<Json> {
-    let crd = rule.rule.spec.crd.as_ref()?;
-    let parent = &rule.rule.spec.parent;
+pub fn crd_for(rule: &Rule) -> Option<Json> {
+    let crd = rule.spec.crd.as_ref()?;
+    let parent = &rule.spec.parent;
     let (group, version) = split_api_version(&parent.api_version);
     let kind = parent.kind.as_str();
     let plural = plural(crd, kind);
@@ -85,8 +99,8 @@ pub fn crd_for(rule: &CompiledRule) -> Option<Json> {
         "metadata": {
             "name": format!("{plural}.{group}"),
             "labels": {
-                "app.kubernetes.io/managed-by": "rulebook",
-                "rulebook.dev/rule": rule.name,
+                (MANAGED_BY_LABEL): MANAGED_BY_VALUE,
+                "rulebook.dev/rule": rule.metadata.name.value,
             },
         },
         "spec": {
@@ -245,113 +259,9 @@ pub fn breaking_changes(old: &Json, new: &Json, path: &str, out: &mut Vec<String
     }
 }
 
-/// The served version's schema of a CRD object.
-fn schema_of(crd: &Json) -> Option<&Json> {
-    crd.pointer("/spec/versions")?
-        .as_array()?
-        .iter()
-        .find(|v| v.get("storage") == Some(&Json::Bool(true)))?
-        .pointer("/schema/openAPIV3Schema")
-}
-
-/// Applies the CRDs of `set` (server-side apply, field manager `rulebook`), refusing
-/// breaking schema changes unless the rule allows them, and waits until each is
-/// Established. Failures are reported per rule; the others go on. Never deletes a CRD.
-pub async fn install(client: &kube::Client, set: &crate::rules::RuleSet) -> Vec<(String, String)> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::api::{Api, Patch, PatchParams};
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut failures = Vec::new();
-    for rule in set.rules.values() {
-        let Some(desired) = crd_for(rule) else {
-            continue;
-        };
-        let name = desired
-            .pointer("/metadata/name")
-            .and_then(Json::as_str)
-            .unwrap_or("")
-            .to_string();
-        let allow_breaking = rule
-            .rule
-            .spec
-            .crd
-            .as_ref()
-            .is_some_and(|c| c.allow_breaking_changes);
-        match api.get_opt(&name).await {
-            Ok(Some(live)) => {
-                let live = serde_json::to_value(&live).unwrap_or_default();
-                if !allow_breaking
-                    && let (Some(old), Some(new)) = (schema_of(&live), schema_of(&desired))
-                {
-                    let mut changes = Vec::new();
-                    breaking_changes(old, new, "", &mut changes);
-                    if !changes.is_empty() {
-                        let msg = format!(
-                            "CRD {name}: refusing breaking schema changes ({}); set spec.crd.allowBreakingChanges: true to apply them",
-                            changes.join("; ")
-                        );
-                        tracing::error!(rule = %rule.name, "{msg}");
-                        failures.push((rule.name.clone(), msg));
-                        continue;
-                    }
-                }
-                // Unchanged: no write.
-                if crd_matches(&live, &desired) {
-                    continue;
-                }
-            }
-            Ok(None) => {}
-            Err(e) => {
-                failures.push((rule.name.clone(), format!("CRD {name}: {e}")));
-                continue;
-            }
-        }
-        let params = PatchParams::apply(crate::meta::FIELD_MANAGER).force();
-        if let Err(e) = api.patch(&name, &params, &Patch::Apply(&desired)).await {
-            let msg = format!("CRD {name}: {e}");
-            tracing::error!(rule = %rule.name, "{msg}");
-            failures.push((rule.name.clone(), msg));
-            continue;
-        }
-        tracing::info!(rule = %rule.name, crd = %name, "CRD applied");
-        let established = kube::runtime::wait::await_condition(
-            api.clone(),
-            &name,
-            kube::runtime::conditions::is_crd_established(),
-        );
-        if tokio::time::timeout(std::time::Duration::from_secs(30), established)
-            .await
-            .is_err()
-        {
-            failures.push((
-                rule.name.clone(),
-                format!("CRD {name} is not Established after 30s"),
-            ));
-        }
-    }
-    failures
-}
-
-/// Whether the live CRD already carries everything in `desired`.
-fn crd_matches(live: &Json, desired: &Json) -> bool {
-    fn subset(want: &Json, have: &Json) -> bool {
-        match (want, have) {
-            (Json::Object(w), Json::Object(h)) => w
-                .iter()
-                .all(|(k, v)| h.get(k).is_some_and(|hv| subset(v, hv))),
-            (Json::Array(w), Json::Array(h)) => {
-                w.len() == h.len() && w.iter().zip(h).all(|(a, b)| subset(a, b))
-            }
-            (w, h) => w == h,
-        }
-    }
-    subset(&desired["spec"], &live["spec"])
-        && subset(&desired["metadata"]["labels"], &live["metadata"]["labels"])
-}
-
 /// Problems the API server would reject in a CRD section, as `(key, message)`:
 /// scope and names, and the structural-schema rules for `specSchema`/`statusSchema`.
-pub fn validate(rule: &crate::rules::Rule) -> Vec<(String, String)> {
+pub fn validate(rule: &Rule) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let Some(crd) = &rule.spec.crd else {
         return out;
@@ -376,7 +286,7 @@ pub fn validate(rule: &crate::rules::Rule) -> Vec<(String, String)> {
         ));
     }
     let plural = plural(crd, &parent.kind);
-    if !crate::rules::is_dns_label(&plural) {
+    if !crate::meta::is_dns_label(&plural) {
         out.push((
             "spec.crd.plural".into(),
             format!("'{plural}' is not a lower-case DNS label"),
@@ -384,7 +294,7 @@ pub fn validate(rule: &crate::rules::Rule) -> Vec<(String, String)> {
     }
     for (key, value) in [("singular", crd.singular.as_deref())] {
         if let Some(v) = value
-            && !crate::rules::is_dns_label(v)
+            && !crate::meta::is_dns_label(v)
         {
             out.push((
                 format!("spec.crd.{key}"),
@@ -393,7 +303,7 @@ pub fn validate(rule: &crate::rules::Rule) -> Vec<(String, String)> {
         }
     }
     for s in &crd.short_names {
-        if !crate::rules::is_dns_label(s) {
+        if !crate::meta::is_dns_label(s) {
             out.push((
                 "spec.crd.shortNames".into(),
                 format!("'{s}' is not a lower-case DNS label"),

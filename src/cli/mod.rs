@@ -1,15 +1,19 @@
 //! The `rulebook` command line: subcommands and their output. Everything here but
 //! `run` works without a cluster.
 
+pub mod observed;
+
 use std::io::Write;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use serde_json::Value as Json;
 
-use crate::render::{Limits, Observed, Scope, status};
-use crate::rules::{self, RuleSet};
+use crate::render::RuleSet;
+use crate::render::{Limits, Scope, status};
+use crate::rules;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -35,7 +39,90 @@ pub enum Command {
     /// Print a least-privilege ClusterRole and ClusterRoleBinding for the rules.
     Rbac(RbacArgs),
     /// Run the operator against a cluster.
-    Run(crate::operator::RunArgs),
+    Run(RunArgs),
+}
+
+/// `rulebook run`: the operator.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub dirs: RuleDirs,
+    /// Kubeconfig file; default: in-cluster config, then $KUBECONFIG, then ~/.kube/config.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Concurrent reconciles per rule.
+    #[arg(long, default_value_t = 4)]
+    pub concurrency: u16,
+    /// Watch parents in this namespace only (default: all namespaces).
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Label selector on parents, e.g. `shard=a` (to run several instances side by side).
+    #[arg(long)]
+    pub selector: Option<String>,
+    /// Address of /metrics, /healthz, /readyz and /status.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+    /// Reload rules and templates when they change on disk.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub watch: bool,
+    /// Seconds between full re-scans of the directories (backs up missed file events).
+    #[arg(long, default_value_t = 60)]
+    pub rescan_seconds: u64,
+    /// Apply the CRDs defined in rules at start and on every rule change.
+    #[arg(long)]
+    pub install_crds: bool,
+    /// Only the holder of a Lease reconciles.
+    #[arg(long)]
+    pub leader_elect: bool,
+    #[arg(long, default_value = "rulebook")]
+    pub lease_name: String,
+    /// Namespace of the Lease (default: the pod's namespace, else `default`).
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Seconds a lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration: u64,
+    /// This instance's identity (default: the pod name, else the host name and pid).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Check each rule's permissions (SelfSubjectAccessReview) before starting it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub check_permissions: bool,
+    /// MiB of child content cached per namespace; children beyond it are read on demand.
+    #[arg(long, default_value_t = 32)]
+    pub cache_namespace_mib: usize,
+    /// MiB of child content cached in all.
+    #[arg(long, default_value_t = 256)]
+    pub cache_total_mib: usize,
+}
+
+impl RunArgs {
+    /// What the operator needs of the command line.
+    pub fn settings(&self) -> crate::operator::Settings {
+        crate::operator::Settings {
+            rules: self.dirs.rules.clone(),
+            templates: self.dirs.templates.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            concurrency: self.concurrency,
+            namespace: self.namespace.clone(),
+            selector: self.selector.clone(),
+            metrics_addr: self.metrics_addr,
+            watch: self.watch,
+            rescan_seconds: self.rescan_seconds,
+            install_crds: self.install_crds,
+            leader_elect: self.leader_elect,
+            lease_name: self.lease_name.clone(),
+            lease_namespace: self.lease_namespace.clone(),
+            lease_duration: self.lease_duration,
+            identity: self.identity.clone(),
+            check_permissions: self.check_permissions,
+            cache_namespace_mib: self.cache_namespace_mib,
+            cache_total_mib: self.cache_total_mib,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -60,6 +147,10 @@ pub struct RbacArgs {
     /// Include what `run --leader-elect` needs.
     #[arg(long)]
     pub leader_elect: bool,
+    /// The Lease of `run --leader-elect` (its `--lease-name`); the only Lease the role may
+    /// read or update.
+    #[arg(long, default_value = "rulebook")]
+    pub lease_name: String,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -80,7 +171,7 @@ impl RuleDirs {
         for w in &read.warnings {
             writeln!(err, "warning: {w}")?;
         }
-        Ok(read.compile(&Limits::default()))
+        Ok(crate::render::compile_read(&read, &Limits::default()))
     }
 }
 
@@ -97,7 +188,9 @@ pub struct RenderArgs {
     /// The parent object (YAML or JSON); its apiVersion and kind pick the rule.
     #[arg(short = 'f', long = "filename")]
     pub parent: PathBuf,
-    /// Live children (a multi-document YAML of objects) to render and compute status against.
+    /// Live children (a multi-document YAML of objects) to render and compute status against:
+    /// those labelled `rulebook.dev/child`, and those with a rendered child's apiVersion,
+    /// kind and name. Every other object is ignored with a warning.
     #[arg(long)]
     pub observed: Option<PathBuf>,
     /// Print the status Rulebook would write instead of the children.
@@ -152,7 +245,7 @@ fn crds(args: &CrdsArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
     let crds: Vec<Json> = set
         .rules
         .values()
-        .filter_map(|r| crate::crd::crd_for(r))
+        .filter_map(|r| crate::rules::crd::crd_for(&r.rule))
         .collect();
     write_stream(&crds, out)?;
     Ok(0)
@@ -170,6 +263,7 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
         service_account: (ns.to_string(), name.to_string()),
         install_crds: args.install_crds,
         leader_elect: args.leader_elect,
+        lease_name: args.lease_name.clone(),
     };
     write_stream(&crate::rbac::manifests(&set, &opts), out)?;
     Ok(0)
@@ -234,9 +328,9 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
         bail!("no rule has parent {api_version} {kind}");
     };
     let parent = with_render_defaults(parent);
-    let observed = match &args.observed {
-        Some(p) => Observed::from_objects(read_objects(p)?),
-        None => Observed::default(),
+    let objects = match &args.observed {
+        Some(p) => read_objects(p)?,
+        None => Vec::new(),
     };
     let scope = |i: usize| {
         let c = &rule.children()[i];
@@ -246,13 +340,22 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
             Scope::Namespaced
         }
     };
-    let desired = match rule.render(&parent, &observed, &scope) {
-        Ok(d) => d,
+    let observed::Matched {
+        observed,
+        desired,
+        ignored,
+    } = match observed::render_against(rule, &parent, objects, &scope) {
+        Ok(m) => m,
         Err(e) => {
             writeln!(err, "{e}")?;
             return Ok(1);
         }
     };
+    if let Some(file) = &args.observed {
+        for note in &ignored {
+            writeln!(err, "warning: {}: {note}", file.display())?;
+        }
+    }
     if args.status {
         let report = match rule.status(&parent, &observed, &desired) {
             Ok(r) => r,

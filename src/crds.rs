@@ -1,0 +1,218 @@
+//! Installing the rules' CRDs (`rulebook run --install-crds`): the I/O half of CRD
+//! support, kept apart from the pure generation and checks in `rules/crd.rs`. It changes only
+//! CRDs that are Rulebook's: a CRD of the same name that somebody else installed is
+//! refused, never taken over (a rule file must not be able to rewrite another
+//! operator's API). It never deletes a CRD.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::Value as Json;
+
+use crate::meta::FIELD_MANAGER;
+use crate::rules::crd::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, breaking_changes, crd_for};
+
+/// The served version's schema of a CRD object.
+fn schema_of(crd: &Json) -> Option<&Json> {
+    crd.pointer("/spec/versions")?
+        .as_array()?
+        .iter()
+        .find(|v| v.get("storage") == Some(&Json::Bool(true)))?
+        .pointer("/schema/openAPIV3Schema")
+}
+
+/// Why the live CRD `live` is not Rulebook's to change, or `None` when it is: Rulebook
+/// applied it (its field manager `rulebook` owns fields of it), or it carries the label
+/// `app.kubernetes.io/managed-by: rulebook` (e.g. from `rulebook crds | kubectl apply
+/// -f -`, or set by hand to hand a CRD over to Rulebook).
+pub fn foreign(live: &Json) -> Option<String> {
+    let labelled = live
+        .pointer("/metadata/labels")
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .and_then(Json::as_str)
+        == Some(MANAGED_BY_VALUE);
+    let mut managers: Vec<&str> = live
+        .pointer("/metadata/managedFields")
+        .and_then(Json::as_array)
+        .map(|entries| {
+            entries
+                .iter()
+                .filter_map(|e| e.get("manager").and_then(Json::as_str))
+                .collect()
+        })
+        .unwrap_or_default();
+    managers.sort_unstable();
+    managers.dedup();
+    if labelled || managers.contains(&FIELD_MANAGER) {
+        return None;
+    }
+    let managed_by = if managers.is_empty() {
+        "no recorded field manager".to_string()
+    } else {
+        format!("field managers {}", managers.join(", "))
+    };
+    Some(format!(
+        "it exists and was not installed by Rulebook ({managed_by}; no label \
+         {MANAGED_BY_LABEL}={MANAGED_BY_VALUE}); refusing to take it over. Give spec.parent \
+         another group or kind, or drop spec.crd to use the CRD as it is; to hand it to \
+         Rulebook, label it {MANAGED_BY_LABEL}={MANAGED_BY_VALUE}"
+    ))
+}
+
+/// An API error about CRD `name`, with a hint when RBAC refused it.
+fn describe(name: &str, e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => format!(
+            "CRD {name}: {}; `rulebook rbac --install-crds` grants access to the CRDs the \
+             rules define, by name: regenerate the RBAC when a rule adds a CRD",
+            s.message
+        ),
+        e => format!("CRD {name}: {e}"),
+    }
+}
+
+/// Applies the CRDs of `set` (server-side apply, field manager `rulebook`), refusing
+/// CRDs Rulebook does not own ([`foreign`]) and breaking schema changes unless the rule
+/// allows them, and waits until each is Established. Failures are reported per rule
+/// (`(rule, message)`); the others go on. Never deletes a CRD.
+pub async fn install(client: &kube::Client, set: &crate::render::RuleSet) -> Vec<(String, String)> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut failures = Vec::new();
+    for rule in set.rules.values() {
+        let Some(desired) = crd_for(&rule.rule) else {
+            continue;
+        };
+        let name = desired
+            .pointer("/metadata/name")
+            .and_then(Json::as_str)
+            .unwrap_or("")
+            .to_string();
+        let allow_breaking = rule
+            .rule
+            .spec
+            .crd
+            .as_ref()
+            .is_some_and(|c| c.allow_breaking_changes);
+        match api.get_opt(&name).await {
+            Ok(Some(live)) => {
+                let live = serde_json::to_value(&live).unwrap_or_default();
+                if let Some(why) = foreign(&live) {
+                    let msg = format!("CRD {name}: {why}");
+                    tracing::error!(rule = %rule.name, "{msg}");
+                    failures.push((rule.name.clone(), msg));
+                    continue;
+                }
+                if !allow_breaking
+                    && let (Some(old), Some(new)) = (schema_of(&live), schema_of(&desired))
+                {
+                    let mut changes = Vec::new();
+                    breaking_changes(old, new, "", &mut changes);
+                    if !changes.is_empty() {
+                        let msg = format!(
+                            "CRD {name}: refusing breaking schema changes ({}); set spec.crd.allowBreakingChanges: true to apply them",
+                            changes.join("; ")
+                        );
+                        tracing::error!(rule = %rule.name, "{msg}");
+                        failures.push((rule.name.clone(), msg));
+                        continue;
+                    }
+                }
+                // Unchanged: no write.
+                if crd_matches(&live, &desired) {
+                    continue;
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                failures.push((rule.name.clone(), describe(&name, &e)));
+                continue;
+            }
+        }
+        // Forced: Rulebook owns this CRD (checked above), so it takes back fields another
+        // manager changed. A CRD created between the read and this write by somebody else
+        // is the one gap; creating CRDs is a cluster-admin's business.
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        if let Err(e) = api.patch(&name, &params, &Patch::Apply(&desired)).await {
+            let msg = describe(&name, &e);
+            tracing::error!(rule = %rule.name, "{msg}");
+            failures.push((rule.name.clone(), msg));
+            continue;
+        }
+        tracing::info!(rule = %rule.name, crd = %name, "CRD applied");
+        let established = kube::runtime::wait::await_condition(
+            api.clone(),
+            &name,
+            kube::runtime::conditions::is_crd_established(),
+        );
+        if tokio::time::timeout(std::time::Duration::from_secs(30), established)
+            .await
+            .is_err()
+        {
+            failures.push((
+                rule.name.clone(),
+                format!("CRD {name} is not Established after 30s"),
+            ));
+        }
+    }
+    failures
+}
+
+/// Whether the live CRD already carries everything in `desired`.
+fn crd_matches(live: &Json, desired: &Json) -> bool {
+    fn subset(want: &Json, have: &Json) -> bool {
+        match (want, have) {
+            (Json::Object(w), Json::Object(h)) => w
+                .iter()
+                .all(|(k, v)| h.get(k).is_some_and(|hv| subset(v, hv))),
+            (Json::Array(w), Json::Array(h)) => {
+                w.len() == h.len() && w.iter().zip(h).all(|(a, b)| subset(a, b))
+            }
+            (w, h) => w == h,
+        }
+    }
+    subset(&desired["spec"], &live["spec"])
+        && subset(&desired["metadata"]["labels"], &live["metadata"]["labels"])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_crd_is_rulebooks_by_field_manager_or_label() {
+        let by_manager = json!({"metadata": {"managedFields": [
+            {"manager": "kube-apiserver", "operation": "Update"},
+            {"manager": "rulebook", "operation": "Apply"},
+        ]}});
+        assert_eq!(foreign(&by_manager), None);
+        let by_label = json!({"metadata": {
+            "labels": {"app.kubernetes.io/managed-by": "rulebook"},
+            "managedFields": [{"manager": "kubectl-client-side-apply"}],
+        }});
+        assert_eq!(foreign(&by_label), None);
+    }
+
+    #[test]
+    fn a_crd_of_somebody_else_is_refused_with_the_reason() {
+        let helm = json!({"metadata": {
+            "labels": {"app.kubernetes.io/managed-by": "Helm"},
+            "managedFields": [
+                {"manager": "helm", "operation": "Update"},
+                {"manager": "kube-apiserver", "operation": "Update"},
+                {"manager": "helm", "operation": "Update", "subresource": "status"},
+            ],
+        }});
+        let why = foreign(&helm).expect("refused");
+        assert!(
+            why.contains("not installed by Rulebook")
+                && why.contains("field managers helm, kube-apiserver;"),
+            "{why}"
+        );
+        assert!(why.contains("refusing to take it over"), "{why}");
+        assert!(
+            foreign(&json!({"metadata": {}}))
+                .is_some_and(|w| w.contains("no recorded field manager")),
+            "no managedFields, no label: not Rulebook's"
+        );
+    }
+}

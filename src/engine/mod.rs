@@ -1,0 +1,213 @@
+//! The engine: one kube-runtime controller per rule, started, stopped and restarted as
+//! the rule set changes. A rule whose kinds cannot be resolved (CRD not installed yet)
+//! or that fails in any other way waits and retries on its own; the other rules run on.
+//!
+//! `runner.rs` runs one rule (resolve its kinds, build its caches and controller),
+//! `streams.rs` holds the pass-throughs its watch streams go through, `dropped.rs` cleans
+//! up after a rule drops a kind of child, `permissions.rs` checks a rule's RBAC first.
+
+mod dropped;
+mod permissions;
+mod runner;
+mod status;
+mod streams;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::metrics::{self, Metrics};
+use crate::reconcile::WriteGate;
+use crate::reconcile::admission::{CacheBudget, CacheLimits};
+use crate::render::{CompiledRule, RuleSet};
+use dropped::{dropped_kinds, prune_dropped_kinds};
+use runner::RuleRunner;
+
+pub use dropped::kind_api;
+pub use runner::SetupError;
+pub use status::{EngineStatus, RuleState, RuleStatus};
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Concurrent reconciles per rule (the same parent is never reconciled twice at once).
+    pub concurrency: u16,
+    /// Watch parents (and children) in this namespace only.
+    pub namespace: Option<String>,
+    /// Label selector on parents.
+    pub parent_selector: Option<String>,
+    /// The reporting controller name on events.
+    pub reporter: String,
+    /// This instance (pod name), on events.
+    pub instance: Option<String>,
+    /// Check the rule's permissions with SelfSubjectAccessReviews before starting it.
+    pub check_permissions: bool,
+    /// Bounds on cached child content.
+    pub cache: CacheLimits,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            concurrency: 4,
+            namespace: None,
+            parent_selector: None,
+            reporter: "rulebook".into(),
+            instance: None,
+            check_permissions: true,
+            cache: CacheLimits::default(),
+        }
+    }
+}
+
+struct RunningRule {
+    version: String,
+    rule: Arc<CompiledRule>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+pub struct Engine {
+    client: Client,
+    config: EngineConfig,
+    metrics: Arc<Metrics>,
+    gate: Arc<dyn WriteGate>,
+    pub status: Arc<EngineStatus>,
+    running: BTreeMap<String, RunningRule>,
+    budget: Arc<CacheBudget>,
+}
+
+/// How long a stopping rule may take to finish its in-flight reconciles.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Engine {
+    pub fn new(
+        client: Client,
+        config: EngineConfig,
+        metrics: Arc<Metrics>,
+        gate: Arc<dyn WriteGate>,
+    ) -> Engine {
+        let budget = Arc::new(CacheBudget::new(config.cache.clone(), metrics.clone()));
+        Engine {
+            client,
+            config,
+            metrics,
+            gate,
+            status: Arc::default(),
+            running: BTreeMap::new(),
+            budget,
+        }
+    }
+
+    /// Makes the running controllers match `set`: stops removed rules (their children
+    /// stay), restarts changed ones, starts new ones; unchanged rules are not touched.
+    pub async fn apply(&mut self, set: &RuleSet) {
+        let stale: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(name, r)| {
+                set.rules
+                    .get(*name)
+                    .is_none_or(|new| new.version != r.version)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in stale {
+            let old = self.running.get(&name).map(|r| r.rule.clone());
+            self.stop(&name).await;
+            match (old, set.rules.get(&name)) {
+                (Some(old), Some(new)) => {
+                    let dropped = dropped_kinds(&old, new);
+                    if !dropped.is_empty() {
+                        tokio::spawn(prune_dropped_kinds(
+                            self.client.clone(),
+                            old,
+                            dropped,
+                            self.config.namespace.clone(),
+                            self.metrics.clone(),
+                            self.gate.clone(),
+                        ));
+                    }
+                }
+                _ => info!(rule = %name, "rule removed: controller stopped, its children stay"),
+            }
+        }
+        for (name, rule) in &set.rules {
+            if !self.running.contains_key(name) {
+                self.start(rule.clone());
+            }
+        }
+    }
+
+    fn start(&mut self, rule: Arc<CompiledRule>) {
+        let name = rule.name.clone();
+        info!(rule = %name, version = %rule.version, "starting rule");
+        self.metrics.init_rule(&name);
+        self.status.insert(
+            &name,
+            RuleStatus {
+                version: rule.version.clone(),
+                file: rule.file.clone(),
+                state: RuleState::Starting,
+                message: None,
+                synced: false,
+                problem: None,
+            },
+        );
+        let (stop, stopped) = watch::channel(false);
+        let version = rule.version.clone();
+        let runner_rule = rule.clone();
+        let runner = RuleRunner {
+            rule,
+            client: self.client.clone(),
+            config: self.config.clone(),
+            metrics: self.metrics.clone(),
+            gate: self.gate.clone(),
+            status: self.status.clone(),
+            budget: self.budget.clone(),
+        };
+        let span = info_span!("rule", rule = %name);
+        let task = tokio::spawn(runner.run(stopped).instrument(span));
+        self.running.insert(
+            name,
+            RunningRule {
+                version,
+                rule: runner_rule,
+                stop,
+                task,
+            },
+        );
+    }
+
+    async fn stop(&mut self, name: &str) {
+        let Some(r) = self.running.remove(name) else {
+            return;
+        };
+        let _ = r.stop.send(true);
+        let abort = r.task.abort_handle();
+        if tokio::time::timeout(STOP_TIMEOUT, r.task).await.is_err() {
+            warn!(rule = %name, "rule did not stop in time; aborting it");
+            abort.abort();
+        }
+        self.status.remove(name);
+        self.metrics
+            .rule_running
+            .get_or_create(&metrics::rule(name))
+            .set(0);
+    }
+
+    /// Stops every rule, letting in-flight reconciles finish.
+    pub async fn shutdown(&mut self) {
+        let names: Vec<String> = self.running.keys().cloned().collect();
+        for r in self.running.values() {
+            let _ = r.stop.send(true);
+        }
+        for name in names {
+            self.stop(&name).await;
+        }
+    }
+}

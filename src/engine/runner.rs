@@ -1,0 +1,361 @@
+//! One rule's controller: resolve its parent and child kinds (discovery, scopes, the
+//! status subresource, permissions), then run a kube-runtime controller over a parent
+//! cache and one cache per child kind, each fed by tolerant, budgeted watch streams.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Client;
+use kube::api::{Api, ApiResource, GroupVersionKind};
+use kube::core::discovery::Scope as KubeScope;
+use kube::discovery::pinned_kind;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::watch;
+use tracing::warn;
+
+use super::EngineConfig;
+use super::status::{EngineStatus, RuleState};
+use super::streams::{CacheSync, LIST_PAGE_SIZE, admission, packed, parent_changed, relisted};
+use crate::meta::{labels, split_api_version};
+use crate::metrics::{self, Metrics};
+use crate::reconcile::admission::CacheBudget;
+use crate::reconcile::wire::Wire;
+use crate::reconcile::writer::Writer;
+use crate::reconcile::{self, ChildKind, ContextParts, ParentKind, RuleContext, WriteGate};
+use crate::render::CompiledRule;
+
+/// Why a rule cannot run (yet).
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{what} {gvk} is not served by the API server (is its CRD installed?)")]
+    KindNotFound { what: String, gvk: String },
+    #[error("discovery of {gvk} failed: {source}")]
+    Discovery {
+        gvk: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("missing permissions: {0}")]
+    Forbidden(String),
+}
+
+pub(super) struct RuleRunner {
+    pub(super) rule: Arc<CompiledRule>,
+    pub(super) client: Client,
+    pub(super) config: EngineConfig,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) gate: Arc<dyn WriteGate>,
+    pub(super) status: Arc<EngineStatus>,
+    pub(super) budget: Arc<CacheBudget>,
+}
+
+struct Resolved {
+    parent: ApiResource,
+    parent_namespaced: bool,
+    status_subresource: bool,
+    /// Distinct child kinds, and for each child its index among them.
+    kinds: Vec<(ApiResource, bool)>,
+    kind_of_child: Vec<usize>,
+}
+
+impl RuleRunner {
+    pub(super) async fn run(self, mut stopped: watch::Receiver<bool>) {
+        let name = self.rule.name.clone();
+        let mut attempt: u32 = 0;
+        loop {
+            if *stopped.borrow() {
+                break;
+            }
+            match self.resolve().await {
+                Ok(resolved) => {
+                    attempt = 0;
+                    self.metrics
+                        .rule_running
+                        .get_or_create(&metrics::rule(&name))
+                        .set(1);
+                    self.status.update(&name, |s| {
+                        s.state = RuleState::Running;
+                        s.message = None;
+                    });
+                    self.run_controller(resolved, stopped.clone()).await;
+                    self.metrics
+                        .rule_running
+                        .get_or_create(&metrics::rule(&name))
+                        .set(0);
+                    if *stopped.borrow() {
+                        break;
+                    }
+                    warn!(rule = %name, "controller ended; restarting");
+                }
+                Err(e) => {
+                    warn!(rule = %name, error = %e, "rule cannot run yet; retrying");
+                    self.metrics
+                        .rule_running
+                        .get_or_create(&metrics::rule(&name))
+                        .set(0);
+                    self.status.update(&name, |s| {
+                        s.state = RuleState::Waiting;
+                        s.message = Some(e.to_string());
+                        s.synced = false;
+                    });
+                }
+            }
+            attempt = attempt.saturating_add(1);
+            let delay = Duration::from_secs(1u64 << attempt.min(6)).min(Duration::from_secs(60));
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stopped.changed() => {}
+            }
+        }
+    }
+
+    async fn resolve(&self) -> Result<Resolved, SetupError> {
+        let spec = &self.rule.rule.spec;
+        let (parent, parent_caps) = discover(
+            &self.client,
+            "parent",
+            &spec.parent.api_version,
+            &spec.parent.kind,
+        )
+        .await?;
+        let parent_namespaced = parent_caps.scope == KubeScope::Namespaced;
+        let status_subresource = parent_caps
+            .subresources
+            .iter()
+            .any(|(ar, _)| ar.plural == "status");
+        let mut kinds: Vec<(ApiResource, bool)> = Vec::new();
+        let mut kind_of_child = Vec::new();
+        for c in &spec.children {
+            let (ar, caps) = discover(
+                &self.client,
+                &format!("child '{}'", c.name.value),
+                &c.api_version,
+                &c.kind,
+            )
+            .await?;
+            let namespaced = caps.scope == KubeScope::Namespaced;
+            if parent_namespaced && !namespaced {
+                return Err(SetupError::Invalid(format!(
+                    "child '{}': {} is cluster-scoped and {} is namespaced; a namespaced parent cannot own a cluster-scoped child",
+                    c.name.value, c.kind.value, spec.parent.kind.value
+                )));
+            }
+            let idx = match kinds
+                .iter()
+                .position(|(k, _)| k.api_version == ar.api_version && k.kind == ar.kind)
+            {
+                Some(i) => i,
+                None => {
+                    kinds.push((ar, namespaced));
+                    kinds.len() - 1
+                }
+            };
+            kind_of_child.push(idx);
+        }
+        if self.config.check_permissions {
+            super::permissions::check_rule_permissions(
+                &self.client,
+                &self.rule,
+                &parent,
+                &kinds.iter().map(|(ar, _)| ar.clone()).collect::<Vec<_>>(),
+                self.config.namespace.as_deref(),
+            )
+            .await
+            .map_err(SetupError::Forbidden)?;
+        }
+        Ok(Resolved {
+            parent,
+            parent_namespaced,
+            status_subresource,
+            kinds,
+            kind_of_child,
+        })
+    }
+
+    async fn run_controller(&self, r: Resolved, stopped: watch::Receiver<bool>) {
+        let name = self.rule.name.clone();
+        let ns = self.config.namespace.as_deref();
+        let parent_api: Api<Wire<false>> = match (ns, r.parent_namespaced) {
+            (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, &r.parent),
+            _ => Api::all_with(self.client.clone(), &r.parent),
+        };
+        let mut parent_wc = watcher::Config::default()
+            .any_semantic()
+            .page_size(LIST_PAGE_SIZE);
+        if let Some(sel) = &self.config.parent_selector {
+            parent_wc = parent_wc.labels(sel);
+        }
+        // Every time a cache (re)lists — at start, and after a watch expired (410) or the
+        // API server restarted — every parent is reconciled. A child relist reports the
+        // objects that exist, not those deleted in the gap, so no child event would wake
+        // their parents; during a parent relist the parent cache keeps its old content
+        // until the listing completes, so a parent created in the gap was not in the
+        // cache when its own event came, and kube-runtime drops such a reconcile.
+        let (relisted_tx, relisted_rx) = futures::channel::mpsc::unbounded::<()>();
+        let status_writes = Arc::new(crate::reconcile::StatusWrites::default());
+        let parent_writer = reflector::store::Writer::new(r.parent.clone());
+        let parent_reader = parent_writer.as_reader();
+        // Status-only changes (Rulebook's own status writes among them) do not reconcile.
+        let synced = CacheSync::new(1 + r.kinds.len(), self.status.clone(), name.clone());
+        let parent_stream = watcher(parent_api, parent_wc)
+            .default_backoff()
+            .map(packed)
+            .modify(crate::reconcile::cache::strip_parent)
+            .map(synced.observer(0))
+            .reflect(parent_writer)
+            .map({
+                let status_writes = status_writes.clone();
+                move |event| {
+                    if let Ok(e) = &event {
+                        status_writes.observe(e);
+                    }
+                    event
+                }
+            })
+            .map(relisted(relisted_tx.clone()))
+            .applied_objects()
+            .predicate_filter(parent_changed, Default::default());
+        let mut controller =
+            Controller::for_stream_with(parent_stream, parent_reader.clone(), r.parent.clone())
+                .with_config(ControllerConfig::default().concurrency(self.config.concurrency));
+        let child_selector = labels::child_selector(&name);
+        let recorder = Recorder::new(
+            self.client.clone(),
+            Reporter {
+                controller: self.config.reporter.clone(),
+                instance: self.config.instance.clone(),
+            },
+        );
+        let mut kinds = Vec::new();
+        let mut cache_ids = Vec::new();
+        for (i, (ar, namespaced)) in r.kinds.iter().enumerate() {
+            let api: Api<Wire<true>> = match (ns, namespaced) {
+                (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, ar),
+                _ => Api::all_with(self.client.clone(), ar),
+            };
+            let writer = reflector::store::Writer::new(ar.clone());
+            let reader = writer.as_reader();
+            let index = Arc::new(crate::reconcile::index::OwnerIndex::default());
+            let indexer = index.clone();
+            let cache_id = self.budget.cache_id();
+            cache_ids.push(cache_id);
+            let admit = admission(
+                self.budget.clone(),
+                cache_id,
+                name.clone(),
+                ar.clone(),
+                recorder.clone(),
+            );
+            let stream = watcher(
+                api,
+                watcher::Config::default()
+                    .labels(&child_selector)
+                    .any_semantic()
+                    .page_size(LIST_PAGE_SIZE),
+            )
+            .default_backoff()
+            .map(packed)
+            .modify(crate::reconcile::cache::strip_child)
+            .map(admit)
+            .map(synced.observer(i + 1))
+            .map(move |event| {
+                if let Ok(e) = &event {
+                    indexer.observe(e);
+                }
+                event
+            })
+            .reflect(writer)
+            .map(relisted(relisted_tx.clone()))
+            .touched_objects();
+            controller = controller.owns_stream_with(stream, ar.clone());
+            kinds.push(ChildKind {
+                ar: ar.clone(),
+                namespaced: *namespaced,
+                store: reader,
+                index,
+            });
+        }
+        drop(relisted_tx);
+        controller = controller.reconcile_all_on(relisted_rx);
+        let ctx = Arc::new(RuleContext::new(ContextParts {
+            rule: self.rule.clone(),
+            client: self.client.clone(),
+            parent: ParentKind {
+                ar: r.parent.clone(),
+                namespaced: r.parent_namespaced,
+                status_subresource: r.status_subresource,
+            },
+            kinds,
+            kind_of_child: r.kind_of_child,
+            recorder,
+            metrics: self.metrics.clone(),
+            writer: Writer::new(self.gate.clone(), self.metrics.clone(), &name),
+            status_writes,
+            parent_store: parent_reader.clone(),
+        }));
+        let mut stop_signal = stopped.clone();
+        let shutdown = async move {
+            let _ = stop_signal.wait_for(|s| *s).await;
+        };
+        let status = self.status.clone();
+        controller
+            .graceful_shutdown_on(shutdown)
+            .run(reconcile::reconcile, reconcile::error_policy, ctx)
+            .for_each(|res| {
+                if let Err(kube::runtime::controller::Error::QueueError(e)) = &res {
+                    // A watch failed (API server down, kind deleted): report it; the watcher retries.
+                    warn!(rule = %name, error = %e, "watch error");
+                    let summary = super::status::watch_error_summary(e);
+                    status.update(&name, |s| {
+                        s.message = Some(format!("watch error: {summary}"))
+                    });
+                } else if res.is_ok() {
+                    status.update(&name, |s| {
+                        if s.message
+                            .as_deref()
+                            .is_some_and(|m| m.starts_with("watch error"))
+                        {
+                            s.message = None;
+                        }
+                    });
+                }
+                futures::future::ready(())
+            })
+            .await;
+        for id in cache_ids {
+            self.budget.drop_cache(id);
+        }
+    }
+}
+
+pub(super) async fn discover(
+    client: &Client,
+    what: &str,
+    api_version: &str,
+    kind: &str,
+) -> Result<(ApiResource, kube::core::discovery::ApiCapabilities), SetupError> {
+    let (group, version) = split_api_version(api_version);
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let name = format!("{api_version} {kind}");
+    match pinned_kind(client, &gvk).await {
+        Ok(found) => Ok(found),
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(SetupError::KindNotFound {
+            what: what.to_string(),
+            gvk: name,
+        }),
+        Err(kube::Error::Discovery(_)) => Err(SetupError::KindNotFound {
+            what: what.to_string(),
+            gvk: name,
+        }),
+        Err(e) => Err(SetupError::Discovery {
+            gvk: name,
+            source: e,
+        }),
+    }
+}

@@ -1,0 +1,168 @@
+//! What each rule is doing, for `/status` and readiness: its version and file, whether it
+//! runs or waits (and why), whether its caches have synced, and problems found outside
+//! its controller (a CRD that could not be installed).
+
+use std::collections::BTreeMap;
+use std::sync::RwLock;
+
+use kube::runtime::watcher;
+use serde::Serialize;
+
+/// Where a rule's controller is.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RuleState {
+    /// Started; its kinds are being resolved.
+    Starting,
+    /// Its controller runs.
+    Running,
+    /// It cannot run yet (a kind not served, a permission missing); it retries.
+    Waiting,
+}
+
+/// What each rule is doing, for `/status` and readiness.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RuleStatus {
+    pub version: String,
+    pub file: String,
+    pub state: RuleState,
+    /// Why the rule waits, or the last watch error.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The rule's caches have listed everything once.
+    pub synced: bool,
+    /// A problem outside the controller, e.g. its CRD could not be installed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+#[derive(Default)]
+pub struct EngineStatus {
+    rules: RwLock<BTreeMap<String, RuleStatus>>,
+    problems: RwLock<BTreeMap<String, String>>,
+}
+
+impl EngineStatus {
+    pub fn snapshot(&self) -> BTreeMap<String, RuleStatus> {
+        let mut rules = self.rules.read().map(|r| r.clone()).unwrap_or_default();
+        if let Ok(problems) = self.problems.read() {
+            for (rule, p) in problems.iter() {
+                if let Some(s) = rules.get_mut(rule) {
+                    s.problem = Some(p.clone());
+                }
+            }
+        }
+        rules
+    }
+    /// Records (or, with `None`, clears) a problem of `rule` found outside its controller.
+    pub fn set_problem(&self, rule: &str, problem: Option<String>) {
+        if let Ok(mut p) = self.problems.write() {
+            match problem {
+                Some(msg) => p.insert(rule.to_string(), msg),
+                None => p.remove(rule),
+            };
+        }
+    }
+    pub(super) fn update(&self, rule: &str, f: impl FnOnce(&mut RuleStatus)) {
+        if let Ok(mut rules) = self.rules.write()
+            && let Some(s) = rules.get_mut(rule)
+        {
+            f(s)
+        }
+    }
+    pub(super) fn insert(&self, rule: &str, status: RuleStatus) {
+        if let Ok(mut rules) = self.rules.write() {
+            rules.insert(rule.to_string(), status);
+        }
+    }
+    pub(super) fn remove(&self, rule: &str) {
+        if let Ok(mut rules) = self.rules.write() {
+            rules.remove(rule);
+        }
+    }
+    /// Every running rule has synced its caches (a waiting rule does not hold readiness back:
+    /// it is reported on `/status`, and the others serve).
+    pub fn all_synced(&self) -> bool {
+        self.rules
+            .read()
+            .map(|r| {
+                r.values()
+                    .all(|s| s.synced || s.state == RuleState::Waiting)
+            })
+            .unwrap_or(false)
+    }
+}
+
+/// A watch error as `/status` shows it: what failed and the API server's answer (code,
+/// reason, message). A response that could not be decoded is not quoted: serde's
+/// message can cite a field of a tenant's object (the log has it in full).
+pub fn watch_error_summary(e: &watcher::Error) -> String {
+    let (what, err) = match e {
+        watcher::Error::InitialListFailed(err) => ("listing failed", err),
+        watcher::Error::WatchStartFailed(err) => ("starting the watch failed", err),
+        watcher::Error::WatchFailed(err) => ("the watch failed", err),
+        watcher::Error::WatchError(s) => {
+            return format!("the API server ended the watch: {}", api_status(s));
+        }
+        watcher::Error::NoResourceVersion => return e.to_string(),
+    };
+    match err {
+        kube::Error::Api(s) => format!("{what}: {}", api_status(s)),
+        kube::Error::SerdeError(_) => {
+            format!("{what}: cannot decode the API server's answer (details in the log)")
+        }
+        other => format!("{what}: {other}"),
+    }
+}
+
+/// `403 Forbidden: message`; kube's own reasons for bodies that were no Status (e.g.
+/// "Failed to parse error data") are left out.
+fn api_status(s: &kube::core::Status) -> String {
+    if s.reason.is_empty() || s.reason.contains(' ') {
+        format!("{}: {}", s.code, s.message)
+    } else {
+        format!("{} {}: {}", s.code, s.reason, s.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_errors_on_status_never_quote_objects() {
+        let decode = serde_json::from_str::<u32>(r#""tenant-secret-value""#)
+            .err()
+            .map(kube::Error::SerdeError)
+            .expect("a decoding error");
+        assert!(
+            decode.to_string().contains("tenant-secret-value"),
+            "serde quotes the value: the reason for the summary"
+        );
+        let summary = watch_error_summary(&watcher::Error::InitialListFailed(decode));
+        assert_eq!(
+            summary,
+            "listing failed: cannot decode the API server's answer (details in the log)"
+        );
+        let forbidden = kube::core::Status::failure("mywebs is forbidden", "Forbidden")
+            .with_code(403)
+            .boxed();
+        assert_eq!(
+            watch_error_summary(&watcher::Error::WatchStartFailed(kube::Error::Api(
+                forbidden
+            ))),
+            "starting the watch failed: 403 Forbidden: mywebs is forbidden"
+        );
+        let not_json =
+            kube::core::Status::failure("404 page not found", "Failed to parse error data")
+                .with_code(404)
+                .boxed();
+        assert_eq!(
+            watch_error_summary(&watcher::Error::WatchStartFailed(kube::Error::Api(
+                not_json
+            ))),
+            "starting the watch failed: 404: 404 page not found"
+        );
+    }
+}

@@ -1,0 +1,387 @@
+//! Compiling a rule: its templates and expressions into one sandboxed minijinja
+//! environment, checked up front — forbidden filters, unknown variables, references to
+//! children the rule does not have, JSONPath and durations — so that a rule that loads
+//! can only fail at render time on what its parent holds.
+
+use super::*;
+
+impl CompiledRule {
+    /// Compiles a parsed rule against the template sources. Every problem is reported.
+    pub fn compile(
+        sr: &SourcedRule,
+        templates: &BTreeMap<String, (String, String)>,
+        limits: &Limits,
+    ) -> Result<CompiledRule, Vec<Diagnostic>> {
+        let rule = &sr.rule;
+        let file = sr.file.as_str();
+        let name = rule.metadata.name.value.clone();
+        let mut diags = Vec::new();
+        let child_names: BTreeSet<&str> =
+            rule.spec.children.iter().map(|c| c.name.as_str()).collect();
+        let diag = |line: u64, col: u64, key: &str, msg: String| {
+            Diagnostic::new(file, line, col, format!("rule '{name}': {key}: {msg}"))
+        };
+
+        // The templates this rule uses, and everything they include.
+        let mut env = env::environment(limits);
+        let mut used: BTreeMap<String, String> = BTreeMap::new();
+        let mut queue: Vec<String> = Vec::new();
+        for (i, c) in rule.spec.children.iter().enumerate() {
+            if templates.contains_key(c.template.as_str()) {
+                queue.push(c.template.value.clone());
+            } else {
+                diags.push(diag(
+                    c.template.line,
+                    c.template.col,
+                    &format!("spec.children[{i}].template"),
+                    format!(
+                        "template '{}' not found in the templates directory",
+                        c.template.value
+                    ),
+                ));
+            }
+        }
+        let mut dynamic_include = false;
+        while let Some(t) = queue.pop() {
+            if used.contains_key(&t) {
+                continue;
+            }
+            let Some((path, source)) = templates.get(&t) else {
+                continue;
+            };
+            used.insert(t.clone(), path.clone());
+            for m in INCLUDE.captures_iter(source) {
+                match m.get(1).or(m.get(2)) {
+                    Some(inc) if templates.contains_key(inc.as_str()) => {
+                        queue.push(inc.as_str().to_string())
+                    }
+                    Some(inc) => diags.push(Diagnostic::new(
+                        path.as_str(),
+                        line_of(source, inc.start()),
+                        0,
+                        format!(
+                            "template '{}' not found in the templates directory",
+                            inc.as_str()
+                        ),
+                    )),
+                    None => dynamic_include = true,
+                }
+            }
+        }
+        if dynamic_include {
+            for (t, (path, _)) in templates {
+                used.insert(t.clone(), path.clone());
+            }
+        }
+        for (t, path) in &used {
+            let source = &templates[t].1;
+            for tag in TAG.find_iter(source) {
+                if let Some(m) = FORBIDDEN.find(tag.as_str()) {
+                    diags.push(Diagnostic::new(
+                        path.as_str(),
+                        line_of(source, tag.start() + m.start()),
+                        0,
+                        format!(
+                            "'{}' is not allowed: Rulebook prints every value as a safe scalar and \
+                             escaping cannot be turned off",
+                            m.as_str().trim_start_matches('|').trim()
+                        ),
+                    ));
+                }
+            }
+            if let Err(e) = env.add_template_owned(t.clone(), source.clone()) {
+                diags.push(Diagnostic::new(
+                    path.as_str(),
+                    e.line().unwrap_or(0) as u64,
+                    0,
+                    describe(&e),
+                ));
+            }
+        }
+        // Unknown variables and unknown children in templates used directly by children.
+        let allowed = allowed_vars(&env, &["item", "index"]);
+        for (t, path) in &used {
+            let Ok(tmpl) = env.get_template(t) else {
+                continue;
+            };
+            let source = tmpl.source();
+            for var in tmpl.undeclared_variables(false) {
+                if !allowed.contains(&var) {
+                    let line = Regex::new(&format!(r"\b{}\b", regex::escape(&var)))
+                        .ok()
+                        .and_then(|r| r.find(source))
+                        .map(|m| line_of(source, m.start()))
+                        .unwrap_or(0);
+                    diags.push(Diagnostic::new(
+                        path.as_str(),
+                        line,
+                        0,
+                        format!(
+                            "unknown variable '{var}' (templates see parent, children, rule, and item/index in forEach)"
+                        ),
+                    ));
+                }
+            }
+            for m in CHILD_REF.captures_iter(source) {
+                let (Some(whole), Some(n)) = (m.get(0), m.get(1)) else {
+                    continue;
+                };
+                if !child_names.contains(n.as_str()) {
+                    diags.push(Diagnostic::new(
+                        path.as_str(),
+                        line_of(source, whole.start()),
+                        0,
+                        format!("children.{} is not a child of rule '{name}'", n.as_str()),
+                    ));
+                }
+            }
+        }
+
+        let version = {
+            let mut h = Sha256::new();
+            h.update(serde_json::to_vec(rule).unwrap_or_default());
+            for t in used.keys() {
+                h.update(t.as_bytes());
+                h.update([0]);
+                h.update(templates[t].1.as_bytes());
+                h.update([0]);
+            }
+            hex::encode(&h.finalize()[..6])
+        };
+        let resync = rule
+            .spec
+            .resync
+            .as_ref()
+            .and_then(|r| parse_duration(r).ok());
+
+        let compiled = Compiled::try_new(env, |env| {
+            let diags = std::cell::RefCell::new(Vec::new());
+            let expr_vars = allowed_vars(env, &[]);
+            let compile_expr = |src: &Loc<String>, key: String, extra: &[&str]| {
+                let allowed: BTreeSet<String> = expr_vars
+                    .iter()
+                    .cloned()
+                    .chain(extra.iter().map(|s| s.to_string()))
+                    .collect();
+                match env.compile_expression_owned(src.value.clone()) {
+                    Ok(expr) => {
+                        let mut ok = true;
+                        for var in expr.undeclared_variables(false) {
+                            if !allowed.contains(&var) {
+                                ok = false;
+                                diags.borrow_mut().push(diag(
+                                    src.line,
+                                    src.col,
+                                    &key,
+                                    format!(
+                                        "unknown variable '{var}' (expressions see {})",
+                                        allowed_list(&allowed, extra)
+                                    ),
+                                ));
+                            }
+                        }
+                        for m in CHILD_REF.captures_iter(&src.value) {
+                            if let Some(n) = m.get(1)
+                                && !child_names.contains(n.as_str())
+                            {
+                                ok = false;
+                                diags.borrow_mut().push(diag(
+                                    src.line,
+                                    src.col,
+                                    &key,
+                                    format!("children.{} is not a child of this rule", n.as_str()),
+                                ));
+                            }
+                        }
+                        // Evaluated with the fuel probe at the end, so its fuel counts
+                        // toward the parent's budget.
+                        let probed = format!("({})|{}", src.value, guarded::FUEL_PROBE);
+                        let expr = env.compile_expression_owned(probed).unwrap_or(expr);
+                        ok.then_some(Expr {
+                            expr,
+                            key,
+                            line: src.line,
+                        })
+                    }
+                    Err(e) => {
+                        diags.borrow_mut().push(diag(
+                            src.line,
+                            src.col,
+                            &key,
+                            format!("invalid expression: {}", describe(&e)),
+                        ));
+                        None
+                    }
+                }
+            };
+            let mut children = Vec::new();
+            for (i, c) in rule.spec.children.iter().enumerate() {
+                let key = |k: &str| format!("spec.children[{i}].{k}");
+                let include_when = c
+                    .include_when
+                    .as_ref()
+                    .and_then(|e| compile_expr(e, key("includeWhen"), &[]));
+                let for_each = c
+                    .for_each
+                    .as_ref()
+                    .and_then(|e| compile_expr(e, key("forEach"), &[]));
+                let ready_when = c
+                    .ready_when
+                    .as_ref()
+                    .and_then(|e| compile_expr(e, key("readyWhen"), &["child", "index"]));
+                children.push(ChildProgram {
+                    include_when,
+                    ready_when,
+                    for_each,
+                });
+            }
+            let mut status = Vec::new();
+            for (field, v) in &rule.spec.status {
+                let key = format!("spec.status.{field}");
+                let at = |s: &str| Loc {
+                    value: s.to_string(),
+                    line: v.line,
+                    col: v.col,
+                };
+                // A case's own position, or the status value's when it is unknown.
+                let case_at = |s: &Loc<String>| if s.line > 0 { s.clone() } else { at(s) };
+                let program = match &v.value {
+                    StatusValue::JsonPath { path, default } => {
+                        match jsonpath_rust::parser::parse_json_path(path) {
+                            Ok(query) => {
+                                if let Some(m) = JSONPATH_CHILD_REF.captures(path)
+                                    && let Some(n) = m.get(1)
+                                    && !child_names.contains(n.as_str())
+                                {
+                                    diags.borrow_mut().push(diag(
+                                        v.line,
+                                        v.col,
+                                        &key,
+                                        format!(
+                                            "children.{} is not a child of this rule",
+                                            n.as_str()
+                                        ),
+                                    ));
+                                }
+                                let singular = is_singular(&query);
+                                Some(StatusProgram::JsonPath {
+                                    query,
+                                    singular,
+                                    default: default.clone(),
+                                })
+                            }
+                            Err(e) => {
+                                diags.borrow_mut().push(diag(
+                                    v.line,
+                                    v.col,
+                                    &key,
+                                    format!("invalid JSONPath '{path}': {}", one_line(&e)),
+                                ));
+                                None
+                            }
+                        }
+                    }
+                    StatusValue::Expr { expr } => {
+                        compile_expr(&at(expr), key.clone(), &[]).map(StatusProgram::Expr)
+                    }
+                    StatusValue::Value { value } => Some(StatusProgram::Value(value.clone())),
+                    StatusValue::Cases { cases } => {
+                        let mut out = Vec::new();
+                        let mut ok = true;
+                        for (j, case) in cases.iter().enumerate() {
+                            let ckey = format!("{key}.cases[{j}]");
+                            let when = match &case.when {
+                                Some(w) => {
+                                    match compile_expr(&case_at(w), format!("{ckey}.when"), &[]) {
+                                        Some(e) => Some(e),
+                                        None => {
+                                            ok = false;
+                                            None
+                                        }
+                                    }
+                                }
+                                None => None,
+                            };
+                            let result = match (&case.value, &case.expr) {
+                                (Some(_), Some(e)) => {
+                                    let e = case_at(e);
+                                    diags.borrow_mut().push(diag(
+                                        e.line,
+                                        e.col,
+                                        &ckey,
+                                        "a case has `value` or `expr`, not both".into(),
+                                    ));
+                                    ok = false;
+                                    CaseResult::Unset
+                                }
+                                (Some(value), None) => CaseResult::Value(value.clone()),
+                                (None, Some(e)) => {
+                                    match compile_expr(&case_at(e), format!("{ckey}.expr"), &[]) {
+                                        Some(e) => CaseResult::Expr(e),
+                                        None => {
+                                            ok = false;
+                                            CaseResult::Unset
+                                        }
+                                    }
+                                }
+                                (None, None) => CaseResult::Unset,
+                            };
+                            out.push((when, result));
+                        }
+                        ok.then_some(StatusProgram::Cases(out))
+                    }
+                };
+                if let Some(p) = program {
+                    status.push((field.clone(), p));
+                }
+            }
+            let diags = diags.into_inner();
+            if diags.is_empty() {
+                Ok(Programs { children, status })
+            } else {
+                Err(diags)
+            }
+        });
+        match compiled {
+            Ok(compiled) if diags.is_empty() => Ok(CompiledRule {
+                name: name.clone(),
+                file: file.to_string(),
+                rule: rule.clone(),
+                version,
+                resync,
+                template_files: used,
+                compiled,
+                limits: limits.clone(),
+            }),
+            Ok(_) => Err(diags),
+            Err(mut more) => {
+                diags.append(&mut more);
+                Err(diags)
+            }
+        }
+    }
+}
+
+fn line_of(text: &str, offset: usize) -> u64 {
+    text[..offset.min(text.len())].matches('\n').count() as u64 + 1
+}
+
+/// Names of every variable a template or expression may use without defining it.
+fn allowed_vars(env: &Environment<'_>, extra: &[&str]) -> BTreeSet<String> {
+    let mut set: BTreeSet<String> = CONTEXT_VARS.iter().map(|s| s.to_string()).collect();
+    set.extend(extra.iter().map(|s| s.to_string()));
+    set.extend(env.globals().map(|(k, _)| k.to_string()));
+    set
+}
+
+/// A query with only name and index selectors selects at most one node (RFC 9535 §2.3.5.1).
+fn is_singular(q: &JpQuery) -> bool {
+    use jsonpath_rust::parser::model::{Segment, Selector};
+    q.segments.iter().all(|s| match s {
+        Segment::Selector(sel) => matches!(sel, Selector::Name(_) | Selector::Index(_)),
+        Segment::Selectors(sels) => {
+            sels.len() == 1 && matches!(sels[0], Selector::Name(_) | Selector::Index(_))
+        }
+        Segment::Descendant(_) => false,
+    })
+}

@@ -1,0 +1,84 @@
+//! A rule set ready to run: the rules read and validated by [`crate::rules`], each
+//! compiled with its templates. What the operator serves, `check` checks and `render`
+//! renders.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::{CompiledRule, Limits};
+use crate::rules::{Diagnostic, Diagnostics, Read, Sources, parse_and_validate, read};
+
+/// A loaded, validated, compiled rule set. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct RuleSet {
+    pub rules: BTreeMap<String, Arc<CompiledRule>>,
+    /// Problems that do not stop the set from loading (`rulebook check` prints them),
+    /// such as an adopted child whose name the parent's writer chooses.
+    pub warnings: Vec<Diagnostic>,
+    /// A hash of every input file, to notice when nothing changed.
+    pub fingerprint: String,
+}
+
+impl fmt::Debug for RuleSet {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.debug_struct("RuleSet")
+            .field("rules", &self.rules.keys().collect::<Vec<_>>())
+            .field("fingerprint", &self.fingerprint)
+            .finish()
+    }
+}
+
+/// Parses, validates and compiles a rule set already in memory.
+pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostics> {
+    let (valid, mut diags) = parse_and_validate(sources);
+    let mut rules = BTreeMap::new();
+    for sr in &valid {
+        match CompiledRule::compile(sr, &sources.templates, limits) {
+            Ok(c) => {
+                rules.insert(sr.rule.metadata.name.value.clone(), Arc::new(c));
+            }
+            Err(mut d) => diags.append(&mut d),
+        }
+    }
+    if diags.is_empty() {
+        let mut warnings: Vec<Diagnostic> = rules
+            .values()
+            .flat_map(|r| super::adopt::warnings(r))
+            .collect();
+        warnings.sort();
+        Ok(RuleSet {
+            rules,
+            warnings,
+            fingerprint: sources.fingerprint(),
+        })
+    } else {
+        diags.sort();
+        diags.dedup();
+        Err(Diagnostics(diags))
+    }
+}
+
+/// Validates and compiles what one read of the directories found. The set's
+/// fingerprint is [`Read::fingerprint`].
+pub fn compile_read(read: &Read, limits: &Limits) -> Result<RuleSet, Diagnostics> {
+    if !read.errors.is_empty() {
+        let mut errors = read.errors.clone();
+        errors.sort();
+        errors.dedup();
+        return Err(Diagnostics(errors));
+    }
+    let mut set = compile(&read.sources, limits)?;
+    set.fingerprint = read.fingerprint();
+    Ok(set)
+}
+
+/// Reads the rules and templates directories and validates them as a whole.
+pub fn load(
+    rules_dir: &Path,
+    templates_dir: &Path,
+    limits: &Limits,
+) -> Result<RuleSet, Diagnostics> {
+    compile_read(&read(rules_dir, templates_dir), limits)
+}

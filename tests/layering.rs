@@ -1,0 +1,186 @@
+//! The layers of `src/`, checked: each top-level module may use only modules of lower
+//! layers (imports point down: meta → rules → render → reconcile → engine → operator →
+//! cli), and no source file grows past 600 lines. Reads the sources as text, so an
+//! upward `crate::` path anywhere outside tests and comments fails it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Each top-level module's layer. A module may use modules of lower layers only.
+const LAYERS: &[(&str, u32)] = &[
+    ("meta", 0),
+    ("metrics", 0),
+    ("rules", 1),
+    ("render", 2),
+    ("rbac", 3),
+    ("reconcile", 3),
+    ("engine", 4),
+    ("crds", 5),
+    ("http", 5),
+    ("leader", 5),
+    ("reload", 5),
+    ("operator", 6),
+    ("cli", 7),
+];
+
+const MAX_LINES: usize = 600;
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("src/") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The source without comments and without `#[cfg(test)] mod tests { … }` at its end.
+fn code(text: &str) -> String {
+    let text = match text.find("#[cfg(test)]\nmod tests") {
+        Some(i) => &text[..i],
+        None => text,
+    };
+    text.lines()
+        .map(|l| match l.find("//") {
+            Some(i) if !l[..i].contains('"') => &l[..i],
+            _ => l,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The top-level modules `code` uses: `crate::x` paths and `use crate::{x, y}` groups.
+fn uses(code: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = code;
+    while let Some(i) = rest.find("crate::") {
+        rest = &rest[i + "crate::".len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for item in group[..end].split(',') {
+                let name: String = item
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.insert(name);
+                }
+            }
+        } else {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            out.insert(name);
+        }
+    }
+    out
+}
+
+/// Every import that points up or sideways: `(file, from, to)`.
+fn violations(files: &[(String, String)]) -> Vec<(String, String, String)> {
+    let layer: BTreeMap<&str, u32> = LAYERS.iter().copied().collect();
+    let mut out = Vec::new();
+    for (file, text) in files {
+        let top = file.split('/').next().unwrap_or("").trim_end_matches(".rs");
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        let Some(&mine) = layer.get(top) else {
+            out.push((file.clone(), top.to_string(), "(no layer assigned)".into()));
+            continue;
+        };
+        for used in uses(&code(text)) {
+            if used == top {
+                continue;
+            }
+            match layer.get(used.as_str()) {
+                Some(&theirs) if theirs < mine => {}
+                _ => out.push((file.clone(), top.to_string(), used)),
+            }
+        }
+    }
+    out
+}
+
+fn read_src() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    sources(&root, &mut paths);
+    paths
+        .into_iter()
+        .map(|p| {
+            let rel = p
+                .strip_prefix(&root)
+                .expect("under src")
+                .to_string_lossy()
+                .replace('\\', "/");
+            (rel, std::fs::read_to_string(&p).expect("readable"))
+        })
+        .collect()
+}
+
+#[test]
+fn imports_only_point_down() {
+    let files = read_src();
+    assert!(files.len() > 20, "found only {} source files", files.len());
+    let bad = violations(&files);
+    assert!(
+        bad.is_empty(),
+        "imports that do not point down the layers:\n{}",
+        bad.iter()
+            .map(|(f, from, to)| format!("  {f}: {from} uses {to}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn the_check_catches_an_upward_import() {
+    let files = vec![
+        (
+            "render/x.rs".to_string(),
+            "//! a file\nuse crate::meta::labels;\nfn f() { crate::engine::start(); }\n"
+                .to_string(),
+        ),
+        (
+            "rules/y.rs".to_string(),
+            "use crate::{meta, reconcile::plan};\n// crate::cli in a comment is fine\n".to_string(),
+        ),
+        (
+            "reconcile/z.rs".to_string(),
+            "use crate::render::x;\n#[cfg(test)]\nmod tests { use crate::cli; }\n".to_string(),
+        ),
+    ];
+    let bad = violations(&files);
+    assert_eq!(
+        bad,
+        vec![
+            ("render/x.rs".into(), "render".into(), "engine".into()),
+            ("rules/y.rs".into(), "rules".into(), "reconcile".into()),
+        ]
+    );
+}
+
+#[test]
+fn no_source_file_is_over_600_lines() {
+    let long: Vec<String> = read_src()
+        .into_iter()
+        .filter(|(_, text)| text.lines().count() > MAX_LINES)
+        .map(|(f, text)| format!("{f} ({} lines)", text.lines().count()))
+        .collect();
+    assert!(long.is_empty(), "files over {MAX_LINES} lines: {long:?}");
+}
+
+#[test]
+fn every_source_file_opens_with_a_why_comment() {
+    let bare: Vec<String> = read_src()
+        .into_iter()
+        .filter(|(_, text)| !text.trim_start().starts_with("//!"))
+        .map(|(f, _)| f)
+        .collect();
+    assert!(bare.is_empty(), "files without a //! header: {bare:?}");
+}
