@@ -1051,32 +1051,39 @@ async fn exhaustion_fails_only_its_parent() {
     // ~900 KB, with characters JSON must escape: the parent fits the API server's limits,
     // the child (printed twice) does not fit the 1 MiB render limit.
     let big: String = "0123456789abcdef\"\\<>&'\n".repeat(900_000 / 24);
+    // A limit of the per-parent render budget (output size, forEach items, fuel) is
+    // RenderBudgetExceeded; the recursion limit is minijinja's own error, RenderFailed.
+    let budget = "RenderBudgetExceeded";
     let cases = [
         (
             "big",
             json!({"mode": "big", "big": big}),
+            budget,
             "larger than the limit",
         ),
         (
             "range",
             json!({"mode": "range", "n": 1_000_000}),
+            budget,
             "too many elements",
         ),
         (
             "million",
             json!({"mode": "million"}),
+            budget,
             "more than the limit of 1000",
         ),
-        ("loop", json!({"mode": "loop"}), "fuel"),
-        ("deep", json!({"mode": "deep"}), "recursion"),
+        ("loop", json!({"mode": "loop"}), budget, "fuel"),
+        ("deep", json!({"mode": "deep"}), "RenderFailed", "recursion"),
     ];
-    for (name, spec, _) in &cases {
+    for (name, spec, _, _) in &cases {
         put(&parents, &parent(kind, &ns, name, spec.clone())).await;
     }
-    for (name, _, want) in &cases {
-        let o = wait_ready(&parents, name, "False", Some("RenderFailed"), T).await;
-        let (_, _, m) = ready_condition(&o).unwrap();
-        println!("exhaustion: {name} → RenderFailed: {m}");
+    for (name, _, reason, want) in &cases {
+        let o = wait_ready(&parents, name, "False", None, T).await;
+        let (_, r, m) = ready_condition(&o).unwrap_or_default();
+        println!("exhaustion: {name} → {r}: {m}");
+        assert_eq!(&r, reason, "{name}: {m}");
         assert!(m.contains(want), "{name}: the message says {want:?}: {m}");
         assert!(m.len() <= 1100, "{name}: message of {} bytes", m.len());
     }
