@@ -154,7 +154,12 @@ async fn the_operator_runs_on_exactly_the_generated_rbac() {
     let status = wait_for(T, "the project rule to report the missing verb", || async {
         let s: Json = serde_json::from_str(&op.get("/status").await).ok()?;
         let project = &s["rules"]["project"];
-        (project["state"] == "waiting").then(|| s.clone())
+        // It may first wait for its CRD to be served; the permission check comes after.
+        (project["state"] == "waiting"
+            && project["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("missing permissions")))
+        .then(|| s.clone())
     })
     .await;
     let message = status["rules"]["project"]["message"].as_str().unwrap_or("");
