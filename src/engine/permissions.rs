@@ -11,6 +11,16 @@ use kube::Client;
 use kube::api::{Api, ApiResource, PostParams};
 
 use crate::rbac::{CHILD_VERBS, PARENT_VERBS, STATUS_VERBS};
+
+/// Why a rule's permissions are not (known to be) there.
+#[derive(Debug, thiserror::Error)]
+pub enum PermissionError {
+    #[error("cannot check permissions: {0}")]
+    Review(#[source] kube::Error),
+    /// What is missing, e.g. `list, watch mywebs.operator.k8s-summit.org; delete secrets`.
+    #[error("{0}")]
+    Missing(String),
+}
 use crate::render::CompiledRule;
 
 /// Asks the API server whether this process may do everything `rule` needs.
@@ -21,7 +31,7 @@ pub(super) async fn check_rule_permissions(
     parent: &ApiResource,
     child_kinds: &[ApiResource],
     namespace: Option<&str>,
-) -> Result<(), String> {
+) -> Result<(), PermissionError> {
     let mut wanted: Vec<(&ApiResource, Option<&str>, &[&str])> = vec![
         (parent, None, PARENT_VERBS),
         (parent, Some("status"), STATUS_VERBS),
@@ -49,7 +59,7 @@ pub(super) async fn check_rule_permissions(
             };
             let allowed = match api.create(&PostParams::default(), &review).await {
                 Ok(r) => r.status.map(|s| s.allowed).unwrap_or(false),
-                Err(e) => return Err(format!("cannot check permissions: {e}")),
+                Err(e) => return Err(PermissionError::Review(e)),
             };
             if !allowed {
                 let res = match (ar.group.as_str(), sub) {
@@ -66,10 +76,12 @@ pub(super) async fn check_rule_permissions(
         Ok(())
     } else {
         let _ = rule;
-        Err(missing
-            .into_iter()
-            .map(|(res, verbs)| format!("{} {res}", verbs.join(", ")))
-            .collect::<Vec<_>>()
-            .join("; "))
+        Err(PermissionError::Missing(
+            missing
+                .into_iter()
+                .map(|(res, verbs)| format!("{} {res}", verbs.join(", ")))
+                .collect::<Vec<_>>()
+                .join("; "),
+        ))
     }
 }

@@ -167,7 +167,7 @@ impl RuleRunner {
                 self.config.namespace.as_deref(),
             )
             .await
-            .map_err(SetupError::Forbidden)?;
+            .map_err(|e| SetupError::Forbidden(e.to_string()))?;
         }
         Ok(Resolved {
             parent,

@@ -162,24 +162,32 @@ impl<'de, const CHILD: bool> Visitor<'de> for WireVisitor<CHILD> {
     }
 }
 
+/// Why an object's metadata does not read (the API server never sends such metadata).
+#[derive(Debug, thiserror::Error)]
+pub enum MetadataError {
+    #[error("invalid metadata: {0}")]
+    Metadata(#[source] serde_json::Error),
+    #[error("invalid managedFields: {0}")]
+    ManagedFields(#[source] serde_json::Error),
+}
+
 /// Typed metadata from its raw fields. Every field the API server allows in `metadata`
 /// is shallow but `managedFields[].fieldsV1`, which mirrors the object's own depth: only
 /// Rulebook's own Apply entry keeps it (as JSON text, the form [`super::cache`] keeps);
 /// other managers keep their name, operation and time.
-fn metadata_from(mut raw: BTreeMap<String, Box<RawValue>>) -> Result<ObjectMeta, String> {
+fn metadata_from(mut raw: BTreeMap<String, Box<RawValue>>) -> Result<ObjectMeta, MetadataError> {
     let managed = raw.remove("managedFields");
     let text = object_text(raw.iter().map(|(k, v)| (k.as_str(), v.get())));
-    let mut meta: ObjectMeta =
-        serde_json::from_str(&text).map_err(|e| format!("invalid metadata: {e}"))?;
+    let mut meta: ObjectMeta = serde_json::from_str(&text).map_err(MetadataError::Metadata)?;
     if let Some(managed) = managed {
-        let entries: Vec<BTreeMap<String, Box<RawValue>>> = serde_json::from_str(managed.get())
-            .map_err(|e| format!("invalid managedFields: {e}"))?;
+        let entries: Vec<BTreeMap<String, Box<RawValue>>> =
+            serde_json::from_str(managed.get()).map_err(MetadataError::ManagedFields)?;
         let mut out = Vec::with_capacity(entries.len());
         for mut e in entries {
             let fields = e.remove("fieldsV1");
             let text = object_text(e.iter().map(|(k, v)| (k.as_str(), v.get())));
             let mut entry: ManagedFieldsEntry =
-                serde_json::from_str(&text).map_err(|e| format!("invalid managedFields: {e}"))?;
+                serde_json::from_str(&text).map_err(MetadataError::ManagedFields)?;
             let ours = entry.manager.as_deref() == Some(FIELD_MANAGER)
                 && entry.operation.as_deref() == Some("Apply")
                 && entry.subresource.as_deref().unwrap_or("").is_empty();

@@ -288,7 +288,7 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
     if let Some(resync) = &r.spec.resync
         && let Err(e) = parse_duration(resync)
     {
-        err(at(resync), "spec.resync", e);
+        err(at(resync), "spec.resync", e.to_string());
     }
 }
 
@@ -328,9 +328,18 @@ fn is_status_key(s: &str) -> bool {
     is_identifier(s)
 }
 
+/// Why a duration does not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DurationError {
+    #[error("'{0}' is not a duration like 30s, 10m or 1h30m")]
+    Malformed(String),
+    #[error("'{0}' is shorter than the minimum of 1s")]
+    TooShort(String),
+}
+
 /// `30s`, `10m`, `1h30m`, `2h`, `500ms`; at least one second.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("'{s}' is not a duration like 30s, 10m or 1h30m");
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
+    let bad = || DurationError::Malformed(s.to_string());
     let mut total = Duration::ZERO;
     let mut num = String::new();
     let mut chars = s.trim().chars().peekable();
@@ -362,7 +371,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(bad());
     }
     if total < Duration::from_secs(1) {
-        return Err(format!("'{s}' is shorter than the minimum of 1s"));
+        return Err(DurationError::TooShort(s.to_string()));
     }
     Ok(total)
 }
