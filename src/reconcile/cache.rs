@@ -10,11 +10,19 @@
 //! a reconcile reads it. Nothing else reads cached content: kube-runtime uses only the
 //! metadata.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use kube::api::DynamicObject;
 use serde_json::{Map, Value as Json};
 
 use crate::meta::FIELD_MANAGER;
+
+/// Rulebook's own Apply entry of an object's managedFields (not the status
+/// subresource's): the field set the drift check reads.
+pub fn is_own_apply(e: &ManagedFieldsEntry) -> bool {
+    e.manager.as_deref() == Some(FIELD_MANAGER)
+        && e.operation.as_deref() == Some("Apply")
+        && e.subresource.as_deref().unwrap_or("").is_empty()
+}
 
 /// Parents are cached without managedFields and the last-applied annotation.
 pub fn strip_parent(o: &mut DynamicObject) {
@@ -28,10 +36,7 @@ pub fn strip_parent(o: &mut DynamicObject) {
 pub fn strip_child(o: &mut DynamicObject) {
     if let Some(entries) = o.metadata.managed_fields.as_mut() {
         for e in entries.iter_mut() {
-            let ours = e.manager.as_deref() == Some(FIELD_MANAGER)
-                && e.operation.as_deref() == Some("Apply")
-                && e.subresource.as_deref().unwrap_or("").is_empty();
-            if ours {
+            if is_own_apply(e) {
                 if let Some(FieldsV1(f)) = e.fields_v1.as_mut()
                     && !f.is_string()
                 {

@@ -27,7 +27,6 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value as Json;
 use serde_json::value::RawValue;
 
-use crate::meta::FIELD_MANAGER;
 use crate::meta::labels;
 
 /// A watched object as decoded: typed metadata, the rest as raw JSON text. `CHILD`
@@ -188,11 +187,10 @@ fn metadata_from(mut raw: BTreeMap<String, Box<RawValue>>) -> Result<ObjectMeta,
             let text = object_text(e.iter().map(|(k, v)| (k.as_str(), v.get())));
             let mut entry: ManagedFieldsEntry =
                 serde_json::from_str(&text).map_err(MetadataError::ManagedFields)?;
-            let ours = entry.manager.as_deref() == Some(FIELD_MANAGER)
-                && entry.operation.as_deref() == Some("Apply")
-                && entry.subresource.as_deref().unwrap_or("").is_empty();
             match fields {
-                Some(f) if ours => entry.fields_v1 = Some(FieldsV1(Json::String(f.get().into()))),
+                Some(f) if super::cache::is_own_apply(&entry) => {
+                    entry.fields_v1 = Some(FieldsV1(Json::String(f.get().into())))
+                }
                 _ => {
                     entry.fields_v1 = None;
                     entry.fields_type = None;

@@ -68,13 +68,7 @@ impl Writer {
         name: &str,
         body: &Json,
     ) -> Result<DynamicObject, WriteError> {
-        self.check()?;
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let applied = api
-            .patch(name, &params, &Patch::Apply(apply_body(body)))
-            .await?;
-        self.metrics.write(&self.rule, "apply");
-        Ok(applied)
+        self.server_side_apply(api, name, body, false).await
     }
 
     /// Server-side apply of a parent's status subresource.
@@ -84,12 +78,26 @@ impl Writer {
         name: &str,
         body: &Json,
     ) -> Result<DynamicObject, WriteError> {
+        self.server_side_apply(api, name, body, true).await
+    }
+
+    async fn server_side_apply(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        body: &Json,
+        status: bool,
+    ) -> Result<DynamicObject, WriteError> {
         self.check()?;
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        let applied = api
-            .patch_status(name, &params, &Patch::Apply(apply_body(body)))
-            .await?;
-        self.metrics.write(&self.rule, "apply_status");
+        let patch = Patch::Apply(apply_body(body));
+        let applied = if status {
+            api.patch_status(name, &params, &patch).await?
+        } else {
+            api.patch(name, &params, &patch).await?
+        };
+        let verb = if status { "apply_status" } else { "apply" };
+        self.metrics.write(&self.rule, verb);
         Ok(applied)
     }
 
