@@ -231,7 +231,17 @@ start_component() { # <name>
 	setsid nohup "$STATE_DIR/bin/$name" "${args[@]}" </dev/null >>"$LOGS/$name.log" 2>&1 9<&- &
 	pid=$!
 	echo "$pid" >"$PIDS/$name.pid"
-	sleep 0.05
+	# $! is setsid's pid: it becomes the component only after setsid and nohup have
+	# exec'd, which can take longer than one check under load. Wait for that (or for
+	# the process to die) rather than judging after a fixed 50 ms.
+	local tries=0
+	until is_ours "$pid" "$name"; do
+		tries=$((tries + 1))
+		if ! kill -0 "$pid" 2>/dev/null || ((tries > 40)); then
+			break
+		fi
+		sleep 0.05
+	done
 	is_ours "$pid" "$name" || {
 		tail_log "$name"
 		die "$name exited immediately"
