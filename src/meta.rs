@@ -5,6 +5,10 @@
 /// The field manager of every apply, and the `managedFields` entry the drift check reads.
 pub const FIELD_MANAGER: &str = "rulebook";
 
+/// The finalizer Rulebook puts on parents of rules that need a say in their deletion
+/// (`spec.deletion`, or a child with `deletionPolicy: Orphan`).
+pub const FINALIZER: &str = "rulebook.dev/finalizer";
+
 /// Labels and annotations Rulebook puts on every child.
 pub mod labels {
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -20,6 +24,9 @@ pub mod labels {
     pub const DESIRED_HASH: &str = "rulebook.dev/desired-hash";
     /// The `forEach` index of the object.
     pub const INDEX: &str = "rulebook.dev/index";
+    /// On a parent being torn down: the finalize step is over (`done`, `timed-out` or
+    /// `failed`), so a restarted operator does not run it again.
+    pub const FINALIZED: &str = "rulebook.dev/finalized";
 
     /// The label selector of a rule's children: `managed-by=rulebook,rule=<rule>`.
     pub fn child_selector(rule: &str) -> String {

@@ -11,6 +11,8 @@ use crate::render::RuleSet;
 
 pub const PARENT_VERBS: &[&str] = &["get", "list", "watch"];
 pub const STATUS_VERBS: &[&str] = &["patch"];
+/// On parents of rules with a say in their deletion (`spec.deletion`, `deletionPolicy`).
+pub const FINALIZER_VERBS: &[&str] = &["patch"];
 pub const CHILD_VERBS: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
 
 /// One permission a rule needs: `verbs` on `group`/`resource`.
@@ -59,6 +61,10 @@ pub fn needs(set: &RuleSet) -> Vec<Need> {
         let plural = plural_of(set, &p.api_version, &p.kind);
         add(&mut needs, group, &plural, PARENT_VERBS);
         add(&mut needs, group, &format!("{plural}/status"), STATUS_VERBS);
+        if r.rule.spec.needs_finalizer() {
+            // Adding and removing Rulebook's finalizer, and marking the finalize step done.
+            add(&mut needs, group, &plural, FINALIZER_VERBS);
+        }
         for c in &r.rule.spec.children {
             let (group, _) = split_api_version(&c.api_version);
             add(

@@ -2,6 +2,7 @@
 //! `run` works without a cluster.
 
 pub mod observed;
+pub mod release;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -40,6 +41,9 @@ pub enum Command {
     Rbac(RbacArgs),
     /// Run the operator against a cluster.
     Run(RunArgs),
+    /// Remove Rulebook's finalizer from every parent of a rule (for an uninstall):
+    /// their deletion steps will not run; the garbage collector removes the children.
+    Release(release::ReleaseArgs),
 }
 
 /// `rulebook run`: the operator.
@@ -212,7 +216,9 @@ pub fn run_offline(command: &Command, out: &mut dyn Write, err: &mut dyn Write) 
         }
         Command::Crds(args) => crds(args, out, err),
         Command::Rbac(args) => rbac(args, out, err),
-        Command::Run(_) => bail!("`run` needs the async runtime; call operator::run"),
+        Command::Run(_) | Command::Release(_) => {
+            bail!("this command needs the async runtime; call it from main")
+        }
     }
 }
 

@@ -4,10 +4,12 @@
 //!
 //! `runner.rs` runs one rule (resolve its kinds, build its caches and controller),
 //! `streams.rs` holds the pass-throughs its watch streams go through, `dropped.rs` cleans
-//! up after a rule drops a kind of child, `permissions.rs` checks a rule's RBAC first.
+//! up after a rule drops a kind of child, `released.rs` releases the finalizers of a
+//! removed rule's parents, `permissions.rs` checks a rule's RBAC first.
 
 mod dropped;
 mod permissions;
+mod released;
 mod runner;
 mod status;
 mod streams;
@@ -26,9 +28,11 @@ use crate::reconcile::WriteGate;
 use crate::reconcile::admission::{CacheBudget, CacheLimits};
 use crate::render::{CompiledRule, RuleSet};
 use dropped::{dropped_kinds, prune_dropped_kinds};
+use released::release_removed_rule;
 use runner::RuleRunner;
 
 pub use dropped::kind_api;
+pub use released::{ReleaseError, Released, release_rule};
 pub use runner::SetupError;
 pub use status::{EngineStatus, RuleState, RuleStatus};
 
@@ -84,6 +88,17 @@ pub struct Engine {
 /// How long a stopping rule may take to finish its in-flight reconciles.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The event recorder of this instance.
+fn recorder(client: &Client, config: &EngineConfig) -> kube::runtime::events::Recorder {
+    kube::runtime::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: config.reporter.clone(),
+            instance: config.instance.clone(),
+        },
+    )
+}
+
 impl Engine {
     pub fn new(
         client: Client,
@@ -132,6 +147,17 @@ impl Engine {
                             self.gate.clone(),
                         ));
                     }
+                }
+                (Some(old), None) if old.rule.spec.needs_finalizer() => {
+                    info!(rule = %name, "rule removed: controller stopped, its parents' finalizers are released");
+                    tokio::spawn(release_removed_rule(
+                        self.client.clone(),
+                        old,
+                        self.config.namespace.clone(),
+                        self.metrics.clone(),
+                        self.gate.clone(),
+                        recorder(&self.client, &self.config),
+                    ));
                 }
                 _ => info!(rule = %name, "rule removed: controller stopped, its children stay"),
             }

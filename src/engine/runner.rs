@@ -11,7 +11,6 @@ use kube::api::{Api, ApiResource, GroupVersionKind};
 use kube::core::discovery::Scope as KubeScope;
 use kube::discovery::pinned_kind;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
@@ -225,13 +224,7 @@ impl RuleRunner {
             Controller::for_stream_with(parent_stream, parent_reader.clone(), r.parent.clone())
                 .with_config(ControllerConfig::default().concurrency(self.config.concurrency));
         let child_selector = labels::child_selector(&name);
-        let recorder = Recorder::new(
-            self.client.clone(),
-            Reporter {
-                controller: self.config.reporter.clone(),
-                instance: self.config.instance.clone(),
-            },
-        );
+        let recorder = super::recorder(&self.client, &self.config);
         let mut kinds = Vec::new();
         let mut cache_ids = Vec::new();
         for (i, (ar, namespaced)) in r.kinds.iter().enumerate() {

@@ -81,6 +81,9 @@ pub struct RuleContext {
     pub(super) hash_only: Mutex<HashSet<String>>,
     pub(super) last_warning: Mutex<HashMap<String, String>>,
     pub(super) fights: Fights,
+    /// Per parent being torn down: the children this process has deleted or orphaned,
+    /// so each is let go once even before the caches show it going.
+    pub(super) let_go: Mutex<HashMap<String, HashSet<String>>>,
 }
 
 /// Children checked by hash only, remembered at most (then forgotten and found again).
@@ -104,6 +107,15 @@ impl RuleContext {
             hash_only: Mutex::default(),
             last_warning: Mutex::default(),
             fights: Fights::default(),
+            let_go: Mutex::default(),
+        }
+    }
+
+    /// The API of the parent's kind, where `parent` lives.
+    pub fn parent_api(&self, parent: &DynamicObject) -> Api<DynamicObject> {
+        match (self.parent.namespaced, parent.namespace()) {
+            (true, Some(ns)) => Api::namespaced_with(self.client.clone(), &ns, &self.parent.ar),
+            _ => Api::all_with(self.client.clone(), &self.parent.ar),
         }
     }
 
@@ -180,9 +192,11 @@ impl RuleContext {
         if !gone.is_empty() {
             let mut failures = lock(&self.failures);
             let mut warnings = lock(&self.last_warning);
+            let mut let_go = lock(&self.let_go);
             for uid in &gone {
                 failures.remove(uid);
                 warnings.remove(uid);
+                let_go.remove(uid);
             }
         }
         let mut hash_only = lock(&self.hash_only);

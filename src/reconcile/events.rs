@@ -110,17 +110,22 @@ pub(super) fn observed_after(observed: &Observed, changes: &[Change]) -> Observe
 /// One Normal event per kind of change in a reconcile (not one per child: events are
 /// writes too), naming every child it concerns.
 pub(super) fn report_changes(ctx: &RuleContext, parent: &DynamicObject, changes: &[Change]) {
-    for reason in ["Created", "Updated", "Repaired", "Pruned"] {
+    for reason in ["Created", "Updated", "Repaired", "Pruned", "Orphaned"] {
         let these: Vec<&Change> = changes.iter().filter(|c| c.reason == reason).collect();
         let Some(first) = these.first() else { continue };
         let verb = match reason {
             "Created" => "created",
             "Updated" => "updated",
             "Repaired" => "repaired (fields changed by someone else)",
-            _ => "pruned (no longer rendered)",
+            "Pruned" => "pruned (no longer rendered)",
+            _ => "orphaned (deletionPolicy: Orphan): left in place without owner",
         };
         let list: Vec<&str> = these.iter().map(|c| c.what.as_str()).collect();
-        let action = if reason == "Pruned" { "Prune" } else { "Apply" };
+        let action = match reason {
+            "Pruned" => "Prune",
+            "Orphaned" => "Orphan",
+            _ => "Apply",
+        };
         event_about(
             ctx,
             parent,

@@ -1,11 +1,19 @@
 //! One reconcile of one parent — the only place that writes to the API server, and only
 //! through its [`writer::Writer`].
 //!
-//! [`reconcile_inner`] reads as its stages: 1. observe the parent and its live children
-//! in the caches → 2. render the desired children (off the async runtime) → 3. apply
-//! those the plan says differ → 4. prune what the parent owns and no longer renders →
-//! 5. status → 6. events. The decisions are pure functions in [`plan`]; each stage lives
-//! in its own file. At steady state every stage finds nothing to do and makes no request.
+//! [`reconcile_inner`] reads as its stages:
+//!
+//! 0. deletion: a parent being deleted is torn down instead ([`teardown`]); others carry
+//!    Rulebook's finalizer exactly when the rule needs it;
+//! 1. observe the parent and its live children in the caches;
+//! 2. render the desired children (off the async runtime);
+//! 3. apply those the plan says differ;
+//! 4. prune what the parent owns and no longer renders (or orphan it);
+//! 5. status;
+//! 6. events.
+//!
+//! The decisions are pure functions in [`plan`]; each stage lives in its own file. At
+//! steady state every stage finds nothing to do and makes no request.
 
 pub mod admission;
 mod apply;
@@ -22,6 +30,7 @@ mod offload;
 pub mod plan;
 mod prune;
 pub mod status;
+pub mod teardown;
 pub mod wire;
 pub mod writer;
 
@@ -44,7 +53,7 @@ use events::{event, observed_after, report_changes};
 use observe::{Confined, confine_to_rendered_namespaces, read_stubs, unreadable_parent};
 use offload::{render_off_runtime, status_off_runtime};
 use plan::plan_prunes;
-use prune::prune_child;
+use prune::leave_child;
 use status::write_status;
 
 pub use context::{BackoffPolicy, ChildKind, ContextParts, ParentKind, RuleContext};
@@ -138,9 +147,6 @@ async fn reconcile_inner(
     if !ctx.writer.may_write() {
         return Err(ReconcileError::NotLeader);
     }
-    if parent.meta().deletion_timestamp.is_some() {
-        return Ok(Action::await_change()); // the garbage collector removes the children
-    }
     let Some(uid) = parent.uid() else {
         return Err(ReconcileError::Invalid("parent has no uid".into()));
     };
@@ -150,6 +156,13 @@ async fn reconcile_inner(
         debug!(rule = %ctx.rule.name, parent = %parent.name_any(), "child caches not listed yet; deferred");
         return Ok(Action::await_change());
     }
+    // 0. Deletion: a parent being deleted is torn down (or left to the garbage collector
+    //    when it does not carry Rulebook's finalizer); others carry the finalizer exactly
+    //    when the rule needs it.
+    if parent.meta().deletion_timestamp.is_some() {
+        return teardown::teardown(ctx, parent, &uid).await;
+    }
+    teardown::keep_finalizer(ctx, parent).await?;
     let namespace = parent.namespace();
     let rule = &ctx.rule;
 
@@ -219,7 +232,7 @@ async fn reconcile_inner(
         .collect();
     for i in plan_prunes(&wanted, &live_children) {
         let (k, obj) = &live_children[i];
-        match prune_child(ctx, parent, &ctx.kinds[*k], obj).await {
+        match leave_child(ctx, parent, &ctx.kinds[*k], obj).await {
             Ok(Some(change)) => changes.push(change),
             Ok(None) => {}
             Err(e) => {

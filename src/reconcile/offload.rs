@@ -77,3 +77,27 @@ pub(super) async fn status_off_runtime(
     })
     .await
 }
+
+/// The finalize child of a parent being deleted, rendered on the blocking pool.
+pub(super) async fn render_finalize_off_runtime(
+    ctx: &RuleContext,
+    parent: Json,
+) -> Result<Result<Option<DesiredChild>, RenderError>, ReconcileError> {
+    let rule = ctx.rule.clone();
+    let scopes: Vec<Scope> = (0..rule.children().len()).map(|i| ctx.scope(i)).collect();
+    off_runtime(move || {
+        let scope = |i: usize| scopes.get(i).copied().unwrap_or(Scope::Namespaced);
+        rule.render_finalize_within(&parent, &scope, &mut rule.budget())
+    })
+    .await
+}
+
+/// The finalize step's `doneWhen` over the parent and the live finalize child.
+pub(super) async fn finalize_done_off_runtime(
+    ctx: &RuleContext,
+    parent: Json,
+    child: Json,
+) -> Result<Result<bool, RenderError>, ReconcileError> {
+    let rule = ctx.rule.clone();
+    off_runtime(move || rule.finalize_done(&parent, &child, &mut rule.budget())).await
+}

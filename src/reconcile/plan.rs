@@ -1,11 +1,13 @@
 //! The decisions of a reconcile, as pure functions of what it observed: for each desired
 //! child whether to apply it (and why), leave it, or refuse it; which owned children to
-//! prune; whether the parent's status needs a write. No API calls, no locks, no clock:
+//! prune; whether the parent's status needs a write; the next step of a parent's
+//! teardown. No API calls, no locks, no clock:
 //! the stages in `apply.rs`, `prune.rs` and `status.rs` carry the plan out, and
 //! `tests/plan.rs` specifies it with objects built in code.
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::api::DynamicObject;
@@ -16,6 +18,7 @@ use super::drift::{Drift, drift};
 use crate::meta::{FIELD_MANAGER, labels};
 use crate::render::DesiredChild;
 use crate::render::status::{self, ConditionState};
+use crate::rules::DeletionOrder;
 
 /// What a reconcile found under a desired child's name.
 #[derive(Clone, Copy, Debug)]
@@ -165,4 +168,102 @@ pub fn owner_description(o: &DynamicObject) -> String {
         }
         None => "was not created by Rulebook for this parent".to_string(),
     }
+}
+
+/// Where the finalize step of a parent's teardown stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinalizeState {
+    /// The rule has no finalize step, or the parent is marked as past it.
+    Over,
+    /// The finalize child does not exist yet.
+    NotStarted,
+    /// The finalize child exists and its `doneWhen` holds.
+    Done,
+    /// `doneWhen` does not hold yet; the timeout is `remaining` away.
+    Running { remaining: Duration },
+    /// `doneWhen` did not hold within the timeout.
+    TimedOut,
+    /// The finalize child cannot be rendered or judged (its error is reported).
+    Failed,
+}
+
+/// How a finalize step ended, as recorded on the parent (`rulebook.dev/finalized`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinalizeOutcome {
+    Done,
+    TimedOut,
+    Failed,
+}
+
+impl FinalizeOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinalizeOutcome::Done => "done",
+            FinalizeOutcome::TimedOut => "timed-out",
+            FinalizeOutcome::Failed => "failed",
+        }
+    }
+}
+
+/// One child a parent being torn down still owns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owned {
+    /// Its child's position in `spec.children` (`usize::MAX` when the rule no longer has
+    /// that child: such objects go first).
+    pub position: usize,
+    /// Already on its way: it has a deletionTimestamp, or this process deleted it.
+    pub going: bool,
+}
+
+/// The next step of a parent's teardown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TeardownStep {
+    /// Render and create the finalize child.
+    StartFinalize,
+    /// Wait for the finalize child's `doneWhen`, at most `remaining`.
+    AwaitFinalize { remaining: Duration },
+    /// Record on the parent that the finalize step is over.
+    MarkFinalized(FinalizeOutcome),
+    /// Delete (or orphan) the children at positions `act` of the owned list and wait
+    /// until they and those at `waiting` are gone.
+    Wave {
+        act: Vec<usize>,
+        waiting: Vec<usize>,
+    },
+    /// Nothing left: remove Rulebook's finalizer.
+    RemoveFinalizer,
+}
+
+/// The next step of a teardown: the finalize step first, then the owned children in
+/// waves — one per child of the rule in reverse rule order (or one wave for all with
+/// `order: parallel`), each wave gone before the next is deleted — then the finalizer.
+pub fn plan_teardown(
+    finalize: FinalizeState,
+    owned: &[Owned],
+    order: DeletionOrder,
+) -> TeardownStep {
+    match finalize {
+        FinalizeState::Over => {}
+        FinalizeState::NotStarted => return TeardownStep::StartFinalize,
+        FinalizeState::Running { remaining } => return TeardownStep::AwaitFinalize { remaining },
+        FinalizeState::Done => return TeardownStep::MarkFinalized(FinalizeOutcome::Done),
+        FinalizeState::TimedOut => return TeardownStep::MarkFinalized(FinalizeOutcome::TimedOut),
+        FinalizeState::Failed => return TeardownStep::MarkFinalized(FinalizeOutcome::Failed),
+    }
+    let Some(last) = owned.iter().map(|o| o.position).max() else {
+        return TeardownStep::RemoveFinalizer;
+    };
+    let in_wave = |o: &Owned| match order {
+        DeletionOrder::Reverse => o.position == last,
+        DeletionOrder::Parallel => true,
+    };
+    let (mut act, mut waiting) = (Vec::new(), Vec::new());
+    for (i, o) in owned.iter().enumerate().filter(|(_, o)| in_wave(o)) {
+        if o.going {
+            waiting.push(i);
+        } else {
+            act.push(i);
+        }
+    }
+    TeardownStep::Wave { act, waiting }
 }

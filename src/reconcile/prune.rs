@@ -1,17 +1,112 @@
-//! Stage 4 of a reconcile: delete what this parent owns and no longer renders. Only
-//! children the parent's caches show as its own (owner label and controller reference
-//! both naming its UID, in its namespace), each deleted with a UID precondition, so a
-//! replacement of the same name is never touched.
+//! Stage 4 of a reconcile: delete what this parent owns and no longer renders (and, in
+//! a teardown, every child). Only children the parent's caches show as its own (owner
+//! label and controller reference both naming its UID, in its namespace), each deleted
+//! with a UID precondition, so a replacement of the same name is never touched. A child
+//! with `deletionPolicy: Orphan` is let go instead: its controller reference and
+//! Rulebook's labels and annotations are removed, conditional on its resourceVersion.
 
 use kube::api::DynamicObject;
 use kube::{Resource, ResourceExt};
+use serde_json::{Value as Json, json};
 use tracing::info;
 
 use super::context::{ChildKind, RuleContext};
 use super::error::ReconcileError;
 use super::events::Change;
-use super::writer::{Deleted, WriteError};
+use super::writer::{Deleted, Patched, WriteError};
+use crate::meta::labels;
 use crate::metrics;
+use crate::rules::DeletionPolicy;
+
+/// The child's deletion policy, by its `rulebook.dev/child` label (`Delete` for a child
+/// the rule no longer has).
+pub(super) fn policy_of(ctx: &RuleContext, obj: &DynamicObject) -> DeletionPolicy {
+    let name = obj.labels().get(labels::CHILD);
+    ctx.rule
+        .children()
+        .iter()
+        .find(|c| Some(&c.name.value) == name)
+        .map_or(DeletionPolicy::Delete, |c| c.deletion_policy)
+}
+
+/// Lets go of a child the parent no longer wants: deletes it, or orphans it when its
+/// policy says so.
+pub(super) async fn leave_child(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    kind: &ChildKind,
+    obj: &DynamicObject,
+) -> Result<Option<Change>, ReconcileError> {
+    match policy_of(ctx, obj) {
+        DeletionPolicy::Delete => prune_child(ctx, parent, kind, obj).await,
+        DeletionPolicy::Orphan => orphan_child(ctx, parent, kind, obj).await,
+    }
+}
+
+/// The merge patch that orphans `obj` from the parent with UID `parent_uid`: its
+/// controller reference to the parent and Rulebook's labels and annotations removed,
+/// conditional on the resourceVersion the caller saw.
+pub fn orphan_patch(obj: &DynamicObject, parent_uid: &str) -> Json {
+    let refs: Vec<_> = obj
+        .owner_references()
+        .iter()
+        .filter(|r| r.uid != parent_uid)
+        .cloned()
+        .collect();
+    let refs = if refs.is_empty() {
+        Json::Null
+    } else {
+        serde_json::to_value(refs).unwrap_or(Json::Null)
+    };
+    let gone = |keys: &[&str], present: &std::collections::BTreeMap<String, String>| {
+        keys.iter()
+            .filter(|k| present.contains_key(**k))
+            .map(|k| (k.to_string(), Json::Null))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let label_keys = [
+        labels::MANAGED_BY,
+        labels::RULE,
+        labels::OWNER,
+        labels::CHILD,
+    ];
+    let annotation_keys = [labels::DESIRED_HASH, labels::RULE_VERSION, labels::INDEX];
+    json!({"metadata": {
+        "resourceVersion": obj.resource_version(),
+        "ownerReferences": refs,
+        "labels": gone(&label_keys, obj.labels()),
+        "annotations": gone(&annotation_keys, obj.annotations()),
+    }})
+}
+
+async fn orphan_child(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    kind: &ChildKind,
+    obj: &DynamicObject,
+) -> Result<Option<Change>, ReconcileError> {
+    let name = obj.name_any();
+    let ns = obj.namespace();
+    let what = match &ns {
+        Some(ns) => format!("{} {ns}/{name}", kind.ar.kind),
+        None => format!("{} {name}", kind.ar.kind),
+    };
+    let api = kind.api(&ctx.client, ns.as_deref());
+    let body = orphan_patch(obj, &parent.uid().unwrap_or_default());
+    match ctx.writer.merge_patch(&api, &name, &body).await {
+        Ok(Patched::Patched) => {}
+        Ok(Patched::Stale) => return Ok(None), // changed meanwhile: its watch event follows
+        Err(WriteError::NotLeader) => return Err(ReconcileError::NotLeader),
+        Err(WriteError::Api(e)) => return Err(ReconcileError::Prune { what, source: e }),
+    }
+    info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "orphaned");
+    Ok(Some(Change {
+        reason: "Orphaned",
+        what,
+        related: obj.object_ref(&kind.ar),
+        object: None,
+    }))
+}
 
 pub(super) async fn prune_child(
     ctx: &RuleContext,

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
-use kube::api::{Api, DynamicObject};
+use kube::api::DynamicObject;
 use kube::runtime::events::EventType;
 use serde_json::{Value as Json, json};
 use tracing::debug;
@@ -181,10 +181,66 @@ pub(super) async fn write_status(
     let Some(desired) = plan_status(&live_json, &managed, fields, ready, &now_rfc3339()) else {
         return Ok(());
     };
+    apply_status(ctx, parent, uid, desired, written.is_some()).await
+}
+
+/// Writes the status of a parent being torn down: its fields as they are, `Ready=False`
+/// and `Deleting=True` with the teardown's step as reason and what it waits on as message.
+pub(super) async fn write_deleting(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    parent_json: &Json,
+    step: &ConditionState,
+) -> Result<(), ReconcileError> {
+    if !ctx.parent.status_subresource {
+        return Ok(());
+    }
+    let uid = parent.uid().unwrap_or_default();
+    let written = ctx.status_writes.newer_than(&uid, parent);
+    let mut live = parent_json.clone();
+    if let (Some(w), Some(o)) = (&written, live.as_object_mut()) {
+        o.insert("status".into(), w.clone());
+    }
+    let fields: serde_json::Map<String, Json> = ctx
+        .rule
+        .rule
+        .spec
+        .status
+        .keys()
+        .filter_map(|k| Some((k.clone(), live.pointer(&format!("/status/{k}"))?.clone())))
+        .collect();
+    let now = now_rfc3339();
+    let ready = ConditionState::new(false, "Deleting", &step.message);
+    let mut desired = crate::render::status::desired_status(&live, &fields, &ready, &now);
+    let deleting = crate::render::status::next_condition(
+        &crate::render::status::conditions_of(&live),
+        "Deleting",
+        step,
+        live.pointer("/metadata/generation").and_then(Json::as_i64),
+        &now,
+    );
+    if let Some(list) = desired.get_mut("conditions").and_then(Json::as_array_mut) {
+        list.push(serde_json::to_value(deleting).unwrap_or(Json::Null));
+    }
+    if crate::render::status::status_matches(live.get("status"), &desired) {
+        return Ok(());
+    }
+    apply_status(ctx, parent, uid, desired, written.is_some()).await
+}
+
+/// One server-side apply of the parent's status subresource; the write is remembered
+/// until the parent watch has delivered it.
+async fn apply_status(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: String,
+    desired: Json,
+    after_own_write: bool,
+) -> Result<(), ReconcileError> {
     debug!(
         parent = %parent.name_any(),
         cached_rv = parent.resource_version().unwrap_or_default(),
-        after_own_write = written.is_some(),
+        after_own_write,
         "writing status"
     );
     let body = json!({
@@ -193,10 +249,7 @@ pub(super) async fn write_status(
         "metadata": {"name": parent.name_any()},
         "status": desired,
     });
-    let api: Api<DynamicObject> = match (ctx.parent.namespaced, parent.namespace()) {
-        (true, Some(ns)) => Api::namespaced_with(ctx.client.clone(), &ns, &ctx.parent.ar),
-        _ => Api::all_with(ctx.client.clone(), &ctx.parent.ar),
-    };
+    let api = ctx.parent_api(parent);
     match ctx
         .writer
         .apply_status(&api, &parent.name_any(), &body)

@@ -1,5 +1,6 @@
 //! The one writer: every API write Rulebook makes — child applies, status applies,
-//! deletions (pruning, and the cleanup after a rule drops a kind), events — goes through
+//! deletions (pruning, teardown, and the cleanup after a rule drops a kind), patches
+//! (finalizers, orphaned children), events — goes through
 //! [`Writer`], which asks the write gate first and counts the write. (The API client
 //! underneath refuses writes on a closed gate as well: [`super::gate::GateLayer`].)
 
@@ -30,6 +31,14 @@ pub enum Deleted {
     Deleted,
     /// Already gone (or replaced by an object with another UID).
     Gone,
+}
+
+/// What a conditional patch found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Patched {
+    Patched,
+    /// The object changed since it was read (or is gone): read it again.
+    Stale,
 }
 
 #[derive(Clone)]
@@ -99,6 +108,31 @@ impl Writer {
         let verb = if status { "apply_status" } else { "apply" };
         self.metrics.write(&self.rule, verb);
         Ok(applied)
+    }
+
+    /// A JSON merge patch of `name` (Rulebook's finalizer, the finalize marker, an
+    /// orphaned child's ownership). `body` carries `metadata.resourceVersion`, so the patch
+    /// applies only to the object as the caller saw it: the API server answers 409 when
+    /// it has changed since, and `Patched::Stale` says so.
+    pub async fn merge_patch(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        body: &Json,
+    ) -> Result<Patched, WriteError> {
+        self.check()?;
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        match api.patch(name, &params, &Patch::Merge(body)).await {
+            Ok(_) => {
+                self.metrics.write(&self.rule, "patch");
+                Ok(Patched::Patched)
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Patched::Stale),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Deletes exactly the object with `uid` (a precondition: a replacement of the same

@@ -30,6 +30,7 @@ impl CompiledRule {
 
     /// [`render`](Self::render), spending from `budget`: pass the same budget to
     /// [`status_within`](Self::status_within) so one parent's render and status share it.
+    /// The finalize child (`spec.deletion.finalize.child`) is never among them.
     pub fn render_within(
         &self,
         parent: &Json,
@@ -37,13 +38,41 @@ impl CompiledRule {
         scope: &dyn Fn(usize) -> Scope,
         budget: &mut ParentBudget,
     ) -> Result<Vec<DesiredChild>, RenderError> {
+        self.render_selected(parent, observed, scope, budget, false)
+    }
+
+    /// The finalize child of a parent being deleted, rendered from the parent alone (no
+    /// live children): `None` when the rule has none or its `includeWhen` is false.
+    pub fn render_finalize_within(
+        &self,
+        parent: &Json,
+        scope: &dyn Fn(usize) -> Scope,
+        budget: &mut ParentBudget,
+    ) -> Result<Option<DesiredChild>, RenderError> {
+        let out = self.render_selected(parent, &Observed::default(), scope, budget, true)?;
+        Ok(out.into_iter().next())
+    }
+
+    /// Renders the children that are (`finalize`) or are not the finalize child.
+    fn render_selected(
+        &self,
+        parent: &Json,
+        observed: &Observed,
+        scope: &dyn Fn(usize) -> Scope,
+        budget: &mut ParentBudget,
+        finalize: bool,
+    ) -> Result<Vec<DesiredChild>, RenderError> {
         let _active = budget.enter();
         let info = ParentInfo::of(parent);
         let ctx = self.context(parent, observed);
         let programs = self.compiled.borrow_dependent();
         let env = self.compiled.borrow_owner();
+        let finalize_child = self.rule.spec.finalize_child();
         let mut out = Vec::new();
         for (i, c) in self.rule.spec.children.iter().enumerate() {
+            if (finalize_child == Some(i)) != finalize {
+                continue;
+            }
             let p = &programs.children[i];
             if let Some(w) = &p.include_when
                 && !self.eval(w, &ctx)?.is_true()

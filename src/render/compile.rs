@@ -335,9 +335,25 @@ impl CompiledRule {
                     status.push((field.clone(), p));
                 }
             }
+            let done_when = rule
+                .spec
+                .deletion
+                .as_ref()
+                .and_then(|d| d.finalize.as_ref())
+                .and_then(|f| {
+                    compile_expr(
+                        &f.done_when,
+                        "spec.deletion.finalize.doneWhen".into(),
+                        &["child"],
+                    )
+                });
             let diags = diags.into_inner();
             if diags.is_empty() {
-                Ok(Programs { children, status })
+                Ok(Programs {
+                    children,
+                    done_when,
+                    status,
+                })
             } else {
                 Err(diags)
             }

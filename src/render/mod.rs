@@ -72,6 +72,8 @@ enum CaseResult<'env> {
 
 struct Programs<'env> {
     children: Vec<ChildProgram<'env>>,
+    /// `spec.deletion.finalize.doneWhen`.
+    done_when: Option<Expr<'env>>,
     status: Vec<(String, StatusProgram<'env>)>,
 }
 
@@ -268,6 +270,18 @@ impl CompiledRule {
             val(&serde_json::json!({"name": self.name, "version": self.version})),
         );
         ctx
+    }
+
+    /// How long the finalize step waits for `doneWhen` (default 10 minutes).
+    pub fn finalize_timeout(&self) -> Duration {
+        self.rule
+            .spec
+            .deletion
+            .as_ref()
+            .and_then(|d| d.finalize.as_ref())
+            .and_then(|f| f.timeout.as_ref())
+            .and_then(|t| parse_duration(t).ok())
+            .unwrap_or(Duration::from_secs(600))
     }
 
     /// A fresh render budget for one parent, from this rule's limits.

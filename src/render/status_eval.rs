@@ -93,6 +93,23 @@ impl CompiledRule {
         Ok(StatusReport { fields, readiness })
     }
 
+    /// Whether the finalize step is over: `doneWhen` over the parent and the live
+    /// finalize child `child` (false when the rule has no finalize step).
+    pub fn finalize_done(
+        &self,
+        parent: &Json,
+        child: &Json,
+        budget: &mut ParentBudget,
+    ) -> Result<bool, RenderError> {
+        let _active = budget.enter();
+        let Some(done_when) = &self.compiled.borrow_dependent().done_when else {
+            return Ok(false);
+        };
+        let mut ctx = self.context(parent, &Observed::default());
+        ctx.insert("child", val(child));
+        Ok(self.eval(done_when, &ctx)?.is_true())
+    }
+
     fn readiness(
         &self,
         ctx: &BTreeMap<&'static str, Value>,

@@ -290,6 +290,37 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
     {
         err(at(resync), "spec.resync", e.to_string());
     }
+    if let Some(f) = r.spec.deletion.as_ref().and_then(|d| d.finalize.as_ref()) {
+        match r
+            .spec
+            .children
+            .iter()
+            .find(|c| c.name.value == f.child.value)
+        {
+            None => err(
+                at(&f.child),
+                "spec.deletion.finalize.child",
+                format!(
+                    "'{}' is not a child of this rule (name one of spec.children)",
+                    f.child.value
+                ),
+            ),
+            Some(c) if c.for_each.is_some() => err(
+                at(&f.child),
+                "spec.deletion.finalize.child",
+                format!(
+                    "child '{}' has forEach; a finalize child is one object",
+                    c.name.value
+                ),
+            ),
+            Some(_) => {}
+        }
+        if let Some(t) = &f.timeout
+            && let Err(e) = parse_duration(t)
+        {
+            err(at(t), "spec.deletion.finalize.timeout", e.to_string());
+        }
+    }
 }
 
 fn check_kind_ref(k: &KindRef, key: &str, err: &mut impl FnMut((u64, u64), &str, String)) {

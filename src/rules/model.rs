@@ -113,6 +113,64 @@ pub struct RuleSpec {
     /// The parent's CustomResourceDefinition, when this rule defines it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crd: Option<CrdSpec>,
+    /// A say in the parent's deletion: a finalize step and ordered teardown. Without it
+    /// (and without a child with `deletionPolicy: Orphan`) the garbage collector removes
+    /// the children and Rulebook puts no finalizer on parents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion: Option<Deletion>,
+}
+
+/// How a parent is torn down (`spec.deletion`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Deletion {
+    /// `reverse` (default): children are deleted in reverse rule order, each child's
+    /// objects gone before the previous child's are deleted; `parallel`: all at once.
+    #[serde(default)]
+    pub order: DeletionOrder,
+    /// A child created only when the parent is being deleted, waited for before teardown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finalize: Option<Finalize>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum DeletionOrder {
+    #[default]
+    Reverse,
+    Parallel,
+}
+
+/// The finalize step of a teardown (`spec.deletion.finalize`).
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Finalize {
+    /// The name of a child in `spec.children`: rendered once, from the parent alone, when
+    /// the parent is being deleted, and never otherwise.
+    pub child: Loc<String>,
+    /// An expression over `parent` and `child` (the live finalize child): teardown goes on
+    /// once it is true.
+    pub done_when: Loc<String>,
+    /// How long to wait for `doneWhen` from the child's creation (default `10m`); then a
+    /// Warning event, and teardown goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Loc<String>>,
+}
+
+/// What happens to a child when its parent is deleted or the rule stops rendering it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+pub enum DeletionPolicy {
+    /// Deleted (by the garbage collector, or by the teardown).
+    #[default]
+    Delete,
+    /// Left in place, without its ownerReference and Rulebook's labels.
+    Orphan,
+}
+
+impl DeletionPolicy {
+    fn is_delete(&self) -> bool {
+        *self == DeletionPolicy::Delete
+    }
 }
 
 /// A kind, by `apiVersion` (`group/version`, or `v1` for the core group) and `kind`.
@@ -145,6 +203,10 @@ pub struct ChildRule {
     /// Off by default: such an object is reported as a conflict and left alone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub adopt: bool,
+    /// `Delete` (default) or `Orphan`: an orphaned child outlives its parent (and a rule
+    /// that stops rendering it) without ownerReference and Rulebook labels.
+    #[serde(default, skip_serializing_if = "DeletionPolicy::is_delete")]
+    pub deletion_policy: DeletionPolicy,
 }
 
 /// How one status field is computed.
@@ -312,6 +374,25 @@ pub struct PrinterColumn {
     pub description: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i32>,
+}
+
+impl RuleSpec {
+    /// Whether parents carry Rulebook's finalizer: the rule has a say in their deletion.
+    pub fn needs_finalizer(&self) -> bool {
+        self.deletion.is_some()
+            || self
+                .children
+                .iter()
+                .any(|c| c.deletion_policy == DeletionPolicy::Orphan)
+    }
+
+    /// The index in `children` of the finalize child, if any.
+    pub fn finalize_child(&self) -> Option<usize> {
+        let f = self.deletion.as_ref()?.finalize.as_ref()?;
+        self.children
+            .iter()
+            .position(|c| c.name.value == f.child.value)
+    }
 }
 
 impl KindRef {

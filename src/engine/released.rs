@@ -1,0 +1,166 @@
+//! Parents a rule no longer tears down: when a rule whose parents carry Rulebook's
+//! finalizer is removed from the rule set, nothing would ever take the finalizer off and
+//! those parents could never be deleted (nor their namespaces). Removing the rule
+//! therefore releases its finalizers at once, running no deletion step: the garbage
+//! collector removes the children as it does for rules without `spec.deletion`. The
+//! same release serves `rulebook release --rule NAME`, for an uninstall.
+
+use std::sync::Arc;
+
+use kube::api::{ListParams, ObjectMeta};
+use kube::core::discovery::Scope as KubeScope;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource};
+use tracing::{info, warn};
+
+use super::dropped::kind_api;
+use super::runner::{SetupError, discover};
+use crate::meta::FINALIZER;
+use crate::metrics::Metrics;
+use crate::reconcile::WriteGate;
+use crate::reconcile::teardown::release_patch;
+use crate::reconcile::writer::{Patched, WriteError, Writer};
+use crate::render::CompiledRule;
+
+/// What a release did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Released {
+    /// Parents examined.
+    pub parents: usize,
+    /// Parents whose finalizer was removed.
+    pub released: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    #[error("listing {kind}: {source}")]
+    List {
+        kind: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("releasing {what}: {source}")]
+    Patch {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writes are paused (not the leader)")]
+    NotLeader,
+}
+
+/// Removes Rulebook's finalizer from every parent of `rule` (in `namespace`, or all),
+/// each patch conditional on the parent as listed (one changed meanwhile is read again).
+/// With a `recorder`, each released parent gets a Warning event saying why.
+pub async fn release_rule(
+    client: &Client,
+    rule: &CompiledRule,
+    namespace: Option<&str>,
+    writer: &Writer,
+    recorder: Option<&Recorder>,
+    why: &str,
+) -> Result<Released, ReleaseError> {
+    let p = &rule.rule.spec.parent;
+    let (ar, caps) = discover(client, "parent", &p.api_version, &p.kind).await?;
+    let namespaced = caps.scope == KubeScope::Namespaced;
+    let list_api = kind_api(client, &ar, namespaced, namespace);
+    let mut out = Released::default();
+    let mut params = ListParams::default().limit(100);
+    loop {
+        let page = list_api
+            .list_metadata(&params)
+            .await
+            .map_err(|source| ReleaseError::List {
+                kind: ar.kind.clone(),
+                source,
+            })?;
+        for item in &page.items {
+            out.parents += 1;
+            let mut meta: ObjectMeta = item.metadata.clone();
+            for _attempt in 0..5 {
+                if !meta.finalizers.iter().flatten().any(|f| f == FINALIZER) {
+                    break;
+                }
+                let name = meta.name.clone().unwrap_or_default();
+                let api = kind_api(client, &ar, namespaced, meta.namespace.as_deref());
+                let obj = kube::api::DynamicObject {
+                    types: None,
+                    metadata: meta.clone(),
+                    data: serde_json::Value::Null,
+                };
+                match writer.merge_patch(&api, &name, &release_patch(&obj)).await {
+                    Ok(Patched::Patched) => {
+                        let what = match &meta.namespace {
+                            Some(ns) => format!("{ns}/{name}"),
+                            None => name.clone(),
+                        };
+                        info!(rule = %rule.name, parent = %what, "finalizer released");
+                        if let Some(recorder) = recorder {
+                            let ev = Event {
+                                type_: EventType::Warning,
+                                reason: "FinalizerReleased".into(),
+                                note: Some(format!(
+                                    "{FINALIZER} removed: {why}; no deletion step of rule '{}' runs, the garbage collector removes the children",
+                                    rule.name
+                                )),
+                                action: "Release".into(),
+                                secondary: None,
+                            };
+                            writer.publish(recorder, ev, obj.object_ref(&ar));
+                        }
+                        out.released.push(what);
+                        break;
+                    }
+                    Ok(Patched::Stale) => match api.get_metadata_opt(&name).await {
+                        Ok(Some(fresh)) if fresh.metadata.uid == meta.uid => meta = fresh.metadata,
+                        _ => break, // gone, or replaced by another object
+                    },
+                    Err(WriteError::NotLeader) => return Err(ReleaseError::NotLeader),
+                    Err(WriteError::Api(source)) => {
+                        return Err(ReleaseError::Patch {
+                            what: format!("{} {name}", ar.kind),
+                            source,
+                        });
+                    }
+                }
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    Ok(out)
+}
+
+/// [`release_rule`] for a rule the engine removed, in the background, logged.
+pub(super) async fn release_removed_rule(
+    client: Client,
+    rule: Arc<CompiledRule>,
+    namespace: Option<String>,
+    metrics: Arc<Metrics>,
+    gate: Arc<dyn WriteGate>,
+    recorder: Recorder,
+) {
+    let writer = Writer::new(gate, metrics, &rule.name);
+    let why = format!("rule '{}' was removed from the rule set", rule.name);
+    match release_rule(
+        &client,
+        &rule,
+        namespace.as_deref(),
+        &writer,
+        Some(&recorder),
+        &why,
+    )
+    .await
+    {
+        Ok(r) => {
+            info!(rule = %rule.name, parents = r.parents, released = r.released.len(), "removed rule's finalizers released")
+        }
+        Err(e) => {
+            warn!(rule = %rule.name, error = %e, "cannot release the removed rule's finalizers")
+        }
+    }
+}

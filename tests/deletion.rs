@@ -1,0 +1,503 @@
+//! Deletion as a lifecycle, against the local control plane with `rulebook run` as a
+//! child process (issue 16):
+//!
+//! 1. a DatabaseBackup-like rule: deleting the parent creates the finalize Job, waits for
+//!    it (kwok completes its pod), then deletes the children in reverse rule order, each
+//!    wave gone before the next (one child is held by a finalizer of the test's to show
+//!    it), orphans the PersistentVolumeClaim, and removes the finalizer; a new parent of
+//!    the same name does not adopt the orphan until the rule says `adopt: true`;
+//! 2. a finalize Job that never completes: the timeout, a Warning event, teardown finishes;
+//! 3. removing the rule file releases the finalizers of its parents, which can then go;
+//! 4. `rulebook release --rule NAME` does the same without the operator;
+//! 5. rules without `deletion` put no finalizer on their parents.
+//!
+//! Killing the operator during each step of a teardown is in `tests/faults_heavy.rs`.
+
+mod common;
+mod faults_kit;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::*;
+use faults_kit::*;
+use serde_json::{Value as Json, json};
+
+const T: Duration = Duration::from_secs(120);
+const FINALIZER: &str = "rulebook.dev/finalizer";
+const HOLD: &str = "test.rulebook.dev/hold";
+
+/// The database rule: `config` (ConfigMap), `data` (PVC, orphaned), `service` (ConfigMap
+/// held by the test's finalizer when `spec.hold`), `final_backup` (the finalize Job,
+/// suspended — never done — when `spec.stuck`).
+fn database_rule(rule: &str, kind: &str, timeout: &str, adopt: bool) -> String {
+    let mut text = rule_text(
+        rule,
+        kind,
+        &[
+            child("config", "v1", "ConfigMap", "db/config.yaml", &[]),
+            child(
+                "data",
+                "v1",
+                "PersistentVolumeClaim",
+                "db/pvc.yaml",
+                &if adopt {
+                    vec!["deletionPolicy: Orphan", "adopt: true"]
+                } else {
+                    vec!["deletionPolicy: Orphan"]
+                },
+            ),
+            child("service", "v1", "ConfigMap", "db/service.yaml", &[]),
+            child("final_backup", "batch/v1", "Job", "db/backup.yaml", &[]),
+        ],
+    );
+    text.push_str(&format!(
+        "  deletion:\n    order: reverse\n    finalize:\n      child: final_backup\n      \
+         doneWhen: \"child.status.succeeded | default(0) >= 1\"\n      timeout: {timeout}\n"
+    ));
+    text
+}
+
+fn database_templates(d: &RuleDir) {
+    d.template("db/config.yaml", &configmap_template("config", "  k: v\n"));
+    d.template(
+        "db/pvc.yaml",
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {{ parent.metadata.name ~ \"-data\" }}\n\
+         spec:\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 1Gi\n",
+    );
+    d.template(
+        "db/service.yaml",
+        &format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{{{ parent.metadata.name ~ \"-svc\" }}}}\n\
+             {{% if parent.spec.hold | default(false) %}}  finalizers: [\"{HOLD}\"]\n{{% endif %}}data:\n  k: v\n"
+        ),
+    );
+    d.template(
+        "db/backup.yaml",
+        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {{ parent.metadata.name ~ \"-final-backup\" }}\n\
+         spec:\n  suspend: {{ parent.spec.stuck | default(false) }}\n  backoffLimit: 0\n  template:\n    spec:\n      \
+         restartPolicy: Never\n      containers:\n        - name: backup\n          image: registry.example/backup:1\n",
+    );
+}
+
+fn finalizers(o: &Json) -> Vec<String> {
+    o["metadata"]["finalizers"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn condition(o: &Json, type_: &str) -> Option<Json> {
+    o["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
+
+async fn events_for(client: &kube::Client, ns: &str, parent: &str) -> Vec<Json> {
+    let events = api(client, Some(ns), "events.k8s.io/v1", "Event", "events");
+    list(&events, None)
+        .await
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == parent)
+        .collect()
+}
+
+/// Rulebook's deletes (user agent `rulebook/…`) in the audit log since `audit`, by object.
+fn rulebook_deletes(audit: &Audit, ns: &str) -> Vec<Json> {
+    audit
+        .writes(ns)
+        .into_iter()
+        .filter(|e| {
+            e["verb"] == "delete"
+                && e["userAgent"]
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("rulebook/"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalize_job_then_reverse_waves_and_orphan() {
+    let test = "finalize_job_then_reverse_waves_and_orphan";
+    let client = client().await;
+    let ns = namespace(&client, "deletion-db").await;
+    let (kind, rule) = ("DelDatabase", "deldatabase");
+    let d = RuleDir::new();
+    database_templates(&d);
+    d.rule("db.yaml", &database_rule(rule, kind, "60s", false));
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    let pvcs = api(
+        &client,
+        Some(&ns),
+        "v1",
+        "PersistentVolumeClaim",
+        "persistentvolumeclaims",
+    );
+    let jobs = api(&client, Some(&ns), "batch/v1", "Job", "jobs");
+
+    put(&parents, &parent(kind, &ns, "db1", json!({"hold": true}))).await;
+    let names: BTreeSet<String> = ["db1".to_string()].into();
+    wait_all_ready(&parents, &names, T).await;
+    let p = get_json(&parents, "db1").await.expect("db1");
+    let uid = uid_of(&p);
+    assert_eq!(
+        finalizers(&p),
+        vec![FINALIZER],
+        "{test}: the parent carries the finalizer"
+    );
+    assert!(
+        get_json(&jobs, "db1-final-backup").await.is_none(),
+        "{test}: the finalize Job exists only once the parent is being deleted"
+    );
+
+    let audit = Audit::mark();
+    let deleted_at = Instant::now();
+    remove(&parents, "db1").await;
+
+    // The finalize Job is created and completes (kwok runs its pod to Succeeded): the job
+    // controller's `Completed` event on it, and Rulebook's `Finalized` on the parent.
+    wait_for(T, "the finalize Job to complete", || async {
+        events_for(&client, &ns, "db1-final-backup")
+            .await
+            .iter()
+            .any(|e| e["reason"] == "Completed")
+            .then_some(())
+    })
+    .await;
+    wait_for(T, "the Finalized event", || async {
+        events_for(&client, &ns, "db1")
+            .await
+            .iter()
+            .any(|e| e["reason"] == "Finalized")
+            .then_some(())
+    })
+    .await;
+
+    // Reverse order: the Job (last child) first, then `service`, held by the test's
+    // finalizer. While it is held, the earlier children are not touched.
+    wait_for(T, "the held ConfigMap to be deleted", || async {
+        let cm = get_json(&cms, "db1-svc").await?;
+        cm["metadata"]["deletionTimestamp"]
+            .is_string()
+            .then_some(())
+    })
+    .await;
+    let waiting = wait_for(T, "the parent to say it waits for db1-svc", || async {
+        let p = get_json(&parents, "db1").await?;
+        let c = condition(&p, "Deleting")?;
+        (c["reason"] == "DeletingChildren" && c["message"].as_str()?.contains("db1-svc"))
+            .then_some(c)
+    })
+    .await;
+    let config = get_json(&cms, "db1-config").await.expect("db1-config");
+    assert!(
+        config["metadata"]["deletionTimestamp"].is_null(),
+        "{test}: the next wave started before the held child was gone"
+    );
+    let pvc = get_json(&pvcs, "db1-data").await.expect("db1-data");
+    assert_eq!(pvc["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+    let released = Instant::now();
+    merge(&cms, "db1-svc", json!({"metadata": {"finalizers": null}})).await;
+
+    wait_for(T, "the parent to be gone", || async {
+        get_json(&parents, "db1").await.is_none().then_some(())
+    })
+    .await;
+    let took = deleted_at.elapsed();
+    assert!(
+        get_json(&cms, "db1-config").await.is_none(),
+        "{test}: config left"
+    );
+    assert!(
+        get_json(&cms, "db1-svc").await.is_none(),
+        "{test}: service left"
+    );
+    assert!(
+        get_json(&jobs, "db1-final-backup").await.is_none(),
+        "{test}: Job left"
+    );
+    let pvc = get_json(&pvcs, "db1-data")
+        .await
+        .expect("{test}: the orphaned PVC survives");
+    assert!(
+        pvc["metadata"]["ownerReferences"].is_null(),
+        "{test}: the orphan keeps an ownerReference: {}",
+        pvc["metadata"]
+    );
+    let labels = pvc["metadata"]["labels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !labels
+            .keys()
+            .any(|k| k.starts_with("rulebook.dev/") || k == "app.kubernetes.io/managed-by"),
+        "{test}: the orphan keeps Rulebook's labels: {labels:?}"
+    );
+
+    // The audit log: one delete each, in reverse rule order, and the config's delete
+    // only after the held ConfigMap was released.
+    let deletes = rulebook_deletes(&audit, &ns);
+    let shown: Vec<String> = deletes.iter().map(describe_audit).collect();
+    let at = |name: &str| {
+        let hits: Vec<&Json> = deletes
+            .iter()
+            .filter(|e| e["objectRef"]["name"] == name)
+            .collect();
+        assert_eq!(hits.len(), 1, "{test}: {name} deleted once: {shown:#?}");
+        audit_time(hits[0]).expect("stageTimestamp")
+    };
+    let (t_job, t_svc, t_config) = (at("db1-final-backup"), at("db1-svc"), at("db1-config"));
+    assert!(
+        t_job <= t_svc && t_svc <= t_config,
+        "{test}: not in reverse order: {shown:#?}"
+    );
+    let release_patch = audit
+        .writes(&ns)
+        .into_iter()
+        .find(|e| {
+            e["verb"] == "patch"
+                && e["objectRef"]["name"] == "db1-svc"
+                && !e["userAgent"]
+                    .as_str()
+                    .unwrap_or("")
+                    .starts_with("rulebook/")
+        })
+        .and_then(|e| audit_time(&e))
+        .expect("the test's release of db1-svc in the audit log");
+    assert!(
+        release_patch <= t_config,
+        "{test}: db1-config was deleted before the wave before it was gone: {shown:#?}"
+    );
+    assert!(
+        !deletes.iter().any(|e| e["objectRef"]["name"] == "db1-data"),
+        "{test}: the orphaned PVC was deleted"
+    );
+    let reasons: Vec<String> = events_for(&client, &ns, "db1")
+        .await
+        .iter()
+        .filter_map(|e| e["reason"].as_str().map(String::from))
+        .collect();
+    for r in ["Finalizing", "Finalized", "Orphaned"] {
+        assert!(
+            reasons.iter().any(|x| x == r),
+            "{test}: no {r} event: {reasons:?}"
+        );
+    }
+
+    // A new parent of the same name: the orphan is someone else's now.
+    put(&parents, &parent(kind, &ns, "db1", json!({}))).await;
+    let conflict = wait_for(T, "the new parent to report the conflict", || async {
+        let p = get_json(&parents, "db1").await?;
+        let (s, reason, message) = ready_condition(&p)?;
+        (s == "False" && reason == "Conflict").then_some(message)
+    })
+    .await;
+    assert!(conflict.contains("db1-data"), "{test}: {conflict}");
+    let pvc = get_json(&pvcs, "db1-data").await.expect("db1-data");
+    assert!(
+        pvc["metadata"]["ownerReferences"].is_null(),
+        "{test}: adopted silently"
+    );
+    // ... until the rule says `adopt: true`.
+    d.rule("db.yaml", &database_rule(rule, kind, "60s", true));
+    let new_uid = uid_of(&get_json(&parents, "db1").await.expect("db1"));
+    wait_for(T, "the orphan to be adopted with adopt: true", || async {
+        let pvc = get_json(&pvcs, "db1-data").await?;
+        (pvc["metadata"]["ownerReferences"][0]["uid"] == new_uid.as_str()).then_some(())
+    })
+    .await;
+    eprintln!(
+        "{test}: parent deleted → finalize Job done → 3 waves in reverse order (one held {:.1} s by a \
+         foreign finalizer) → PVC orphaned → finalizer removed: {:.1} s in all; waiting showed \
+         {:?}; {} deletes by Rulebook",
+        released.duration_since(deleted_at).as_secs_f64(),
+        took.as_secs_f64(),
+        waiting["message"],
+        deletes.len()
+    );
+    drop(op);
+    cleanup_namespace(&client, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalize_timeout_warns_and_teardown_finishes() {
+    let test = "finalize_timeout_warns_and_teardown_finishes";
+    let client = client().await;
+    let ns = namespace(&client, "deletion-stuck").await;
+    let (kind, rule) = ("DelStuck", "delstuck");
+    let d = RuleDir::new();
+    database_templates(&d);
+    d.rule("db.yaml", &database_rule(rule, kind, "3s", false));
+    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let jobs = api(&client, Some(&ns), "batch/v1", "Job", "jobs");
+    put(&parents, &parent(kind, &ns, "db2", json!({"stuck": true}))).await;
+    wait_all_ready(&parents, &["db2".to_string()].into(), T).await;
+    let deleted_at = Instant::now();
+    remove(&parents, "db2").await;
+    wait_for(T, "the suspended finalize Job to exist", || async {
+        get_json(&jobs, "db2-final-backup").await.map(|_| ())
+    })
+    .await;
+    wait_for(T, "the parent to be gone after the timeout", || async {
+        get_json(&parents, "db2").await.is_none().then_some(())
+    })
+    .await;
+    let took = deleted_at.elapsed();
+    let warning = events_for(&client, &ns, "db2")
+        .await
+        .into_iter()
+        .find(|e| e["reason"] == "FinalizeTimedOut")
+        .unwrap_or_else(|| panic!("{test}: no FinalizeTimedOut event"));
+    assert_eq!(warning["type"], "Warning");
+    assert!(
+        took >= Duration::from_secs(3),
+        "{test}: gone after {took:?}, before the 3 s timeout"
+    );
+    assert!(
+        get_json(&jobs, "db2-final-backup").await.is_none(),
+        "{test}: Job left"
+    );
+    eprintln!(
+        "{test}: a finalize Job that never completes: FinalizeTimedOut after the 3 s timeout, parent gone {:.1} s after its deletion; note: {}",
+        took.as_secs_f64(),
+        warning["note"]
+    );
+    cleanup_namespace(&client, &ns).await;
+}
+
+/// A rule whose parents carry the finalizer (an orphaned child) and nothing else.
+fn orphan_rule(rule: &str, kind: &str) -> String {
+    rule_text(
+        rule,
+        kind,
+        &[child(
+            "config",
+            "v1",
+            "ConfigMap",
+            "cm.yaml",
+            &["deletionPolicy: Orphan"],
+        )],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_rule_releases_its_finalizers() {
+    let test = "removing_the_rule_releases_its_finalizers";
+    let client = client().await;
+    let ns = namespace(&client, "deletion-removed").await;
+    let (kind, rule) = ("DelRemoved", "delremoved");
+    let d = RuleDir::new();
+    d.template("cm.yaml", &configmap_template("cm", "  k: v\n"));
+    d.template("plain.yaml", &configmap_template("plain", "  k: v\n"));
+    d.rule("r.yaml", &orphan_rule(rule, kind));
+    // A second rule without deletion steps: its parents never carry the finalizer.
+    d.rule(
+        "plain.yaml",
+        &rule_text(
+            "delplain",
+            "DelPlain",
+            &[child("config", "v1", "ConfigMap", "plain.yaml", &[])],
+        ),
+    );
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let plain = kind_api(&client, &ns, "DelPlain", T).await;
+    let names: BTreeSet<String> = (0..3).map(|i| format!("r{i}")).collect();
+    for n in &names {
+        put(&parents, &parent(kind, &ns, n, json!({}))).await;
+        put(&plain, &parent("DelPlain", &ns, n, json!({}))).await;
+    }
+    wait_all_ready(&parents, &names, T).await;
+    wait_all_ready(&plain, &names, T).await;
+    for o in list(&parents, None).await {
+        assert_eq!(finalizers(&o), vec![FINALIZER], "{test}: {}", name_of(&o));
+    }
+    for o in list(&plain, None).await {
+        assert!(
+            finalizers(&o).is_empty(),
+            "{test}: a parent of a rule without deletion steps has finalizers: {:?}",
+            finalizers(&o)
+        );
+    }
+
+    let removed = Instant::now();
+    std::fs::remove_file(d.rules.join("r.yaml")).unwrap();
+    wait_for(T, "every parent's finalizer to be released", || async {
+        list(&parents, None)
+            .await
+            .iter()
+            .all(|o| finalizers(o).is_empty())
+            .then_some(())
+    })
+    .await;
+    let took = removed.elapsed();
+    for n in &names {
+        remove(&parents, n).await;
+    }
+    wait_for(T, "the parents to be gone", || async {
+        list(&parents, None).await.is_empty().then_some(())
+    })
+    .await;
+    let released = events_for(&client, &ns, "r0")
+        .await
+        .into_iter()
+        .any(|e| e["reason"] == "FinalizerReleased");
+    assert!(released, "{test}: no FinalizerReleased event on r0");
+    eprintln!(
+        "{test}: rule file removed → finalizers of 3 parents released {:.1} s later; the parents could be deleted",
+        took.as_secs_f64()
+    );
+    drop(op);
+    cleanup_namespace(&client, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_command_frees_parents_without_the_operator() {
+    let test = "release_command_frees_parents_without_the_operator";
+    let client = client().await;
+    let ns = namespace(&client, "deletion-release").await;
+    let (kind, rule) = ("DelRelease", "delrelease");
+    let d = RuleDir::new();
+    d.template("cm.yaml", &configmap_template("cm", "  k: v\n"));
+    d.rule("r.yaml", &orphan_rule(rule, kind));
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    put(&parents, &parent(kind, &ns, "x", json!({}))).await;
+    wait_all_ready(&parents, &["x".to_string()].into(), T).await;
+    drop(op); // the operator is uninstalled first
+    remove(&parents, "x").await;
+    let p = get_json(&parents, "x")
+        .await
+        .expect("held by the finalizer");
+    assert!(p["metadata"]["deletionTimestamp"].is_string());
+    let kubeconfig = kubeconfig_path();
+    let out = rulebook(&[
+        "release",
+        "--rules",
+        d.rules.to_str().unwrap(),
+        "--templates",
+        d.templates.to_str().unwrap(),
+        "--rule",
+        rule,
+        "--namespace",
+        &ns,
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+    ]);
+    assert!(out.contains("1 of 1 parents"), "{test}: {out}");
+    wait_for(T, "the parent to be gone", || async {
+        get_json(&parents, "x").await.is_none().then_some(())
+    })
+    .await;
+    cleanup_namespace(&client, &ns).await;
+}
