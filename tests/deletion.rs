@@ -20,108 +20,11 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use common::*;
+use faults_kit::teardown::*;
 use faults_kit::*;
 use serde_json::{Value as Json, json};
 
 const T: Duration = Duration::from_secs(120);
-const FINALIZER: &str = "rulebook.dev/finalizer";
-const HOLD: &str = "test.rulebook.dev/hold";
-
-/// The database rule: `config` (ConfigMap), `data` (PVC, orphaned), `service` (ConfigMap
-/// held by the test's finalizer when `spec.hold`), `final_backup` (the finalize Job,
-/// suspended — never done — when `spec.stuck`).
-fn database_rule(rule: &str, kind: &str, timeout: &str, adopt: bool) -> String {
-    let mut text = rule_text(
-        rule,
-        kind,
-        &[
-            child("config", "v1", "ConfigMap", "db/config.yaml", &[]),
-            child(
-                "data",
-                "v1",
-                "PersistentVolumeClaim",
-                "db/pvc.yaml",
-                &if adopt {
-                    vec!["deletionPolicy: Orphan", "adopt: true"]
-                } else {
-                    vec!["deletionPolicy: Orphan"]
-                },
-            ),
-            child("service", "v1", "ConfigMap", "db/service.yaml", &[]),
-            child("final_backup", "batch/v1", "Job", "db/backup.yaml", &[]),
-        ],
-    );
-    text.push_str(&format!(
-        "  deletion:\n    order: reverse\n    finalize:\n      child: final_backup\n      \
-         doneWhen: \"child.status.succeeded | default(0) >= 1\"\n      timeout: {timeout}\n"
-    ));
-    text
-}
-
-fn database_templates(d: &RuleDir) {
-    d.template("db/config.yaml", &configmap_template("config", "  k: v\n"));
-    d.template(
-        "db/pvc.yaml",
-        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {{ parent.metadata.name ~ \"-data\" }}\n\
-         spec:\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 1Gi\n",
-    );
-    d.template(
-        "db/service.yaml",
-        &format!(
-            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{{{ parent.metadata.name ~ \"-svc\" }}}}\n\
-             {{% if parent.spec.hold | default(false) %}}  finalizers: [\"{HOLD}\"]\n{{% endif %}}data:\n  k: v\n"
-        ),
-    );
-    d.template(
-        "db/backup.yaml",
-        "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {{ parent.metadata.name ~ \"-final-backup\" }}\n\
-         spec:\n  suspend: {{ parent.spec.stuck | default(false) }}\n  backoffLimit: 0\n  template:\n    spec:\n      \
-         restartPolicy: Never\n      containers:\n        - name: backup\n          image: registry.example/backup:1\n",
-    );
-}
-
-fn finalizers(o: &Json) -> Vec<String> {
-    o["metadata"]["finalizers"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| f.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn condition(o: &Json, type_: &str) -> Option<Json> {
-    o["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == type_)
-        .cloned()
-}
-
-async fn events_for(client: &kube::Client, ns: &str, parent: &str) -> Vec<Json> {
-    let events = api(client, Some(ns), "events.k8s.io/v1", "Event", "events");
-    list(&events, None)
-        .await
-        .into_iter()
-        .filter(|e| e["regarding"]["name"] == parent)
-        .collect()
-}
-
-/// Rulebook's deletes (user agent `rulebook/…`) in the audit log since `audit`, by object.
-fn rulebook_deletes(audit: &Audit, ns: &str) -> Vec<Json> {
-    audit
-        .writes(ns)
-        .into_iter()
-        .filter(|e| {
-            e["verb"] == "delete"
-                && e["userAgent"]
-                    .as_str()
-                    .is_some_and(|a| a.starts_with("rulebook/"))
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finalize_job_then_reverse_waves_and_orphan() {
     let test = "finalize_job_then_reverse_waves_and_orphan";

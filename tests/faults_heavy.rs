@@ -29,6 +29,20 @@ async fn heavy_sigkill_while_converging() {
     );
 }
 
+/// Parents being torn down (finalize Job, reverse waves, an orphan), the operator
+/// SIGKILLed at each step in turn, 10 rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "heavy: run alone: the end of `make test`, or `make test-faults`"]
+async fn heavy_sigkill_during_teardown() {
+    let r = teardown::kill_during_teardown("KillTeardown", 10, 3, Duration::from_secs(180)).await;
+    println!(
+        "heavy kill during teardown: {} rounds, {} parents deleted with the operator SIGKILLed at each teardown step in turn: every parent gone, no child left (PVCs orphaned), none deleted twice; slowest round {:.1} s from restart to all gone",
+        r.rounds,
+        r.parents,
+        r.slowest_after_restart.as_secs_f64()
+    );
+}
+
 /// 500 poison parents beside 50 healthy ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "heavy: run alone: the end of `make test`, or `make test-faults`"]

@@ -8,6 +8,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the kit
 
+pub mod teardown;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
