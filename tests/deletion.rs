@@ -404,3 +404,94 @@ async fn release_command_frees_parents_without_the_operator() {
     .await;
     cleanup_namespace(&client, &ns).await;
 }
+
+/// The teardown runs on exactly the RBAC `rulebook rbac` generates (the operator checks
+/// every permission a rule needs before starting it): `patch` on the parents of a rule
+/// with deletion steps, and on no other rule's parents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn teardown_runs_on_the_generated_rbac() {
+    let test = "teardown_runs_on_the_generated_rbac";
+    let client = client().await;
+    let ns = namespace(&client, "deletion-rbac").await;
+    let (kind, rule) = ("DelRbac", "delrbac");
+    let d = RuleDir::new();
+    database_templates(&d);
+    d.template("plain.yaml", &configmap_template("plain", "  k: v\n"));
+    d.rule("db.yaml", &database_rule(rule, kind, "60s", false));
+    d.rule(
+        "plain.yaml",
+        &rule_text(
+            "delrbacplain",
+            "DelRbacPlain",
+            &[child("config", "v1", "ConfigMap", "plain.yaml", &[])],
+        ),
+    );
+    let role = unique("rulebook-deletion");
+    let rbac = yaml_objects(&rulebook(&[
+        "rbac",
+        "--rules",
+        d.rules.to_str().unwrap(),
+        "--templates",
+        d.templates.to_str().unwrap(),
+        "--install-crds",
+        "--name",
+        &role,
+        "--service-account",
+        &format!("{ns}/rulebook"),
+    ]));
+    let verbs_on = |resource: &str| -> Vec<String> {
+        rbac[0]["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .filter(|r| {
+                r["resources"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|x| x == resource))
+            })
+            .flat_map(|r| r["verbs"].as_array().cloned().unwrap_or_default())
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect()
+    };
+    assert!(
+        verbs_on("delrbacs").contains(&"patch".to_string()),
+        "{test}: no patch on the parents of a rule with deletion steps: {:?}",
+        verbs_on("delrbacs")
+    );
+    assert!(
+        !verbs_on("delrbacplains").contains(&"patch".to_string()),
+        "{test}: patch on the parents of a rule without deletion steps"
+    );
+    let kubeconfig = service_account_kubeconfig(&client, &ns, "rulebook", rbac).await;
+    let op = Operator::start_as(
+        kubeconfig.path(),
+        &d.rules,
+        &d.templates,
+        Some(&ns),
+        &["--install-crds"],
+    )
+    .await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    put(&parents, &parent(kind, &ns, "db", json!({}))).await;
+    wait_all_ready(&parents, &["db".to_string()].into(), T).await;
+    remove(&parents, "db").await;
+    wait_for(T, "the parent to be gone", || async {
+        get_json(&parents, "db").await.is_none().then_some(())
+    })
+    .await;
+    let pvcs = api(
+        &client,
+        Some(&ns),
+        "v1",
+        "PersistentVolumeClaim",
+        "persistentvolumeclaims",
+    );
+    let pvc = get_json(&pvcs, "db-data").await.expect("the orphaned PVC");
+    assert!(pvc["metadata"]["ownerReferences"].is_null(), "{test}");
+    let log = op.log_tail();
+    assert!(
+        !log.contains("forbidden") && !log.contains("Forbidden"),
+        "{test}: refused: {log}"
+    );
+    cleanup_namespace(&client, &ns).await;
+}

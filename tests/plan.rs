@@ -6,10 +6,15 @@ use std::sync::Arc;
 
 use kube::api::DynamicObject;
 use rulebook::reconcile::drift::Drift;
-use rulebook::reconcile::plan::{ChildStep, Live, plan_child, plan_prunes, plan_status};
+use rulebook::reconcile::plan::{
+    ChildStep, FinalizeOutcome, FinalizeState, Live, Owned, TeardownStep, plan_child, plan_prunes,
+    plan_status, plan_teardown,
+};
 use rulebook::render::DesiredChild;
 use rulebook::render::status::ConditionState;
+use rulebook::rules::DeletionOrder;
 use serde_json::{Map, Value as Json, json};
+use std::time::Duration;
 
 const PARENT: &str = "uid-parent";
 const HASH: &str = "h1";
@@ -249,4 +254,94 @@ fn a_status_change_alone_is_written_and_an_unchanged_one_is_not() {
     let gone = plan_status(&parent_with(first), &["phase"], &Map::new(), &ready, later)
         .expect("a status write");
     assert!(gone.get("phase").is_none_or(Json::is_null), "{gone}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Teardown.
+
+fn owned(list: &[(usize, bool)]) -> Vec<Owned> {
+    list.iter()
+        .map(|&(position, going)| Owned { position, going })
+        .collect()
+}
+
+#[test]
+fn teardown_runs_the_finalize_step_before_any_child_goes() {
+    let children = owned(&[(0, false), (1, false)]);
+    let order = DeletionOrder::Reverse;
+    assert_eq!(
+        plan_teardown(FinalizeState::NotStarted, &children, order),
+        TeardownStep::StartFinalize
+    );
+    let remaining = Duration::from_secs(42);
+    assert_eq!(
+        plan_teardown(FinalizeState::Running { remaining }, &children, order),
+        TeardownStep::AwaitFinalize { remaining }
+    );
+    for (state, outcome) in [
+        (FinalizeState::Done, FinalizeOutcome::Done),
+        (FinalizeState::TimedOut, FinalizeOutcome::TimedOut),
+        (FinalizeState::Failed, FinalizeOutcome::Failed),
+    ] {
+        assert_eq!(
+            plan_teardown(state, &children, order),
+            TeardownStep::MarkFinalized(outcome)
+        );
+    }
+}
+
+#[test]
+fn teardown_deletes_in_reverse_rule_order_one_wave_at_a_time() {
+    // Children of rule positions 0, 2, 2 and 1: the wave is position 2 (both objects).
+    let children = owned(&[(0, false), (2, false), (2, false), (1, false)]);
+    assert_eq!(
+        plan_teardown(FinalizeState::Over, &children, DeletionOrder::Reverse),
+        TeardownStep::Wave {
+            act: vec![1, 2],
+            waiting: vec![]
+        }
+    );
+    // One of them is already going: delete the other, wait for both; position 1 waits.
+    let children = owned(&[(0, false), (2, true), (2, false), (1, false)]);
+    assert_eq!(
+        plan_teardown(FinalizeState::Over, &children, DeletionOrder::Reverse),
+        TeardownStep::Wave {
+            act: vec![2],
+            waiting: vec![1]
+        }
+    );
+    // All of the wave going: wait, and touch nothing else.
+    let children = owned(&[(0, false), (2, true)]);
+    assert_eq!(
+        plan_teardown(FinalizeState::Over, &children, DeletionOrder::Reverse),
+        TeardownStep::Wave {
+            act: vec![],
+            waiting: vec![1]
+        }
+    );
+    // A child the rule no longer has goes first.
+    let children = owned(&[(3, false), (usize::MAX, false)]);
+    assert_eq!(
+        plan_teardown(FinalizeState::Over, &children, DeletionOrder::Reverse),
+        TeardownStep::Wave {
+            act: vec![1],
+            waiting: vec![]
+        }
+    );
+}
+
+#[test]
+fn parallel_teardown_is_one_wave_and_the_finalizer_goes_last() {
+    let children = owned(&[(0, false), (2, true), (1, false)]);
+    assert_eq!(
+        plan_teardown(FinalizeState::Over, &children, DeletionOrder::Parallel),
+        TeardownStep::Wave {
+            act: vec![0, 2],
+            waiting: vec![1]
+        }
+    );
+    assert_eq!(
+        plan_teardown(FinalizeState::Over, &[], DeletionOrder::Reverse),
+        TeardownStep::RemoveFinalizer
+    );
 }
