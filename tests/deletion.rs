@@ -243,7 +243,11 @@ async fn finalize_timeout_warns_and_teardown_finishes() {
     let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let jobs = api(&client, Some(&ns), "batch/v1", "Job", "jobs");
-    put(&parents, &parent(kind, &ns, "db2", json!({"stuck": true}))).await;
+    // A marker written before the deletion (by the parent's author) counts for nothing:
+    // the finalize step still runs.
+    let mut p = parent(kind, &ns, "db2", json!({"stuck": true}));
+    p["metadata"]["annotations"] = json!({"rulebook.dev/finalized": "done@2020-01-01T00:00:00Z"});
+    put(&parents, &p).await;
     wait_all_ready(&parents, &["db2".to_string()].into(), T).await;
     let deleted_at = Instant::now();
     remove(&parents, "db2").await;
@@ -375,31 +379,55 @@ async fn release_command_frees_parents_without_the_operator() {
     d.rule("r.yaml", &orphan_rule(rule, kind));
     let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
     let parents = kind_api(&client, &ns, kind, T).await;
-    put(&parents, &parent(kind, &ns, "x", json!({}))).await;
-    wait_all_ready(&parents, &["x".to_string()].into(), T).await;
+    for (name, team) in [("x", "a"), ("y", "b")] {
+        let mut p = parent(kind, &ns, name, json!({}));
+        p["metadata"]["labels"] = json!({"team": team});
+        put(&parents, &p).await;
+    }
+    wait_all_ready(&parents, &["x".to_string(), "y".to_string()].into(), T).await;
     drop(op); // the operator is uninstalled first
     remove(&parents, "x").await;
-    let p = get_json(&parents, "x")
-        .await
-        .expect("held by the finalizer");
-    assert!(p["metadata"]["deletionTimestamp"].is_string());
+    remove(&parents, "y").await;
+    for n in ["x", "y"] {
+        let p = get_json(&parents, n).await.expect("held by the finalizer");
+        assert!(p["metadata"]["deletionTimestamp"].is_string());
+    }
     let kubeconfig = kubeconfig_path();
-    let out = rulebook(&[
+    let common = [
         "release",
         "--rules",
         d.rules.to_str().unwrap(),
         "--templates",
         d.templates.to_str().unwrap(),
-        "--rule",
-        rule,
         "--namespace",
         &ns,
         "--kubeconfig",
         kubeconfig.to_str().unwrap(),
-    ]);
+    ];
+    // By rule, for the parents of one team only.
+    let out = rulebook(&[&common[..], &["--rule", rule, "--selector", "team=a"]].concat());
     assert!(out.contains("1 of 1 parents"), "{test}: {out}");
-    wait_for(T, "the parent to be gone", || async {
+    wait_for(T, "x to be gone", || async {
         get_json(&parents, "x").await.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        get_json(&parents, "y").await.is_some(),
+        "{test}: y released too"
+    );
+    // By kind, with the rule gone from the directory as well.
+    std::fs::remove_file(d.rules.join("r.yaml")).unwrap();
+    let api_version = format!("{GROUP}/v1");
+    let out = rulebook(
+        &[
+            &common[..],
+            &["--api-version", &api_version, "--kind", kind],
+        ]
+        .concat(),
+    );
+    assert!(out.contains("1 of 1 parents"), "{test}: {out}");
+    wait_for(T, "y to be gone", || async {
+        get_json(&parents, "y").await.is_none().then_some(())
     })
     .await;
     cleanup_namespace(&client, &ns).await;

@@ -32,7 +32,7 @@ use released::release_removed_rule;
 use runner::RuleRunner;
 
 pub use dropped::kind_api;
-pub use released::{ReleaseError, Released, release_rule};
+pub use released::{ParentsOf, ReleaseError, Released, release_parents};
 pub use runner::SetupError;
 pub use status::{EngineStatus, RuleState, RuleStatus};
 
@@ -83,6 +83,8 @@ pub struct Engine {
     pub status: Arc<EngineStatus>,
     running: BTreeMap<String, RunningRule>,
     budget: Arc<CacheBudget>,
+    /// Releases of finalizers in flight, by parent `(apiVersion, kind)`.
+    releases: BTreeMap<(String, String), JoinHandle<()>>,
 }
 
 /// How long a stopping rule may take to finish its in-flight reconciles.
@@ -115,11 +117,13 @@ impl Engine {
             status: Arc::default(),
             running: BTreeMap::new(),
             budget,
+            releases: BTreeMap::new(),
         }
     }
 
     /// Makes the running controllers match `set`: stops removed rules (their children
-    /// stay), restarts changed ones, starts new ones; unchanged rules are not touched.
+    /// stay; the finalizers on their parents are released), restarts changed ones,
+    /// starts new ones; unchanged rules are not touched.
     pub async fn apply(&mut self, set: &RuleSet) {
         let stale: Vec<String> = self
             .running
@@ -131,8 +135,14 @@ impl Engine {
             })
             .map(|(name, _)| name.clone())
             .collect();
+        let mut released = Vec::new();
         for name in stale {
             let old = self.running.get(&name).map(|r| r.rule.clone());
+            if let Some(old) = &old
+                && old.rule.spec.needs_finalizer()
+            {
+                released.push(old.clone());
+            }
             self.stop(&name).await;
             match (old, set.rules.get(&name)) {
                 (Some(old), Some(new)) => {
@@ -148,22 +158,50 @@ impl Engine {
                         ));
                     }
                 }
-                (Some(old), None) if old.rule.spec.needs_finalizer() => {
-                    info!(rule = %name, "rule removed: controller stopped, its parents' finalizers are released");
-                    tokio::spawn(release_removed_rule(
-                        self.client.clone(),
-                        old,
-                        self.config.namespace.clone(),
-                        self.metrics.clone(),
-                        self.gate.clone(),
-                        recorder(&self.client, &self.config),
-                    ));
-                }
                 _ => info!(rule = %name, "rule removed: controller stopped, its children stay"),
+            }
+        }
+        // Parents whose rule (or its parent kind) is gone would keep the finalizer for
+        // ever: release them. A rule for their kind starting now cancels that.
+        for old in &released {
+            let p = &old.rule.spec.parent;
+            let key = (p.api_version.value.clone(), p.kind.value.clone());
+            // A rule for the same kind takes the finalizer off itself when it has no
+            // deletion steps.
+            let still = set.rules.values().any(|r| {
+                let q = &r.rule.spec.parent;
+                (q.api_version.value.as_str(), q.kind.value.as_str())
+                    == (key.0.as_str(), key.1.as_str())
+            });
+            if still {
+                continue;
+            }
+            info!(rule = %old.name, "releasing the finalizers of the parents of a removed rule");
+            let of = ParentsOf {
+                api_version: key.0.clone(),
+                kind: key.1.clone(),
+                namespace: self.config.namespace.clone(),
+                selector: self.config.parent_selector.clone(),
+            };
+            let task = tokio::spawn(release_removed_rule(
+                self.client.clone(),
+                old.clone(),
+                of,
+                self.metrics.clone(),
+                self.gate.clone(),
+                recorder(&self.client, &self.config),
+            ));
+            if let Some(previous) = self.releases.insert(key, task) {
+                previous.abort();
             }
         }
         for (name, rule) in &set.rules {
             if !self.running.contains_key(name) {
+                let p = &rule.rule.spec.parent;
+                let key = (p.api_version.value.clone(), p.kind.value.clone());
+                if let Some(release) = self.releases.remove(&key) {
+                    release.abort();
+                }
                 self.start(rule.clone());
             }
         }

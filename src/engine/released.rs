@@ -18,7 +18,7 @@ use super::runner::{SetupError, discover};
 use crate::meta::FINALIZER;
 use crate::metrics::Metrics;
 use crate::reconcile::WriteGate;
-use crate::reconcile::teardown::release_patch;
+use crate::reconcile::teardown::finalizer_patch;
 use crate::reconcile::writer::{Patched, WriteError, Writer};
 use crate::render::CompiledRule;
 
@@ -51,23 +51,34 @@ pub enum ReleaseError {
     NotLeader,
 }
 
-/// Removes Rulebook's finalizer from every parent of `rule` (in `namespace`, or all),
-/// each patch conditional on the parent as listed (one changed meanwhile is read again).
-/// With a `recorder`, each released parent gets a Warning event saying why.
-pub async fn release_rule(
+/// Which parents a release is for: a kind, where, and (as the operator's `--selector`)
+/// which of them.
+#[derive(Clone, Debug)]
+pub struct ParentsOf {
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub selector: Option<String>,
+}
+
+/// Removes Rulebook's finalizer from every parent `of` selects, each patch conditional on
+/// the parent as listed (one changed meanwhile is read again). With a `recorder`, each
+/// released parent gets a Warning event saying `why`.
+pub async fn release_parents(
     client: &Client,
-    rule: &CompiledRule,
-    namespace: Option<&str>,
+    of: &ParentsOf,
     writer: &Writer,
     recorder: Option<&Recorder>,
     why: &str,
 ) -> Result<Released, ReleaseError> {
-    let p = &rule.rule.spec.parent;
-    let (ar, caps) = discover(client, "parent", &p.api_version, &p.kind).await?;
+    let (ar, caps) = discover(client, "parent", &of.api_version, &of.kind).await?;
     let namespaced = caps.scope == KubeScope::Namespaced;
-    let list_api = kind_api(client, &ar, namespaced, namespace);
+    let list_api = kind_api(client, &ar, namespaced, of.namespace.as_deref());
     let mut out = Released::default();
     let mut params = ListParams::default().limit(100);
+    if let Some(selector) = &of.selector {
+        params = params.labels(selector);
+    }
     loop {
         let page = list_api
             .list_metadata(&params)
@@ -90,20 +101,22 @@ pub async fn release_rule(
                     metadata: meta.clone(),
                     data: serde_json::Value::Null,
                 };
-                match writer.merge_patch(&api, &name, &release_patch(&obj)).await {
+                match writer
+                    .merge_patch(&api, &name, &finalizer_patch(&obj, false))
+                    .await
+                {
                     Ok(Patched::Patched) => {
                         let what = match &meta.namespace {
                             Some(ns) => format!("{ns}/{name}"),
                             None => name.clone(),
                         };
-                        info!(rule = %rule.name, parent = %what, "finalizer released");
+                        info!(kind = %of.kind, parent = %what, "finalizer released");
                         if let Some(recorder) = recorder {
                             let ev = Event {
                                 type_: EventType::Warning,
                                 reason: "FinalizerReleased".into(),
                                 note: Some(format!(
-                                    "{FINALIZER} removed: {why}; no deletion step of rule '{}' runs, the garbage collector removes the children",
-                                    rule.name
+                                    "{FINALIZER} removed: {why}; no deletion step runs, the garbage collector removes the children"
                                 )),
                                 action: "Release".into(),
                                 secondary: None,
@@ -135,32 +148,32 @@ pub async fn release_rule(
     Ok(out)
 }
 
-/// [`release_rule`] for a rule the engine removed, in the background, logged.
+/// [`release_parents`] for the parents of a rule the engine removed, in the background:
+/// retried with backoff on errors for as long as the task lives (the engine aborts it
+/// when a rule for the same parent kind starts).
 pub(super) async fn release_removed_rule(
     client: Client,
     rule: Arc<CompiledRule>,
-    namespace: Option<String>,
+    of: ParentsOf,
     metrics: Arc<Metrics>,
     gate: Arc<dyn WriteGate>,
     recorder: Recorder,
 ) {
     let writer = Writer::new(gate, metrics, &rule.name);
     let why = format!("rule '{}' was removed from the rule set", rule.name);
-    match release_rule(
-        &client,
-        &rule,
-        namespace.as_deref(),
-        &writer,
-        Some(&recorder),
-        &why,
-    )
-    .await
-    {
-        Ok(r) => {
-            info!(rule = %rule.name, parents = r.parents, released = r.released.len(), "removed rule's finalizers released")
+    let mut delay = std::time::Duration::from_secs(1);
+    loop {
+        match release_parents(&client, &of, &writer, Some(&recorder), &why).await {
+            Ok(r) => {
+                info!(rule = %rule.name, parents = r.parents, released = r.released.len(), "removed rule's finalizers released");
+                return;
+            }
+            Err(ReleaseError::NotLeader) => return, // the next leader's rule set decides
+            Err(e) => {
+                warn!(rule = %rule.name, error = %e, retry_in = ?delay, "cannot release the removed rule's finalizers yet")
+            }
         }
-        Err(e) => {
-            warn!(rule = %rule.name, error = %e, "cannot release the removed rule's finalizers")
-        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(std::time::Duration::from_secs(60));
     }
 }

@@ -162,7 +162,9 @@ async fn reconcile_inner(
     if parent.meta().deletion_timestamp.is_some() {
         return teardown::teardown(ctx, parent, &uid).await;
     }
-    teardown::keep_finalizer(ctx, parent).await?;
+    if !teardown::keep_finalizer(ctx, parent).await? {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
     let namespace = parent.namespace();
     let rule = &ctx.rule;
 

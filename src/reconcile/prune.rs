@@ -18,15 +18,18 @@ use crate::meta::labels;
 use crate::metrics;
 use crate::rules::DeletionPolicy;
 
-/// The child's deletion policy, by its `rulebook.dev/child` label (`Delete` for a child
-/// the rule no longer has).
-pub(super) fn policy_of(ctx: &RuleContext, obj: &DynamicObject) -> DeletionPolicy {
-    let name = obj.labels().get(labels::CHILD);
+/// The rule's child that produced `obj` (by its `rulebook.dev/child` label), with its
+/// position in `spec.children`; `None` for a child the rule no longer has.
+pub(super) fn child_rule<'a>(
+    ctx: &'a RuleContext,
+    obj: &DynamicObject,
+) -> Option<(usize, &'a crate::rules::ChildRule)> {
+    let name = obj.labels().get(labels::CHILD)?;
     ctx.rule
         .children()
         .iter()
-        .find(|c| Some(&c.name.value) == name)
-        .map_or(DeletionPolicy::Delete, |c| c.deletion_policy)
+        .enumerate()
+        .find(|(_, c)| &c.name.value == name)
 }
 
 /// Lets go of a child the parent no longer wants: deletes it, or orphans it when its
@@ -37,7 +40,7 @@ pub(super) async fn leave_child(
     kind: &ChildKind,
     obj: &DynamicObject,
 ) -> Result<Option<Change>, ReconcileError> {
-    match policy_of(ctx, obj) {
+    match child_rule(ctx, obj).map_or(DeletionPolicy::Delete, |(_, c)| c.deletion_policy) {
         DeletionPolicy::Delete => prune_child(ctx, parent, kind, obj).await,
         DeletionPolicy::Orphan => orphan_child(ctx, parent, kind, obj).await,
     }

@@ -203,8 +203,10 @@ pub struct ChildRule {
     /// Off by default: such an object is reported as a conflict and left alone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub adopt: bool,
-    /// `Delete` (default) or `Orphan`: an orphaned child outlives its parent (and a rule
-    /// that stops rendering it) without ownerReference and Rulebook labels.
+    /// `Delete` (default) or `Orphan`: an orphaned child outlives its parent's teardown
+    /// (and a rule that stops rendering it) without ownerReference and Rulebook labels.
+    /// A parent whose finalizer is released instead (rule removed, `rulebook release`)
+    /// has no teardown: the garbage collector deletes its children.
     #[serde(default, skip_serializing_if = "DeletionPolicy::is_delete")]
     pub deletion_policy: DeletionPolicy,
 }

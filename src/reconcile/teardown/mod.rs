@@ -1,0 +1,368 @@
+//! Rulebook's finalizer and a parent's teardown.
+//!
+//! Parents of a rule with a say in their deletion (`spec.deletion`, or a child with
+//! `deletionPolicy: Orphan`) carry the finalizer `rulebook.dev/finalizer`; other parents
+//! never do, and their children are left to the garbage collector at no extra write.
+//! Once a parent with the finalizer is being deleted, each reconcile takes the next step
+//! that [`plan_teardown`] picks: create the finalize child (rendered from the parent
+//! alone — no other template is rendered in a teardown), wait for its `doneWhen` or its
+//! timeout, record that the step is over, let go of the children in waves, remove the
+//! finalizer.
+//!
+//! Everything a step needs is read back from the cluster (the finalize child, the marker
+//! annotation on the parent, the children left), so an operator killed at any point
+//! resumes where it was. Patches to the parent and to orphaned children are conditional
+//! on the resourceVersion read, deletes on the child's UID; the finalize child is created
+//! only after its name was looked up on the API server. No step waits forever: the
+//! finalize step has its timeout, and a wave whose objects stay in deletion longer than
+//! [`WAVE_TIMEOUT`] (someone else's finalizer) is left to the garbage collector.
+
+mod finalize;
+
+use std::time::Duration;
+
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde_json::{Value as Json, json};
+use tracing::info;
+
+use super::context::{RuleContext, lock};
+use super::error::ReconcileError;
+use super::events::{event, report_changes};
+use super::plan::{FinalizeOutcome, Owned, TeardownStep, plan_teardown};
+use super::prune::{child_rule, leave_child};
+use super::status::write_deleting;
+use super::writer::{Patched, WriteError};
+use crate::meta::{FINALIZER, labels};
+use crate::render::status::ConditionState;
+use crate::rules::DeletionPolicy;
+use finalize::{finalize_state, mark, start_finalize};
+
+/// How often a waiting teardown looks again without being woken by a watch event.
+const RECHECK: Duration = Duration::from_secs(30);
+/// How soon a wave with orphaned children looks again (nothing wakes it).
+const ORPHAN_RECHECK: Duration = Duration::from_secs(1);
+/// How soon a step is retried after its conditional write found the object changed.
+const STALE_RETRY: Duration = Duration::from_millis(500);
+/// How long a wave waits for an object already in deletion (held by someone else's
+/// finalizer) before the teardown goes on without it.
+pub const WAVE_TIMEOUT: Duration = Duration::from_secs(600);
+
+pub(super) fn has_finalizer(o: &DynamicObject) -> bool {
+    o.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// In normal operation: the parent carries the finalizer exactly when its rule needs it
+/// (added before any child is created, so a deletion right after creation is torn down
+/// too; removed when a rule change drops its deletion steps). No write when it matches.
+/// `false`: the parent changed since it was cached; reconcile it again before going on.
+pub(super) async fn keep_finalizer(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+) -> Result<bool, ReconcileError> {
+    let needs = ctx.rule.rule.spec.needs_finalizer();
+    if needs == has_finalizer(parent) {
+        return Ok(true);
+    }
+    let api = ctx.parent_api(parent);
+    let patched = patch_parent(
+        ctx,
+        &api,
+        parent,
+        &finalizer_patch(parent, needs),
+        FINALIZER,
+    )
+    .await?;
+    Ok(patched == Patched::Patched)
+}
+
+/// The merge patch that adds (`on`) or removes Rulebook's finalizer on `parent` as seen
+/// (its resourceVersion is the precondition), keeping everyone else's.
+pub fn finalizer_patch(parent: &DynamicObject, on: bool) -> Json {
+    let mut list: Vec<&str> = parent
+        .finalizers()
+        .iter()
+        .map(String::as_str)
+        .filter(|f| *f != FINALIZER)
+        .collect();
+    if on {
+        list.push(FINALIZER);
+    }
+    json!({"metadata": {
+        "resourceVersion": parent.resource_version(),
+        "finalizers": if list.is_empty() { Json::Null } else { json!(list) },
+    }})
+}
+
+/// A conditional merge patch of the parent through the writer; `what` names the field
+/// for an error message.
+async fn patch_parent(
+    ctx: &RuleContext,
+    api: &Api<DynamicObject>,
+    parent: &DynamicObject,
+    body: &Json,
+    what: &str,
+) -> Result<Patched, ReconcileError> {
+    match ctx.writer.merge_patch(api, &parent.name_any(), body).await {
+        Ok(p) => Ok(p),
+        Err(WriteError::NotLeader) => Err(ReconcileError::NotLeader),
+        Err(WriteError::Api(e)) => Err(ReconcileError::Apply {
+            what: format!("{what} on the parent"),
+            source: e,
+        }),
+    }
+}
+
+/// One reconcile of a parent being deleted.
+pub(super) async fn teardown(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+) -> Result<Action, ReconcileError> {
+    if !has_finalizer(parent) {
+        return Ok(Action::await_change()); // the garbage collector removes the children
+    }
+    if !ctx.rule.rule.spec.needs_finalizer() {
+        // A rule change dropped the deletion steps: the garbage collector takes over.
+        return finish(ctx, parent, uid, "the rule has no deletion steps any more").await;
+    }
+    let parent_json = super::cache::to_json(parent);
+    let mut owned = ctx.owned_children(uid, parent.namespace().as_deref());
+    let stalled: Vec<String> = owned
+        .iter()
+        .filter(|(_, o)| overdue(o))
+        .map(|(k, o)| format!("{} {}", ctx.kinds[*k].ar.kind, o.name_any()))
+        .collect();
+    if !stalled.is_empty() {
+        event(
+            ctx,
+            parent,
+            EventType::Warning,
+            "DeletionStalled",
+            "Teardown",
+            format!(
+                "{} still in deletion after {}s (someone else's finalizer?): the teardown goes on without waiting for them",
+                stalled.join(", "),
+                WAVE_TIMEOUT.as_secs()
+            ),
+        );
+        owned.retain(|(_, o)| !overdue(o));
+    }
+    let finalizing = finalize_state(ctx, parent, parent_json.as_ref(), &owned).await?;
+    let states: Vec<Owned> = {
+        let let_go = lock(&ctx.let_go);
+        let mine = let_go.get(uid);
+        owned
+            .iter()
+            .map(|(_, o)| Owned {
+                position: child_rule(ctx, o).map_or(usize::MAX, |(i, _)| i),
+                going: o.meta().deletion_timestamp.is_some()
+                    || mine.is_some_and(|m| o.uid().is_some_and(|u| m.contains(&u))),
+            })
+            .collect()
+    };
+    let order = ctx
+        .rule
+        .rule
+        .spec
+        .deletion
+        .as_ref()
+        .map(|d| d.order)
+        .unwrap_or_default();
+    let status = |reason: &str, message: String| {
+        let parent_json = parent_json.clone();
+        let step = ConditionState::new(true, reason, &message);
+        async move {
+            match parent_json {
+                Some(p) => write_deleting(ctx, parent, &p, &step).await,
+                None => Ok(()),
+            }
+        }
+    };
+    match plan_teardown(finalizing.state, &states, order) {
+        TeardownStep::StartFinalize => start_finalize(ctx, parent).await,
+        TeardownStep::AwaitFinalize { remaining } => {
+            status(
+                "Finalizing",
+                format!(
+                    "waiting for {}: doneWhen is not true yet (timeout at {})",
+                    finalizing.what, finalizing.deadline
+                ),
+            )
+            .await?;
+            Ok(Action::requeue(
+                (remaining + Duration::from_secs(1)).min(RECHECK),
+            ))
+        }
+        TeardownStep::MarkFinalized(outcome) => {
+            let (type_, reason, note) = match outcome {
+                FinalizeOutcome::Done => (
+                    EventType::Normal,
+                    "Finalized",
+                    format!(
+                        "{}: doneWhen is true; deleting the children",
+                        finalizing.what
+                    ),
+                ),
+                FinalizeOutcome::TimedOut => (
+                    EventType::Warning,
+                    "FinalizeTimedOut",
+                    format!(
+                        "{}: doneWhen was not true within {}s; deleting the children anyway",
+                        finalizing.what,
+                        ctx.rule.finalize_timeout().as_secs()
+                    ),
+                ),
+                FinalizeOutcome::Failed => (
+                    EventType::Warning,
+                    "FinalizeFailed",
+                    "the finalize step could not run; deleting the children anyway".into(),
+                ),
+            };
+            match mark(ctx, parent, outcome).await? {
+                Patched::Patched => {
+                    event(ctx, parent, type_, reason, "Finalize", note);
+                    Ok(Action::await_change())
+                }
+                Patched::Stale => Ok(Action::requeue(STALE_RETRY)),
+            }
+        }
+        TeardownStep::Wave { act, waiting } => {
+            let mut changes = Vec::new();
+            let mut failure = None;
+            for &i in &act {
+                let (k, o) = &owned[i];
+                match leave_child(ctx, parent, &ctx.kinds[*k], o).await {
+                    Ok(Some(change)) => {
+                        if let Some(child) = o.uid() {
+                            lock(&ctx.let_go)
+                                .entry(uid.to_string())
+                                .or_default()
+                                .insert(child);
+                        }
+                        changes.push(change);
+                    }
+                    // Gone already, or (orphaning) changed since it was read: looked at
+                    // again on the next pass.
+                    Ok(None) => {}
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                    }
+                }
+            }
+            report_changes(ctx, parent, &changes);
+            if let Some(e) = failure {
+                return Err(e);
+            }
+            let names: Vec<String> = act
+                .iter()
+                .chain(&waiting)
+                .map(|&i| {
+                    let (k, o) = &owned[i];
+                    format!("{} {}", ctx.kinds[*k].ar.kind, o.name_any())
+                })
+                .collect();
+            status(
+                "DeletingChildren",
+                format!("waiting for {} to be gone", names.join(", ")),
+            )
+            .await?;
+            // A deleted child's last watch event names its owner and wakes this parent;
+            // an orphaned one leaves the child cache without owner or labels, and does not.
+            let orphans = act.iter().chain(&waiting).any(|&i| {
+                child_rule(ctx, &owned[i].1).map(|(_, c)| c.deletion_policy)
+                    == Some(DeletionPolicy::Orphan)
+            });
+            Ok(Action::requeue(if orphans {
+                ORPHAN_RECHECK
+            } else {
+                RECHECK
+            }))
+        }
+        TeardownStep::RemoveFinalizer => {
+            if uncached_children(ctx, parent, uid).await? {
+                return Ok(Action::requeue(STALE_RETRY));
+            }
+            finish(ctx, parent, uid, "every child is gone").await
+        }
+    }
+}
+
+/// The last step: Rulebook's finalizer comes off, and the API server removes the parent.
+async fn finish(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+    why: &str,
+) -> Result<Action, ReconcileError> {
+    let api = ctx.parent_api(parent);
+    match patch_parent(
+        ctx,
+        &api,
+        parent,
+        &finalizer_patch(parent, false),
+        FINALIZER,
+    )
+    .await?
+    {
+        Patched::Patched => {
+            lock(&ctx.let_go).remove(uid);
+            info!(rule = %ctx.rule.name, parent = %parent.name_any(), why, "teardown done: finalizer removed");
+            Ok(Action::await_change())
+        }
+        Patched::Stale => Ok(Action::requeue(STALE_RETRY)),
+    }
+}
+
+/// Whether `o` has been in deletion longer than [`WAVE_TIMEOUT`].
+fn overdue(o: &DynamicObject) -> bool {
+    o.meta().deletion_timestamp.as_ref().is_some_and(|t| {
+        Duration::try_from(jiff::Timestamp::now().duration_since(t.0))
+            .is_ok_and(|d| d > WAVE_TIMEOUT)
+    })
+}
+
+/// Before the finalizer comes off: whether the API server holds a child of the parent
+/// that the caches have not shown yet (created just before the deletion), not already
+/// in deletion — it would be left to the garbage collector, its policy unheeded.
+async fn uncached_children(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+) -> Result<bool, ReconcileError> {
+    let selector = format!(
+        "{},{}={uid}",
+        labels::child_selector(&ctx.rule.name),
+        labels::OWNER
+    );
+    let ns = parent.namespace();
+    for kind in &ctx.kinds {
+        let within = if ctx.parent.namespaced {
+            ns.as_deref()
+        } else {
+            None
+        };
+        let list = kind
+            .api(&ctx.client, within)
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|source| ReconcileError::Read {
+                what: format!("{} children", kind.ar.kind),
+                source,
+            })?;
+        let left = list.items.iter().any(|o| {
+            o.metadata.deletion_timestamp.is_none()
+                && o.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|r| r.uid == uid && r.controller == Some(true))
+        });
+        if left {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
