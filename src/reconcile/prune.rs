@@ -41,8 +41,8 @@ pub(super) async fn leave_child(
     obj: &DynamicObject,
 ) -> Result<Option<Change>, ReconcileError> {
     match child_rule(ctx, obj).map_or(DeletionPolicy::Delete, |(_, c)| c.deletion_policy) {
-        DeletionPolicy::Delete => prune_child(ctx, parent, kind, obj).await,
-        DeletionPolicy::Orphan => orphan_child(ctx, parent, kind, obj).await,
+        DeletionPolicy::Delete => let_go_of(ctx, parent, kind, obj, true).await,
+        DeletionPolicy::Orphan => let_go_of(ctx, parent, kind, obj, false).await,
     }
 }
 
@@ -82,11 +82,15 @@ pub fn orphan_patch(obj: &DynamicObject, parent_uid: &str) -> Json {
     }})
 }
 
-async fn orphan_child(
+/// Lets go of one child: `true` deletes it (UID precondition), `false` orphans it
+/// (resourceVersion precondition). `None` when there was nothing to do: it is gone, or
+/// (orphaning) it changed since it was read and is looked at again on the next pass.
+async fn let_go_of(
     ctx: &RuleContext,
     parent: &DynamicObject,
     kind: &ChildKind,
     obj: &DynamicObject,
+    delete: bool,
 ) -> Result<Option<Change>, ReconcileError> {
     let name = obj.name_any();
     let ns = obj.namespace();
@@ -95,48 +99,36 @@ async fn orphan_child(
         None => format!("{} {name}", kind.ar.kind),
     };
     let api = kind.api(&ctx.client, ns.as_deref());
-    let body = orphan_patch(obj, &parent.uid().unwrap_or_default());
-    match ctx.writer.merge_patch(&api, &name, &body).await {
-        Ok(Patched::Patched) => {}
-        Ok(Patched::Stale) => return Ok(None), // changed meanwhile: its watch event follows
-        Err(WriteError::NotLeader) => return Err(ReconcileError::NotLeader),
-        Err(WriteError::Api(e)) => return Err(ReconcileError::Prune { what, source: e }),
-    }
-    info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "orphaned");
-    Ok(Some(Change {
-        reason: "Orphaned",
-        what,
-        related: obj.object_ref(&kind.ar),
-        object: None,
-    }))
-}
-
-pub(super) async fn prune_child(
-    ctx: &RuleContext,
-    parent: &DynamicObject,
-    kind: &ChildKind,
-    obj: &DynamicObject,
-) -> Result<Option<Change>, ReconcileError> {
-    let name = obj.name_any();
-    let ns = obj.namespace();
-    let what = match &ns {
-        Some(ns) => format!("{} {ns}/{name}", kind.ar.kind),
-        None => format!("{} {name}", kind.ar.kind),
+    let done = if delete {
+        ctx.writer
+            .delete(&api, &name, obj.uid())
+            .await
+            .map(|d| d == Deleted::Deleted)
+    } else {
+        let body = orphan_patch(obj, &parent.uid().unwrap_or_default());
+        ctx.writer
+            .merge_patch(&api, &name, &body)
+            .await
+            .map(|p| p == Patched::Patched)
     };
-    let api = kind.api(&ctx.client, ns.as_deref());
-    match ctx.writer.delete(&api, &name, obj.uid()).await {
-        Ok(Deleted::Deleted) => {}
-        Ok(Deleted::Gone) => return Ok(None),
+    match done {
+        Ok(true) => {}
+        Ok(false) => return Ok(None),
         Err(WriteError::NotLeader) => return Err(ReconcileError::NotLeader),
         Err(WriteError::Api(e)) => return Err(ReconcileError::Prune { what, source: e }),
     }
-    ctx.metrics
-        .children_pruned
-        .get_or_create(&metrics::rule(&ctx.rule.name))
-        .inc();
-    info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "pruned");
+    let (reason, verb) = if delete {
+        ctx.metrics
+            .children_pruned
+            .get_or_create(&metrics::rule(&ctx.rule.name))
+            .inc();
+        ("Pruned", "pruned")
+    } else {
+        ("Orphaned", "orphaned")
+    };
+    info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "{verb}");
     Ok(Some(Change {
-        reason: "Pruned",
+        reason,
         what,
         related: obj.object_ref(&kind.ar),
         object: None,

@@ -205,7 +205,7 @@ pub async fn kill_during_teardown(
                 .await;
                 tokio::time::sleep(rng.millis(0, 500)).await;
             }
-            KillAt::Waves => {
+            KillAt::Waves | KillAt::Finishing => {
                 wait_for(timeout, "a held child being deleted", || async {
                     let held = list(&cms, None).await.iter().any(|c| {
                         names.iter().any(|n| name_of(c) == format!("{n}-svc"))
@@ -214,18 +214,10 @@ pub async fn kill_during_teardown(
                     held.then_some(())
                 })
                 .await;
-            }
-            KillAt::Finishing => {
-                wait_for(timeout, "a held child being deleted", || async {
-                    let held = list(&cms, None).await.iter().any(|c| {
-                        names.iter().any(|n| name_of(c) == format!("{n}-svc"))
-                            && c["metadata"]["deletionTimestamp"].is_string()
-                    });
-                    held.then_some(())
-                })
-                .await;
-                release_holds().await;
-                tokio::time::sleep(rng.millis(0, 200)).await;
+                if matches!(at, KillAt::Finishing) {
+                    release_holds().await;
+                    tokio::time::sleep(rng.millis(0, 200)).await;
+                }
             }
         }
         op.signal_and_wait("KILL");

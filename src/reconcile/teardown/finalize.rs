@@ -86,12 +86,9 @@ pub(super) async fn finalize_state(
         return Ok(f);
     }
     let Some(parent_json) = parent_json else {
-        event(
+        failed(
             ctx,
             parent,
-            EventType::Warning,
-            "FinalizeFailed",
-            "Finalize",
             "the parent cannot be read (nested too deeply): no finalize child is rendered".into(),
         );
         f.state = FinalizeState::Failed;
@@ -122,12 +119,9 @@ pub(super) async fn finalize_state(
         .map(rfc3339)
         .unwrap_or_default();
     let Some(child_json) = cache::to_json(&live) else {
-        event(
+        failed(
             ctx,
             parent,
-            EventType::Warning,
-            "FinalizeFailed",
-            "Finalize",
             format!("{}: cannot be read (nested too deeply)", f.what),
         );
         f.state = FinalizeState::Failed;
@@ -140,14 +134,7 @@ pub(super) async fn finalize_state(
             _ => FinalizeState::TimedOut,
         },
         Err(e) => {
-            event(
-                ctx,
-                parent,
-                EventType::Warning,
-                "FinalizeFailed",
-                "Finalize",
-                format!("{}: doneWhen: {e}", f.what),
-            );
+            failed(ctx, parent, format!("{}: doneWhen: {e}", f.what));
             FinalizeState::Failed
         }
     };
@@ -186,14 +173,7 @@ pub(super) async fn start_finalize(
         // Its includeWhen is false for this parent: nothing to wait for.
         Ok(None) => return skip_finalize(ctx, &fresh, FinalizeOutcome::Done).await,
         Err(e) => {
-            event(
-                ctx,
-                parent,
-                EventType::Warning,
-                "FinalizeFailed",
-                "Finalize",
-                format!("rendering the finalize child: {e}"),
-            );
+            failed(ctx, parent, format!("rendering the finalize child: {e}"));
             return skip_finalize(ctx, &fresh, FinalizeOutcome::Failed).await;
         }
     };
@@ -201,12 +181,9 @@ pub(super) async fn start_finalize(
     match t.api.get_opt(&t.name).await {
         Ok(Some(o)) if controlled_by(&o, &uid) => return Ok(Action::requeue(STALE_RETRY)),
         Ok(Some(_)) => {
-            event(
+            failed(
                 ctx,
                 parent,
-                EventType::Warning,
-                "FinalizeFailed",
-                "Finalize",
                 format!(
                     "{} exists and is not this parent's: the finalize child is not created",
                     t.what
@@ -273,4 +250,16 @@ async fn skip_finalize(
         Patched::Patched => Action::await_change(),
         Patched::Stale => Action::requeue(STALE_RETRY),
     })
+}
+
+/// The finalize step cannot run: a Warning event says why.
+fn failed(ctx: &RuleContext, parent: &DynamicObject, note: String) {
+    event(
+        ctx,
+        parent,
+        EventType::Warning,
+        "FinalizeFailed",
+        "Finalize",
+        note,
+    );
 }
