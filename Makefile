@@ -47,6 +47,10 @@ lint: ## cargo fmt --check and cargo clippy --all-targets -D warnings (benches a
 	cargo fmt --all -- --check
 	cargo clippy --locked --all-targets -- -D warnings
 
+.PHONY: rule-tests
+rule-tests: ## rulebook test on the example rules' tests (tests/rules/)
+	cargo run -q --locked --bin rulebook -- test --rules rules --templates templates tests/rules
+
 .PHONY: unit
 unit: ## Only the tests that need no cluster (rule checks, rendering, injection, snapshots)
 	cargo test --locked --lib --test check_corpus --test injection --test hostile_templates \
@@ -57,7 +61,7 @@ unit: ## Only the tests that need no cluster (rule checks, rendering, injection,
 # so they must not overlap anything else). Both run even when the first fails; the
 # target fails when either did.
 .PHONY: test
-test: lint cluster ## Everything: lint, all tests against the local control plane (started or reused), then the heavy fault tests
+test: lint rule-tests cluster ## Everything: lint, all tests against the local control plane (started or reused), then the heavy fault tests
 	@# a demo operator watches every namespace and would fight the tests' operators
 	scripts/demo.sh down
 	@failed=""; \

@@ -370,7 +370,12 @@ async fn deep_parent_does_not_stop_the_rule() {
 async fn spoofed_configmaps_do_not_grow_memory() {
     const SPOOFS: usize = 200;
     const SIZE: usize = 512 << 10;
-    const BOUND: u64 = 64 * MIB;
+    // Content is never kept, but a restart lists the 100 MiB in pages of 25 objects
+    // (12.5 MiB): the response body, its text and the decoded objects are three copies of
+    // a page, and freed pages can stay with different allocator arenas (2 worker threads
+    // and the blocking pool). Measured peaks: +40.7 and +65.8 MiB over the baseline; the
+    // code that kept the content peaked at +200 MiB.
+    const BOUND: u64 = 96 * MIB;
     let test = "spoofed_configmaps_do_not_grow_memory";
     let client = client().await;
     let ns = namespace(&client, "tenants-mem").await;

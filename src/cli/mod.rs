@@ -3,6 +3,7 @@
 
 pub mod observed;
 pub mod release;
+pub mod ruletest;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -41,6 +42,8 @@ pub enum Command {
     Rbac(RbacArgs),
     /// Run the operator against a cluster.
     Run(RunArgs),
+    /// Run the rules' tests (RuleTest files): render each step, check by subset match.
+    Test(ruletest::TestArgs),
     /// Remove Rulebook's finalizer from every parent of a rule (for an uninstall):
     /// their deletion steps will not run; the garbage collector removes the children.
     Release(release::ReleaseArgs),
@@ -216,6 +219,7 @@ pub fn run_offline(command: &Command, out: &mut dyn Write, err: &mut dyn Write) 
         }
         Command::Crds(args) => crds(args, out, err),
         Command::Rbac(args) => rbac(args, out, err),
+        Command::Test(args) => ruletest::run(args, out, err),
         Command::Run(_) | Command::Release(_) => {
             bail!("this command needs the async runtime; call it from main")
         }
@@ -338,14 +342,7 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
         Some(p) => read_objects(p)?,
         None => Vec::new(),
     };
-    let scope = |i: usize| {
-        let c = &rule.children()[i];
-        if is_cluster_scoped_builtin(&c.api_version, &c.kind) {
-            Scope::Cluster
-        } else {
-            Scope::Namespaced
-        }
-    };
+    let scope = builtin_scope(rule);
     let observed::Matched {
         observed,
         desired,
@@ -394,6 +391,15 @@ fn with_render_defaults(mut parent: Json) -> Json {
         meta.entry("generation").or_insert_with(|| 1.into());
     }
     parent
+}
+
+/// How `rule`'s children are placed without discovery: built-in cluster-scoped kinds as
+/// such, everything else namespaced.
+pub fn builtin_scope(rule: &crate::render::CompiledRule) -> impl Fn(usize) -> Scope + '_ {
+    |i: usize| match rule.children().get(i) {
+        Some(c) if is_cluster_scoped_builtin(&c.api_version, &c.kind) => Scope::Cluster,
+        _ => Scope::Namespaced,
+    }
 }
 
 /// Built-in kinds that are cluster-scoped, for rendering without discovery.

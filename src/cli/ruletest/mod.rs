@@ -1,0 +1,468 @@
+//! `rulebook test [PATH...]`: the rules repo's own tests. Each `RuleTest` file names a
+//! parent and steps; each step renders the parent (as `rulebook render` does, with the
+//! step's live objects as `--observed`) and checks what it says about the children, the
+//! status or the error, by subset match. Output is one line per step, a diff for each
+//! failure with the `file:line` of the expectation, and `N passed, M failed`.
+//!
+//! The parent is given the defaults of the rule's `spec.crd` schema and checked against
+//! it, as the API server would; parent changes (`parent.patch`, a JSON merge patch) carry over to later steps;
+//! status conditions are stamped with a fixed time ([`NOW`]) so snapshots are stable.
+
+mod matching;
+mod model;
+mod schema;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use clap::Args;
+use serde_json::Value as Json;
+
+use super::{RuleDirs, load_or_report, observed, read_objects, to_yaml, with_render_defaults};
+use crate::render::status::desired_status;
+use crate::render::{CompiledRule, RuleSet};
+use model::{Expect, RuleTest, Source, Step};
+
+/// The time on conditions in a test.
+pub const NOW: &str = "2000-01-01T00:00:00Z";
+
+#[derive(Args, Debug)]
+pub struct TestArgs {
+    #[command(flatten)]
+    pub dirs: RuleDirs,
+    /// Test files, or directories searched for them (`*.yaml`/`*.yml` of kind RuleTest);
+    /// default: `tests/` beside the rules directory.
+    pub paths: Vec<PathBuf>,
+    /// Write each step's `snapshot:` file from what it renders, instead of comparing.
+    #[arg(long)]
+    pub update: bool,
+}
+
+/// What one step rendered: its children and status, or its error.
+type Outcome = std::result::Result<(Vec<Json>, Json), String>;
+
+/// One failed expectation.
+struct Failure {
+    line: u64,
+    message: String,
+    diff: Option<String>,
+}
+
+pub fn run(args: &TestArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
+    let Some(set) = load_or_report(&args.dirs, err)? else {
+        return Ok(1);
+    };
+    let roots = if args.paths.is_empty() {
+        let base = args.dirs.rules.parent().unwrap_or(Path::new("."));
+        vec![base.join("tests")]
+    } else {
+        args.paths.clone()
+    };
+    let mut files = Vec::new();
+    for root in &roots {
+        collect(root, root == &roots[0] && args.paths.is_empty(), &mut files)?;
+    }
+    files.sort();
+    let (mut passed, mut failed) = (0usize, 0usize);
+    for file in &files {
+        let text = std::fs::read_to_string(file)?;
+        let shown = file.display().to_string();
+        let peek: Json = serde_saphyr::from_str(&text).unwrap_or(Json::Null);
+        if peek.get("kind").and_then(Json::as_str) != Some(model::KIND) {
+            if args.paths.iter().any(|p| p == file) {
+                writeln!(out, "{shown}: not a {} file", model::KIND)?;
+                failed += 1;
+            }
+            continue;
+        }
+        let test: RuleTest = match serde_saphyr::from_str(&text) {
+            Ok(t) => t,
+            Err(e) => {
+                writeln!(out, "{shown}: {}", crate::rules::yaml_message(&e))?;
+                failed += 1;
+                continue;
+            }
+        };
+        writeln!(out, "{shown}: {}", test.metadata.name)?;
+        if test.api_version.value != crate::rules::API_VERSION {
+            writeln!(
+                out,
+                "  FAIL  {shown}:{}: apiVersion must be {}",
+                test.api_version.line,
+                crate::rules::API_VERSION
+            )?;
+            failed += 1;
+            continue;
+        }
+        let dir = file.parent().unwrap_or(Path::new("."));
+        match prepare(&set, &test, dir) {
+            Err(message) => {
+                writeln!(out, "  FAIL (setup): {message}")?;
+                failed += 1;
+            }
+            Ok((rule, mut parent)) => {
+                for step in &test.spec.steps {
+                    let failures = run_step(rule, &mut parent, step, dir, args.update);
+                    if failures.is_empty() {
+                        writeln!(out, "  ok    {}", step.name.value)?;
+                        passed += 1;
+                    } else {
+                        writeln!(out, "  FAIL  {}", step.name.value)?;
+                        for f in failures {
+                            writeln!(out, "    {shown}:{}: {}", f.line, f.message)?;
+                            if let Some(d) = f.diff {
+                                for l in d.lines() {
+                                    writeln!(out, "      {l}")?;
+                                }
+                            }
+                        }
+                        failed += 1;
+                    }
+                }
+            }
+        }
+    }
+    if files.is_empty() {
+        writeln!(
+            err,
+            "no test files under {}",
+            roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )?;
+    }
+    writeln!(out, "{passed} passed, {failed} failed")?;
+    Ok(if failed == 0 { 0 } else { 1 })
+}
+
+/// The YAML files under `root` (or `root` itself); a missing default directory is empty.
+fn collect(root: &Path, default: bool, files: &mut Vec<PathBuf>) -> Result<()> {
+    if root.is_file() {
+        files.push(root.to_path_buf());
+        return Ok(());
+    }
+    if !root.is_dir() {
+        if default {
+            return Ok(());
+        }
+        anyhow::bail!("{}: no such file or directory", root.display());
+    }
+    for entry in std::fs::read_dir(root)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect(&path, false, files)?;
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            files.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// The test's rule and its parent, with the API server's defaults.
+fn prepare<'a>(
+    set: &'a RuleSet,
+    test: &RuleTest,
+    dir: &Path,
+) -> std::result::Result<(&'a CompiledRule, Json), String> {
+    let parent = objects_of(&test.spec.parent, dir)?
+        .into_iter()
+        .next()
+        .ok_or("spec.parent: no object")?;
+    let rule = match &test.spec.rule {
+        Some(name) => set
+            .rules
+            .get(&name.value)
+            .ok_or_else(|| format!("line {}: no rule named '{}'", name.line, name.value))?,
+        None => {
+            let s = |p: &str| {
+                parent
+                    .pointer(p)
+                    .and_then(Json::as_str)
+                    .unwrap_or("")
+                    .to_string()
+            };
+            let (av, kind) = (s("/apiVersion"), s("/kind"));
+            set.rules
+                .values()
+                .find(|r| {
+                    r.rule.spec.parent.api_version.value == av
+                        && r.rule.spec.parent.kind.value == kind
+                })
+                .ok_or_else(|| format!("no rule has parent {av} {kind}"))?
+        }
+    };
+    Ok((rule, with_render_defaults(parent)))
+}
+
+/// The objects of a source: a file's stream (relative to the test file) or the object.
+fn objects_of(source: &Source, dir: &Path) -> std::result::Result<Vec<Json>, String> {
+    match (&source.file, &source.object) {
+        (Some(f), None) => {
+            read_objects(&dir.join(&f.value)).map_err(|e| format!("line {}: {e}", f.line))
+        }
+        (None, Some(o)) => Ok(vec![o.value.clone()]),
+        _ => Err("give exactly one of file and object".into()),
+    }
+}
+
+/// RFC 7386: `patch` merged into `target`.
+fn merge_patch(target: &mut Json, patch: &Json) {
+    match patch {
+        Json::Object(p) => {
+            if !target.is_object() {
+                *target = Json::Object(Default::default());
+            }
+            if let Some(t) = target.as_object_mut() {
+                for (k, v) in p {
+                    if v.is_null() {
+                        t.remove(k);
+                    } else {
+                        merge_patch(t.entry(k.clone()).or_insert(Json::Null), v);
+                    }
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+fn evaluate(rule: &CompiledRule, parent: &Json, objects: Vec<Json>) -> Outcome {
+    // As the API server stores it: defaulted, and refused when the schema does not allow it.
+    let mut parent = parent.clone();
+    if let Some(schema) = rule
+        .rule
+        .spec
+        .crd
+        .as_ref()
+        .and_then(|c| c.spec_schema.as_ref())
+    {
+        if let Some(spec) = parent.get_mut("spec") {
+            schema::apply(&schema.value, spec);
+        }
+        if let Some(problem) = schema::validate(&schema.value, &parent["spec"], "spec") {
+            return Err(format!("the API server would refuse the parent: {problem}"));
+        }
+    }
+    let parent = &parent;
+    let scope = super::builtin_scope(rule);
+    let m = observed::render_against(rule, parent, objects, &scope).map_err(|e| e.to_string())?;
+    let report = rule
+        .status(parent, &m.observed, &m.desired)
+        .map_err(|e| e.to_string())?;
+    let status = desired_status(parent, &report.fields, &report.readiness.condition(), NOW);
+    Ok((m.desired.into_iter().map(|d| d.object).collect(), status))
+}
+
+fn run_step(
+    rule: &CompiledRule,
+    parent: &mut Json,
+    step: &Step,
+    dir: &Path,
+    update: bool,
+) -> Vec<Failure> {
+    let mut failures = Vec::new();
+    let at = step.name.line;
+    if let Some(change) = &step.parent {
+        merge_patch(parent, &change.patch);
+    }
+    let mut objects = Vec::new();
+    for s in &step.observed {
+        match objects_of(s, dir) {
+            Ok(o) => objects.extend(o),
+            Err(message) => failures.push(Failure {
+                line: at,
+                message,
+                diff: None,
+            }),
+        }
+    }
+    if !failures.is_empty() {
+        return failures;
+    }
+    let outcome = evaluate(rule, parent, objects);
+    if let Some(expect) = &step.expect {
+        check(expect, &outcome, at, &mut failures);
+    } else if let Err(e) = &outcome {
+        failures.push(Failure {
+            line: at,
+            message: format!("unexpected error: {e}"),
+            diff: None,
+        });
+    }
+    if let Some(snap) = &step.snapshot {
+        let path = dir.join(&snap.value);
+        let text = match &outcome {
+            Ok((children, status)) => {
+                let mut docs: Vec<String> = children
+                    .iter()
+                    .filter_map(|c| to_yaml(&without_own_annotations(c)).ok())
+                    .collect();
+                docs.push(to_yaml(&serde_json::json!({"status": status})).unwrap_or_default());
+                docs.join("---\n")
+            }
+            Err(e) => format!("# error\n{e}\n"),
+        };
+        if update {
+            if let Err(e) = std::fs::write(&path, &text) {
+                failures.push(Failure {
+                    line: snap.line,
+                    message: format!("cannot write {}: {e}", path.display()),
+                    diff: None,
+                });
+            }
+        } else {
+            let old = std::fs::read_to_string(&path).unwrap_or_default();
+            if old != text {
+                failures.push(Failure {
+                    line: snap.line,
+                    message: format!(
+                        "differs from the snapshot {} (rulebook test --update writes it)",
+                        snap.value
+                    ),
+                    diff: Some(matching::diff(&old, &text)),
+                });
+            }
+        }
+    }
+    failures
+}
+
+fn check(expect: &Expect, outcome: &Outcome, at: u64, failures: &mut Vec<Failure>) {
+    let (children, status) = match (outcome, &expect.error) {
+        (Err(e), Some(want)) => {
+            if !e.contains(&want.value) {
+                failures.push(Failure {
+                    line: want.line,
+                    message: format!("expected an error containing {:?}, got: {e}", want.value),
+                    diff: None,
+                });
+            }
+            return;
+        }
+        (Err(e), None) => {
+            failures.push(Failure {
+                line: at,
+                message: format!("unexpected error: {e}"),
+                diff: None,
+            });
+            return;
+        }
+        (Ok(_), Some(want)) => {
+            failures.push(Failure {
+                line: want.line,
+                message: format!(
+                    "expected an error containing {:?}, but the step rendered",
+                    want.value
+                ),
+                diff: None,
+            });
+            return;
+        }
+        (Ok((c, s)), None) => (c, s),
+    };
+    if let Some(count) = &expect.count
+        && children.len() != count.value
+    {
+        let names: Vec<String> = children.iter().map(display).collect();
+        failures.push(Failure {
+            line: count.line,
+            message: format!(
+                "expected {} children, got {}: {}",
+                count.value,
+                children.len(),
+                names.join(", ")
+            ),
+            diff: None,
+        });
+    }
+    for want in &expect.children {
+        if children
+            .iter()
+            .any(|c| matching::mismatches(&want.value, c).is_empty())
+        {
+            continue;
+        }
+        // The closest child: same kind (and name, if the expectation has one), fewest differences.
+        let same = |c: &&Json| {
+            ["kind", "apiVersion"]
+                .iter()
+                .all(|k| want.value.get(*k).is_none_or(|v| c.get(*k) == Some(v)))
+                && want
+                    .value
+                    .pointer("/metadata/name")
+                    .is_none_or(|n| c.pointer("/metadata/name") == Some(n))
+        };
+        let best = children
+            .iter()
+            .filter(same)
+            .min_by_key(|c| matching::mismatches(&want.value, c).len());
+        match best {
+            Some(c) => {
+                let problems = matching::mismatches(&want.value, c);
+                failures.push(Failure {
+                    line: want.line,
+                    message: format!("{}: {}", display(c), problems.join("; ")),
+                    diff: Some(matching::diff(
+                        &to_yaml(&want.value).unwrap_or_default(),
+                        &to_yaml(&matching::project(&want.value, c)).unwrap_or_default(),
+                    )),
+                });
+            }
+            None => {
+                let names: Vec<String> = children.iter().map(display).collect();
+                failures.push(Failure {
+                    line: want.line,
+                    message: format!(
+                        "no rendered child is {}; rendered: {}",
+                        display(&want.value),
+                        names.join(", ")
+                    ),
+                    diff: None,
+                });
+            }
+        }
+    }
+    if let Some(want) = &expect.status {
+        let problems = matching::mismatches(&want.value, status);
+        if !problems.is_empty() {
+            failures.push(Failure {
+                line: want.line,
+                message: format!("status: {}", problems.join("; ")),
+                diff: Some(matching::diff(
+                    &to_yaml(&want.value).unwrap_or_default(),
+                    &to_yaml(&matching::project(&want.value, status)).unwrap_or_default(),
+                )),
+            });
+        }
+    }
+}
+
+/// `Kind/name` of an object.
+fn display(o: &Json) -> String {
+    format!(
+        "{}/{}",
+        o.get("kind").and_then(Json::as_str).unwrap_or("?"),
+        o.pointer("/metadata/name")
+            .and_then(Json::as_str)
+            .unwrap_or("?")
+    )
+}
+
+/// `o` without the annotations that change with every rule edit (rule version, desired
+/// hash), so a snapshot changes only when the object does.
+fn without_own_annotations(o: &Json) -> Json {
+    let mut o = o.clone();
+    if let Some(meta) = o.get_mut("metadata").and_then(Json::as_object_mut)
+        && let Some(a) = meta.get_mut("annotations").and_then(Json::as_object_mut)
+    {
+        a.remove(crate::meta::labels::RULE_VERSION);
+        a.remove(crate::meta::labels::DESIRED_HASH);
+        if a.is_empty() {
+            meta.remove("annotations");
+        }
+    }
+    o
+}
