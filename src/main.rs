@@ -13,6 +13,17 @@ fn main() -> anyhow::Result<()> {
             .build()?;
         return runtime.block_on(rulebook::operator::run(args.settings()));
     }
+    if let Command::Diff(args) = &cli.command {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let code = runtime.block_on(rulebook::cli::diff::diff(
+            args,
+            &mut std::io::stdout(),
+            &mut std::io::stderr(),
+        ))?;
+        std::process::exit(code);
+    }
     if let Command::Release(args) = &cli.command {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -106,7 +106,8 @@ pub fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
 }
 
 /// The client every reconcile, event and cleanup uses: its writes pass the write gate.
-fn gated_client(config: Config, gate: Arc<LeaseGate>, metrics: Arc<Metrics>) -> Result<Client> {
+/// (`rulebook diff` builds one on a gate that never opens: only reads and dry runs pass.)
+pub fn gated_client(config: Config, gate: Arc<LeaseGate>, metrics: Arc<Metrics>) -> Result<Client> {
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&GateLayer::new(gate, metrics))
         .build())

@@ -93,6 +93,8 @@ pub struct RbacOptions {
     pub leader_elect: bool,
     /// The Lease `run --leader-elect` uses (`run --lease-name`).
     pub lease_name: String,
+    /// The role of `rulebook diff` instead of the operator's.
+    pub diff_role: bool,
 }
 
 /// What `run --install-crds` does to a CRD: read it (`get`), apply it (`patch`; an apply
@@ -107,6 +109,9 @@ pub const LEASE_VERBS: &[&str] = &["get", "list", "update", "watch"];
 /// to cluster-wide kinds Rulebook does not own are limited by name (`resourceNames`):
 /// CRDs to those the rules define, Leases to the one Lease.
 pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
+    if opts.diff_role {
+        return bind(diff_rules(set), opts);
+    }
     let mut rules: Vec<Json> = needs(set)
         .into_iter()
         .map(|n| {
@@ -153,6 +158,43 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
             "verbs": ["create"],
         }));
     }
+    bind(rules, opts)
+}
+
+/// What `rulebook diff` needs: read every parent and child, and dry-run apply children.
+/// Kubernetes authorizes a dry run as the write itself (`patch`, and `create` for an
+/// apply that would create), so the role carries those verbs; `rulebook diff` itself
+/// never sends a write that is not a dry run (its client's write gate never opens).
+pub const DIFF_PARENT_VERBS: &[&str] = &["get", "list"];
+pub const DIFF_CHILD_VERBS: &[&str] = &["create", "get", "list", "patch"];
+
+fn diff_rules(set: &RuleSet) -> Vec<Json> {
+    let mut needs = BTreeMap::new();
+    for r in set.rules.values() {
+        let p = &r.rule.spec.parent;
+        let (group, _) = split_api_version(&p.api_version);
+        add(
+            &mut needs,
+            group,
+            &plural_of(set, &p.api_version, &p.kind),
+            DIFF_PARENT_VERBS,
+        );
+        for c in &r.rule.spec.children {
+            let (group, _) = split_api_version(&c.api_version);
+            let plural = plural_of(set, &c.api_version, &c.kind);
+            add(&mut needs, group, &plural, DIFF_CHILD_VERBS);
+        }
+    }
+    needs
+        .into_iter()
+        .map(|((group, resource), verbs)| {
+            json!({"apiGroups": [group], "resources": [resource], "verbs": verbs.into_iter().collect::<Vec<_>>()})
+        })
+        .collect()
+}
+
+/// A ClusterRole with `rules`, and its binding to the options' ServiceAccount.
+fn bind(rules: Vec<Json>, opts: &RbacOptions) -> Vec<Json> {
     let labels =
         json!({"app.kubernetes.io/name": "rulebook", "app.kubernetes.io/managed-by": "rulebook"});
     vec![

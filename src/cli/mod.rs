@@ -1,6 +1,7 @@
 //! The `rulebook` command line: subcommands and their output. Everything here but
 //! `run` works without a cluster.
 
+pub mod diff;
 pub mod observed;
 pub mod release;
 pub mod ruletest;
@@ -42,6 +43,8 @@ pub enum Command {
     Rbac(RbacArgs),
     /// Run the operator against a cluster.
     Run(RunArgs),
+    /// What the rules on disk would change in a cluster: a diff per object (dry runs only).
+    Diff(diff::DiffArgs),
     /// Run the rules' tests (RuleTest files): render each step, check by subset match.
     Test(ruletest::TestArgs),
     /// Remove Rulebook's finalizer from every parent of a rule (for an uninstall):
@@ -158,6 +161,9 @@ pub struct RbacArgs {
     /// read or update.
     #[arg(long, default_value = "rulebook")]
     pub lease_name: String,
+    /// Print the role `rulebook diff` needs (read, and dry-run apply children) instead.
+    #[arg(long)]
+    pub diff_role: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -220,7 +226,7 @@ pub fn run_offline(command: &Command, out: &mut dyn Write, err: &mut dyn Write) 
         Command::Crds(args) => crds(args, out, err),
         Command::Rbac(args) => rbac(args, out, err),
         Command::Test(args) => ruletest::run(args, out, err),
-        Command::Run(_) | Command::Release(_) => {
+        Command::Run(_) | Command::Release(_) | Command::Diff(_) => {
             bail!("this command needs the async runtime; call it from main")
         }
     }
@@ -274,6 +280,7 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
         install_crds: args.install_crds,
         leader_elect: args.leader_elect,
         lease_name: args.lease_name.clone(),
+        diff_role: args.diff_role,
     };
     write_stream(&crate::rbac::manifests(&set, &opts), out)?;
     Ok(0)
@@ -424,6 +431,15 @@ pub fn read_objects(path: &Path) -> Result<Vec<Json>> {
     let docs: Vec<Json> = serde_saphyr::from_multiple(&text)
         .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e))?;
     Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
+}
+
+/// A unified diff of two texts (`from` → `to`), empty when they are equal.
+pub fn unified_diff(from: &str, to: &str, a: &str, b: &str) -> String {
+    similar::TextDiff::from_lines(a, b)
+        .unified_diff()
+        .context_radius(3)
+        .header(from, to)
+        .to_string()
 }
 
 pub fn to_yaml(v: &Json) -> Result<String> {

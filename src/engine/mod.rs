@@ -33,7 +33,7 @@ use runner::RuleRunner;
 
 pub use dropped::kind_api;
 pub use released::{ParentsOf, ReleaseError, Released, release_parents};
-pub use runner::SetupError;
+pub use runner::{SetupError, resolve_kind};
 pub use status::{EngineStatus, RuleState, RuleStatus};
 
 #[derive(Clone, Debug)]

@@ -327,6 +327,17 @@ impl RuleRunner {
     }
 }
 
+/// A kind's API resource and whether it is namespaced, from discovery.
+pub async fn resolve_kind(
+    client: &Client,
+    what: &str,
+    api_version: &str,
+    kind: &str,
+) -> Result<(ApiResource, bool), SetupError> {
+    let (ar, caps) = discover(client, what, api_version, kind).await?;
+    Ok((ar, caps.scope == KubeScope::Namespaced))
+}
+
 pub(super) async fn discover(
     client: &Client,
     what: &str,

@@ -127,15 +127,6 @@ pub fn project(expected: &Json, actual: &Json) -> Json {
     }
 }
 
-/// A unified diff of two texts, `expected` first.
-pub fn diff(expected: &str, actual: &str) -> String {
-    similar::TextDiff::from_lines(expected, actual)
-        .unified_diff()
-        .context_radius(3)
-        .header("expected", "actual")
-        .to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -322,7 +322,7 @@ fn run_step(
                         "differs from the snapshot {} (rulebook test --update writes it)",
                         snap.value
                     ),
-                    diff: Some(matching::diff(&old, &text)),
+                    diff: Some(super::unified_diff("expected", "actual", &old, &text)),
                 });
             }
         }
@@ -405,7 +405,9 @@ fn check(expect: &Expect, outcome: &Outcome, at: u64, failures: &mut Vec<Failure
                 failures.push(Failure {
                     line: want.line,
                     message: format!("{}: {}", display(c), problems.join("; ")),
-                    diff: Some(matching::diff(
+                    diff: Some(super::unified_diff(
+                        "expected",
+                        "actual",
                         &to_yaml(&want.value).unwrap_or_default(),
                         &to_yaml(&matching::project(&want.value, c)).unwrap_or_default(),
                     )),
@@ -431,7 +433,9 @@ fn check(expect: &Expect, outcome: &Outcome, at: u64, failures: &mut Vec<Failure
             failures.push(Failure {
                 line: want.line,
                 message: format!("status: {}", problems.join("; ")),
-                diff: Some(matching::diff(
+                diff: Some(super::unified_diff(
+                    "expected",
+                    "actual",
                     &to_yaml(&want.value).unwrap_or_default(),
                     &to_yaml(&matching::project(&want.value, status)).unwrap_or_default(),
                 )),

@@ -1,0 +1,131 @@
+//! What `rulebook diff` compares: an object as the API server holds it and as a server-side
+//! dry-run apply of the rendered child would leave it, both cut down to what a reviewer
+//! should see — no server bookkeeping (managedFields, resourceVersion, uid, timestamps,
+//! status), no Rulebook annotations that change with every rule edit, and no Secret
+//! values (a changed key shows as changed, never its value).
+
+use serde_json::{Map, Value as Json};
+
+use crate::meta::labels;
+
+/// Metadata the API server keeps for itself.
+const SERVER_METADATA: &[&str] = &[
+    "managedFields",
+    "resourceVersion",
+    "uid",
+    "generation",
+    "creationTimestamp",
+    "selfLink",
+];
+
+/// Rulebook's annotations that change with every rule edit.
+const OWN_ANNOTATIONS: &[&str] = &[labels::RULE_VERSION, labels::DESIRED_HASH];
+
+/// `o` as a reviewer should see it.
+pub fn normalize(o: &Json) -> Json {
+    let mut o = o.clone();
+    if let Some(map) = o.as_object_mut() {
+        map.remove("status");
+        if let Some(meta) = map.get_mut("metadata").and_then(Json::as_object_mut) {
+            for k in SERVER_METADATA {
+                meta.remove(*k);
+            }
+            if let Some(a) = meta.get_mut("annotations").and_then(Json::as_object_mut) {
+                for k in OWN_ANNOTATIONS {
+                    a.remove(*k);
+                }
+                if a.is_empty() {
+                    meta.remove("annotations");
+                }
+            }
+        }
+    }
+    o
+}
+
+fn is_secret(o: &Json) -> bool {
+    o.get("kind").and_then(Json::as_str) == Some("Secret")
+        && o.get("apiVersion").and_then(Json::as_str) == Some("v1")
+}
+
+/// The values of a Secret's `data` and `stringData`, replaced: `<redacted>` on the live
+/// side, and on the new side `<redacted>` when the value is the live one, else
+/// `<redacted: changed>`. Other objects are returned as they are.
+pub fn redact(live: Option<&Json>, new: Option<&Json>) -> (Option<Json>, Option<Json>) {
+    let secret = live.or(new).is_some_and(is_secret);
+    if !secret {
+        return (live.cloned(), new.cloned());
+    }
+    let field = |o: Option<&Json>, k: &str| -> Map<String, Json> {
+        o.and_then(|o| o.get(k))
+            .and_then(Json::as_object)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut live_out = live.cloned();
+    let mut new_out = new.cloned();
+    for k in ["data", "stringData"] {
+        let (lv, nv) = (field(live, k), field(new, k));
+        if let Some(o) = live_out
+            .as_mut()
+            .and_then(|o| o.get_mut(k))
+            .and_then(Json::as_object_mut)
+        {
+            for v in o.values_mut() {
+                *v = Json::from("<redacted>");
+            }
+        }
+        if let Some(o) = new_out
+            .as_mut()
+            .and_then(|o| o.get_mut(k))
+            .and_then(Json::as_object_mut)
+        {
+            for (key, v) in o.iter_mut() {
+                let same = lv.get(key) == nv.get(key);
+                *v = Json::from(if same {
+                    "<redacted>"
+                } else {
+                    "<redacted: changed>"
+                });
+            }
+        }
+    }
+    (live_out, new_out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn secret_values_never_show_and_a_changed_key_does() {
+        let live =
+            json!({"apiVersion": "v1", "kind": "Secret", "data": {"a": "b2xk", "same": "eA=="}});
+        let new =
+            json!({"apiVersion": "v1", "kind": "Secret", "data": {"a": "bmV3", "same": "eA=="}});
+        let (l, n) = redact(Some(&live), Some(&new));
+        let text = format!("{l:?}{n:?}");
+        assert!(
+            !text.contains("b2xk") && !text.contains("bmV3") && !text.contains("eA=="),
+            "{text}"
+        );
+        assert_eq!(
+            n.unwrap()["data"],
+            json!({"a": "<redacted: changed>", "same": "<redacted>"})
+        );
+        assert_eq!(
+            l.unwrap()["data"],
+            json!({"a": "<redacted>", "same": "<redacted>"})
+        );
+    }
+
+    #[test]
+    fn bookkeeping_and_rule_version_are_not_differences() {
+        let a = json!({"metadata": {"name": "x", "resourceVersion": "1", "managedFields": [],
+            "annotations": {"rulebook.dev/rule-version": "a", "keep": "1"}}, "status": {"x": 1}, "data": {"k": "v"}});
+        let b = json!({"metadata": {"name": "x", "resourceVersion": "2",
+            "annotations": {"rulebook.dev/rule-version": "b", "keep": "1"}}, "data": {"k": "v"}});
+        assert_eq!(normalize(&a), normalize(&b));
+    }
+}
