@@ -1,5 +1,6 @@
 //! The `rulebook` binary: parses the command line, sets up logging and the async
-//! runtime for `run`, and maps errors to exit codes. Everything else is in the library.
+//! runtime for `run` (and for `diff` and `release`, which talk to a cluster), and maps
+//! errors to exit codes. Everything else is in the library.
 
 use clap::Parser;
 use rulebook::cli::{Cli, Command, run_offline};
@@ -13,23 +14,12 @@ fn main() -> anyhow::Result<()> {
             .build()?;
         return runtime.block_on(rulebook::operator::run(args.settings()));
     }
-    if let Command::Diff(args) = &cli.command {
+    if matches!(cli.command, Command::Diff(_) | Command::Release(_)) {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
-        let code = runtime.block_on(rulebook::cli::diff::diff(
-            args,
-            &mut std::io::stdout(),
-            &mut std::io::stderr(),
-        ))?;
-        std::process::exit(code);
-    }
-    if let Command::Release(args) = &cli.command {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let code = runtime.block_on(rulebook::cli::release::release(
-            args,
+        let code = runtime.block_on(rulebook::cli::run_online(
+            &cli.command,
             &mut std::io::stdout(),
             &mut std::io::stderr(),
         ))?;

@@ -232,6 +232,20 @@ pub fn run_offline(command: &Command, out: &mut dyn Write, err: &mut dyn Write) 
     }
 }
 
+/// Runs a subcommand that talks to a cluster (`diff`, `release`; others as
+/// [`run_offline`]). Returns the process exit code.
+pub async fn run_online(
+    command: &Command,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<i32> {
+    match command {
+        Command::Diff(args) => diff::diff(args, out, err).await,
+        Command::Release(args) => release::release(args, out, err).await,
+        other => run_offline(other, out, err),
+    }
+}
+
 fn load_or_report(dirs: &RuleDirs, err: &mut dyn Write) -> Result<Option<RuleSet>> {
     match dirs.load(err)? {
         Ok(set) => Ok(Some(set)),
