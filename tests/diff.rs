@@ -201,6 +201,57 @@ async fn diff_shows_exactly_what_a_change_would_do() {
         out_text.lines().last(),
         "{test}: the diff role sees what an administrator sees"
     );
+    // A tenant's object in another namespace claiming to be p0's child is not p0's.
+    let other = namespace(&client, "diff-other").await;
+    let p0 = get_json(&parents, "p0").await.expect("p0");
+    let cms_other = api(&client, Some(&other), "v1", "ConfigMap", "configmaps");
+    put(
+        &cms_other,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "spoof", "namespace": other,
+                "labels": {"app.kubernetes.io/managed-by": "rulebook", "rulebook.dev/rule": rule,
+                           "rulebook.dev/owner": uid_of(&p0), "rulebook.dev/child": "config"},
+                "ownerReferences": [{"apiVersion": API_VERSION, "kind": kind, "name": "p0",
+                                     "uid": uid_of(&p0), "controller": true}]},
+            "data": {"team": "spoofed"}}),
+    )
+    .await;
+    let (_, out_spoof, _) = diff(&d, &ns, &[]);
+    assert_eq!(
+        out_spoof, out_text,
+        "{test}: another namespace's object changed p0's diff"
+    );
+    // An object of a child's name that is someone else's: a conflict, exit 2.
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    put(
+        &cms,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "p3-config", "namespace": ns}, "data": {"mine": "yes"}}),
+    )
+    .await;
+    put(
+        &parents,
+        &parent(
+            kind,
+            &ns,
+            "p3",
+            json!({"team": "b", "password": "pw-p3-old"}),
+        ),
+    )
+    .await;
+    let (code, out, err) = diff(&d, &ns, &[]);
+    assert_eq!(code, 2, "{test}: {out}\n{err}");
+    assert!(
+        out.contains(&format!(
+            "# error: {kind} {ns}/p3: conflict: ConfigMap p3-config"
+        )),
+        "{test}: {out}"
+    );
+    assert!(
+        !out.contains("mine: yes"),
+        "{test}: the foreign object was diffed: {out}"
+    );
+    cleanup_namespace(&client, &other).await;
     eprintln!(
         "{test}: 3 parents × 2 children: nothing to change → exit 0; a template change for one \
          parent and a new password for all → exit 1, 4 changed (1 ConfigMap, 3 Secrets, values \

@@ -142,3 +142,23 @@ fn a_changed_snapshot_fails_until_updated() {
     let (code, out) = rulebook_test(&[&file]);
     assert_eq!(code, 0, "{out}");
 }
+
+#[test]
+fn a_broken_test_file_or_no_tests_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let (code, out) = rulebook_test(&[empty.to_str().unwrap()]);
+    assert_eq!(code, 1, "no tests at all must fail: {out}");
+    assert!(out.contains("0 passed, 0 failed"), "{out}");
+    let broken = dir.path().join("broken");
+    std::fs::create_dir(&broken).unwrap();
+    std::fs::write(
+        broken.join("t.yaml"),
+        "apiVersion: rulebook.dev/v1alpha1\nkind: RuleTest\nmetadata: { name: x\nspec: {}\n",
+    )
+    .unwrap();
+    let (code, out) = rulebook_test(&[broken.to_str().unwrap()]);
+    assert_eq!(code, 1, "a test file that does not parse must fail: {out}");
+    assert!(out.contains("t.yaml:"), "{out}");
+}

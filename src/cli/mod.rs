@@ -161,7 +161,8 @@ pub struct RbacArgs {
     /// read or update.
     #[arg(long, default_value = "rulebook")]
     pub lease_name: String,
-    /// Print the role `rulebook diff` needs (read, and dry-run apply children) instead.
+    /// Print the role `rulebook diff` needs (read, and dry-run apply children) instead;
+    /// its default name is then `rulebook-diff`.
     #[arg(long)]
     pub diff_role: bool,
 }
@@ -240,7 +241,14 @@ pub async fn run_online(
     err: &mut dyn Write,
 ) -> Result<i32> {
     match command {
-        Command::Diff(args) => diff::diff(args, out, err).await,
+        // An error is exit 2, never 1 ("something would change").
+        Command::Diff(args) => match diff::diff(args, out, err).await {
+            Ok(code) => Ok(code),
+            Err(e) => {
+                writeln!(err, "rulebook diff: {e:#}")?;
+                Ok(2)
+            }
+        },
         Command::Release(args) => release::release(args, out, err).await,
         other => run_offline(other, out, err),
     }
@@ -288,8 +296,14 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
     let Some((ns, name)) = args.service_account.split_once('/') else {
         bail!("--service-account takes NAMESPACE/NAME");
     };
+    // The diff role must not replace the operator's role of the default name.
+    let role = if args.diff_role && args.name == "rulebook" {
+        "rulebook-diff".to_string()
+    } else {
+        args.name.clone()
+    };
     let opts = crate::rbac::RbacOptions {
-        name: args.name.clone(),
+        name: role,
         service_account: (ns.to_string(), name.to_string()),
         install_crds: args.install_crds,
         leader_elect: args.leader_elect,

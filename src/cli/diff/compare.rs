@@ -1,8 +1,9 @@
 //! What `rulebook diff` compares: an object as the API server holds it and as a server-side
 //! dry-run apply of the rendered child would leave it, both cut down to what a reviewer
 //! should see — no server bookkeeping (managedFields, resourceVersion, uid, timestamps,
-//! status), no Rulebook annotations that change with every rule edit, and no Secret
-//! values (a changed key shows as changed, never its value).
+//! status), no Rulebook annotations that change with every rule edit, no kubectl
+//! last-applied copy, and no Secret values (a changed key shows as changed, never its
+//! value).
 
 use serde_json::{Map, Value as Json};
 
@@ -18,8 +19,13 @@ const SERVER_METADATA: &[&str] = &[
     "selfLink",
 ];
 
-/// Rulebook's annotations that change with every rule edit.
-const OWN_ANNOTATIONS: &[&str] = &[labels::RULE_VERSION, labels::DESIRED_HASH];
+/// Annotations left out: Rulebook's that change with every rule edit, and kubectl's copy
+/// of the whole object (a Secret's values among them).
+const OWN_ANNOTATIONS: &[&str] = &[
+    labels::RULE_VERSION,
+    labels::DESIRED_HASH,
+    "kubectl.kubernetes.io/last-applied-configuration",
+];
 
 /// `o` as a reviewer should see it.
 pub fn normalize(o: &Json) -> Json {

@@ -29,7 +29,7 @@ use crate::engine::{kind_api, resolve_kind};
 use crate::meta::{FIELD_MANAGER, labels};
 use crate::metrics::Metrics;
 use crate::reconcile::gate::LeaseGate;
-use crate::reconcile::plan::{controlled_by, plan_status};
+use crate::reconcile::plan::{controlled_by, may_adopt, owner_description, plan_status};
 use crate::reconcile::writer::apply_body;
 use crate::render::{CompiledRule, Observed, Scope};
 use crate::rules::DeletionPolicy;
@@ -343,23 +343,56 @@ async fn diff_parent(
         status: None,
         error: None,
     };
-    let parent_json = match serde_json::to_value(parent) {
-        Ok(j) => j,
-        Err(e) => {
-            d.error = Some(e.to_string());
-            return d;
-        }
+    if parent.metadata.deletion_timestamp.is_some() {
+        return d; // the operator renders nothing for a parent being deleted
+    }
+    let uid = parent.uid().unwrap_or_default();
+    // With its apiVersion and kind (list items of built-in kinds come without them).
+    let Some(parent_json) = typed(parent, &kinds.parent.0) else {
+        d.error = Some("the parent cannot be read".into());
+        return d;
     };
-    let live_json: Vec<Json> = live
+    // As the operator reads them: a namespaced parent's children only in its namespace
+    // (an object elsewhere claiming its UID is someone else's); a cluster-scoped parent's
+    // only in the namespaces its render places children in.
+    let mut live: Vec<&(usize, DynamicObject)> = live
         .iter()
-        .filter_map(|(_, o)| serde_json::to_value(o).ok())
+        .filter(|(k, o)| !kinds.parent.1 || !kinds.children[*k].1 || o.namespace() == ns)
         .collect();
-    let observed = Observed::from_objects(live_json);
     let scope = |i: usize| match kinds.of_child.get(i).map(|k| kinds.children[*k].1) {
         Some(false) => Scope::Cluster,
         _ => Scope::Namespaced,
     };
-    let desired = match rule.render(&parent_json, &observed, &scope) {
+    let render = |live: &[&(usize, DynamicObject)]| {
+        let objects = live
+            .iter()
+            .filter_map(|(k, o)| typed(o, &kinds.children[*k].0));
+        let observed = Observed::from_objects(objects);
+        let desired = rule.render(&parent_json, &observed, &scope);
+        (observed, desired)
+    };
+    let (mut observed, mut desired) = render(&live);
+    if !kinds.parent.1
+        && let Ok(rendered) = &desired
+    {
+        let places: BTreeSet<String> = rendered
+            .iter()
+            .filter_map(|c| {
+                c.object
+                    .pointer("/metadata/namespace")
+                    .and_then(Json::as_str)
+            })
+            .map(str::to_string)
+            .collect();
+        let before = live.len();
+        live.retain(|(k, o)| {
+            !kinds.children[*k].1 || o.namespace().is_some_and(|n| places.contains(&n))
+        });
+        if live.len() != before {
+            (observed, desired) = render(&live);
+        }
+    }
+    let desired = match desired {
         Ok(desired) => desired,
         Err(e) => {
             d.error = Some(e.to_string());
@@ -392,6 +425,19 @@ async fn diff_parent(
         }) {
             Some((_, o)) => Some(o.clone()),
             None => match api.get_opt(&child_name).await {
+                // Someone else's object: the operator leaves it alone (a conflict), unless
+                // the child may adopt it.
+                Ok(Some(o))
+                    if !controlled_by(&o, &uid)
+                        && !may_adopt(rule.children()[child.child].adopt, &o, &uid) =>
+                {
+                    d.error = Some(format!(
+                        "conflict: {} {child_name} {}; Rulebook would leave it alone",
+                        ar.kind,
+                        owner_description(&o)
+                    ));
+                    continue;
+                }
                 Ok(o) => o,
                 Err(e) => {
                     d.error = Some(format!("reading {} {child_name}: {e}", ar.kind));
@@ -448,7 +494,7 @@ async fn diff_parent(
         });
     }
     // Live children no longer rendered: pruned, or orphaned by their policy.
-    for (k, o) in live {
+    for (k, o) in live.iter().copied() {
         let key = (*k, o.namespace(), o.name_any());
         if wanted.contains(&key) {
             continue;
@@ -472,7 +518,10 @@ async fn diff_parent(
             diff: unified_diff(&format!("{what} (live)"), "/dev/null", &before, ""),
         });
     }
-    d.status = status_diff(rule, &parent_json, &observed, &desired, &d.parent);
+    match status_diff(rule, &parent_json, &observed, &desired, &d.parent) {
+        Ok(s) => d.status = s,
+        Err(e) => d.error = d.error.take().or(Some(e)),
+    }
     d
 }
 
@@ -484,17 +533,21 @@ fn status_diff(
     observed: &Observed,
     desired: &[crate::render::DesiredChild],
     name: &str,
-) -> Option<(String, String)> {
-    let report = rule.status(parent, observed, desired).ok()?;
+) -> Result<Option<(String, String)>, String> {
+    let report = rule
+        .status(parent, observed, desired)
+        .map_err(|e| e.to_string())?;
     let managed: Vec<&str> = rule.rule.spec.status.keys().map(String::as_str).collect();
     let now = crate::reconcile::status::now_rfc3339();
-    let want = plan_status(
+    let Some(want) = plan_status(
         parent,
         &managed,
         &report.fields,
         &report.readiness.condition(),
         &now,
-    )?;
+    ) else {
+        return Ok(None);
+    };
     let live = parent.get("status").cloned().unwrap_or(Json::Null);
     // Only the fields Rulebook writes, and Rulebook's own condition.
     let mut shown = serde_json::Map::new();
@@ -520,10 +573,10 @@ fn status_diff(
     strip(&mut before);
     strip(&mut after);
     if before == after {
-        return None;
+        return Ok(None);
     }
     let text = |v: &Json| to_yaml(v).unwrap_or_default();
-    Some((
+    Ok(Some((
         name.to_string(),
         unified_diff(
             &format!("{name} status (live)"),
@@ -531,7 +584,7 @@ fn status_diff(
             &text(&before),
             &text(&after),
         ),
-    ))
+    )))
 }
 
 /// `o` as JSON with its apiVersion and kind (items of a list come without them).

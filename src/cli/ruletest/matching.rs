@@ -13,11 +13,24 @@ pub fn mismatches(expected: &Json, actual: &Json) -> Vec<String> {
     out
 }
 
-/// The key lists of `items` are matched by: `name` or `type`, when every item has it.
-fn list_key(items: &[Json]) -> Option<&'static str> {
-    ["name", "type"]
-        .into_iter()
-        .find(|k| !items.is_empty() && items.iter().all(|i| i.get(*k).is_some_and(Json::is_string)))
+/// The key an expected list is matched by: `name` or `type`, when every expected item has
+/// it and no value repeats in either list (else items are matched by position).
+fn list_key(expected: &[Json], actual: &[Json]) -> Option<&'static str> {
+    let unique = |items: &[Json], k: &str| {
+        let mut seen = std::collections::HashSet::new();
+        items
+            .iter()
+            .filter_map(|i| i.get(k))
+            .all(|v| seen.insert(v.to_string()))
+    };
+    ["name", "type"].into_iter().find(|k| {
+        !expected.is_empty()
+            && expected
+                .iter()
+                .all(|i| i.get(*k).is_some_and(Json::is_string))
+            && unique(expected, k)
+            && unique(actual, k)
+    })
 }
 
 fn short(v: &Json) -> String {
@@ -45,7 +58,7 @@ fn walk(path: &str, expected: &Json, actual: Option<&Json>, out: &mut Vec<String
                 walk(&join(path, k), ev, a.get(k), out);
             }
         }
-        (Json::Array(e), Some(Json::Array(a))) => match list_key(e) {
+        (Json::Array(e), Some(Json::Array(a))) => match list_key(e, a) {
             Some(key) => {
                 for item in e {
                     let id = &item[key];
@@ -79,11 +92,19 @@ fn walk(path: &str, expected: &Json, actual: Option<&Json>, out: &mut Vec<String
     }
 }
 
+/// `1` and `1.0` are the same number; two integers are compared exactly.
 fn same_number(e: &Json, a: &Json) -> bool {
-    match (e.as_f64(), a.as_f64()) {
-        (Some(x), Some(y)) => e.is_number() && a.is_number() && x == y,
-        _ => false,
+    let (Json::Number(x), Json::Number(y)) = (e, a) else {
+        return false;
+    };
+    if let (Some(i), Some(j)) = (x.as_i64(), y.as_i64()) {
+        return i == j;
     }
+    if let (Some(i), Some(j)) = (x.as_u64(), y.as_u64()) {
+        return i == j;
+    }
+    let integer = |n: &serde_json::Number| n.is_i64() || n.is_u64();
+    !(integer(x) && integer(y)) && x.as_f64() == y.as_f64()
 }
 
 fn join(path: &str, key: &str) -> String {
@@ -107,7 +128,7 @@ pub fn project(expected: &Json, actual: &Json) -> Json {
             }
             Json::Object(out)
         }
-        (Json::Array(e), Json::Array(a)) => match list_key(e) {
+        (Json::Array(e), Json::Array(a)) => match list_key(e, a) {
             Some(key) => Json::Array(
                 e.iter()
                     .filter_map(|item| {
@@ -159,6 +180,17 @@ mod tests {
             mismatches(&json!({"metadata": {"annotations": {"y": "2"}}}), &actual),
             vec!["metadata.annotations: missing (expected {\"y\":\"2\"})".to_string()]
         );
+        // Two expected items of one name are not both satisfied by one actual item:
+        // repeated keys are matched by position.
+        let mounts = json!({"m": [{"name": "v", "path": "/a"}, {"name": "v", "path": "/b"}]});
+        let both = json!({"m": [{"name": "v", "path": "/a"}, {"name": "v", "path": "/b"}]});
+        let twice = json!({"m": [{"name": "v", "path": "/b"}, {"name": "v", "path": "/b"}]});
+        assert!(mismatches(&both, &mounts).is_empty());
+        assert!(!mismatches(&twice, &mounts).is_empty());
+        // Integers are compared exactly; 1 and 1.0 are the same number.
+        let big = |n: u64| json!({ "n": n });
+        assert!(!mismatches(&big(9007199254740993), &big(9007199254740992)).is_empty());
+        assert!(mismatches(&json!({"n": 1}), &json!({"n": 1.0})).is_empty());
         assert_eq!(
             project(
                 &json!({"spec": {"type": "x"}, "status": {"conditions": [{"type": "Ready"}]}}),

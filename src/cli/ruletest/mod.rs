@@ -69,8 +69,12 @@ pub fn run(args: &TestArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         let text = std::fs::read_to_string(file)?;
         let shown = file.display().to_string();
         let peek: Json = serde_saphyr::from_str(&text).unwrap_or(Json::Null);
+        // A test file that does not parse fails; other YAML files are not tests.
+        let says_test = text
+            .lines()
+            .any(|l| l.trim_start().starts_with("kind:") && l.contains(model::KIND));
         if peek.get("kind").and_then(Json::as_str) != Some(model::KIND) {
-            if args.paths.iter().any(|p| p == file) {
+            if says_test || args.paths.iter().any(|p| p == file) {
                 writeln!(out, "{shown}: not a {} file", model::KIND)?;
                 failed += 1;
             }
@@ -123,16 +127,18 @@ pub fn run(args: &TestArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
             }
         }
     }
-    if files.is_empty() {
+    if passed + failed == 0 {
         writeln!(
             err,
-            "no test files under {}",
+            "no RuleTest files under {}",
             roots
                 .iter()
                 .map(|r| r.display().to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
         )?;
+        writeln!(out, "0 passed, 0 failed")?;
+        return Ok(1);
     }
     writeln!(out, "{passed} passed, {failed} failed")?;
     Ok(if failed == 0 { 0 } else { 1 })
@@ -242,7 +248,9 @@ fn evaluate(rule: &CompiledRule, parent: &Json, objects: Vec<Json>) -> Outcome {
         if let Some(spec) = parent.get_mut("spec") {
             schema::apply(&schema.value, spec);
         }
-        if let Some(problem) = schema::validate(&schema.value, &parent["spec"], "spec") {
+        if let Some(spec) = parent.get("spec")
+            && let Some(problem) = schema::validate(&schema.value, spec, "spec")
+        {
             return Err(format!("the API server would refuse the parent: {problem}"));
         }
     }
