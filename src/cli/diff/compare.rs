@@ -3,11 +3,15 @@
 //! should see — no server bookkeeping (managedFields, resourceVersion, uid, timestamps,
 //! status), no Rulebook annotations that change with every rule edit, no kubectl
 //! last-applied copy, and no Secret values (a changed key shows as changed, never its
-//! value).
+//! value). And the parent's status: the fields the rule writes and its `Ready`
+//! condition, as they are and as Rulebook would write them.
 
 use serde_json::{Map, Value as Json};
 
+use crate::cli::{to_yaml, unified_diff};
 use crate::meta::labels;
+use crate::reconcile::plan::plan_status;
+use crate::render::{CompiledRule, Observed};
 
 /// Metadata the API server keeps for itself.
 const SERVER_METADATA: &[&str] = &[
@@ -97,6 +101,68 @@ pub fn redact(live: Option<&Json>, new: Option<&Json>) -> (Option<Json>, Option<
         }
     }
     (live_out, new_out)
+}
+
+/// The diff of the parent's status, when Rulebook would write a different one (compared
+/// without `lastTransitionTime`, which only says when).
+pub(super) fn status_diff(
+    rule: &CompiledRule,
+    parent: &Json,
+    observed: &Observed,
+    desired: &[crate::render::DesiredChild],
+    name: &str,
+) -> Result<Option<(String, String)>, String> {
+    let report = rule
+        .status(parent, observed, desired)
+        .map_err(|e| e.to_string())?;
+    let managed: Vec<&str> = rule.rule.spec.status.keys().map(String::as_str).collect();
+    let now = crate::reconcile::status::now_rfc3339();
+    let Some(want) = plan_status(
+        parent,
+        &managed,
+        &report.fields,
+        &report.readiness.condition(),
+        &now,
+    ) else {
+        return Ok(None);
+    };
+    let live = parent.get("status").cloned().unwrap_or(Json::Null);
+    // Only the fields Rulebook writes, and Rulebook's own condition.
+    let mut shown = serde_json::Map::new();
+    if let Some(w) = want.as_object() {
+        for k in w.keys() {
+            if let Some(v) = live.get(k) {
+                shown.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let strip = |v: &mut Json| {
+        if let Some(list) = v.get_mut("conditions").and_then(Json::as_array_mut) {
+            list.retain(|c| c.get("type").and_then(Json::as_str) == Some("Ready"));
+            for c in list {
+                if let Some(c) = c.as_object_mut() {
+                    c.remove("lastTransitionTime");
+                }
+            }
+        }
+    };
+    let mut before = Json::Object(shown);
+    let mut after = want;
+    strip(&mut before);
+    strip(&mut after);
+    if before == after {
+        return Ok(None);
+    }
+    let text = |v: &Json| to_yaml(v).unwrap_or_default();
+    Ok(Some((
+        name.to_string(),
+        unified_diff(
+            &format!("{name} status (live)"),
+            &format!("{name} status (rendered)"),
+            &text(&before),
+            &text(&after),
+        ),
+    )))
 }
 
 #[cfg(test)]

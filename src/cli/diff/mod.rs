@@ -29,11 +29,11 @@ use crate::engine::{kind_api, resolve_kind};
 use crate::meta::{FIELD_MANAGER, labels};
 use crate::metrics::Metrics;
 use crate::reconcile::gate::LeaseGate;
-use crate::reconcile::plan::{controlled_by, may_adopt, owner_description, plan_status};
+use crate::reconcile::plan::{controlled_by, may_adopt, owner_description};
 use crate::reconcile::writer::apply_body;
 use crate::render::{CompiledRule, Observed, Scope};
 use crate::rules::DeletionPolicy;
-use compare::{normalize, redact};
+use compare::{normalize, redact, status_diff};
 
 #[derive(Args, Debug)]
 pub struct DiffArgs {
@@ -523,68 +523,6 @@ async fn diff_parent(
         Err(e) => d.error = d.error.take().or(Some(e)),
     }
     d
-}
-
-/// The diff of the parent's status, when Rulebook would write a different one (compared
-/// without `lastTransitionTime`, which only says when).
-fn status_diff(
-    rule: &CompiledRule,
-    parent: &Json,
-    observed: &Observed,
-    desired: &[crate::render::DesiredChild],
-    name: &str,
-) -> Result<Option<(String, String)>, String> {
-    let report = rule
-        .status(parent, observed, desired)
-        .map_err(|e| e.to_string())?;
-    let managed: Vec<&str> = rule.rule.spec.status.keys().map(String::as_str).collect();
-    let now = crate::reconcile::status::now_rfc3339();
-    let Some(want) = plan_status(
-        parent,
-        &managed,
-        &report.fields,
-        &report.readiness.condition(),
-        &now,
-    ) else {
-        return Ok(None);
-    };
-    let live = parent.get("status").cloned().unwrap_or(Json::Null);
-    // Only the fields Rulebook writes, and Rulebook's own condition.
-    let mut shown = serde_json::Map::new();
-    if let Some(w) = want.as_object() {
-        for k in w.keys() {
-            if let Some(v) = live.get(k) {
-                shown.insert(k.clone(), v.clone());
-            }
-        }
-    }
-    let strip = |v: &mut Json| {
-        if let Some(list) = v.get_mut("conditions").and_then(Json::as_array_mut) {
-            list.retain(|c| c.get("type").and_then(Json::as_str) == Some("Ready"));
-            for c in list {
-                if let Some(c) = c.as_object_mut() {
-                    c.remove("lastTransitionTime");
-                }
-            }
-        }
-    };
-    let mut before = Json::Object(shown);
-    let mut after = want;
-    strip(&mut before);
-    strip(&mut after);
-    if before == after {
-        return Ok(None);
-    }
-    let text = |v: &Json| to_yaml(v).unwrap_or_default();
-    Ok(Some((
-        name.to_string(),
-        unified_diff(
-            &format!("{name} status (live)"),
-            &format!("{name} status (rendered)"),
-            &text(&before),
-            &text(&after),
-        ),
-    )))
 }
 
 /// `o` as JSON with its apiVersion and kind (items of a list come without them).
