@@ -523,3 +523,64 @@ async fn teardown_runs_on_the_generated_rbac() {
     );
     cleanup_namespace(&client, &ns).await;
 }
+
+/// A rule change that drops the deletion steps takes the finalizer off the parents again
+/// (the new rule version's reconciles do it), and they are deleted as any other parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_deletion_steps_removes_the_finalizer() {
+    let test = "dropping_the_deletion_steps_removes_the_finalizer";
+    let client = client().await;
+    let ns = namespace(&client, "deletion-dropped").await;
+    let (kind, rule) = ("DelDropped", "deldropped");
+    let d = RuleDir::new();
+    d.template("cm.yaml", &configmap_template("cm", "  k: v\n"));
+    d.rule("r.yaml", &orphan_rule(rule, kind));
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let names: BTreeSet<String> = (0..2).map(|i| format!("d{i}")).collect();
+    for n in &names {
+        put(&parents, &parent(kind, &ns, n, json!({}))).await;
+    }
+    wait_all_ready(&parents, &names, T).await;
+    wait_for(T, "every parent to carry the finalizer", || async {
+        list(&parents, None)
+            .await
+            .iter()
+            .all(|o| finalizers(o) == vec![FINALIZER])
+            .then_some(())
+    })
+    .await;
+    // The same rule without deletionPolicy: Orphan.
+    d.rule(
+        "r.yaml",
+        &rule_text(
+            rule,
+            kind,
+            &[child("config", "v1", "ConfigMap", "cm.yaml", &[])],
+        ),
+    );
+    wait_for(T, "the finalizers to be removed", || async {
+        list(&parents, None)
+            .await
+            .iter()
+            .all(|o| finalizers(o).is_empty())
+            .then_some(())
+    })
+    .await;
+    for n in &names {
+        remove(&parents, n).await;
+    }
+    wait_for(T, "the parents to be gone", || async {
+        list(&parents, None).await.is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        events_for(&client, &ns, "d0")
+            .await
+            .iter()
+            .all(|e| e["reason"] != "FinalizerReleased"),
+        "{test}: the rule was changed, not removed: its own reconciles take the finalizer off"
+    );
+    drop(op);
+    cleanup_namespace(&client, &ns).await;
+}
