@@ -22,6 +22,8 @@ pub mod labels {
     pub const RULE_VERSION: &str = "rulebook.dev/rule-version";
     /// The hash of the desired object as last applied.
     pub const DESIRED_HASH: &str = "rulebook.dev/desired-hash";
+    /// The annotations that change with every rule edit (not with the object's content).
+    pub const PER_RULE_VERSION: &[&str] = &[RULE_VERSION, DESIRED_HASH];
     /// The `forEach` index of the object.
     pub const INDEX: &str = "rulebook.dev/index";
     /// On a parent being torn down: the finalize step is over (`done`, `timed-out` or

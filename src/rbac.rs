@@ -54,24 +54,34 @@ fn add(
 
 /// Everything a rule set needs, merged and sorted.
 pub fn needs(set: &RuleSet) -> Vec<Need> {
+    gather(set, false)
+}
+
+/// What the operator (`diff: false`) or `rulebook diff` needs of each rule's kinds.
+fn gather(set: &RuleSet, diff: bool) -> Vec<Need> {
     let mut needs = BTreeMap::new();
     for r in set.rules.values() {
         let p = &r.rule.spec.parent;
         let (group, _) = split_api_version(&p.api_version);
         let plural = plural_of(set, &p.api_version, &p.kind);
-        add(&mut needs, group, &plural, PARENT_VERBS);
-        add(&mut needs, group, &format!("{plural}/status"), STATUS_VERBS);
-        if r.rule.spec.needs_finalizer() {
-            // Adding and removing Rulebook's finalizer, and marking the finalize step done.
-            add(&mut needs, group, &plural, FINALIZER_VERBS);
+        if diff {
+            add(&mut needs, group, &plural, DIFF_PARENT_VERBS);
+        } else {
+            add(&mut needs, group, &plural, PARENT_VERBS);
+            add(&mut needs, group, &format!("{plural}/status"), STATUS_VERBS);
+            if r.rule.spec.needs_finalizer() {
+                // Adding and removing Rulebook's finalizer, and marking the finalize step done.
+                add(&mut needs, group, &plural, FINALIZER_VERBS);
+            }
         }
+        let child_verbs = if diff { DIFF_CHILD_VERBS } else { CHILD_VERBS };
         for c in &r.rule.spec.children {
             let (group, _) = split_api_version(&c.api_version);
             add(
                 &mut needs,
                 group,
                 &plural_of(set, &c.api_version, &c.kind),
-                CHILD_VERBS,
+                child_verbs,
             );
         }
     }
@@ -83,6 +93,15 @@ pub fn needs(set: &RuleSet) -> Vec<Need> {
             verbs,
         })
         .collect()
+}
+
+/// A ClusterRole rule granting one need.
+fn rule_of(n: Need) -> Json {
+    json!({
+        "apiGroups": [n.group],
+        "resources": [n.resource],
+        "verbs": n.verbs.into_iter().collect::<Vec<_>>(),
+    })
 }
 
 #[derive(Clone, Debug)]
@@ -112,16 +131,7 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
     if opts.diff_role {
         return bind(diff_rules(set), opts);
     }
-    let mut rules: Vec<Json> = needs(set)
-        .into_iter()
-        .map(|n| {
-            json!({
-                "apiGroups": [n.group],
-                "resources": [n.resource],
-                "verbs": n.verbs.into_iter().collect::<Vec<_>>(),
-            })
-        })
-        .collect();
+    let mut rules: Vec<Json> = needs(set).into_iter().map(rule_of).collect();
     rules.push(json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}));
     // SelfSubjectAccessReviews (the start-up permission check) are allowed to every
     // authenticated user by the built-in system:basic-user role.
@@ -169,28 +179,7 @@ pub const DIFF_PARENT_VERBS: &[&str] = &["get", "list"];
 pub const DIFF_CHILD_VERBS: &[&str] = &["create", "get", "list", "patch"];
 
 fn diff_rules(set: &RuleSet) -> Vec<Json> {
-    let mut needs = BTreeMap::new();
-    for r in set.rules.values() {
-        let p = &r.rule.spec.parent;
-        let (group, _) = split_api_version(&p.api_version);
-        add(
-            &mut needs,
-            group,
-            &plural_of(set, &p.api_version, &p.kind),
-            DIFF_PARENT_VERBS,
-        );
-        for c in &r.rule.spec.children {
-            let (group, _) = split_api_version(&c.api_version);
-            let plural = plural_of(set, &c.api_version, &c.kind);
-            add(&mut needs, group, &plural, DIFF_CHILD_VERBS);
-        }
-    }
-    needs
-        .into_iter()
-        .map(|((group, resource), verbs)| {
-            json!({"apiGroups": [group], "resources": [resource], "verbs": verbs.into_iter().collect::<Vec<_>>()})
-        })
-        .collect()
+    gather(set, true).into_iter().map(rule_of).collect()
 }
 
 /// A ClusterRole with `rules`, and its binding to the options' ServiceAccount.

@@ -461,6 +461,20 @@ pub fn read_objects(path: &Path) -> Result<Vec<Json>> {
     Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
 }
 
+/// `o` without the annotations `keys` (and without `annotations` when none is left).
+pub fn strip_annotations(o: &mut Json, keys: &[&str]) {
+    if let Some(meta) = o.get_mut("metadata").and_then(Json::as_object_mut)
+        && let Some(a) = meta.get_mut("annotations").and_then(Json::as_object_mut)
+    {
+        for k in keys {
+            a.remove(*k);
+        }
+        if a.is_empty() {
+            meta.remove("annotations");
+        }
+    }
+}
+
 /// A unified diff of two texts (`from` → `to`), empty when they are equal.
 pub fn unified_diff(from: &str, to: &str, a: &str, b: &str) -> String {
     similar::TextDiff::from_lines(a, b)

@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value as Json};
 
-use crate::cli::{to_yaml, unified_diff};
+use crate::cli::{strip_annotations, to_yaml, unified_diff};
 use crate::meta::labels;
 use crate::reconcile::plan::plan_status;
 use crate::render::{CompiledRule, Observed};
@@ -23,13 +23,8 @@ const SERVER_METADATA: &[&str] = &[
     "selfLink",
 ];
 
-/// Annotations left out: Rulebook's that change with every rule edit, and kubectl's copy
-/// of the whole object (a Secret's values among them).
-const OWN_ANNOTATIONS: &[&str] = &[
-    labels::RULE_VERSION,
-    labels::DESIRED_HASH,
-    "kubectl.kubernetes.io/last-applied-configuration",
-];
+/// kubectl's copy of the whole object (a Secret's values among them).
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// `o` as a reviewer should see it.
 pub fn normalize(o: &Json) -> Json {
@@ -40,16 +35,10 @@ pub fn normalize(o: &Json) -> Json {
             for k in SERVER_METADATA {
                 meta.remove(*k);
             }
-            if let Some(a) = meta.get_mut("annotations").and_then(Json::as_object_mut) {
-                for k in OWN_ANNOTATIONS {
-                    a.remove(*k);
-                }
-                if a.is_empty() {
-                    meta.remove("annotations");
-                }
-            }
         }
     }
+    strip_annotations(&mut o, labels::PER_RULE_VERSION);
+    strip_annotations(&mut o, &[LAST_APPLIED]);
     o
 }
 

@@ -467,14 +467,6 @@ fn display(o: &Json) -> String {
 /// hash), so a snapshot changes only when the object does.
 fn without_own_annotations(o: &Json) -> Json {
     let mut o = o.clone();
-    if let Some(meta) = o.get_mut("metadata").and_then(Json::as_object_mut)
-        && let Some(a) = meta.get_mut("annotations").and_then(Json::as_object_mut)
-    {
-        a.remove(crate::meta::labels::RULE_VERSION);
-        a.remove(crate::meta::labels::DESIRED_HASH);
-        if a.is_empty() {
-            meta.remove("annotations");
-        }
-    }
+    super::strip_annotations(&mut o, crate::meta::labels::PER_RULE_VERSION);
     o
 }
