@@ -29,6 +29,9 @@ pub mod labels {
     /// On a parent being torn down: the finalize step is over (`done`, `timed-out` or
     /// `failed`), so a restarted operator does not run it again.
     pub const FINALIZED: &str = "rulebook.dev/finalized";
+    /// On a parent: `"true"` stops every write to it and its children (but one
+    /// `Paused` condition) until it is removed or set to anything else.
+    pub const PAUSED: &str = "rulebook.dev/paused";
 
     /// The label selector of a rule's children: `managed-by=rulebook,rule=<rule>`.
     pub fn child_selector(rule: &str) -> String {

@@ -14,6 +14,8 @@ pub const STATUS_VERBS: &[&str] = &["patch"];
 /// On parents of rules with a say in their deletion (`spec.deletion`, `deletionPolicy`).
 pub const FINALIZER_VERBS: &[&str] = &["patch"];
 pub const CHILD_VERBS: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
+/// On referenced kinds (`spec.references`): read only.
+pub const REF_VERBS: &[&str] = &["get", "list", "watch"];
 
 /// One permission a rule needs: `verbs` on `group`/`resource`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -22,6 +24,8 @@ pub struct Need {
     /// `plural` or `plural/subresource`.
     pub resource: String,
     pub verbs: BTreeSet<String>,
+    /// Only these objects (`resourceNames`); empty: every object.
+    pub resource_names: BTreeSet<String>,
 }
 
 pub use crate::meta::guess_plural;
@@ -60,6 +64,9 @@ pub fn needs(set: &RuleSet) -> Vec<Need> {
 /// What the operator (`diff: false`) or `rulebook diff` needs of each rule's kinds.
 fn gather(set: &RuleSet, diff: bool) -> Vec<Need> {
     let mut needs = BTreeMap::new();
+    // References by literal name: (group, resource) → (names, verbs).
+    let mut named: BTreeMap<(String, String), (BTreeSet<String>, BTreeSet<String>)> =
+        BTreeMap::new();
     for r in set.rules.values() {
         let p = &r.rule.spec.parent;
         let (group, _) = split_api_version(&p.api_version);
@@ -74,6 +81,24 @@ fn gather(set: &RuleSet, diff: bool) -> Vec<Need> {
                 add(&mut needs, group, &plural, FINALIZER_VERBS);
             }
         }
+        for reference in &r.rule.spec.references {
+            let (group, _) = split_api_version(&reference.api_version);
+            let plural = plural_of(set, &reference.api_version, &reference.kind);
+            let verbs = if diff { DIFF_PARENT_VERBS } else { REF_VERBS };
+            match crate::render::cache_filter(reference).fields {
+                // The cache watches that one object (a field selector on its name), which
+                // Kubernetes authorizes by name for list and watch too.
+                Some(f) => {
+                    let entry: &mut (BTreeSet<String>, BTreeSet<String>) =
+                        named.entry((group.to_string(), plural)).or_default();
+                    entry
+                        .0
+                        .insert(f.trim_start_matches("metadata.name=").to_string());
+                    entry.1.extend(verbs.iter().map(|v| v.to_string()));
+                }
+                None => add(&mut needs, group, &plural, verbs),
+            }
+        }
         let child_verbs = if diff { DIFF_CHILD_VERBS } else { CHILD_VERBS };
         for c in &r.rule.spec.children {
             let (group, _) = split_api_version(&c.api_version);
@@ -85,23 +110,43 @@ fn gather(set: &RuleSet, diff: bool) -> Vec<Need> {
             );
         }
     }
-    needs
-        .into_iter()
-        .map(|((group, resource), verbs)| Need {
+    let mut out: Vec<Need> = Vec::new();
+    for ((group, resource), (names, verbs)) in named {
+        // Already granted on every object of the resource: nothing to add.
+        if needs
+            .get(&(group.clone(), resource.clone()))
+            .is_some_and(|have: &BTreeSet<String>| verbs.is_subset(have))
+        {
+            continue;
+        }
+        out.push(Need {
             group,
             resource,
             verbs,
-        })
-        .collect()
+            resource_names: names,
+        });
+    }
+    out.extend(needs.into_iter().map(|((group, resource), verbs)| Need {
+        group,
+        resource,
+        verbs,
+        resource_names: BTreeSet::new(),
+    }));
+    out.sort();
+    out
 }
 
 /// A ClusterRole rule granting one need.
 fn rule_of(n: Need) -> Json {
-    json!({
+    let mut rule = json!({
         "apiGroups": [n.group],
         "resources": [n.resource],
         "verbs": n.verbs.into_iter().collect::<Vec<_>>(),
-    })
+    });
+    if !n.resource_names.is_empty() {
+        rule["resourceNames"] = json!(n.resource_names);
+    }
+    rule
 }
 
 #[derive(Clone, Debug)]

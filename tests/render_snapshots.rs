@@ -61,9 +61,16 @@ fn snapshots() -> Vec<Snapshot> {
                 &observed,
             ]),
         });
-        // The children do not change when live children exist.
+        // The children do not change when live children exist — unless the rule has a
+        // child that waits for others (`waitFor`): it appears once they are live and ready.
+        let waits = std::fs::read_to_string(root().join(format!("rules/{x}.yaml")))
+            .is_ok_and(|rule| rule.contains("waitFor:"));
         out.push(Snapshot {
-            name: format!("{x}.yaml"),
+            name: if waits {
+                format!("{x}.observed.yaml")
+            } else {
+                format!("{x}.yaml")
+            },
             args: s(&["render", "-f", &parent, "--observed", &observed]),
         });
     }

@@ -403,11 +403,13 @@ fn the_ready_condition_lists_not_ready_then_missing() {
     let only_missing = Readiness {
         missing: vec!["a".into()],
         not_ready: vec![],
+        ..Readiness::default()
     };
     assert_eq!(only_missing.condition().message, "missing: a");
     let only_not_ready = Readiness {
         missing: vec![],
         not_ready: vec!["b".into()],
+        ..Readiness::default()
     };
     assert_eq!(only_not_ready.condition().message, "not ready: b");
 
@@ -422,6 +424,7 @@ fn a_long_ready_message_is_truncated() {
     let many = Readiness {
         missing: (0..1000).map(|i| format!("shards[{i}]")).collect(),
         not_ready: vec![],
+        ..Readiness::default()
     };
     let m = many.condition().message;
     assert!(m.len() <= 1024 + '…'.len_utf8(), "{} bytes", m.len());

@@ -372,11 +372,13 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
     }) else {
         bail!("no rule has parent {api_version} {kind}");
     };
-    let parent = with_render_defaults(parent);
-    let objects = match &args.observed {
-        Some(p) => read_objects(p)?,
-        None => Vec::new(),
-    };
+    let parent = with_render_defaults(rule, parent);
+    // The documents after the parent in its own file count as observed objects too (an
+    // example's referenced Secret and ConfigMaps, say).
+    let mut objects: Vec<Json> = read_objects(&args.parent)?.into_iter().skip(1).collect();
+    if let Some(p) = &args.observed {
+        objects.extend(read_objects(p)?);
+    }
     let scope = builtin_scope(rule);
     let observed::Matched {
         observed,
@@ -417,10 +419,20 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
     Ok(0)
 }
 
-/// A parent read from a file has no UID or namespace yet; render as the API server would see it.
-fn with_render_defaults(mut parent: Json) -> Json {
+/// A parent read from a file has no UID or namespace yet; render as the API server would
+/// see it (a parent of a cluster-scoped kind of the rule's CRD gets no namespace).
+fn with_render_defaults(rule: &crate::render::CompiledRule, mut parent: Json) -> Json {
+    let cluster_scoped = rule
+        .rule
+        .spec
+        .crd
+        .as_ref()
+        .and_then(|c| c.scope.as_ref())
+        .is_some_and(|s| s.value == "Cluster");
     if let Some(meta) = parent.get_mut("metadata").and_then(Json::as_object_mut) {
-        meta.entry("namespace").or_insert_with(|| "default".into());
+        if !cluster_scoped {
+            meta.entry("namespace").or_insert_with(|| "default".into());
+        }
         meta.entry("uid")
             .or_insert_with(|| "00000000-0000-0000-0000-000000000000".into());
         meta.entry("generation").or_insert_with(|| 1.into());

@@ -39,7 +39,8 @@ pub fn render_against(
     // (position in the file, object)
     let mut unlabeled = Vec::new();
     let mut ignored = Vec::new();
-    for (at, o) in objects.into_iter().enumerate() {
+    let (refs, objects) = references(rule, parent, objects)?;
+    for (at, o) in objects {
         match child_label(&o) {
             Some(name) if rule.children().iter().any(|c| c.name.as_str() == name) => {
                 children.push(o)
@@ -57,6 +58,7 @@ pub fn render_against(
         }
     }
     let mut observed = Observed::from_objects(children.clone());
+    observed.refs = refs.clone();
     let mut desired = rule.render(parent, &observed, scope)?;
     loop {
         let before = children.len();
@@ -81,6 +83,7 @@ pub fn render_against(
             break;
         }
         observed = Observed::from_objects(children.clone());
+        observed.refs = refs.clone();
         desired = rule.render(parent, &observed, scope)?;
     }
     for (at, o) in &unlabeled {
@@ -102,6 +105,98 @@ pub fn render_against(
         desired,
         ignored: ignored.into_iter().map(|(_, note)| note).collect(),
     })
+}
+
+/// The objects of the file that the parent's references point at (by apiVersion, kind
+/// and name, or labels; and namespace when the object says), as `refs`; and the rest
+/// with their positions. A required reference with no object is an error, as the
+/// operator would stop there (`ReferenceMissing`).
+#[allow(clippy::type_complexity)]
+fn references(
+    rule: &CompiledRule,
+    parent: &Json,
+    objects: Vec<Json>,
+) -> Result<(std::collections::BTreeMap<String, Json>, Vec<(usize, Json)>), RenderError> {
+    let spec = &rule.rule.spec.references;
+    let indexed: Vec<(usize, Json)> = objects.into_iter().enumerate().collect();
+    if spec.is_empty() {
+        return Ok((Default::default(), indexed));
+    }
+    let scope = |i: usize| match spec.get(i) {
+        Some(r) if super::is_cluster_scoped_builtin(&r.api_version, &r.kind) => Scope::Cluster,
+        _ => Scope::Namespaced,
+    };
+    let targets =
+        rule.reference_targets(parent, &Observed::default(), &scope, &mut rule.budget())?;
+    let mut found: std::collections::BTreeMap<String, Json> = Default::default();
+    let mut rest = Vec::new();
+    let mut lists: std::collections::BTreeMap<String, Vec<Json>> = Default::default();
+    'objects: for (at, o) in indexed {
+        if child_label(&o).is_none() {
+            for t in &targets {
+                let r = &spec[t.reference];
+                let same_kind = text(&o, "/apiVersion") == Some(r.api_version.as_str())
+                    && text(&o, "/kind") == Some(r.kind.as_str());
+                let ns_ok = match (text(&o, "/metadata/namespace"), &t.namespace) {
+                    (Some(have), Some(want)) => have == want,
+                    _ => true,
+                };
+                if !same_kind || !ns_ok {
+                    continue;
+                }
+                let hit = match &t.select {
+                    crate::render::RefSelect::Name(n) => {
+                        text(&o, "/metadata/name") == Some(n.as_str())
+                    }
+                    crate::render::RefSelect::Labels(_) => {
+                        let labels: std::collections::BTreeMap<String, String> = o
+                            .pointer("/metadata/labels")
+                            .and_then(|l| serde_json::from_value(l.clone()).ok())
+                            .unwrap_or_default();
+                        t.selects_labels(&labels)
+                    }
+                };
+                if hit {
+                    match &t.select {
+                        crate::render::RefSelect::Name(_) => {
+                            found.insert(r.name.value.clone(), o);
+                        }
+                        crate::render::RefSelect::Labels(_) => {
+                            lists.entry(r.name.value.clone()).or_default().push(o)
+                        }
+                    }
+                    continue 'objects;
+                }
+            }
+        }
+        rest.push((at, o));
+    }
+    for t in &targets {
+        let r = &spec[t.reference];
+        match &t.select {
+            crate::render::RefSelect::Labels(_) => {
+                let mut list = lists.remove(r.name.as_str()).unwrap_or_default();
+                list.sort_by(|a, b| text(a, "/metadata/name").cmp(&text(b, "/metadata/name")));
+                found.insert(r.name.value.clone(), Json::Array(list));
+            }
+            crate::render::RefSelect::Name(_)
+                if !r.optional && !found.contains_key(r.name.as_str()) =>
+            {
+                return Err(RenderError::new(
+                    rule.file.clone(),
+                    Some(r.name.line),
+                    format!(
+                        "rule '{}': refs.{}: {} not found among the observed objects (a required reference: the operator would set Ready=False, reason ReferenceMissing)",
+                        rule.name,
+                        r.name.value,
+                        t.describe(&r.kind.value)
+                    ),
+                ));
+            }
+            crate::render::RefSelect::Name(_) => {}
+        }
+    }
+    Ok((found, rest))
 }
 
 fn child_label(o: &Json) -> Option<&str> {

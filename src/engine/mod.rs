@@ -220,6 +220,7 @@ impl Engine {
                 message: None,
                 synced: false,
                 problem: None,
+                paused: 0,
             },
         );
         let (stop, stopped) = watch::channel(false);

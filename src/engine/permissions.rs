@@ -10,7 +10,7 @@ use k8s_openapi::api::authorization::v1::{
 use kube::Client;
 use kube::api::{Api, ApiResource, PostParams};
 
-use crate::rbac::{CHILD_VERBS, PARENT_VERBS, STATUS_VERBS};
+use crate::rbac::{CHILD_VERBS, PARENT_VERBS, REF_VERBS, STATUS_VERBS};
 
 /// Why a rule's permissions are not (known to be) there.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +23,14 @@ pub enum PermissionError {
 }
 use crate::render::CompiledRule;
 
+/// What the operator reads of a referenced kind: where its cache watches (a literal
+/// namespace) and, for a literal `objectName`, the one object.
+pub(super) struct RefAccess {
+    pub ar: ApiResource,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
 /// Asks the API server whether this process may do everything `rule` needs.
 /// `Err` lists what is missing, e.g. `list, watch mywebs.operator.k8s-summit.org`.
 pub(super) async fn check_rule_permissions(
@@ -30,18 +38,36 @@ pub(super) async fn check_rule_permissions(
     rule: &CompiledRule,
     parent: &ApiResource,
     child_kinds: &[ApiResource],
+    ref_kinds: &[RefAccess],
     namespace: Option<&str>,
 ) -> Result<(), PermissionError> {
-    let mut wanted: Vec<(&ApiResource, Option<&str>, &[&str])> = vec![
-        (parent, None, PARENT_VERBS),
-        (parent, Some("status"), STATUS_VERBS),
+    // (kind, subresource, verbs, namespace, name)
+    type Wanted<'a> = (
+        &'a ApiResource,
+        Option<&'a str>,
+        &'a [&'a str],
+        Option<&'a str>,
+        Option<&'a str>,
+    );
+    let mut wanted: Vec<Wanted> = vec![
+        (parent, None, PARENT_VERBS, namespace, None),
+        (parent, Some("status"), STATUS_VERBS, namespace, None),
     ];
     for k in child_kinds {
-        wanted.push((k, None, CHILD_VERBS));
+        wanted.push((k, None, CHILD_VERBS, namespace, None));
+    }
+    for r in ref_kinds {
+        wanted.push((
+            &r.ar,
+            None,
+            REF_VERBS,
+            r.namespace.as_deref().or(namespace),
+            r.name.as_deref(),
+        ));
     }
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let mut missing: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (ar, sub, verbs) in wanted {
+    for (ar, sub, verbs, namespace, name) in wanted {
         for verb in verbs {
             let review = SelfSubjectAccessReview {
                 spec: SelfSubjectAccessReviewSpec {
@@ -51,6 +77,7 @@ pub(super) async fn check_rule_permissions(
                         subresource: sub.map(str::to_string),
                         verb: Some(verb.to_string()),
                         namespace: namespace.map(str::to_string),
+                        name: name.map(str::to_string),
                         ..Default::default()
                     }),
                     ..Default::default()

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::Client;
 use kube::api::{Api, ApiResource, GroupVersionKind};
 use kube::core::discovery::Scope as KubeScope;
 use kube::discovery::pinned_kind;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::warn;
 
@@ -22,9 +22,10 @@ use super::streams::{CacheSync, LIST_PAGE_SIZE, admission, packed, parent_change
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::admission::CacheBudget;
+use crate::reconcile::refs::{RefIndex, RefKind};
 use crate::reconcile::wire::Wire;
 use crate::reconcile::writer::Writer;
-use crate::reconcile::{self, ChildKind, ContextParts, ParentKind, RuleContext, WriteGate};
+use crate::reconcile::{self, ChildKind, ContextParts, ParentKind, Paused, RuleContext, WriteGate};
 use crate::render::CompiledRule;
 
 /// Why a rule cannot run (yet).
@@ -61,6 +62,8 @@ struct Resolved {
     /// Distinct child kinds, and for each child its index among them.
     kinds: Vec<(ApiResource, bool)>,
     kind_of_child: Vec<usize>,
+    /// Each reference's kind, in rule order.
+    refs: Vec<(ApiResource, bool)>,
 }
 
 impl RuleRunner {
@@ -157,12 +160,43 @@ impl RuleRunner {
             };
             kind_of_child.push(idx);
         }
+        let mut refs = Vec::new();
+        for r in &spec.references {
+            let (ar, caps) = discover(
+                &self.client,
+                &format!("reference '{}'", r.name.value),
+                &r.api_version,
+                &r.kind,
+            )
+            .await?;
+            if parent_namespaced && matches!(r.literal_namespace(), Some(Err(_))) {
+                return Err(SetupError::Invalid(format!(
+                    "reference '{}': {} is namespaced, so the reference may name another namespace only literally",
+                    r.name.value, spec.parent.kind.value
+                )));
+            }
+            refs.push((ar, caps.scope == KubeScope::Namespaced));
+        }
         if self.config.check_permissions {
             super::permissions::check_rule_permissions(
                 &self.client,
                 &self.rule,
                 &parent,
                 &kinds.iter().map(|(ar, _)| ar.clone()).collect::<Vec<_>>(),
+                &refs
+                    .iter()
+                    .zip(&spec.references)
+                    .map(|((ar, _), r)| {
+                        let f = crate::render::cache_filter(r);
+                        super::permissions::RefAccess {
+                            ar: ar.clone(),
+                            namespace: f.namespace,
+                            name: f
+                                .fields
+                                .map(|f| f.trim_start_matches("metadata.name=").to_string()),
+                        }
+                    })
+                    .collect::<Vec<_>>(),
                 self.config.namespace.as_deref(),
             )
             .await
@@ -174,6 +208,7 @@ impl RuleRunner {
             status_subresource,
             kinds,
             kind_of_child,
+            refs,
         })
     }
 
@@ -201,7 +236,12 @@ impl RuleRunner {
         let parent_writer = reflector::store::Writer::new(r.parent.clone());
         let parent_reader = parent_writer.as_reader();
         // Status-only changes (Rulebook's own status writes among them) do not reconcile.
-        let synced = CacheSync::new(1 + r.kinds.len(), self.status.clone(), name.clone());
+        let synced = CacheSync::new(
+            1 + r.kinds.len() + r.refs.len(),
+            self.status.clone(),
+            name.clone(),
+        );
+        let ref_indexes: Vec<Arc<RefIndex>> = r.refs.iter().map(|_| Arc::default()).collect();
         let parent_stream = watcher(parent_api, parent_wc)
             .default_backoff()
             .map(packed)
@@ -210,9 +250,14 @@ impl RuleRunner {
             .reflect(parent_writer)
             .map({
                 let status_writes = status_writes.clone();
+                let ref_indexes = ref_indexes.clone();
                 move |event| {
                     if let Ok(e) = &event {
                         status_writes.observe(e);
+                        if let watcher::Event::Delete(o) = e {
+                            let key = (o.namespace(), o.name_any());
+                            ref_indexes.iter().for_each(|i| i.forget(&key));
+                        }
                     }
                     event
                 }
@@ -274,8 +319,54 @@ impl RuleRunner {
                 index,
             });
         }
+        let mut refs = Vec::new();
+        for (i, ((ar, namespaced), index)) in r.refs.iter().zip(&ref_indexes).enumerate() {
+            let (stream, store) = self.reference_stream(
+                i,
+                ar,
+                *namespaced,
+                index.clone(),
+                synced.observer(1 + r.kinds.len() + i),
+                relisted(relisted_tx.clone()),
+            );
+            let parent_ar = r.parent.clone();
+            let mapper_index = index.clone();
+            let mapper_store = store.clone();
+            let mapper_ar = ar.clone();
+            controller = controller.watches_stream_with(
+                stream,
+                move |o: kube::api::DynamicObject| {
+                    let oref =
+                        kube::runtime::reflector::ObjectRef::from_obj_with(&o, mapper_ar.clone());
+                    let cached = mapper_store.get(&oref).is_some();
+                    mapper_index
+                        .parents_for(&o, cached)
+                        .into_iter()
+                        .map(|(ns, name)| {
+                            let p = kube::runtime::reflector::ObjectRef::new_with(
+                                &name,
+                                parent_ar.clone(),
+                            );
+                            match ns {
+                                Some(ns) => p.within(&ns),
+                                None => p,
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                },
+                ar.clone(),
+            );
+            refs.push(RefKind {
+                ar: ar.clone(),
+                namespaced: *namespaced,
+                store,
+                index: index.clone(),
+            });
+        }
         drop(relisted_tx);
         controller = controller.reconcile_all_on(relisted_rx);
+        let paused = Arc::new(Paused::default());
+        self.status.set_paused(&name, paused.clone());
         let ctx = Arc::new(RuleContext::new(ContextParts {
             rule: self.rule.clone(),
             client: self.client.clone(),
@@ -291,6 +382,8 @@ impl RuleRunner {
             writer: Writer::new(self.gate.clone(), self.metrics.clone(), &name),
             status_writes,
             parent_store: parent_reader.clone(),
+            refs,
+            paused,
         }));
         let mut stop_signal = stopped.clone();
         let shutdown = async move {
@@ -324,6 +417,85 @@ impl RuleRunner {
         for id in cache_ids {
             self.budget.drop_cache(id);
         }
+    }
+}
+
+impl RuleRunner {
+    /// The watch of reference `i`'s kind, filtered as narrowly as the rule allows (a
+    /// literal namespace, `watchSelector` or the selector's literal keys, a literal
+    /// name), into its cache; and the cache.
+    #[allow(clippy::type_complexity)]
+    fn reference_stream(
+        &self,
+        i: usize,
+        ar: &ApiResource,
+        namespaced: bool,
+        index: Arc<RefIndex>,
+        synced: impl FnMut(
+            Result<watcher::Event<kube::api::DynamicObject>, watcher::Error>,
+        ) -> Result<watcher::Event<kube::api::DynamicObject>, watcher::Error>
+        + Send
+        + 'static,
+        relisted: impl FnMut(
+            Result<watcher::Event<kube::api::DynamicObject>, watcher::Error>,
+        )
+            -> Result<watcher::Event<kube::api::DynamicObject>, watcher::Error>
+        + Send
+        + 'static,
+    ) -> (
+        impl futures::Stream<Item = Result<kube::api::DynamicObject, watcher::Error>> + Send + 'static,
+        kube::runtime::reflector::Store<kube::api::DynamicObject>,
+    ) {
+        let filter = self
+            .rule
+            .rule
+            .spec
+            .references
+            .get(i)
+            .map(crate::render::cache_filter)
+            .unwrap_or_default();
+        let ns = filter
+            .namespace
+            .as_deref()
+            .or(self.config.namespace.as_deref());
+        let api: Api<Wire<false>> = match (ns, namespaced) {
+            (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, ar),
+            _ => Api::all_with(self.client.clone(), ar),
+        };
+        let mut wc = watcher::Config::default()
+            .any_semantic()
+            .page_size(LIST_PAGE_SIZE);
+        if let Some(l) = &filter.labels {
+            wc = wc.labels(l);
+        }
+        if let Some(f) = &filter.fields {
+            wc = wc.fields(f);
+        }
+        let writer = reflector::store::Writer::new(ar.clone());
+        let store = writer.as_reader();
+        let admit = admission(
+            self.budget.clone(),
+            self.budget.cache_id(),
+            self.rule.name.clone(),
+            ar.clone(),
+            super::recorder(&self.client, &self.config),
+        );
+        let stream = watcher(api, wc)
+            .default_backoff()
+            .map(packed)
+            .modify(crate::reconcile::cache::strip_parent)
+            .map(admit)
+            .map(synced)
+            .map(move |event| {
+                if let Ok(e) = &event {
+                    index.observe(e);
+                }
+                event
+            })
+            .reflect(writer)
+            .map(relisted)
+            .touched_objects();
+        (stream, store)
     }
 }
 

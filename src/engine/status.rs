@@ -3,7 +3,9 @@
 //! its controller (a CRD that could not be installed).
 
 use std::collections::BTreeMap;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
+
+use crate::reconcile::Paused;
 
 use kube::runtime::watcher;
 use serde::Serialize;
@@ -35,12 +37,15 @@ pub struct RuleStatus {
     /// A problem outside the controller, e.g. its CRD could not be installed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// Parents paused with the `rulebook.dev/paused` annotation.
+    pub paused: usize,
 }
 
 #[derive(Default)]
 pub struct EngineStatus {
     rules: RwLock<BTreeMap<String, RuleStatus>>,
     problems: RwLock<BTreeMap<String, String>>,
+    paused: RwLock<BTreeMap<String, Arc<Paused>>>,
 }
 
 impl EngineStatus {
@@ -53,6 +58,13 @@ impl EngineStatus {
                 }
             }
         }
+        if let Ok(paused) = self.paused.read() {
+            for (rule, p) in paused.iter() {
+                if let Some(s) = rules.get_mut(rule) {
+                    s.paused = p.count();
+                }
+            }
+        }
         rules
     }
     /// Records (or, with `None`, clears) a problem of `rule` found outside its controller.
@@ -62,6 +74,12 @@ impl EngineStatus {
                 Some(msg) => p.insert(rule.to_string(), msg),
                 None => p.remove(rule),
             };
+        }
+    }
+    /// The paused parents of a running rule's controller.
+    pub(super) fn set_paused(&self, rule: &str, paused: Arc<Paused>) {
+        if let Ok(mut p) = self.paused.write() {
+            p.insert(rule.to_string(), paused);
         }
     }
     pub(super) fn update(&self, rule: &str, f: impl FnOnce(&mut RuleStatus)) {
@@ -79,6 +97,9 @@ impl EngineStatus {
     pub(super) fn remove(&self, rule: &str) {
         if let Ok(mut rules) = self.rules.write() {
             rules.remove(rule);
+        }
+        if let Ok(mut p) = self.paused.write() {
+            p.remove(rule);
         }
     }
     /// Every running rule has synced its caches (a waiting rule does not hold readiness back:

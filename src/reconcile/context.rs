@@ -15,6 +15,7 @@ use kube::{Client, ResourceExt};
 use super::fight::Fights;
 use super::index::OwnerIndex;
 use super::plan::controlled_by;
+use super::refs::RefKind;
 use super::status::StatusWrites;
 use super::writer::Writer;
 use crate::meta::labels;
@@ -62,6 +63,30 @@ pub struct ContextParts {
     pub status_writes: Arc<StatusWrites>,
     /// The parent cache, to reconcile the newest cached version of a parent.
     pub parent_store: Store<DynamicObject>,
+    /// One cache per `spec.references[]` entry, in rule order.
+    pub refs: Vec<RefKind>,
+    /// The parents paused with `rulebook.dev/paused`, shared with `/status`.
+    pub paused: Arc<Paused>,
+}
+
+/// The UIDs of a rule's paused parents.
+#[derive(Default)]
+pub struct Paused(Mutex<HashSet<String>>);
+
+impl Paused {
+    pub fn set(&self, uid: &str, paused: bool) {
+        let mut set = lock(&self.0);
+        if paused {
+            if !set.contains(uid) {
+                set.insert(uid.to_string());
+            }
+        } else {
+            set.remove(uid);
+        }
+    }
+    pub fn count(&self) -> usize {
+        lock(&self.0).len()
+    }
 }
 
 /// Everything one rule's reconciles share.
@@ -77,6 +102,8 @@ pub struct RuleContext {
     pub backoff: BackoffPolicy,
     pub status_writes: Arc<StatusWrites>,
     pub parent_store: Store<DynamicObject>,
+    pub refs: Vec<RefKind>,
+    pub paused: Arc<Paused>,
     pub(super) failures: Mutex<HashMap<String, u32>>,
     pub(super) hash_only: Mutex<HashSet<String>>,
     pub(super) last_warning: Mutex<HashMap<String, String>>,
@@ -103,6 +130,8 @@ impl RuleContext {
             backoff: BackoffPolicy::default(),
             status_writes: p.status_writes,
             parent_store: p.parent_store,
+            refs: p.refs,
+            paused: p.paused,
             failures: Mutex::default(),
             hash_only: Mutex::default(),
             last_warning: Mutex::default(),
@@ -164,12 +193,20 @@ impl RuleContext {
         out
     }
 
-    /// Whether every child cache has completed its first listing.
+    /// Whether every child and reference cache has completed its first listing.
     pub fn children_listed(&self) -> bool {
         use futures::FutureExt;
-        self.kinds
-            .iter()
-            .all(|k| matches!(k.store.wait_until_ready().now_or_never(), Some(Ok(()))))
+        let listed =
+            |s: &Store<DynamicObject>| matches!(s.wait_until_ready().now_or_never(), Some(Ok(())));
+        self.kinds.iter().all(|k| listed(&k.store)) && self.refs.iter().all(|r| listed(&r.store))
+    }
+
+    /// Whether reference `i`'s kind is namespaced.
+    pub fn ref_scope(&self, i: usize) -> Scope {
+        match self.refs.get(i) {
+            Some(r) if !r.namespaced => Scope::Cluster,
+            _ => Scope::Namespaced,
+        }
     }
 
     pub fn note_success(&self, uid: &str) {
@@ -194,6 +231,7 @@ impl RuleContext {
             let mut warnings = lock(&self.last_warning);
             let mut let_go = lock(&self.let_go);
             for uid in &gone {
+                self.paused.set(uid, false);
                 failures.remove(uid);
                 warnings.remove(uid);
                 let_go.remove(uid);

@@ -18,6 +18,8 @@ pub enum Reason {
     StatusFailed,
     InvalidParent,
     InvalidChild,
+    /// A required reference (`spec.references`) is missing.
+    ReferenceMissing,
     NotLeader,
     Error,
 }
@@ -33,6 +35,7 @@ impl Reason {
             Reason::StatusFailed => "StatusFailed",
             Reason::InvalidParent => "InvalidParent",
             Reason::InvalidChild => "InvalidChild",
+            Reason::ReferenceMissing => "ReferenceMissing",
             Reason::NotLeader => "NotLeader",
             Reason::Error => "Error",
         }

@@ -104,7 +104,9 @@ pub(super) fn observed_after(observed: &Observed, changes: &[Change]) -> Observe
             objects.push((*fresh).clone());
         }
     }
-    Observed::from_objects(objects)
+    let mut after = Observed::from_objects(objects);
+    after.refs = observed.refs.clone();
+    after
 }
 
 /// One Normal event per kind of change in a reconcile (not one per child: events are

@@ -5,7 +5,10 @@
 //!
 //! 0. deletion: a parent being deleted is torn down instead ([`teardown`]); others carry
 //!    Rulebook's finalizer exactly when the rule needs it;
-//! 1. observe the parent and its live children in the caches;
+//! 1. observe the parent and its live children in the caches; a paused parent stops
+//!    here (one `Paused` condition);
+//!    1b. dereference: the objects its references point at (a required one missing
+//!    stops here, `ReferenceMissing`);
 //! 2. render the desired children (off the async runtime);
 //! 3. apply those the plan says differ;
 //! 4. prune what the parent owns and no longer renders (or orphan it);
@@ -29,6 +32,7 @@ mod observe;
 mod offload;
 pub mod plan;
 mod prune;
+pub mod refs;
 pub mod status;
 pub mod teardown;
 pub mod wire;
@@ -51,12 +55,13 @@ use crate::render::Observed;
 use apply::{apply_child, look_up_uncached};
 use events::{event, observed_after, report_changes};
 use observe::{Confined, confine_to_rendered_namespaces, read_stubs, unreadable_parent};
-use offload::{render_off_runtime, status_off_runtime};
+use offload::{render_off_runtime, status_off_runtime, targets_off_runtime};
 use plan::plan_prunes;
 use prune::leave_child;
-use status::write_status;
+use refs::Dereferenced;
+use status::{write_paused, write_status};
 
-pub use context::{BackoffPolicy, ChildKind, ContextParts, ParentKind, RuleContext};
+pub use context::{BackoffPolicy, ChildKind, ContextParts, ParentKind, Paused, RuleContext};
 pub use error::{Reason, ReconcileError};
 pub use gate::WriteGate;
 pub use status::StatusWrites;
@@ -162,6 +167,16 @@ async fn reconcile_inner(
     if parent.meta().deletion_timestamp.is_some() {
         return teardown::teardown(ctx, parent, &uid).await;
     }
+    let paused = is_paused(parent);
+    ctx.paused.set(&uid, paused);
+    if paused {
+        // Nothing is written for a paused parent but its `Paused` condition.
+        let Some(parent_json) = cache::to_json(parent) else {
+            return Ok(Action::await_change());
+        };
+        write_paused(ctx, parent, &parent_json).await?;
+        return Ok(Action::await_change());
+    }
     if !teardown::keep_finalizer(ctx, parent).await? {
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
@@ -170,15 +185,35 @@ async fn reconcile_inner(
 
     // 1. Observe: the parent and its live children, as the caches (or, for children cached
     //    without content, the API server) have them.
-    let Some(parent_json) = cache::to_json(parent) else {
+    let Some(mut parent_json) = cache::to_json(parent) else {
         return unreadable_parent(ctx, parent).await;
     };
     let live_children = read_stubs(ctx, ctx.owned_children(&uid, namespace.as_deref())).await?;
-    let observed =
+    let mut observed =
         Observed::from_objects(live_children.iter().filter_map(|(_, o)| cache::to_json(o)));
 
+    // 1b. Dereference: where the references point (an expression over the parent), and
+    //     what is there. A required object missing: nothing is applied or pruned.
+    let mut budget = rule.budget();
+    if !rule.rule.spec.references.is_empty() {
+        let (targets, p, o, b) = targets_off_runtime(ctx, parent_json, observed, budget).await?;
+        (parent_json, observed, budget) = (p, o, b);
+        let targets = match targets {
+            Ok(t) => t,
+            Err(e) => {
+                return render_failed(ctx, parent, &parent_json, &observed, e, "Render").await;
+            }
+        };
+        let key = (namespace.clone(), parent.name_any());
+        match refs::look_up(ctx, &key, targets).await? {
+            Dereferenced::Found(found) => observed.refs = found,
+            Dereferenced::Missing(message) => {
+                return reference_missing(ctx, parent, &parent_json, message).await;
+            }
+        }
+    }
+
     // 2. Render the desired children, off the async runtime.
-    let budget = rule.budget();
     let (rendered, parent_json, observed, budget) =
         render_off_runtime(ctx, parent_json, observed, budget).await?;
     let (desired, live_children, observed, budget) =
@@ -192,7 +227,7 @@ async fn reconcile_inner(
         };
     let desired = match desired {
         Ok(d) => d,
-        Err(e) => return render_failed(ctx, parent, &parent_json, e, "Render").await,
+        Err(e) => return render_failed(ctx, parent, &parent_json, &observed, e, "Render").await,
     };
 
     // 3. Apply, in rule order; the first failure stops the rest (later children may
@@ -251,11 +286,16 @@ async fn reconcile_inner(
     } else {
         observed_after(&observed, &changes)
     };
+    let secrets = observed.secret_values();
     let (report, parent_json) =
         status_off_runtime(ctx, parent_json, observed, desired, budget).await?;
     let report = match report {
         Ok(report) => report,
-        Err(e) => return render_failed(ctx, parent, &parent_json, e, "Status").await,
+        Err(mut e) => {
+            e.message = crate::render::redact(&e.message, &secrets);
+            return render_failed(ctx, parent, &parent_json, &Observed::default(), e, "Status")
+                .await;
+        }
     };
     let fields = Some(report.fields);
     let result = match failure {
@@ -287,15 +327,55 @@ async fn reconcile_inner(
     result
 }
 
+/// Whether the parent carries `rulebook.dev/paused: "true"`.
+fn is_paused(parent: &DynamicObject) -> bool {
+    parent
+        .annotations()
+        .get(crate::meta::labels::PAUSED)
+        .is_some_and(|v| v == "true")
+}
+
+/// A required reference is missing: `Ready=False` reason `ReferenceMissing` naming it
+/// (never a value), a Warning event, and nothing applied or pruned. The reference's
+/// watch wakes the parent when the object appears.
+async fn reference_missing(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    parent_json: &serde_json::Value,
+    message: String,
+) -> Result<Action, ReconcileError> {
+    let state = crate::render::status::ConditionState::new(
+        false,
+        Reason::ReferenceMissing.as_str(),
+        &message,
+    );
+    event(
+        ctx,
+        parent,
+        EventType::Warning,
+        &state.reason,
+        "Dereference",
+        message,
+    );
+    write_status(ctx, parent, parent_json, None, &state).await?;
+    Ok(match ctx.rule.resync {
+        Some(every) => Action::requeue(every),
+        None => Action::await_change(),
+    })
+}
+
 /// A render or status evaluation failed: `Ready=False` with the failure's reason on this
-/// parent only (its status fields keep their values), and a Warning event.
+/// parent only (its status fields keep their values), and a Warning event. Secret values
+/// the parent could read (references, children) are taken out of the message.
 async fn render_failed(
     ctx: &RuleContext,
     parent: &DynamicObject,
     parent_json: &serde_json::Value,
-    e: crate::render::RenderError,
+    observed: &Observed,
+    mut e: crate::render::RenderError,
     action: &str,
 ) -> Result<Action, ReconcileError> {
+    e.message = crate::render::redact(&e.message, &observed.secret_values());
     ctx.metrics
         .render_errors
         .get_or_create(&metrics::rule(&ctx.rule.name))

@@ -87,8 +87,9 @@ pub(super) fn confine_to_rendered_namespaces(
         return Confined::Same(rendered, live, observed);
     }
     let kept: Live = live.into_iter().filter(|(k, o)| !outside(*k, o)).collect();
-    let observed = Observed::from_objects(kept.iter().filter_map(|(_, o)| cache::to_json(o)));
-    Confined::Narrowed(kept, observed)
+    let mut narrowed = Observed::from_objects(kept.iter().filter_map(|(_, o)| cache::to_json(o)));
+    narrowed.refs = observed.refs;
+    Confined::Narrowed(kept, narrowed)
 }
 
 /// A parent whose content cannot be read (nested deeper than the JSON reader allows):

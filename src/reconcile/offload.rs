@@ -14,7 +14,9 @@ use tokio::sync::Semaphore;
 
 use super::context::RuleContext;
 use super::error::ReconcileError;
-use crate::render::{DesiredChild, Observed, ParentBudget, RenderError, Scope, StatusReport};
+use crate::render::{
+    DesiredChild, Observed, ParentBudget, RefTarget, RenderError, Scope, StatusReport,
+};
 
 static SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {
     Semaphore::new(
@@ -58,6 +60,33 @@ pub(super) async fn render_off_runtime(
         let scope = |i: usize| scopes.get(i).copied().unwrap_or(Scope::Namespaced);
         let desired = rule.render_within(&parent, &observed, &scope, &mut budget);
         (desired, parent, observed, budget)
+    })
+    .await
+}
+
+/// What [`targets_off_runtime`] hands back: its result, its inputs, and the budget.
+pub(super) type Targets = (
+    Result<Vec<RefTarget>, RenderError>,
+    Json,
+    Observed,
+    ParentBudget,
+);
+
+/// Where `parent`'s references point, evaluated on the blocking pool within `budget`.
+pub(super) async fn targets_off_runtime(
+    ctx: &RuleContext,
+    parent: Json,
+    observed: Observed,
+    mut budget: ParentBudget,
+) -> Result<Targets, ReconcileError> {
+    let rule = ctx.rule.clone();
+    let scopes: Vec<Scope> = (0..rule.rule.spec.references.len())
+        .map(|i| ctx.ref_scope(i))
+        .collect();
+    off_runtime(move || {
+        let scope = |i: usize| scopes.get(i).copied().unwrap_or(Scope::Namespaced);
+        let targets = rule.reference_targets(&parent, &observed, &scope, &mut budget);
+        (targets, parent, observed, budget)
     })
     .await
 }

@@ -128,12 +128,21 @@ pub fn plan_status(
     let stale_field = managed
         .iter()
         .any(|k| !fields.contains_key(*k) && live_status.and_then(|s| s.get(*k)).is_some());
-    if !stale_field && status::status_matches(live_status, &desired) {
+    // A condition Rulebook sets only while a parent is held (`Paused`) goes with the
+    // next write: the apply leaves it out, so server-side apply removes it.
+    let held = status::conditions_of(live)
+        .iter()
+        .any(|c| HELD_CONDITIONS.contains(&c.type_.as_str()) && c.reason == c.type_);
+    if !stale_field && !held && status::status_matches(live_status, &desired) {
         None
     } else {
         Some(desired)
     }
 }
+
+/// Conditions Rulebook sets only while it holds a parent's reconcile (with the type as
+/// reason, which tells them from another writer's condition of the same type).
+pub const HELD_CONDITIONS: &[&str] = &["Paused"];
 
 pub fn controlled_by(o: &DynamicObject, uid: &str) -> bool {
     o.owner_references()

@@ -192,6 +192,38 @@ pub(super) async fn write_deleting(
     parent_json: &Json,
     step: &ConditionState,
 ) -> Result<(), ReconcileError> {
+    let ready = ConditionState::new(false, "Deleting", &step.message);
+    write_held(ctx, parent, parent_json, Some(&ready), "Deleting", step).await
+}
+
+/// Writes the status of a paused parent: its fields and `Ready` as they are, and
+/// `Paused=True`. Nothing else is written while it is paused.
+pub(super) async fn write_paused(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    parent_json: &Json,
+) -> Result<(), ReconcileError> {
+    let paused = ConditionState::new(
+        true,
+        "Paused",
+        &format!(
+            "the {PAUSED} annotation is \"true\": Rulebook does not write to this parent or its children",
+            PAUSED = crate::meta::labels::PAUSED
+        ),
+    );
+    write_held(ctx, parent, parent_json, None, "Paused", &paused).await
+}
+
+/// The status of a parent whose reconcile is held (torn down, paused): the rule's fields
+/// as they are, `Ready` as given (or as it is), and one more condition.
+async fn write_held(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    parent_json: &Json,
+    ready: Option<&ConditionState>,
+    type_: &str,
+    state: &ConditionState,
+) -> Result<(), ReconcileError> {
     if !ctx.parent.status_subresource {
         return Ok(());
     }
@@ -210,17 +242,28 @@ pub(super) async fn write_deleting(
         .filter_map(|k| Some((k.clone(), live.pointer(&format!("/status/{k}"))?.clone())))
         .collect();
     let now = now_rfc3339();
-    let ready = ConditionState::new(false, "Deleting", &step.message);
-    let mut desired = crate::render::status::desired_status(&live, &fields, &ready, &now);
-    let deleting = crate::render::status::next_condition(
-        &crate::render::status::conditions_of(&live),
-        "Deleting",
-        step,
-        live.pointer("/metadata/generation").and_then(Json::as_i64),
-        &now,
-    );
+    let previous = crate::render::status::conditions_of(&live);
+    let generation = live.pointer("/metadata/generation").and_then(Json::as_i64);
+    let mut desired = match ready {
+        Some(ready) => crate::render::status::desired_status(&live, &fields, ready, &now),
+        None => {
+            // Ready exactly as it is (kept in the apply, so it stays Rulebook's).
+            let mut status = fields.clone();
+            if let Some(g) = generation {
+                status.insert("observedGeneration".into(), Json::from(g));
+            }
+            let kept: Vec<Json> = previous
+                .iter()
+                .filter(|c| c.type_ == "Ready")
+                .filter_map(|c| serde_json::to_value(c).ok())
+                .collect();
+            status.insert("conditions".into(), Json::Array(kept));
+            Json::Object(status)
+        }
+    };
+    let held = crate::render::status::next_condition(&previous, type_, state, generation, &now);
     if let Some(list) = desired.get_mut("conditions").and_then(Json::as_array_mut) {
-        list.push(serde_json::to_value(deleting).unwrap_or(Json::Null));
+        list.push(serde_json::to_value(held).unwrap_or(Json::Null));
     }
     if crate::render::status::status_matches(live.get("status"), &desired) {
         return Ok(());

@@ -64,13 +64,20 @@ impl CompiledRule {
     ) -> Result<Vec<DesiredChild>, RenderError> {
         let _active = budget.enter();
         let info = ParentInfo::of(parent);
-        let ctx = self.context(parent, observed);
+        let (ctx, readiness) = self.context_and_readiness(parent, observed)?;
         let programs = self.compiled.borrow_dependent();
         let env = self.compiled.borrow_owner();
         let finalize_child = self.rule.spec.finalize_child();
+        // A child that waits for others is not rendered until they are ready (unless
+        // it is live already: then it stays, whatever they do).
+        let waiting: Vec<usize> = self
+            .waiting(observed, &readiness)
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
         let mut out = Vec::new();
         for (i, c) in self.rule.spec.children.iter().enumerate() {
-            if (finalize_child == Some(i)) != finalize {
+            if (finalize_child == Some(i)) != finalize || waiting.contains(&i) {
                 continue;
             }
             let p = &programs.children[i];

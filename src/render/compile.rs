@@ -18,6 +18,13 @@ impl CompiledRule {
         let mut diags = Vec::new();
         let child_names: BTreeSet<&str> =
             rule.spec.children.iter().map(|c| c.name.as_str()).collect();
+        let ref_names: BTreeSet<&str> = rule
+            .spec
+            .references
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect();
+        let mut uses_ready = rule.spec.children.iter().any(|c| !c.wait_for.is_empty());
         let diag = |line: u64, col: u64, key: &str, msg: String| {
             Diagnostic::new(file, line, col, format!("rule '{name}': {key}: {msg}"))
         };
@@ -117,11 +124,12 @@ impl CompiledRule {
                         line,
                         0,
                         format!(
-                            "unknown variable '{var}' (templates see parent, children, rule, and item/index in forEach)"
+                            "unknown variable '{var}' (templates see parent, children, refs, rule, ready(), and item/index in forEach)"
                         ),
                     ));
                 }
             }
+            uses_ready |= READY_CALL.is_match(source);
             for m in CHILD_REF.captures_iter(source) {
                 let (Some(whole), Some(n)) = (m.get(0), m.get(1)) else {
                     continue;
@@ -132,6 +140,22 @@ impl CompiledRule {
                         line_of(source, whole.start()),
                         0,
                         format!("children.{} is not a child of rule '{name}'", n.as_str()),
+                    ));
+                }
+            }
+            for m in REFS_REF.captures_iter(source) {
+                let (Some(whole), Some(n)) = (m.get(0), m.get(1)) else {
+                    continue;
+                };
+                if !ref_names.contains(n.as_str()) {
+                    diags.push(Diagnostic::new(
+                        path.as_str(),
+                        line_of(source, whole.start()),
+                        0,
+                        format!(
+                            "refs.{} is not a reference of rule '{name}' (spec.references)",
+                            n.as_str()
+                        ),
                     ));
                 }
             }
@@ -154,6 +178,7 @@ impl CompiledRule {
             .as_ref()
             .and_then(|r| parse_duration(r).ok());
 
+        let uses_ready_in_exprs = std::cell::Cell::new(false);
         let compiled = Compiled::try_new(env, |env| {
             let diags = std::cell::RefCell::new(Vec::new());
             let expr_vars = allowed_vars(env, &[]);
@@ -191,6 +216,35 @@ impl CompiledRule {
                                     &key,
                                     format!("children.{} is not a child of this rule", n.as_str()),
                                 ));
+                            }
+                        }
+                        for m in REFS_REF.captures_iter(&src.value) {
+                            if let Some(n) = m.get(1)
+                                && !ref_names.contains(n.as_str())
+                            {
+                                ok = false;
+                                diags.borrow_mut().push(diag(
+                                    src.line,
+                                    src.col,
+                                    &key,
+                                    format!(
+                                        "refs.{} is not a reference of this rule (spec.references)",
+                                        n.as_str()
+                                    ),
+                                ));
+                            }
+                        }
+                        if READY_CALL.is_match(&src.value) {
+                            if key.ends_with(".readyWhen") {
+                                ok = false;
+                                diags.borrow_mut().push(diag(
+                                    src.line,
+                                    src.col,
+                                    &key,
+                                    "readyWhen cannot call ready(): it defines it".into(),
+                                ));
+                            } else {
+                                uses_ready_in_exprs.set(true);
                             }
                         }
                         // Evaluated with the fuel probe at the end, so its fuel counts
@@ -235,6 +289,45 @@ impl CompiledRule {
                     for_each,
                 });
             }
+            let mut references = Vec::new();
+            for (i, r) in rule.spec.references.iter().enumerate() {
+                let key = |k: &str| format!("spec.references[{i}].{k}");
+                // A reference is found from the parent: it cannot read other references.
+                let no_refs = |e: &Loc<String>, k: &str| {
+                    if REFS_REF.is_match(&e.value) || e.value.contains("refs") {
+                        diags.borrow_mut().push(diag(
+                            e.line,
+                            e.col,
+                            &key(k),
+                            "a reference is found from the parent; it cannot read refs".into(),
+                        ));
+                        false
+                    } else {
+                        true
+                    }
+                };
+                let object_name = r
+                    .object_name
+                    .as_ref()
+                    .filter(|e| no_refs(e, "objectName"))
+                    .and_then(|e| compile_expr(e, key("objectName"), &[]));
+                let selector = r
+                    .selector
+                    .as_ref()
+                    .filter(|e| no_refs(e, "selector"))
+                    .and_then(|e| compile_expr(e, key("selector"), &[]));
+                let namespace = match r.literal_namespace() {
+                    Some(Err(e)) if no_refs(e, "namespace") => {
+                        compile_expr(e, key("namespace"), &[])
+                    }
+                    _ => None,
+                };
+                references.push(refs::RefProgram {
+                    object_name,
+                    selector,
+                    namespace,
+                });
+            }
             let mut status = Vec::new();
             for (field, v) in &rule.spec.status {
                 let key = format!("spec.status.{field}");
@@ -259,6 +352,20 @@ impl CompiledRule {
                                         &key,
                                         format!(
                                             "children.{} is not a child of this rule",
+                                            n.as_str()
+                                        ),
+                                    ));
+                                }
+                                if let Some(m) = JSONPATH_REFS_REF.captures(path)
+                                    && let Some(n) = m.get(1)
+                                    && !ref_names.contains(n.as_str())
+                                {
+                                    diags.borrow_mut().push(diag(
+                                        v.line,
+                                        v.col,
+                                        &key,
+                                        format!(
+                                            "refs.{} is not a reference of this rule",
                                             n.as_str()
                                         ),
                                     ));
@@ -351,6 +458,7 @@ impl CompiledRule {
             if diags.is_empty() {
                 Ok(Programs {
                     children,
+                    references,
                     done_when,
                     status,
                 })
@@ -368,6 +476,7 @@ impl CompiledRule {
                 template_files: used,
                 compiled,
                 limits: limits.clone(),
+                uses_ready: uses_ready || uses_ready_in_exprs.get(),
             }),
             Ok(_) => Err(diags),
             Err(mut more) => {

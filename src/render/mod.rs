@@ -13,6 +13,8 @@ mod compile;
 mod env;
 mod error;
 mod guarded;
+mod ready;
+pub mod refs;
 mod set;
 pub mod status;
 mod status_eval;
@@ -32,6 +34,7 @@ pub use budget::ParentBudget;
 pub use children::check_object_name;
 pub use env::{Limits, json_scalar, yaml_safe};
 pub use error::{FailureReason, RenderError, describe};
+pub use refs::{CacheFilter, RefSelect, RefTarget, cache_filter};
 pub use set::{RuleSet, compile, compile_read, load};
 pub use status::{Condition, Readiness, StatusReport};
 
@@ -72,6 +75,7 @@ enum CaseResult<'env> {
 
 struct Programs<'env> {
     children: Vec<ChildProgram<'env>>,
+    references: Vec<refs::RefProgram<'env>>,
     /// `spec.deletion.finalize.doneWhen`.
     done_when: Option<Expr<'env>>,
     status: Vec<(String, StatusProgram<'env>)>,
@@ -98,6 +102,9 @@ pub struct CompiledRule {
     pub template_files: BTreeMap<String, String>,
     compiled: Compiled,
     limits: Limits,
+    /// Whether templates or expressions call `ready(...)`, or a child has `waitFor`: then
+    /// the live children's readiness is computed before anything else is evaluated.
+    uses_ready: bool,
 }
 
 impl std::fmt::Debug for CompiledRule {
@@ -111,7 +118,7 @@ impl std::fmt::Debug for CompiledRule {
 }
 
 /// The variables a rule's templates and expressions may use.
-const CONTEXT_VARS: &[&str] = &["parent", "children", "rule"];
+const CONTEXT_VARS: &[&str] = &["parent", "children", "refs", "rule", "ready"];
 
 /// One desired child: the object as it would be applied.
 #[derive(Clone, Debug, PartialEq)]
@@ -152,10 +159,13 @@ impl DesiredChild {
     }
 }
 
-/// The live children of one parent, by child name, each list ordered by `forEach` index.
+/// The live children of one parent, by child name, each list ordered by `forEach` index;
+/// and the objects its references found, by reference name (an object, or a list for a
+/// `selector`; absent when an optional object is missing).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Observed {
     pub children: BTreeMap<String, Vec<Json>>,
+    pub refs: BTreeMap<String, Json>,
 }
 
 impl Observed {
@@ -172,6 +182,7 @@ impl Observed {
             };
             children.entry(name.to_string()).or_default().push(o);
         }
+        let refs = BTreeMap::new();
         for list in children.values_mut() {
             list.sort_by_key(|o| {
                 let idx = o
@@ -188,8 +199,66 @@ impl Observed {
                 (idx, name)
             });
         }
-        Observed { children }
+        Observed { children, refs }
     }
+
+    /// The values of every Secret among the references and children (as stored, base64,
+    /// and decoded), so messages can be cleaned of them ([`redact`]).
+    pub fn secret_values(&self) -> Vec<String> {
+        fn collect(o: &Json, out: &mut Vec<String>) {
+            if o.get("kind").and_then(Json::as_str) != Some("Secret") {
+                return;
+            }
+            for key in ["data", "stringData"] {
+                for v in o
+                    .get(key)
+                    .and_then(Json::as_object)
+                    .into_iter()
+                    .flat_map(|m| m.values())
+                    .filter_map(Json::as_str)
+                {
+                    out.push(v.to_string());
+                    if key == "data" {
+                        use base64::Engine;
+                        if let Ok(bytes) = base64::engine::general_purpose::STANDARD.decode(v)
+                            && let Ok(text) = String::from_utf8(bytes)
+                        {
+                            out.push(text);
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for o in self.refs.values() {
+            match o {
+                Json::Array(list) => list.iter().for_each(|o| collect(o, &mut out)),
+                o => collect(o, &mut out),
+            }
+        }
+        for o in self.children.values().flatten() {
+            collect(o, &mut out);
+        }
+        out.retain(|v| v.len() >= MIN_REDACTED);
+        out.sort_by_key(|v| std::cmp::Reverse(v.len()));
+        out.dedup();
+        out
+    }
+}
+
+/// Secret values shorter than this are not looked for in messages (they would match
+/// ordinary words); a secret that short is no secret.
+pub const MIN_REDACTED: usize = 4;
+
+/// `message` with every occurrence of the `secrets` replaced by `[redacted]`.
+pub fn redact(message: &str, secrets: &[String]) -> String {
+    let mut out = message.to_string();
+    for s in secrets {
+        if out.contains(s.as_str()) {
+            out = out.replace(s.as_str(), "[redacted]");
+        }
+    }
+    out
 }
 
 /// How Rulebook places one child: namespaced children go in the parent's namespace.
@@ -234,6 +303,17 @@ static CHILD_REF: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"(?:^|[^A-Za-z0-9_.])children\s*(?:\.\s*|\[\s*["'])([A-Za-z_][A-Za-z0-9_]*)"#)
         .expect("static regex")
 });
+static REFS_REF: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"(?:^|[^A-Za-z0-9_.])refs\s*(?:\.\s*|\[\s*["'])([A-Za-z_][A-Za-z0-9_]*)"#)
+        .expect("static regex")
+});
+static JSONPATH_REFS_REF: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r#"^\$\s*(?:\.\s*refs|\[\s*['"]refs['"]\s*\])\s*(?:\.\s*|\[\s*['"])([A-Za-z_][A-Za-z0-9_]*)"#)
+        .expect("static regex")
+});
+/// A call of the `ready(...)` helper.
+static READY_CALL: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(?:^|[^A-Za-z0-9_.])ready\s*\(").expect("static regex"));
 static JSONPATH_CHILD_REF: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"^\$\s*(?:\.\s*children|\[\s*['"]children['"]\s*\])\s*(?:\.\s*|\[\s*['"])([A-Za-z_][A-Za-z0-9_]*)"#)
         .expect("static regex")
@@ -244,8 +324,24 @@ impl CompiledRule {
         &self.rule.spec.children
     }
 
-    /// The template context: `parent`, `children` (live, by name), `rule`.
-    fn context(&self, parent: &Json, observed: &Observed) -> BTreeMap<&'static str, Value> {
+    /// The template context: `parent`, `children` (live, by name), `refs`, `rule`, and
+    /// `ready(...)` when the rule uses it. Evaluates `readyWhen` of the live children
+    /// when the rule needs their readiness, so it runs within an active budget.
+    fn context(
+        &self,
+        parent: &Json,
+        observed: &Observed,
+    ) -> Result<BTreeMap<&'static str, Value>, RenderError> {
+        Ok(self.context_and_readiness(parent, observed)?.0)
+    }
+
+    /// [`context`](Self::context), and the readiness of each live child object
+    /// (empty when the rule does not use it).
+    fn context_and_readiness(
+        &self,
+        parent: &Json,
+        observed: &Observed,
+    ) -> Result<(BTreeMap<&'static str, Value>, ready::LiveReadiness), RenderError> {
         let mut children = BTreeMap::new();
         for (i, c) in self.rule.spec.children.iter().enumerate() {
             let live = observed.children.get(c.name.as_str());
@@ -265,11 +361,17 @@ impl CompiledRule {
         let mut ctx = BTreeMap::new();
         ctx.insert("parent", val(&parent));
         ctx.insert("children", Value::from(children));
+        ctx.insert("refs", val(&observed.refs));
         ctx.insert(
             "rule",
             val(&serde_json::json!({"name": self.name, "version": self.version})),
         );
-        ctx
+        if !self.uses_ready {
+            return Ok((ctx, ready::LiveReadiness::default()));
+        }
+        let readiness = self.live_readiness(&ctx, observed)?;
+        ctx.insert("ready", readiness.function());
+        Ok((ctx, readiness))
     }
 
     /// How long the finalize step waits for `doneWhen` (default 10 minutes).

@@ -45,7 +45,11 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
     if diags.is_empty() {
         let mut warnings: Vec<Diagnostic> = rules
             .values()
-            .flat_map(|r| super::adopt::warnings(r))
+            .flat_map(|r| {
+                let mut w = super::adopt::warnings(r);
+                w.extend(super::refs::warnings(r));
+                w
+            })
             .collect();
         warnings.sort();
         Ok(RuleSet {

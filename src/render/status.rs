@@ -18,11 +18,13 @@ pub struct StatusReport {
 pub struct Readiness {
     pub missing: Vec<String>,
     pub not_ready: Vec<String>,
+    /// Children not applied yet because of their `waitFor`: `app (for db)`.
+    pub waiting: Vec<String>,
 }
 
 impl Readiness {
     pub fn is_ready(&self) -> bool {
-        self.missing.is_empty() && self.not_ready.is_empty()
+        self.missing.is_empty() && self.not_ready.is_empty() && self.waiting.is_empty()
     }
 
     /// The `Ready` condition for this readiness.
@@ -36,6 +38,9 @@ impl Readiness {
         }
         if !self.missing.is_empty() {
             parts.push(format!("missing: {}", self.missing.join(", ")));
+        }
+        if !self.waiting.is_empty() {
+            parts.push(format!("waiting: {}", self.waiting.join(", ")));
         }
         ConditionState::new(false, "ChildrenNotReady", &parts.join("; "))
     }

@@ -35,11 +35,12 @@ impl CompiledRule {
         budget: &mut ParentBudget,
     ) -> Result<StatusReport, RenderError> {
         let _active = budget.enter();
-        let ctx = self.context(parent, observed);
+        let (ctx, live_readiness) = self.context_and_readiness(parent, observed)?;
         let programs = self.compiled.borrow_dependent();
         let root = serde_json::json!({
             "parent": parent,
             "children": observed_json(&self.rule.spec.children, programs, observed),
+            "refs": observed.refs,
         });
         let mut fields = Map::new();
         for (field, program) in &programs.status {
@@ -89,7 +90,18 @@ impl CompiledRule {
                 fields.insert(field.clone(), v);
             }
         }
-        let readiness = self.readiness(&ctx, observed, desired)?;
+        let mut readiness = self.readiness(&ctx, observed, desired)?;
+        readiness.waiting = self
+            .waiting(observed, &live_readiness)
+            .into_iter()
+            .map(|(i, on)| {
+                format!(
+                    "{} (for {})",
+                    self.rule.spec.children[i].name.value,
+                    on.join(", ")
+                )
+            })
+            .collect();
         Ok(StatusReport { fields, readiness })
     }
 
@@ -105,7 +117,7 @@ impl CompiledRule {
         let Some(done_when) = &self.compiled.borrow_dependent().done_when else {
             return Ok(false);
         };
-        let mut ctx = self.context(parent, &Observed::default());
+        let mut ctx = self.context(parent, &Observed::default())?;
         ctx.insert("child", val(child));
         Ok(self.eval(done_when, &ctx)?.is_true())
     }
@@ -140,7 +152,11 @@ impl CompiledRule {
                 }
             }
         }
-        Ok(Readiness { missing, not_ready })
+        Ok(Readiness {
+            missing,
+            not_ready,
+            waiting: Vec::new(),
+        })
     }
 }
 

@@ -5,6 +5,7 @@
 //! reports all of them at once.
 
 pub mod crd;
+mod links;
 mod load;
 pub mod model;
 mod yaml;
@@ -13,6 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
+use links::{check_references, check_wait_for};
+pub use links::{is_label_key, is_label_value, parse_label_selector};
 pub use load::{Read, Sources, read};
 pub use model::*;
 pub use yaml::yaml_message;
@@ -249,6 +252,8 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
             );
         }
     }
+    check_wait_for(r, &mut err);
+    check_references(r, &mut err);
     for (field, v) in &r.spec.status {
         if !is_status_key(field) {
             err(
@@ -323,7 +328,11 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
     }
 }
 
-fn check_kind_ref(k: &KindRef, key: &str, err: &mut impl FnMut((u64, u64), &str, String)) {
+pub(crate) fn check_kind_ref(
+    k: &KindRef,
+    key: &str,
+    err: &mut impl FnMut((u64, u64), &str, String),
+) {
     let av = k.api_version.as_str();
     let (g, v) = split_api_version(av);
     let ok_group = g.is_empty() || g.split('.').all(is_dns_label);

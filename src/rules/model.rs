@@ -101,6 +101,10 @@ pub struct RuleMetadata {
 pub struct RuleSpec {
     /// The watched kind: every object of this kind is a parent.
     pub parent: KindRef,
+    /// Objects the rule reads but does not own, visible as `refs.<name>`. Watched: a
+    /// change to one re-reconciles the parents that use it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub references: Vec<Reference>,
     /// The objects rendered for each parent, applied in this order.
     #[serde(default)]
     pub children: Vec<ChildRule>,
@@ -118,6 +122,52 @@ pub struct RuleSpec {
     /// the children and Rulebook puts no finalizer on parents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion: Option<Deletion>,
+}
+
+/// An object (or, with `selector`, a list of objects) a rule reads but does not own
+/// (`spec.references[]`). Never written.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Reference {
+    /// An identifier; templates and expressions see the object as `refs.<name>`.
+    pub name: Loc<String>,
+    pub api_version: Loc<String>,
+    pub kind: Loc<String>,
+    /// An expression over `parent` giving the object's name. Exactly one of
+    /// `objectName` and `selector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_name: Option<Loc<String>>,
+    /// An expression over `parent` giving `matchLabels` (a map); `refs.<name>` is then the
+    /// list of matching objects, by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<Loc<String>>,
+    /// Where the object is. Default: the parent's namespace. A literal namespace name;
+    /// only a rule whose parent is cluster-scoped may give an expression instead (a
+    /// tenant must not be able to point a reference at another team's namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<Loc<String>>,
+    /// A missing optional object is undefined in `refs`; a missing required one stops
+    /// the parent's reconcile with `Ready=False`, reason `ReferenceMissing`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+    /// A label selector (`key=value,other`) on what Rulebook caches of this kind; objects
+    /// without it cannot be referenced. Narrows the cache where `objectName` and
+    /// `selector` alone cannot (a name computed from the parent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watch_selector: Option<Loc<String>>,
+}
+
+impl Reference {
+    /// The literal namespace, when `namespace` is one (a DNS label); `Err` with the
+    /// expression otherwise.
+    pub fn literal_namespace(&self) -> Option<Result<&str, &Loc<String>>> {
+        let ns = self.namespace.as_ref()?;
+        Some(if crate::meta::is_dns_label(ns.trim()) {
+            Ok(ns.trim())
+        } else {
+            Err(ns)
+        })
+    }
 }
 
 /// How a parent is torn down (`spec.deletion`).
@@ -193,6 +243,10 @@ pub struct ChildRule {
     /// An expression; the child exists only while it is true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_when: Option<Loc<String>>,
+    /// Children of this rule that must exist and be ready (their `readyWhen`) before this
+    /// one is first applied. Once applied, it stays when they become unready.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wait_for: Vec<Loc<String>>,
     /// An expression over `child` (the live object); default: the child exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_when: Option<Loc<String>>,

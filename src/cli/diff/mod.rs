@@ -10,6 +10,7 @@
 //! 2 on an error (a parent that does not render counts as one).
 
 mod compare;
+mod refs;
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{IsTerminal, Write};
@@ -184,6 +185,8 @@ struct Kinds {
     children: Vec<(ApiResource, bool)>,
     /// Child index in the rule → index in `children`.
     of_child: Vec<usize>,
+    /// Each reference's kind, in rule order.
+    refs: Vec<(ApiResource, bool)>,
 }
 
 async fn diff_rule(
@@ -213,6 +216,7 @@ async fn diff_rule(
         parent,
         children,
         of_child,
+        refs: refs::resolve(client, rule).await?,
     };
     let parents = list_all(
         &kind_api(
@@ -363,11 +367,19 @@ async fn diff_parent(
         Some(false) => Scope::Cluster,
         _ => Scope::Namespaced,
     };
+    let found = match refs::dereference(client, rule, kinds, &parent_json).await {
+        Ok(found) => found,
+        Err(e) => {
+            d.error = Some(e);
+            return d;
+        }
+    };
     let render = |live: &[&(usize, DynamicObject)]| {
         let objects = live
             .iter()
             .filter_map(|(k, o)| typed(o, &kinds.children[*k].0));
-        let observed = Observed::from_objects(objects);
+        let mut observed = Observed::from_objects(objects);
+        observed.refs = found.clone();
         let desired = rule.render(&parent_json, &observed, &scope);
         (observed, desired)
     };
