@@ -251,12 +251,31 @@ impl RuleRunner {
             .map({
                 let status_writes = status_writes.clone();
                 let ref_indexes = ref_indexes.clone();
+                let parents = parent_reader.clone();
+                let parent_ar = r.parent.clone();
                 move |event| {
                     if let Ok(e) = &event {
                         status_writes.observe(e);
-                        if let watcher::Event::Delete(o) = e {
-                            let key = (o.namespace(), o.name_any());
-                            ref_indexes.iter().for_each(|i| i.forget(&key));
+                        match e {
+                            watcher::Event::Delete(o) => {
+                                let key = (o.namespace(), o.name_any());
+                                ref_indexes.iter().for_each(|i| i.forget(&key));
+                            }
+                            // The parents deleted while the watch was down go too.
+                            watcher::Event::InitDone if !ref_indexes.is_empty() => {
+                                let exists = |(ns, name): &(Option<String>, String)| {
+                                    let mut oref = kube::runtime::reflector::ObjectRef::new_with(
+                                        name,
+                                        parent_ar.clone(),
+                                    );
+                                    if let Some(ns) = ns {
+                                        oref = oref.within(ns);
+                                    }
+                                    parents.get(&oref).is_some()
+                                };
+                                ref_indexes.iter().for_each(|i| i.retain(exists));
+                            }
+                            _ => {}
                         }
                     }
                     event
@@ -331,16 +350,11 @@ impl RuleRunner {
             );
             let parent_ar = r.parent.clone();
             let mapper_index = index.clone();
-            let mapper_store = store.clone();
-            let mapper_ar = ar.clone();
             controller = controller.watches_stream_with(
                 stream,
                 move |o: kube::api::DynamicObject| {
-                    let oref =
-                        kube::runtime::reflector::ObjectRef::from_obj_with(&o, mapper_ar.clone());
-                    let cached = mapper_store.get(&oref).is_some();
                     mapper_index
-                        .parents_for(&o, cached)
+                        .parents_for(&o)
                         .into_iter()
                         .map(|(ns, name)| {
                             let p = kube::runtime::reflector::ObjectRef::new_with(
@@ -486,11 +500,24 @@ impl RuleRunner {
             .modify(crate::reconcile::cache::strip_parent)
             .map(admit)
             .map(synced)
-            .map(move |event| {
-                if let Ok(e) = &event {
-                    index.observe(e);
+            .map({
+                let store = store.clone();
+                let ar = ar.clone();
+                move |event| {
+                    if let Ok(e) = &event {
+                        // The previous version, as the cache holds it until `reflect`.
+                        let previous = match e {
+                            watcher::Event::Apply(o)
+                            | watcher::Event::InitApply(o)
+                            | watcher::Event::Delete(o) => store.get(
+                                &kube::runtime::reflector::ObjectRef::from_obj_with(o, ar.clone()),
+                            ),
+                            _ => None,
+                        };
+                        index.before_update(e, previous.as_deref());
+                    }
+                    event
                 }
-                event
             })
             .reflect(writer)
             .map(relisted)

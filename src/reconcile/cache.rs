@@ -64,6 +64,20 @@ fn pack_content(o: &mut DynamicObject) {
     }
 }
 
+/// [`to_json`], with `apiVersion` and `kind` from `ar` where the object has none (the
+/// items of a list of a built-in kind come without them), so that what reads the JSON
+/// can tell a Secret by its kind.
+pub fn to_json_as(o: &DynamicObject, ar: &kube::api::ApiResource) -> Option<Json> {
+    let mut j = to_json(o)?;
+    if let Some(m) = j.as_object_mut() {
+        m.entry("apiVersion")
+            .or_insert_with(|| Json::String(ar.api_version.clone()));
+        m.entry("kind")
+            .or_insert_with(|| Json::String(ar.kind.clone()));
+    }
+    Some(j)
+}
+
 /// The object as JSON, whether cached (packed) or as the API server returned it.
 pub fn to_json(o: &DynamicObject) -> Option<Json> {
     let mut out = Map::new();

@@ -189,8 +189,11 @@ async fn reconcile_inner(
         return unreadable_parent(ctx, parent).await;
     };
     let live_children = read_stubs(ctx, ctx.owned_children(&uid, namespace.as_deref())).await?;
-    let mut observed =
-        Observed::from_objects(live_children.iter().filter_map(|(_, o)| cache::to_json(o)));
+    let mut observed = Observed::from_objects(
+        live_children
+            .iter()
+            .filter_map(|(k, o)| cache::to_json_as(o, &ctx.kinds[*k].ar)),
+    );
 
     // 1b. Dereference: where the references point (an expression over the parent), and
     //     what is there. A required object missing: nothing is applied or pruned.
@@ -209,6 +212,10 @@ async fn reconcile_inner(
             Dereferenced::Found(found) => observed.refs = found,
             Dereferenced::Missing(message) => {
                 return reference_missing(ctx, parent, &parent_json, message).await;
+            }
+            Dereferenced::TooMany(message) => {
+                let e = crate::render::RenderError::budget(rule.file.clone(), None, message);
+                return render_failed(ctx, parent, &parent_json, &observed, e, "Render").await;
             }
         }
     }

@@ -87,7 +87,10 @@ pub(super) fn confine_to_rendered_namespaces(
         return Confined::Same(rendered, live, observed);
     }
     let kept: Live = live.into_iter().filter(|(k, o)| !outside(*k, o)).collect();
-    let mut narrowed = Observed::from_objects(kept.iter().filter_map(|(_, o)| cache::to_json(o)));
+    let mut narrowed = Observed::from_objects(
+        kept.iter()
+            .filter_map(|(k, o)| cache::to_json_as(o, &ctx.kinds[*k].ar)),
+    );
     narrowed.refs = observed.refs;
     Confined::Narrowed(kept, narrowed)
 }

@@ -6,7 +6,13 @@
 //! references point ([`RefIndex::track`]), before it looks them up, so an object that
 //! appears after the lookup still wakes the parent. A watch event of a referenced kind
 //! then maps to exactly the parents whose target names it, or whose label selector
-//! matches it now or matched it before (an object relabelled out of a selector).
+//! matches it now or matched its previous version (an object relabelled out of a
+//! selector): [`RefIndex::before_update`] reads the previous version from the cache
+//! before the event is applied, [`RefIndex::parents_for`] after.
+//!
+//! Its size is bounded by the parents that exist: a parent's entry goes with its delete
+//! event, with a parent relist that no longer has it, and — for a reconcile that was
+//! still running when its parent went — right after that reconcile tracked it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -42,8 +48,9 @@ struct Maps {
     by_name: HashMap<Key, HashSet<Key>>,
     /// Parents with a label selector, by the namespace it looks in.
     by_selector: HashMap<Option<String>, HashSet<Key>>,
-    /// The parents each object last matched by selector (to wake them when it leaves).
-    matched: HashMap<Key, HashSet<Key>>,
+    /// The parents whose selector the previous version of an object matched, from just
+    /// before its event was applied to the cache until the event is mapped to parents.
+    before: HashMap<Key, HashSet<Key>>,
     /// Cached object names by namespace, for selector look-ups.
     members: HashMap<Option<String>, HashSet<String>>,
     /// A relist in progress: its members replace `members` when it completes.
@@ -51,6 +58,21 @@ struct Maps {
 }
 
 impl Maps {
+    /// The parents whose selector in `ns` matches `labels`.
+    fn selecting(&self, ns: &Option<String>, labels: &BTreeMap<String, String>) -> Vec<Key> {
+        self.by_selector
+            .get(ns)
+            .into_iter()
+            .flatten()
+            .filter(|p| {
+                self.targets
+                    .get(*p)
+                    .is_some_and(|t| t.selects_labels(labels))
+            })
+            .cloned()
+            .collect()
+    }
+
     fn untrack(&mut self, parent: &Key) {
         let Some(old) = self.targets.remove(parent) else {
             return;
@@ -118,9 +140,29 @@ impl RefIndex {
         lock(&self.maps).targets.len()
     }
 
-    /// Follows one watch event of the reference's cache (object names by namespace).
-    pub fn observe(&self, event: &Event<DynamicObject>) {
+    /// Forgets every parent `keep` says no longer exists (after a parent relist).
+    pub fn retain(&self, keep: impl Fn(&Key) -> bool) {
         let mut m = lock(&self.maps);
+        let gone: Vec<Key> = m.targets.keys().filter(|k| !keep(k)).cloned().collect();
+        for k in gone {
+            m.untrack(&k);
+        }
+    }
+
+    /// Follows one watch event of the reference's cache, before the cache applies it:
+    /// object names by namespace, and the parents the previous version (`previous`, as
+    /// the cache still holds it) matched by selector.
+    pub fn before_update(&self, event: &Event<DynamicObject>, previous: Option<&DynamicObject>) {
+        let mut m = lock(&self.maps);
+        if let (Event::Apply(o) | Event::InitApply(o) | Event::Delete(o), Some(old)) =
+            (event, previous)
+        {
+            let key = (o.namespace(), o.name_any());
+            let was = m.selecting(&key.0, old.labels());
+            if !was.is_empty() {
+                m.before.entry(key).or_default().extend(was);
+            }
+        }
         match event {
             Event::Apply(o) => {
                 m.members
@@ -151,27 +193,16 @@ impl RefIndex {
         }
     }
 
-    /// The parents to reconcile for a change of `o`; `cached`: it is still in the cache
-    /// (not deleted).
-    pub fn parents_for(&self, o: &DynamicObject, cached: bool) -> Vec<Key> {
+    /// The parents to reconcile for a change of `o` (after the cache has applied it):
+    /// those naming it, those whose selector matches it, and those whose selector matched
+    /// its previous version.
+    pub fn parents_for(&self, o: &DynamicObject) -> Vec<Key> {
         let key = (o.namespace(), o.name_any());
-        let labels: BTreeMap<String, String> = o.labels().clone();
         let mut m = lock(&self.maps);
         let mut out: HashSet<Key> = m.by_name.get(&key).cloned().unwrap_or_default();
-        let now: HashSet<Key> = m
-            .by_selector
-            .get(&key.0)
-            .into_iter()
-            .flatten()
-            .filter(|p| m.targets.get(*p).is_some_and(|t| t.selects_labels(&labels)))
-            .cloned()
-            .collect();
-        out.extend(now.iter().cloned());
-        if let Some(before) = m.matched.remove(&key) {
+        out.extend(m.selecting(&key.0, o.labels()));
+        if let Some(before) = m.before.remove(&key) {
             out.extend(before);
-        }
-        if cached && !now.is_empty() {
-            m.matched.insert(key, now);
         }
         out.into_iter().collect()
     }
@@ -192,10 +223,13 @@ pub(super) enum Dereferenced {
     Found(BTreeMap<String, Json>),
     /// A required object is missing: nothing is applied or pruned.
     Missing(String),
+    /// A selector matches more objects than a parent may read (`Limits::max_for_each`).
+    TooMany(String),
 }
 
 /// Looks up each target in its cache (an object cached without content is read from the
-/// API server). Targets are tracked first, so an object created meanwhile wakes the parent.
+/// API server). Targets are tracked first, so an object created meanwhile wakes the parent;
+/// a parent deleted while this reconcile ran is forgotten again at once.
 pub(super) async fn look_up(
     ctx: &RuleContext,
     parent: &Key,
@@ -207,36 +241,48 @@ pub(super) async fn look_up(
             kind.index.track(parent.clone(), t.clone());
         }
     }
+    let mut oref = ObjectRef::new_with(&parent.1, ctx.parent.ar.clone());
+    if let Some(ns) = &parent.0 {
+        oref = oref.within(ns);
+    }
+    if ctx.parent_store.get(&oref).is_none() {
+        ctx.refs.iter().for_each(|k| k.index.forget(parent));
+    }
+    let limit = ctx.rule.limits().max_for_each;
     let mut found = BTreeMap::new();
     for t in targets {
         let (Some(kind), Some(r)) = (ctx.refs.get(t.reference), spec.get(t.reference)) else {
             continue;
         };
         match &t.select {
-            RefSelect::Name(name) => match get(ctx, kind, &t.namespace, name).await? {
+            RefSelect::Name(name) => match cached(kind, &t.namespace, name) {
                 Some(o) => {
-                    found.insert(r.name.value.clone(), o);
+                    if let Some(o) = full(ctx, kind, o).await? {
+                        found.insert(r.name.value.clone(), o);
+                    } else if !r.optional {
+                        return Ok(missing(r, &t));
+                    }
                 }
                 None if r.optional => {}
-                None => {
-                    return Ok(Dereferenced::Missing(format!(
-                        "refs.{}: {} not found",
-                        r.name.value,
-                        t.describe(&r.kind.value)
-                    )));
-                }
+                None => return Ok(missing(r, &t)),
             },
             RefSelect::Labels(_) => {
                 let mut names = kind.index.members(&t.namespace);
                 names.sort();
-                let mut list = Vec::new();
-                for name in names {
-                    let Some(o) = cached(kind, &t.namespace, &name) else {
-                        continue;
-                    };
-                    if !t.selects_labels(o.labels()) {
-                        continue;
-                    }
+                let selected: Vec<Arc<DynamicObject>> = names
+                    .iter()
+                    .filter_map(|name| cached(kind, &t.namespace, name))
+                    .filter(|o| t.selects_labels(o.labels()))
+                    .collect();
+                if selected.len() > limit {
+                    return Ok(Dereferenced::TooMany(format!(
+                        "refs.{}: {} objects match, more than the limit of {limit}",
+                        r.name.value,
+                        selected.len()
+                    )));
+                }
+                let mut list = Vec::with_capacity(selected.len());
+                for o in selected {
                     if let Some(o) = full(ctx, kind, o).await? {
                         list.push(o);
                     }
@@ -248,6 +294,22 @@ pub(super) async fn look_up(
     Ok(Dereferenced::Found(found))
 }
 
+/// The `ReferenceMissing` message: the reference and where it looked, never a value.
+fn missing(r: &crate::rules::Reference, t: &RefTarget) -> Dereferenced {
+    let narrowed = match &r.watch_selector {
+        Some(sel) => format!(
+            " (Rulebook sees only objects matching watchSelector '{}')",
+            sel.value
+        ),
+        None => String::new(),
+    };
+    Dereferenced::Missing(format!(
+        "refs.{}: {} not found{narrowed}",
+        r.name.value,
+        t.describe(&r.kind.value)
+    ))
+}
+
 fn cached(kind: &RefKind, ns: &Option<String>, name: &str) -> Option<Arc<DynamicObject>> {
     let mut oref = ObjectRef::new_with(name, kind.ar.clone());
     if let Some(ns) = ns {
@@ -256,33 +318,23 @@ fn cached(kind: &RefKind, ns: &Option<String>, name: &str) -> Option<Arc<Dynamic
     kind.store.get(&oref)
 }
 
-async fn get(
-    ctx: &RuleContext,
-    kind: &RefKind,
-    ns: &Option<String>,
-    name: &str,
-) -> Result<Option<Json>, ReconcileError> {
-    match cached(kind, ns, name) {
-        Some(o) => full(ctx, kind, o).await,
-        None => Ok(None),
-    }
-}
-
-/// The object's JSON; one cached without content is read from the API server.
+/// The object's JSON (with its apiVersion and kind); one cached without content is read
+/// from the API server, and counts only if it is still the object cached (same UID).
 async fn full(
     ctx: &RuleContext,
     kind: &RefKind,
     o: Arc<DynamicObject>,
 ) -> Result<Option<Json>, ReconcileError> {
     if !is_stub(&o) {
-        return Ok(cache::to_json(&o));
+        return Ok(cache::to_json_as(&o, &kind.ar));
     }
     let api: Api<DynamicObject> = match (kind.namespaced, o.namespace()) {
         (true, Some(ns)) => Api::namespaced_with(ctx.client.clone(), &ns, &kind.ar),
         _ => Api::all_with(ctx.client.clone(), &kind.ar),
     };
     match api.get_opt(&o.name_any()).await {
-        Ok(found) => Ok(found.as_ref().and_then(cache::to_json)),
+        Ok(Some(fresh)) if fresh.uid() == o.uid() => Ok(cache::to_json_as(&fresh, &kind.ar)),
+        Ok(_) => Ok(None),
         Err(e) => Err(ReconcileError::Read {
             what: format!("{} {}", kind.ar.kind, o.name_any()),
             source: e,
@@ -311,6 +363,24 @@ mod tests {
         (Some(ns.into()), name.into())
     }
 
+    /// The event of `now` with `was` as the cached previous version: the parents woken.
+    fn event(
+        idx: &RefIndex,
+        was: Option<&DynamicObject>,
+        now: DynamicObject,
+        deleted: bool,
+    ) -> Vec<Key> {
+        let e = if deleted {
+            Event::Delete(now.clone())
+        } else {
+            Event::Apply(now.clone())
+        };
+        idx.before_update(&e, was);
+        let mut out = idx.parents_for(&now);
+        out.sort();
+        out
+    }
+
     #[test]
     fn events_wake_exactly_the_parents_that_read_the_object() {
         let idx = RefIndex::default();
@@ -330,52 +400,50 @@ mod tests {
         idx.track(parent("a", "p2"), team("x"));
         idx.track(parent("a", "p3"), team("y"));
         // By name: only p1; the same name in another namespace: nobody.
+        let creds = obj("a", "creds", json!({}));
         assert_eq!(
-            idx.parents_for(&obj("a", "creds", json!({})), true),
+            event(&idx, None, creds.clone(), false),
             vec![parent("a", "p1")]
         );
-        assert!(
-            idx.parents_for(&obj("b", "creds", json!({})), true)
-                .is_empty()
-        );
-        // Labelled into p2's selector, then relabelled to p3's: p2 hears it leave.
+        assert!(event(&idx, None, obj("b", "creds", json!({})), false).is_empty());
+        // An object p2 read before it was tracked, relabelled to p3's team: both hear it.
+        let x = obj("a", "s", json!({"team": "x"}));
+        let y = obj("a", "s", json!({"team": "y"}));
+        assert_eq!(event(&idx, None, x.clone(), false), vec![parent("a", "p2")]);
         assert_eq!(
-            idx.parents_for(&obj("a", "s", json!({"team": "x"})), true),
-            vec![parent("a", "p2")]
+            event(&idx, Some(&x), y.clone(), false),
+            vec![parent("a", "p2"), parent("a", "p3")]
         );
-        let mut moved = idx.parents_for(&obj("a", "s", json!({"team": "y"})), true);
-        moved.sort();
-        assert_eq!(moved, vec![parent("a", "p2"), parent("a", "p3")]);
-        // Deleted: p3 once more, then nothing is remembered of it.
+        // Deleted: p3 once more, and nothing is left behind for it.
         assert_eq!(
-            idx.parents_for(&obj("a", "s", json!({"team": "y"})), false),
+            event(&idx, Some(&y), y.clone(), true),
             vec![parent("a", "p3")]
         );
-        assert!(lock(&idx.maps).matched.is_empty());
+        assert!(lock(&idx.maps).before.is_empty());
         // A parent whose reference moves is found under the new target only.
         idx.track(parent("a", "p1"), team("x"));
-        assert!(
-            idx.parents_for(&obj("a", "creds", json!({})), true)
-                .is_empty()
-        );
-        idx.forget(&parent("a", "p1"));
+        assert!(event(&idx, None, creds, false).is_empty());
+        // A parent relist without p1; then deletes of the others.
+        idx.retain(|k| k != &parent("a", "p1"));
+        assert_eq!(idx.parents(), 2);
         idx.forget(&parent("a", "p2"));
         idx.forget(&parent("a", "p3"));
         assert_eq!(idx.parents(), 0);
         assert!(lock(&idx.maps).by_selector.is_empty());
+        assert!(lock(&idx.maps).by_name.is_empty());
     }
 
     #[test]
     fn members_follow_the_cache_and_its_relists() {
         let idx = RefIndex::default();
-        idx.observe(&Event::Apply(obj("a", "x", json!({}))));
-        idx.observe(&Event::Apply(obj("a", "y", json!({}))));
-        idx.observe(&Event::Delete(obj("a", "x", json!({}))));
+        idx.before_update(&Event::Apply(obj("a", "x", json!({}))), None);
+        idx.before_update(&Event::Apply(obj("a", "y", json!({}))), None);
+        idx.before_update(&Event::Delete(obj("a", "x", json!({}))), None);
         assert_eq!(idx.members(&Some("a".into())), vec!["y".to_string()]);
-        idx.observe(&Event::Init);
-        idx.observe(&Event::InitApply(obj("b", "z", json!({}))));
+        idx.before_update(&Event::Init, None);
+        idx.before_update(&Event::InitApply(obj("b", "z", json!({}))), None);
         assert_eq!(idx.members(&Some("a".into())).len(), 1);
-        idx.observe(&Event::InitDone);
+        idx.before_update(&Event::InitDone, None);
         assert!(idx.members(&Some("a".into())).is_empty());
         assert_eq!(idx.members(&Some("b".into())), vec!["z".to_string()]);
     }

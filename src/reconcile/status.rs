@@ -247,10 +247,11 @@ async fn write_held(
     let mut desired = match ready {
         Some(ready) => crate::render::status::desired_status(&live, &fields, ready, &now),
         None => {
-            // Ready exactly as it is (kept in the apply, so it stays Rulebook's).
+            // Ready and observedGeneration exactly as they are (kept in the apply, so they
+            // stay Rulebook's): a paused parent's later generations are not observed.
             let mut status = fields.clone();
-            if let Some(g) = generation {
-                status.insert("observedGeneration".into(), Json::from(g));
+            if let Some(g) = live.pointer("/status/observedGeneration") {
+                status.insert("observedGeneration".into(), g.clone());
             }
             let kept: Vec<Json> = previous
                 .iter()
@@ -261,7 +262,16 @@ async fn write_held(
             Json::Object(status)
         }
     };
-    let held = crate::render::status::next_condition(&previous, type_, state, generation, &now);
+    // A held condition keeps the generation it was first set at while it holds.
+    let since = match ready {
+        None => previous
+            .iter()
+            .find(|c| c.type_ == type_ && c.reason == state.reason)
+            .and_then(|c| c.observed_generation)
+            .or(generation),
+        Some(_) => generation,
+    };
+    let held = crate::render::status::next_condition(&previous, type_, state, since, &now);
     if let Some(list) = desired.get_mut("conditions").and_then(Json::as_array_mut) {
         list.push(serde_json::to_value(held).unwrap_or(Json::Null));
     }

@@ -10,7 +10,7 @@ use serde_json::{Map, Value as Json};
 use super::budget::{self, ParentBudget};
 use super::{
     CompiledRule, DesiredChild, Observed, ParentInfo, RenderError, Scope, describe, env, labels,
-    object_hash, truncate_display,
+    object_hash,
 };
 use crate::rules::ChildRule;
 
@@ -99,12 +99,12 @@ impl CompiledRule {
                         return Err(RenderError::new(
                             self.file.clone(),
                             Some(e.line),
+                            // The value itself is not quoted: it may come from a Secret.
                             format!(
-                                "rule '{}': {}: gives {} ({}), not a list",
+                                "rule '{}': {}: gives a {}, not a list",
                                 self.name,
                                 e.key,
-                                v.kind(),
-                                truncate_display(&v.to_string(), 80)
+                                v.kind()
                             ),
                         ));
                     } else {

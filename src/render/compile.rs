@@ -143,10 +143,27 @@ impl CompiledRule {
                     ));
                 }
             }
+            let finalize_template = rule
+                .spec
+                .finalize_child()
+                .and_then(|i| rule.spec.children.get(i))
+                .is_some_and(|c| c.template.value == *t);
             for m in REFS_REF.captures_iter(source) {
                 let (Some(whole), Some(n)) = (m.get(0), m.get(1)) else {
                     continue;
                 };
+                if finalize_template {
+                    diags.push(Diagnostic::new(
+                        path.as_str(),
+                        line_of(source, whole.start()),
+                        0,
+                        format!(
+                            "refs.{} in the finalize child's template: it is rendered from the parent alone, without references",
+                            n.as_str()
+                        ),
+                    ));
+                    continue;
+                }
                 if !ref_names.contains(n.as_str()) {
                     diags.push(Diagnostic::new(
                         path.as_str(),

@@ -386,6 +386,11 @@ impl CompiledRule {
             .unwrap_or(Duration::from_secs(600))
     }
 
+    /// The bounds this rule renders within.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// A fresh render budget for one parent, from this rule's limits.
     pub fn budget(&self) -> ParentBudget {
         ParentBudget::new(&self.limits)

@@ -201,11 +201,7 @@ impl CompiledRule {
                         _ => {
                             return Err(fail(
                                 e.line,
-                                format!(
-                                    "namespace gives {} ({}), not a namespace name",
-                                    v.kind(),
-                                    truncate_display(&v.to_string(), 80)
-                                ),
+                                format!("namespace gives a {}, not a namespace name", v.kind()),
                             ));
                         }
                     }
@@ -238,11 +234,7 @@ impl CompiledRule {
                     _ => {
                         return Err(fail(
                             e.line,
-                            format!(
-                                "objectName gives {} ({}), not an object name",
-                                v.kind(),
-                                truncate_display(&v.to_string(), 80)
-                            ),
+                            format!("objectName gives a {}, not an object name", v.kind()),
                         ));
                     }
                 }
@@ -284,9 +276,8 @@ impl CompiledRule {
 fn match_labels(v: &Value) -> Result<BTreeMap<String, String>, String> {
     if v.kind() != ValueKind::Map {
         return Err(format!(
-            "selector gives {} ({}), not a map of labels",
-            v.kind(),
-            truncate_display(&v.to_string(), 80)
+            "selector gives a {}, not a map of labels",
+            v.kind()
         ));
     }
     let mut out = BTreeMap::new();
@@ -307,9 +298,8 @@ fn match_labels(v: &Value) -> Result<BTreeMap<String, String>, String> {
         };
         if !is_label_key(&key) || !is_label_value(&text) {
             return Err(format!(
-                "selector {}={} is not a label (keys and values are at most 63 letters, digits, '-', '_', '.')",
-                truncate_display(&key, 80),
-                truncate_display(&text, 80)
+                "selector key {} or its value is not a label (keys and values are at most 63 letters, digits, '-', '_', '.')",
+                truncate_display(&key, 80)
             ));
         }
         out.insert(key, text);

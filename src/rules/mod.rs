@@ -318,6 +318,14 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
                     c.name.value
                 ),
             ),
+            Some(c) if !c.wait_for.is_empty() => err(
+                at(&f.child),
+                "spec.deletion.finalize.child",
+                format!(
+                    "child '{}' has waitFor; a finalize child is rendered once, from the parent alone",
+                    c.name.value
+                ),
+            ),
             Some(_) => {}
         }
         if let Some(t) = &f.timeout

@@ -1,0 +1,647 @@
+//! Rules that reach past their own children (issue 15), against the local control plane
+//! with `rulebook run` as a child process:
+//!
+//! 1. references: the shipped TeamApp rule reads a Secret by name and the team's
+//!    ConfigMaps by label. Editing the Secret, labelling a ConfigMap into (and out of) the
+//!    selector updates the children — with no resync, so only the reference watches can
+//!    have done it — and only the child whose content changed is written. A deleted
+//!    Secret gives `Ready=False`, reason `ReferenceMissing`, and prunes nothing; restoring
+//!    it recovers. With a resync, the steady state makes no write over two resyncs;
+//! 2. tenancy: a parent cannot reach an object in another namespace; a rule that names
+//!    another namespace literally can;
+//! 3. `waitFor` and `ready()`: a child waits for another to be ready, and stays when that
+//!    one becomes unready;
+//! 4. pause: `rulebook.dev/paused: "true"` stops every write but one `Paused` condition;
+//! 5. Tenant (cluster-scoped, the shipped rule): its namespace and the namespaced
+//!    children in it, Ready; deleting the Tenant collects everything.
+
+mod common;
+mod faults_kit;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use common::*;
+use faults_kit::teardown::{condition, events_for};
+use faults_kit::*;
+use serde_json::{Value as Json, json};
+
+const T: Duration = Duration::from_secs(120);
+
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// Rulebook's writes in `ns` since `audit`, without events.
+fn rulebook_writes(audit: &Audit, ns: &str) -> Vec<Json> {
+    audit
+        .writes(ns)
+        .into_iter()
+        .filter(|e| {
+            e["userAgent"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("rulebook/"))
+                && e["objectRef"]["resource"] != "events"
+        })
+        .collect()
+}
+
+fn describe_all(writes: &[Json]) -> String {
+    writes
+        .iter()
+        .map(describe_audit)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A copy of a shipped rule (`rules/<name>.yaml`, `templates/<name>/`) in a temp dir;
+/// `edit` rewrites the rule text.
+fn shipped(name: &str, edit: impl Fn(String) -> String) -> RuleDir {
+    let d = RuleDir::new();
+    let root = repo();
+    let text = std::fs::read_to_string(root.join(format!("rules/{name}.yaml"))).unwrap();
+    d.rule(&format!("{name}.yaml"), &edit(text));
+    for e in std::fs::read_dir(root.join(format!("templates/{name}"))).unwrap() {
+        let p = e.unwrap().path();
+        let file = p.file_name().unwrap().to_string_lossy().to_string();
+        d.template(
+            &format!("{name}/{file}"),
+            &std::fs::read_to_string(&p).unwrap(),
+        );
+    }
+    d
+}
+
+fn secret(ns: &str, name: &str, password: &str) -> Json {
+    json!({"apiVersion": "v1", "kind": "Secret",
+           "metadata": {"name": name, "namespace": ns, "labels": {"team": "payments"}},
+           "data": {"password": b64(password)}})
+}
+
+fn team_cm(ns: &str, name: &str, team: &str, data: Json) -> Json {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+           "metadata": {"name": name, "namespace": ns, "labels": {"team": team}},
+           "data": data})
+}
+
+fn checksum(deploy: &Json) -> String {
+    deploy["spec"]["template"]["metadata"]["annotations"]["checksum/credentials"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn references_are_watched_and_a_missing_one_prunes_nothing() {
+    let test = "references_are_watched_and_a_missing_one_prunes_nothing";
+    let client = client().await;
+    let ns = namespace(&client, "refs").await;
+    let d = shipped("teamapp", |t| t);
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let apps = api(&client, Some(&ns), "xyz.com/v1", "TeamApp", "teamapps");
+    wait_for(T, "the TeamApp CRD to be served", || async {
+        apps.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
+    let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    let deploys = api(&client, Some(&ns), "apps/v1", "Deployment", "deployments");
+    put(&secrets, &secret(&ns, "db", "first")).await;
+    put(
+        &cms,
+        &team_cm(&ns, "payments-a", "payments", json!({"x": "1"})),
+    )
+    .await;
+    put(&cms, &team_cm(&ns, "search-a", "search", json!({"y": "2"}))).await;
+    let shop = json!({"apiVersion": "xyz.com/v1", "kind": "TeamApp",
+        "metadata": {"name": "shop", "namespace": ns},
+        "spec": {"image": "shop:1", "team": "payments", "credentialsSecret": "db", "replicas": 0}});
+    put(&apps, &shop).await;
+    wait_all_ready(&apps, &["shop".to_string()].into(), T).await;
+    let settings = get_json(&cms, "shop-settings").await.expect("settings");
+    assert_eq!(settings["data"]["sources"], "payments-a", "{test}");
+    assert_eq!(settings["data"]["payments-a.x"], "1", "{test}");
+    let first = checksum(&get_json(&deploys, "shop").await.expect("deployment"));
+    assert_eq!(first.len(), 64, "{test}: a sha256 checksum: {first:?}");
+    let p = get_json(&apps, "shop").await.unwrap();
+    assert_eq!(p["status"]["settingsFrom"], json!(["payments-a"]), "{test}");
+
+    // Editing the Secret: the rule has no resync, so only the reference watch can bring
+    // this; and only the Deployment (whose checksum changes) is written.
+    let audit = Audit::mark();
+    let edited = Instant::now();
+    merge(&secrets, "db", json!({"data": {"password": b64("second")}})).await;
+    let second = wait_for(T, "the Deployment to follow the Secret", || async {
+        let c = checksum(&get_json(&deploys, "shop").await?);
+        (c != first).then_some(c)
+    })
+    .await;
+    let secret_latency = edited.elapsed();
+    assert_ne!(second, first);
+    // Its status write would come right after the apply; give the reconcile's end a
+    // moment by waiting for the parent to be Ready again at its generation.
+    wait_all_ready(&apps, &["shop".to_string()].into(), T).await;
+    let writes = rulebook_writes(&audit, &ns);
+    assert!(
+        writes.len() == 1
+            && writes[0]["objectRef"]["resource"] == "deployments"
+            && writes[0]["verb"] == "patch",
+        "{test}: a Secret edit writes the Deployment once and nothing else:\n{}",
+        describe_all(&writes)
+    );
+
+    // A ConfigMap labelled into the team, then one relabelled out of it.
+    let labelled = Instant::now();
+    put(
+        &cms,
+        &team_cm(&ns, "payments-b", "payments", json!({"z": "3"})),
+    )
+    .await;
+    wait_for(T, "the settings to list payments-b", || async {
+        let s = get_json(&cms, "shop-settings").await?;
+        (s["data"]["sources"] == "payments-a,payments-b").then_some(())
+    })
+    .await;
+    let label_latency = labelled.elapsed();
+    merge(
+        &cms,
+        "payments-a",
+        json!({"metadata": {"labels": {"team": "search"}}}),
+    )
+    .await;
+    wait_for(T, "the settings to drop payments-a", || async {
+        let s = get_json(&cms, "shop-settings").await?;
+        (s["data"]["sources"] == "payments-b").then_some(())
+    })
+    .await;
+    wait_for(T, "status.settingsFrom to follow", || async {
+        let p = get_json(&apps, "shop").await?;
+        (p["status"]["settingsFrom"] == json!(["payments-b"])).then_some(())
+    })
+    .await;
+
+    // The Secret deleted: ReferenceMissing, naming it; nothing pruned.
+    let audit = Audit::mark();
+    remove(&secrets, "db").await;
+    let c = wait_for(T, "Ready=False ReferenceMissing", || async {
+        let p = get_json(&apps, "shop").await?;
+        let c = condition(&p, "Ready")?;
+        (c["reason"] == "ReferenceMissing").then_some(c)
+    })
+    .await;
+    assert_eq!(c["status"], "False", "{test}");
+    let message = c["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("refs.credentials") && message.contains("Secret db"),
+        "{test}: the condition names the reference: {message}"
+    );
+    assert!(
+        !message.contains(&b64("second")) && !message.contains("second"),
+        "{test}: {message}"
+    );
+    assert!(get_json(&deploys, "shop").await.is_some(), "{test}: pruned");
+    assert!(
+        get_json(&cms, "shop-settings").await.is_some(),
+        "{test}: pruned"
+    );
+    let deletes: Vec<Json> = rulebook_writes(&audit, &ns)
+        .into_iter()
+        .filter(|e| e["verb"] != "patch")
+        .collect();
+    assert!(
+        deletes.is_empty(),
+        "{test}: writes other than the status while a reference is missing:\n{}",
+        describe_all(&deletes)
+    );
+    let warned = events_for(&client, &ns, "shop")
+        .await
+        .iter()
+        .any(|e| e["reason"] == "ReferenceMissing");
+    assert!(warned, "{test}: a ReferenceMissing event on the parent");
+
+    // Restored: it recovers by itself.
+    put(&secrets, &secret(&ns, "db", "third")).await;
+    wait_all_ready(&apps, &["shop".to_string()].into(), T).await;
+    let third = checksum(&get_json(&deploys, "shop").await.unwrap());
+    assert!(third != second && third != first, "{test}");
+
+    // A parent cannot reach a Secret in another namespace: only its own is looked in.
+    let other = namespace(&client, "refs-other").await;
+    let foreign = api(&client, Some(&other), "v1", "Secret", "secrets");
+    put(&foreign, &secret(&other, "foreign", "theirs")).await;
+    let thief = json!({"apiVersion": "xyz.com/v1", "kind": "TeamApp",
+        "metadata": {"name": "thief", "namespace": ns},
+        "spec": {"image": "x:1", "team": "payments", "credentialsSecret": "foreign", "replicas": 0}});
+    put(&apps, &thief).await;
+    let c = wait_for(T, "the thief to find nothing", || async {
+        let p = get_json(&apps, "thief").await?;
+        let c = condition(&p, "Ready")?;
+        (c["reason"] == "ReferenceMissing").then_some(c)
+    })
+    .await;
+    assert!(
+        c["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&format!("in namespace {ns}"))),
+        "{test}: {c}"
+    );
+    // A path in the name is refused at render time; no request is made for it.
+    merge(
+        &apps,
+        "thief",
+        json!({"spec": {"credentialsSecret": format!("../{other}/foreign")}}),
+    )
+    .await;
+    wait_for(T, "the thief's path to be refused", || async {
+        let p = get_json(&apps, "thief").await?;
+        (condition(&p, "Ready")?["reason"] == "RenderFailed").then_some(())
+    })
+    .await;
+    assert!(
+        get_json(&deploys, "thief").await.is_none(),
+        "{test}: a Deployment for the thief"
+    );
+    remove(&apps, "thief").await;
+
+    // With a resync: no write over two resync periods (counted in reconciles, not time).
+    let old_version = status(&op).await["rules"]["teamapp"]["version"].clone();
+    d.rule(
+        "teamapp.yaml",
+        &std::fs::read_to_string(d.rules.join("teamapp.yaml"))
+            .unwrap()
+            .replace("spec:\n  parent:", "spec:\n  resync: 2s\n  parent:"),
+    );
+    wait_for(T, "the rule to restart with its resync", || async {
+        let s = status(&op).await;
+        let rule = &s["rules"]["teamapp"];
+        (rule["synced"] == true && rule["version"] != old_version).then_some(())
+    })
+    .await;
+    // The new rule version is stamped on the children once; then nothing more.
+    wait_for(T, "the children to carry the new rule version", || async {
+        let s = status(&op).await;
+        let version = s["rules"]["teamapp"]["version"].as_str()?.to_string();
+        let dep = get_json(&deploys, "shop").await?;
+        (dep["metadata"]["annotations"]["rulebook.dev/rule-version"] == version.as_str())
+            .then_some(())
+    })
+    .await;
+    wait_all_ready(&apps, &["shop".to_string()].into(), T).await;
+    // A rule change may apply a child twice while the caches catch up with the first
+    // apply (issue 18); one resync later that is over.
+    let settled = op
+        .metric("rulebook_reconciles_total{rule=\"teamapp\",result=\"ok\"}")
+        .await;
+    wait_for(T, "one resync after the rule change", || async {
+        let now = op
+            .metric("rulebook_reconciles_total{rule=\"teamapp\",result=\"ok\"}")
+            .await;
+        (now >= settled + 1.0).then_some(())
+    })
+    .await;
+    let audit = Audit::mark();
+    // The API server writes its audit log in batches: a write from before the mark may
+    // land after it in the file; its own timestamp tells.
+    let from = jiff::Timestamp::now();
+    let before = op
+        .metric("rulebook_reconciles_total{rule=\"teamapp\",result=\"ok\"}")
+        .await;
+    wait_for(T, "two resyncs of the parent", || async {
+        let now = op
+            .metric("rulebook_reconciles_total{rule=\"teamapp\",result=\"ok\"}")
+            .await;
+        (now >= before + 2.0).then_some(())
+    })
+    .await;
+    let writes: Vec<Json> = rulebook_writes(&audit, &ns)
+        .into_iter()
+        .filter(|e| audit_time(e).is_some_and(|t| t >= from))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "{test}: writes at steady state with references:\n{}",
+        describe_all(&writes)
+    );
+    eprintln!(
+        "{test}: Secret edit → Deployment updated in {:.2}s; ConfigMap labelled → settings in {:.2}s",
+        secret_latency.as_secs_f64(),
+        label_latency.as_secs_f64()
+    );
+    cleanup_namespace(&client, &other).await;
+    cleanup_namespace(&client, &ns).await;
+}
+
+/// A rule that names another namespace literally reads from it (by a literal name, so its
+/// cache watches that one object).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_literal_namespace_is_readable() {
+    let test = "a_literal_namespace_is_readable";
+    let client = client().await;
+    let ns = namespace(&client, "refs-lit").await;
+    let shared = namespace(&client, "refs-shared").await;
+    let kind = "RefShared";
+    let d = RuleDir::new();
+    d.template(
+        "copy.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-copy\" }}\ndata:\n  region: {{ refs.global.data.region }}\n",
+    );
+    let rule = rule_text(
+        "refshared",
+        kind,
+        &[child("copy", "v1", "ConfigMap", "copy.yaml", &[])],
+    )
+    .replace(
+        "  children:\n",
+        &format!(
+            "  references:\n    - name: global\n      apiVersion: v1\n      kind: ConfigMap\n      objectName: \"'global-settings'\"\n      namespace: {shared}\n  children:\n"
+        ),
+    );
+    d.rule("shared.yaml", &rule);
+    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let shared_cms = api(&client, Some(&shared), "v1", "ConfigMap", "configmaps");
+    put(
+        &shared_cms,
+        &team_cm(&shared, "global-settings", "none", json!({"region": "eu"})),
+    )
+    .await;
+    put(&parents, &parent(kind, &ns, "p1", json!({}))).await;
+    wait_all_ready(&parents, &["p1".to_string()].into(), T).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    assert_eq!(
+        get_json(&cms, "p1-copy").await.unwrap()["data"]["region"],
+        "eu",
+        "{test}"
+    );
+    merge(
+        &shared_cms,
+        "global-settings",
+        json!({"data": {"region": "us"}}),
+    )
+    .await;
+    wait_for(T, "the copy to follow", || async {
+        (get_json(&cms, "p1-copy").await?["data"]["region"] == "us").then_some(())
+    })
+    .await;
+    cleanup_namespace(&client, &shared).await;
+    cleanup_namespace(&client, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_orders_children_and_never_prunes_a_started_one() {
+    let test = "wait_for_orders_children_and_never_prunes_a_started_one";
+    let client = client().await;
+    let ns = namespace(&client, "waitfor").await;
+    let kind = "WaitApp";
+    let d = RuleDir::new();
+    d.template("db.yaml", &configmap_template("db", "  role: db\n"));
+    d.template("app.yaml", &configmap_template("app", "  role: app\n"));
+    let rule = rule_text(
+        "waitapp",
+        kind,
+        &[
+            child(
+                "db",
+                "v1",
+                "ConfigMap",
+                "db.yaml",
+                &["readyWhen: \"child.metadata.annotations['test/ready'] == 'yes'\""],
+            ),
+            child("app", "v1", "ConfigMap", "app.yaml", &["waitFor: [db]"]),
+        ],
+    )
+    .replace(
+        "  crd:\n",
+        "  status:\n    dbReady:\n      expr: \"ready(children.db)\"\n  crd:\n",
+    );
+    d.rule("wait.yaml", &rule);
+    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    put(&parents, &parent(kind, &ns, "w1", json!({}))).await;
+    let c = wait_for(T, "w1 to say what it waits for", || async {
+        let p = get_json(&parents, "w1").await?;
+        let c = condition(&p, "Ready")?;
+        c["message"]
+            .as_str()?
+            .contains("waiting: app (for db)")
+            .then_some(c)
+    })
+    .await;
+    assert_eq!(c["status"], "False", "{test}");
+    assert!(get_json(&cms, "w1-db").await.is_some(), "{test}: db first");
+    assert!(
+        get_json(&cms, "w1-app").await.is_none(),
+        "{test}: app was applied before db was ready"
+    );
+    assert_eq!(
+        get_json(&parents, "w1").await.unwrap()["status"]["dbReady"],
+        false,
+        "{test}"
+    );
+
+    merge(
+        &cms,
+        "w1-db",
+        json!({"metadata": {"annotations": {"test/ready": "yes"}}}),
+    )
+    .await;
+    wait_all_ready(&parents, &["w1".to_string()].into(), T).await;
+    assert!(get_json(&cms, "w1-app").await.is_some(), "{test}: app");
+    assert_eq!(
+        get_json(&parents, "w1").await.unwrap()["status"]["dbReady"],
+        true,
+        "{test}"
+    );
+
+    // db unready again: app stays (unlike includeWhen), and Ready says why.
+    let audit = Audit::mark();
+    merge(
+        &cms,
+        "w1-db",
+        json!({"metadata": {"annotations": {"test/ready": "no"}}}),
+    )
+    .await;
+    wait_for(T, "Ready=False naming db", || async {
+        let p = get_json(&parents, "w1").await?;
+        let c = condition(&p, "Ready")?;
+        (c["status"] == "False" && c["message"].as_str()?.contains("not ready: db")).then_some(())
+    })
+    .await;
+    assert!(get_json(&cms, "w1-app").await.is_some(), "{test}: pruned");
+    let deletes: Vec<Json> = rulebook_writes(&audit, &ns)
+        .into_iter()
+        .filter(|e| e["verb"] == "delete")
+        .collect();
+    assert!(deletes.is_empty(), "{test}:\n{}", describe_all(&deletes));
+    cleanup_namespace(&client, &ns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_parent_gets_nothing_but_its_paused_condition() {
+    let test = "a_paused_parent_gets_nothing_but_its_paused_condition";
+    let client = client().await;
+    let ns = namespace(&client, "paused").await;
+    let kind = "PauseApp";
+    let d = RuleDir::new();
+    d.template(
+        "cm.yaml",
+        &configmap_template("cm", "  size: {{ parent.spec.size | string }}\n"),
+    );
+    d.rule(
+        "pause.yaml",
+        &rule_text(
+            "pauseapp",
+            kind,
+            &[child("cm", "v1", "ConfigMap", "cm.yaml", &[])],
+        ),
+    );
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    put(&parents, &parent(kind, &ns, "p1", json!({"size": 1}))).await;
+    wait_all_ready(&parents, &["p1".to_string()].into(), T).await;
+
+    let audit = Audit::mark();
+    merge(
+        &parents,
+        "p1",
+        json!({"metadata": {"annotations": {"rulebook.dev/paused": "true"}}}),
+    )
+    .await;
+    let paused = wait_for(T, "Paused=True", || async {
+        condition(&get_json(&parents, "p1").await?, "Paused")
+    })
+    .await;
+    assert_eq!(
+        (paused["status"].as_str(), paused["reason"].as_str()),
+        (Some("True"), Some("Paused")),
+        "{test}"
+    );
+    let ready = condition(&get_json(&parents, "p1").await.unwrap(), "Ready").unwrap();
+    assert_eq!(ready["status"], "True", "{test}: Ready is left as it was");
+    // A spec change and a deleted child: nothing is written while paused.
+    merge(&parents, "p1", json!({"spec": {"size": 2}})).await;
+    remove(&cms, "p1-cm").await;
+    wait_for(T, "/status to count the paused parent", || async {
+        (status(&op).await["rules"]["pauseapp"]["paused"] == 1).then_some(())
+    })
+    .await;
+    // The reconcile of the spec change has run (the parent's generation is 2 and the
+    // operator reconciled it: its reconcile count moved past the pause's).
+    let before = op.metric("rulebook_reconciles_total").await;
+    merge(
+        &parents,
+        "p1",
+        json!({"metadata": {"labels": {"poke": "1"}}}),
+    )
+    .await;
+    wait_for(T, "a reconcile of the paused parent", || async {
+        (op.metric("rulebook_reconciles_total").await > before).then_some(())
+    })
+    .await;
+    assert!(get_json(&cms, "p1-cm").await.is_none(), "{test}: recreated");
+    let writes = rulebook_writes(&audit, &ns);
+    assert!(
+        writes.len() == 1
+            && writes[0]["objectRef"]["subresource"] == "status"
+            && writes[0]["objectRef"]["resource"] == "pauseapps",
+        "{test}: only the Paused condition is written:\n{}",
+        describe_all(&writes)
+    );
+
+    // Resumed: the child comes back with the new spec, the Paused condition goes.
+    merge(
+        &parents,
+        "p1",
+        json!({"metadata": {"annotations": {"rulebook.dev/paused": null}}}),
+    )
+    .await;
+    wait_for(T, "the child to come back", || async {
+        (get_json(&cms, "p1-cm").await?["data"]["size"] == "2").then_some(())
+    })
+    .await;
+    wait_for(T, "the Paused condition to go", || async {
+        condition(&get_json(&parents, "p1").await?, "Paused")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    wait_all_ready(&parents, &["p1".to_string()].into(), T).await;
+    wait_for(T, "/status to count no paused parent", || async {
+        (status(&op).await["rules"]["pauseapp"]["paused"] == 0).then_some(())
+    })
+    .await;
+    cleanup_namespace(&client, &ns).await;
+}
+
+/// The shipped Tenant rule: a cluster-scoped parent, its namespace, and the namespaced
+/// children in it; deleting the Tenant collects everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_gets_a_namespace_and_its_contents() {
+    let test = "a_tenant_gets_a_namespace_and_its_contents";
+    let client = client().await;
+    let d = shipped("tenant", |t| t);
+    // Cluster-scoped parents: the operator watches every namespace.
+    let _op = Operator::start(&d.rules, &d.templates, None, &["--install-crds"]).await;
+    let tenants = api(&client, None, "xyz.com/v1", "Tenant", "tenants");
+    wait_for(T, "the Tenant CRD to be served", || async {
+        tenants.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
+    let name = unique("t");
+    let ns = format!("tenant-{name}");
+    let tenant = json!({"apiVersion": "xyz.com/v1", "kind": "Tenant",
+        "metadata": {"name": name}, "spec": {"group": "acme-admins", "cpu": "2"}});
+    put(&tenants, &tenant).await;
+    let names: BTreeSet<String> = [name.clone()].into();
+    wait_all_ready(&tenants, &names, T).await;
+    let t = get_json(&tenants, &name).await.unwrap();
+    let uid = uid_of(&t);
+    assert_eq!(t["status"]["namespace"], ns.as_str(), "{test}");
+    assert_eq!(t["status"]["phase"], "Active", "{test}");
+    let namespaces = api(&client, None, "v1", "Namespace", "namespaces");
+    let n = get_json(&namespaces, &ns).await.expect("the namespace");
+    assert_eq!(n["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+    for (av, kind, plural, child) in [
+        ("v1", "ResourceQuota", "resourcequotas", "tenant-quota"),
+        ("v1", "LimitRange", "limitranges", "tenant-defaults"),
+        (
+            "rbac.authorization.k8s.io/v1",
+            "RoleBinding",
+            "rolebindings",
+            "tenant-admins",
+        ),
+        (
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+            "networkpolicies",
+            "default-deny",
+        ),
+    ] {
+        let o = get_json(&api(&client, Some(&ns), av, kind, plural), child)
+            .await
+            .unwrap_or_else(|| panic!("{test}: {kind} {child} in {ns}"));
+        assert_eq!(
+            o["metadata"]["ownerReferences"][0]["uid"],
+            uid.as_str(),
+            "{test}: {kind}"
+        );
+    }
+    // The quota controller's figures reach the Tenant's status.
+    wait_for(T, "status.quotaUsed", || async {
+        let t = get_json(&tenants, &name).await?;
+        t["status"]["quotaUsed"]["requests.cpu"]
+            .is_string()
+            .then_some(())
+    })
+    .await;
+
+    remove(&tenants, &name).await;
+    wait_for(T, "the tenant's namespace to be gone", || async {
+        get_json(&namespaces, &ns).await.is_none().then_some(())
+    })
+    .await;
+    assert!(get_json(&tenants, &name).await.is_none(), "{test}");
+}
