@@ -200,7 +200,7 @@ fn prepare<'a>(
                 .ok_or_else(|| format!("no rule has parent {av} {kind}"))?
         }
     };
-    Ok((rule, with_render_defaults(&rule, parent)))
+    Ok((rule, with_render_defaults(rule, parent)))
 }
 
 /// The objects of a source: a file's stream (relative to the test file) or the object.
