@@ -243,7 +243,7 @@ fn binary_check_accepts_the_repository_rules() {
         rulebook(&["check", "--rules", "rules", "--templates", "templates"]);
     assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stderr.is_empty(), "stderr:\n{stderr}");
-    for name in ["myapp", "myweb", "project"] {
+    for name in ["myapp", "myweb", "project", "teamapp", "tenant"] {
         assert!(
             stdout
                 .lines()
@@ -251,7 +251,7 @@ fn binary_check_accepts_the_repository_rules() {
             "{name} missing from:\n{stdout}"
         );
     }
-    assert!(stdout.ends_with("3 rules valid\n"), "stdout:\n{stdout}");
+    assert!(stdout.ends_with("5 rules valid\n"), "stdout:\n{stdout}");
 }
 
 #[test]
@@ -288,6 +288,31 @@ fn binary_check_warns_about_an_adopted_child_named_from_the_spec() {
             lines[0]
         );
     }
+    assert_eq!(lines[1], "1 warnings");
+}
+
+#[test]
+fn binary_check_warns_about_a_reference_that_caches_a_whole_kind() {
+    let case = "tests/corpus/warnings/reference-caches-every-secret";
+    let (code, stdout, stderr) = rulebook(&[
+        "check",
+        "--rules",
+        &format!("{case}/rules"),
+        "--templates",
+        &format!("{case}/templates"),
+    ]);
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    // One warning: `creds` caches every Secret; `narrow` names its labels, `settings`
+    // has a literal namespace.
+    assert_eq!(lines.len(), 2, "stderr:\n{stderr}");
+    assert!(
+        lines[0].starts_with(&format!(
+            "{case}/rules/r.yaml:10:13: warning: rule 'reader': spec.references[0] ('creds'): Rulebook will cache every Secret"
+        )),
+        "{:?}",
+        lines[0]
+    );
     assert_eq!(lines[1], "1 warnings");
 }
 

@@ -178,3 +178,59 @@ fn the_project_example_without_labels_gives_the_labelled_status() {
     assert!(want.contains("status: \"True\""), "{want}");
     assert_eq!(stdout, want);
 }
+
+/// Referenced objects in the `--observed` file: the Secret by kind and name, the team's
+/// ConfigMaps by labels (in name order), another team's ConfigMap ignored with a warning.
+/// The settings child is live, so the Deployment that waits for it is rendered.
+#[test]
+fn referenced_objects_are_taken_from_the_observed_file() {
+    let (code, stdout, stderr) = rulebook(&[
+        "render",
+        "-f",
+        "tests/observed/refs/teamapp.yaml",
+        "--observed",
+        "tests/observed/refs/observed.yaml",
+    ]);
+    assert_eq!(code, 0, "stderr:\n{stderr}");
+    let out = objects(&stdout);
+    let settings = out
+        .iter()
+        .find(|o| o["kind"] == "ConfigMap")
+        .expect("settings");
+    assert_eq!(settings["data"]["sources"], "payments-a,payments-b");
+    assert_eq!(settings["data"]["payments-a.a"], "1");
+    assert!(settings["data"].get("search-a.s").is_none(), "{settings}");
+    let deploy = out
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .expect("the Deployment (settings is live)");
+    assert_eq!(
+        deploy["spec"]["template"]["spec"]["containers"][0]["envFrom"][0]["secretRef"]["name"],
+        "orders-db"
+    );
+    assert!(
+        stderr.contains("ConfigMap/search-a: ignored"),
+        "stderr:\n{stderr}"
+    );
+    assert!(!stderr.contains("payments-a: ignored"), "stderr:\n{stderr}");
+
+    // Without the Secret, a required reference: an error naming it, as the operator's
+    // ReferenceMissing would.
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("tests/observed/refs/observed.yaml")).unwrap();
+    let without: Vec<&str> = text.split("\n---\n").skip(1).collect();
+    let path = dir.path().join("observed.yaml");
+    std::fs::write(&path, without.join("\n---\n")).unwrap();
+    let (code, _, stderr) = rulebook(&[
+        "render",
+        "-f",
+        "tests/observed/refs/teamapp.yaml",
+        "--observed",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "stderr:\n{stderr}");
+    assert!(
+        stderr.contains("refs.credentials: Secret orders-db in namespace default not found"),
+        "stderr:\n{stderr}"
+    );
+}

@@ -645,3 +645,91 @@ async fn a_tenant_gets_a_namespace_and_its_contents() {
     .await;
     assert!(get_json(&tenants, &name).await.is_none(), "{test}");
 }
+
+/// A reference by literal name in a literal namespace: `rulebook rbac` grants the Secret
+/// by name only, and the operator runs on exactly that (its cache watches the one
+/// object, which Kubernetes authorizes by name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reference_by_literal_name_runs_on_rbac_limited_to_that_name() {
+    let test = "a_reference_by_literal_name_runs_on_rbac_limited_to_that_name";
+    let client = client().await;
+    let ns = namespace(&client, "refs-rbac").await;
+    let shared = namespace(&client, "refs-rbac-shared").await;
+    let kind = "RefNamed";
+    let d = RuleDir::new();
+    d.template(
+        "copy.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-copy\" }}\ndata:\n  digest: {{ refs.creds.data | to_json | sha256 }}\n",
+    );
+    let rule = rule_text(
+        "refnamed",
+        kind,
+        &[child("copy", "v1", "ConfigMap", "copy.yaml", &[])],
+    )
+    .replace(
+        "  children:\n",
+        &format!(
+            "  references:\n    - name: creds\n      apiVersion: v1\n      kind: Secret\n      objectName: \"'global-creds'\"\n      namespace: {shared}\n  children:\n"
+        ),
+    );
+    d.rule("named.yaml", &rule);
+    let role = unique("rulebook-refs-rbac");
+    let rules = d.rules.to_string_lossy().to_string();
+    let templates = d.templates.to_string_lossy().to_string();
+    let rbac = yaml_objects(&rulebook(&[
+        "rbac",
+        "--rules",
+        &rules,
+        "--templates",
+        &templates,
+        "--name",
+        &role,
+        "--service-account",
+        &format!("{ns}/rulebook"),
+        "--install-crds",
+    ]));
+    let secrets_grants: Vec<&Json> = rbac[0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["resources"] == json!(["secrets"]))
+        .collect();
+    assert_eq!(
+        secrets_grants,
+        vec![&json!({"apiGroups": [""], "resources": ["secrets"],
+                     "resourceNames": ["global-creds"], "verbs": ["get", "list", "watch"]})],
+        "{test}: {}",
+        rbac[0]
+    );
+    let kubeconfig = service_account_kubeconfig(&client, &ns, "rulebook", rbac).await;
+    let op = Operator::start_as(
+        kubeconfig.path(),
+        &d.rules,
+        &d.templates,
+        Some(&ns),
+        &["--install-crds"],
+    )
+    .await;
+    let secrets = api(&client, Some(&shared), "v1", "Secret", "secrets");
+    put(&secrets, &secret(&shared, "global-creds", "s3cret")).await;
+    put(&secrets, &secret(&shared, "other-creds", "other")).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    put(&parents, &parent(kind, &ns, "p1", json!({}))).await;
+    wait_all_ready(&parents, &["p1".to_string()].into(), T).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    let first = get_json(&cms, "p1-copy").await.unwrap()["data"]["digest"].clone();
+    merge(
+        &secrets,
+        "global-creds",
+        json!({"data": {"password": b64("rotated")}}),
+    )
+    .await;
+    wait_for(T, "the copy to follow the named Secret", || async {
+        (get_json(&cms, "p1-copy").await?["data"]["digest"] != first).then_some(())
+    })
+    .await;
+    let s = status(&op).await;
+    assert_eq!(s["rules"]["refnamed"]["state"], "running", "{test}: {s}");
+    cleanup_namespace(&client, &shared).await;
+    cleanup_namespace(&client, &ns).await;
+}
