@@ -52,16 +52,20 @@ for i in $(seq 150); do
   sleep 0.2
 done
 "${K[@]}" wait --for=condition=Established --timeout=60s \
-  crd/mywebs.operator.k8s-summit.org crd/myapps.app.example.com crd/projects.xyz.com
+  crd/mywebs.operator.k8s-summit.org crd/myapps.app.example.com crd/projects.xyz.com \
+  crd/teamapps.xyz.com crd/tenants.xyz.com
 
 say "Creating the example parents (examples/*.yaml)"
 "${K[@]}" apply -f examples/
 
 say "Waiting until every parent is Ready"
-"${K[@]}" wait --for=condition=Ready --timeout=120s myweb/hello myapp/shop project/apollo
+"${K[@]}" wait --for=condition=Ready --timeout=120s myweb/hello myapp/shop project/apollo \
+  teamapp/orders tenant/acme
 
-say "kubectl get mywebs,myapps,projects"
-"${K[@]}" get mywebs,myapps,projects
+say "kubectl get mywebs,myapps,projects,teamapps,tenants"
+"${K[@]}" get mywebs,myapps,projects,teamapps,tenants
+say "Tenant acme: its namespace and what Rulebook put in it"
+"${K[@]}" get resourcequotas,limitranges,rolebindings,networkpolicies -n tenant-acme
 say "The children Rulebook created (label app.kubernetes.io/managed-by=rulebook)"
 "${K[@]}" get configmaps,secrets,services,deployments -l app.kubernetes.io/managed-by=rulebook
 say "MyWeb hello: status"
@@ -82,6 +86,10 @@ Try:
   k patch myweb hello --type=merge -p '{"spec":{"replicas":3}}'
   k patch myweb hello --type=json -p '[{"op":"remove","path":"/spec/nodePortNumber"}]'  # the Service is pruned
   edit templates/myweb/configmap.yaml            # hot reload: every MyWeb's ConfigMap follows
+  k create configmap payments-extra --from-literal=TIMEOUT=30s && k label configmap payments-extra team=payments
+                                                 # referenced by TeamApp orders: its settings follow
+  k delete secret orders-db                      # orders: Ready=False, ReferenceMissing; nothing pruned
+  k annotate teamapp orders rulebook.dev/paused=true   # hands off until the annotation goes
   curl http://$ADDR/status
 Stop everything with: make demo-down
 MSG
