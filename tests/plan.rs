@@ -256,6 +256,42 @@ fn a_status_change_alone_is_written_and_an_unchanged_one_is_not() {
     assert!(gone.get("phase").is_none_or(Json::is_null), "{gone}");
 }
 
+#[test]
+fn a_resumed_parent_drops_its_paused_condition_once() {
+    let ready = ConditionState::new(true, "Ready", "all children are ready");
+    let fields = Map::new();
+    let now = "2026-11-23T12:00:00Z";
+    let current = plan_status(&parent_with(json!({})), &[], &fields, &ready, now).unwrap();
+    let paused = json!({"type": "Paused", "status": "True", "reason": "Paused", "message": "",
+                        "lastTransitionTime": now});
+    let mut with_paused = current.clone();
+    with_paused["conditions"]
+        .as_array_mut()
+        .unwrap()
+        .push(paused.clone());
+    // Everything else matches: the write is for the Paused condition, which the apply
+    // leaves out (so server-side apply removes it).
+    let resumed = plan_status(&parent_with(with_paused), &[], &fields, &ready, now)
+        .expect("a write that drops Paused");
+    assert!(
+        resumed["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["type"] != "Paused"),
+        "{resumed}"
+    );
+    // Another writer's `Paused` condition (another reason) is not Rulebook's to remove.
+    let mut foreign = current.clone();
+    let mut theirs = paused;
+    theirs["reason"] = json!("MaintenanceWindow");
+    foreign["conditions"].as_array_mut().unwrap().push(theirs);
+    assert_eq!(
+        plan_status(&parent_with(foreign), &[], &fields, &ready, now),
+        None
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Teardown.
 
