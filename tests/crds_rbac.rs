@@ -15,7 +15,7 @@ const T: Duration = Duration::from_secs(120);
 
 async fn install_example_crds(client: &kube::Client) -> Vec<Json> {
     let crds = yaml_objects(&rulebook(&["crds"]));
-    assert_eq!(crds.len(), 3, "one CRD per example rule");
+    assert_eq!(crds.len(), 5, "one CRD per example rule");
     apply_all(client, &crds).await;
     for c in &crds {
         wait_established(client, c["metadata"]["name"].as_str().unwrap()).await;

@@ -76,7 +76,7 @@ fn generated_rbac_limits_crd_and_lease_access_to_names() {
         .iter()
         .map(|c| c["metadata"]["name"].as_str().expect("name").to_string())
         .collect();
-    assert_eq!(crd_names.len(), 3, "one CRD per example rule");
+    assert_eq!(crd_names.len(), 5, "one CRD per example rule");
     let rbac = yaml_objects(&rulebook(&[
         "rbac",
         "--install-crds",
