@@ -262,7 +262,7 @@ fn a_resumed_parent_drops_its_paused_condition_once() {
     let fields = Map::new();
     let now = "2026-11-23T12:00:00Z";
     let current = plan_status(&parent_with(json!({})), &[], &fields, &ready, now).unwrap();
-    let paused = json!({"type": "Paused", "status": "True", "reason": "Paused", "message": "",
+    let paused = json!({"type": "Paused", "status": "True", "reason": "PausedByAnnotation", "message": "",
                         "lastTransitionTime": now});
     let mut with_paused = current.clone();
     with_paused["conditions"]
@@ -281,10 +281,11 @@ fn a_resumed_parent_drops_its_paused_condition_once() {
             .all(|c| c["type"] != "Paused"),
         "{resumed}"
     );
-    // Another writer's `Paused` condition (another reason) is not Rulebook's to remove.
+    // Another writer's `Paused` condition (another reason: Cluster API writes `Paused`)
+    // is not Rulebook's to remove.
     let mut foreign = current.clone();
     let mut theirs = paused;
-    theirs["reason"] = json!("MaintenanceWindow");
+    theirs["reason"] = json!("Paused");
     foreign["conditions"].as_array_mut().unwrap().push(theirs);
     assert_eq!(
         plan_status(&parent_with(foreign), &[], &fields, &ready, now),

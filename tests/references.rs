@@ -516,7 +516,7 @@ async fn a_paused_parent_gets_nothing_but_its_paused_condition() {
     .await;
     assert_eq!(
         (paused["status"].as_str(), paused["reason"].as_str()),
-        (Some("True"), Some("Paused")),
+        (Some("True"), Some("PausedByAnnotation")),
         "{test}"
     );
     let ready = condition(&get_json(&parents, "p1").await.unwrap(), "Ready").unwrap();

@@ -27,6 +27,8 @@ use crate::render::CompiledRule;
 /// namespace) and, for a literal `objectName`, the one object.
 pub(super) struct RefAccess {
     pub ar: ApiResource,
+    /// A cluster-scoped kind is watched cluster-wide: asked without a namespace.
+    pub namespaced: bool,
     pub namespace: Option<String>,
     pub name: Option<String>,
 }
@@ -61,7 +63,11 @@ pub(super) async fn check_rule_permissions(
             &r.ar,
             None,
             REF_VERBS,
-            r.namespace.as_deref().or(namespace),
+            if r.namespaced {
+                r.namespace.as_deref().or(namespace)
+            } else {
+                None
+            },
             r.name.as_deref(),
         ));
     }

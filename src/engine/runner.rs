@@ -186,10 +186,11 @@ impl RuleRunner {
                 &refs
                     .iter()
                     .zip(&spec.references)
-                    .map(|((ar, _), r)| {
+                    .map(|((ar, namespaced), r)| {
                         let f = crate::render::cache_filter(r);
                         super::permissions::RefAccess {
                             ar: ar.clone(),
+                            namespaced: *namespaced,
                             namespace: f.namespace,
                             name: f
                                 .fields
@@ -340,10 +341,12 @@ impl RuleRunner {
         }
         let mut refs = Vec::new();
         for (i, ((ar, namespaced), index)) in r.refs.iter().zip(&ref_indexes).enumerate() {
+            let cache_id = self.budget.cache_id();
+            cache_ids.push(cache_id);
             let (stream, store) = self.reference_stream(
                 i,
-                ar,
-                *namespaced,
+                cache_id,
+                (ar, *namespaced),
                 index.clone(),
                 synced.observer(1 + r.kinds.len() + i),
                 relisted(relisted_tx.clone()),
@@ -442,8 +445,8 @@ impl RuleRunner {
     fn reference_stream(
         &self,
         i: usize,
-        ar: &ApiResource,
-        namespaced: bool,
+        cache_id: u64,
+        (ar, namespaced): (&ApiResource, bool),
         index: Arc<RefIndex>,
         synced: impl FnMut(
             Result<watcher::Event<kube::api::DynamicObject>, watcher::Error>,
@@ -489,7 +492,7 @@ impl RuleRunner {
         let store = writer.as_reader();
         let admit = admission(
             self.budget.clone(),
-            self.budget.cache_id(),
+            cache_id,
             self.rule.name.clone(),
             ar.clone(),
             super::recorder(&self.client, &self.config),

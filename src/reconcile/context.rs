@@ -193,12 +193,15 @@ impl RuleContext {
         out
     }
 
-    /// Whether every child and reference cache has completed its first listing.
+    /// Whether every child cache has completed its first listing.
     pub fn children_listed(&self) -> bool {
-        use futures::FutureExt;
-        let listed =
-            |s: &Store<DynamicObject>| matches!(s.wait_until_ready().now_or_never(), Some(Ok(())));
-        self.kinds.iter().all(|k| listed(&k.store)) && self.refs.iter().all(|r| listed(&r.store))
+        self.kinds.iter().all(|k| listed(&k.store))
+    }
+
+    /// Whether every reference cache has completed its first listing (a teardown does
+    /// not wait for them: it reads no references).
+    pub fn references_listed(&self) -> bool {
+        self.refs.iter().all(|r| listed(&r.store))
     }
 
     /// Whether reference `i`'s kind is namespaced.
@@ -266,6 +269,11 @@ impl BackoffPolicy {
         let d = self.base.saturating_mul(1u32 << exp);
         d.min(self.max)
     }
+}
+
+fn listed(s: &Store<DynamicObject>) -> bool {
+    use futures::FutureExt;
+    matches!(s.wait_until_ready().now_or_never(), Some(Ok(())))
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -81,6 +81,9 @@ pub enum ReconcileError {
     Invalid(String),
     #[error("writes are paused (not the leader)")]
     NotLeader,
+    /// A failure whose message quoted a Secret's value, with the value taken out.
+    #[error("{message}")]
+    Redacted { reason: Reason, message: String },
 }
 
 impl ReconcileError {
@@ -91,7 +94,31 @@ impl ReconcileError {
             ReconcileError::Conflict(_) | ReconcileError::Fight { .. } => "conflict",
             ReconcileError::Apply { .. } => "apply_failed",
             ReconcileError::NotLeader => "not_leader",
+            ReconcileError::Redacted { reason, .. } => match reason {
+                Reason::RenderFailed | Reason::RenderBudgetExceeded => "render_failed",
+                Reason::Conflict => "conflict",
+                Reason::ApplyFailed => "apply_failed",
+                _ => "error",
+            },
             _ => "error",
+        }
+    }
+
+    /// This failure with the `secrets` taken out of its message (as the parent's
+    /// condition, its event and the logs would show it); itself when none is in it.
+    pub fn redacted(self, secrets: &[String]) -> ReconcileError {
+        // A fight's message names fields and managers, and its backoff must survive.
+        if secrets.is_empty() || matches!(self, ReconcileError::Fight { .. }) {
+            return self;
+        }
+        let state = self.condition();
+        let message = crate::render::redact(&state.message, secrets);
+        if message == state.message {
+            return self;
+        }
+        ReconcileError::Redacted {
+            reason: self.reason(),
+            message,
         }
     }
 
@@ -107,6 +134,7 @@ impl ReconcileError {
             ReconcileError::InvalidChild(_) => Reason::InvalidChild,
             ReconcileError::NotLeader => Reason::NotLeader,
             ReconcileError::Invalid(_) => Reason::Error,
+            ReconcileError::Redacted { reason, .. } => *reason,
         }
     }
 
@@ -136,6 +164,17 @@ pub fn is_not_found(e: &kube::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_value_is_taken_out_of_a_failure() {
+        let err = ReconcileError::Conflict("Invalid value: \"hunter22\"".into());
+        let clean = err.redacted(&["hunter22".into()]);
+        assert_eq!(clean.reason(), Reason::Conflict);
+        assert_eq!(clean.result_label(), "conflict");
+        assert_eq!(clean.condition().message, "Invalid value: \"[redacted]\"");
+        let untouched = ReconcileError::Conflict("taken".into()).redacted(&["hunter22".into()]);
+        assert!(matches!(untouched, ReconcileError::Conflict(_)));
+    }
 
     #[test]
     fn each_failure_has_one_reason() {

@@ -199,6 +199,12 @@ async fn reconcile_inner(
     //     what is there. A required object missing: nothing is applied or pruned.
     let mut budget = rule.budget();
     if !rule.rule.spec.references.is_empty() {
+        if !ctx.references_listed() {
+            // A required reference would look missing. Each reference cache's listing
+            // reconciles every parent when it completes.
+            debug!(rule = %ctx.rule.name, parent = %parent.name_any(), "reference caches not listed yet; deferred");
+            return Ok(Action::await_change());
+        }
         let (targets, p, o, b) = targets_off_runtime(ctx, parent_json, observed, budget).await?;
         (parent_json, observed, budget) = (p, o, b);
         let targets = match targets {
@@ -307,6 +313,7 @@ async fn reconcile_inner(
     let fields = Some(report.fields);
     let result = match failure {
         Some(err) => {
+            let err = err.redacted(&secrets);
             let state = err.condition();
             event(
                 ctx,

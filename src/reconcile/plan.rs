@@ -132,7 +132,7 @@ pub fn plan_status(
     // next write: the apply leaves it out, so server-side apply removes it.
     let held = status::conditions_of(live)
         .iter()
-        .any(|c| HELD_CONDITIONS.contains(&c.type_.as_str()) && c.reason == c.type_);
+        .any(|c| c.type_ == "Paused" && c.reason == PAUSED_REASON);
     if !stale_field && !held && status::status_matches(live_status, &desired) {
         None
     } else {
@@ -140,9 +140,10 @@ pub fn plan_status(
     }
 }
 
-/// Conditions Rulebook sets only while it holds a parent's reconcile (with the type as
-/// reason, which tells them from another writer's condition of the same type).
-pub const HELD_CONDITIONS: &[&str] = &["Paused"];
+/// The reason of the `Paused` condition Rulebook sets while a parent carries
+/// `rulebook.dev/paused: "true"`: its own, so that another writer's `Paused` condition
+/// (Cluster API writes one, reason `Paused`) is never taken for it.
+pub const PAUSED_REASON: &str = "PausedByAnnotation";
 
 pub fn controlled_by(o: &DynamicObject, uid: &str) -> bool {
     o.owner_references()

@@ -205,7 +205,7 @@ pub(super) async fn write_paused(
 ) -> Result<(), ReconcileError> {
     let paused = ConditionState::new(
         true,
-        "Paused",
+        super::plan::PAUSED_REASON,
         &format!(
             "the {PAUSED} annotation is \"true\": Rulebook does not write to this parent or its children",
             PAUSED = crate::meta::labels::PAUSED

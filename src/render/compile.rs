@@ -323,6 +323,14 @@ impl CompiledRule {
                         true
                     }
                 };
+                if let Some(e) = &r.object_name
+                    && let Some(lit) = refs::string_literal(e)
+                    && let Err(why) = check_object_name("objectName", lit)
+                {
+                    diags
+                        .borrow_mut()
+                        .push(diag(e.line, e.col, &key("objectName"), why));
+                }
                 let object_name = r
                     .object_name
                     .as_ref()

@@ -121,13 +121,15 @@ impl CompiledRule {
         })
     }
 
-    /// The children that wait: not live yet, with a `waitFor` child that is not live and
-    /// ready. Each with the names it waits for, in rule order.
+    /// The children that wait: included (`includeWhen`), not live yet, with a `waitFor`
+    /// child that is not live and ready. Each with the names it waits for.
     pub(super) fn waiting(
         &self,
+        ctx: &BTreeMap<&'static str, Value>,
         observed: &Observed,
         readiness: &LiveReadiness,
-    ) -> Vec<(usize, Vec<String>)> {
+    ) -> Result<Vec<(usize, Vec<String>)>, RenderError> {
+        let programs = self.compiled.borrow_dependent();
         let mut out = Vec::new();
         for (i, c) in self.rule.spec.children.iter().enumerate() {
             if c.wait_for.is_empty()
@@ -144,10 +146,16 @@ impl CompiledRule {
                 .map(|w| w.as_str())
                 .filter(|w| !readiness.child_ready(w))
                 .collect();
-            if !pending.is_empty() {
-                out.push((i, pending.into_iter().map(str::to_string).collect()));
+            if pending.is_empty() {
+                continue;
             }
+            if let Some(w) = &programs.children[i].include_when
+                && !self.eval(w, ctx)?.is_true()
+            {
+                continue;
+            }
+            out.push((i, pending.into_iter().map(str::to_string).collect()));
         }
-        out
+        Ok(out)
     }
 }

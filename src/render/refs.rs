@@ -102,6 +102,17 @@ pub fn string_literal(expr: &str) -> Option<&str> {
     c.get(1).or(c.get(2)).map(|m| m.as_str())
 }
 
+/// Lower-case letters, digits, `-` and `.`, at most 253: what most kinds' names are.
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|p| {
+            !p.is_empty()
+                && p.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        })
+}
+
 /// The keys of a selector expression written as a dict literal (`{'team': ...}`), when
 /// they are all literal label keys.
 fn literal_keys(expr: &str) -> Option<Vec<String>> {
@@ -131,7 +142,14 @@ pub fn cache_filter(r: &Reference) -> CacheFilter {
         f.labels = Some(keys.join(","));
         f.derived_keys = keys;
     }
-    if let Some(name) = r.object_name.as_ref().and_then(|n| string_literal(n)) {
+    // Only a name that can be an object's goes into a field selector (`a,b` would be two
+    // terms; the API server refuses the watch, and the rule would never list).
+    if let Some(name) = r
+        .object_name
+        .as_ref()
+        .and_then(|n| string_literal(n))
+        .filter(|n| is_dns_subdomain(n))
+    {
         f.fields = Some(format!("metadata.name={name}"));
     }
     f

@@ -92,7 +92,7 @@ impl CompiledRule {
         }
         let mut readiness = self.readiness(&ctx, observed, desired)?;
         readiness.waiting = self
-            .waiting(observed, &live_readiness)
+            .waiting(&ctx, observed, &live_readiness)?
             .into_iter()
             .map(|(i, on)| {
                 format!(
