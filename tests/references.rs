@@ -733,3 +733,64 @@ async fn a_reference_by_literal_name_runs_on_rbac_limited_to_that_name() {
     cleanup_namespace(&client, &shared).await;
     cleanup_namespace(&client, &ns).await;
 }
+
+/// `rulebook diff` reads a parent's references from the cluster: a template change that
+/// reads one more referenced value shows as one changed child; a missing required
+/// reference is reported as the operator would (`ReferenceMissing`), with exit code 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn diff_reads_references_from_the_cluster() {
+    let test = "diff_reads_references_from_the_cluster";
+    let client = client().await;
+    let ns = namespace(&client, "refs-diff").await;
+    let d = shipped("teamapp", |t| t);
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let apps = api(&client, Some(&ns), "xyz.com/v1", "TeamApp", "teamapps");
+    wait_for(T, "the TeamApp CRD to be served", || async {
+        apps.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
+    let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
+    put(&secrets, &secret(&ns, "db", "first")).await;
+    let shop = json!({"apiVersion": "xyz.com/v1", "kind": "TeamApp",
+        "metadata": {"name": "shop", "namespace": ns},
+        "spec": {"image": "shop:1", "team": "payments", "credentialsSecret": "db", "replicas": 0}});
+    put(&apps, &shop).await;
+    wait_all_ready(&apps, &["shop".to_string()].into(), T).await;
+    drop(op);
+
+    let run = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rulebook"))
+            .args(["diff", "--rules"])
+            .arg(&d.rules)
+            .arg("--templates")
+            .arg(&d.templates)
+            .arg("--kubeconfig")
+            .arg(kubeconfig_path())
+            .args(["--namespace", &ns])
+            .output()
+            .expect("run rulebook diff");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, out) = run();
+    assert_eq!(code, 0, "{test}: nothing to change:\n{out}");
+    let settings = std::fs::read_to_string(d.templates.join("teamapp/settings.yaml")).unwrap();
+    d.template(
+        "teamapp/settings.yaml",
+        &format!("{settings}\n  secretName: {{{{ refs.credentials.metadata.name }}}}\n"),
+    );
+    let (code, out) = run();
+    assert_eq!(code, 1, "{test}: a change:\n{out}");
+    assert!(out.contains("1 changed"), "{test}:\n{out}");
+    assert!(out.contains("+  secretName: db"), "{test}:\n{out}");
+    remove(&secrets, "db").await;
+    let (code, out) = run();
+    assert_eq!(code, 2, "{test}:\n{out}");
+    assert!(
+        out.contains("ReferenceMissing: refs.credentials: Secret db"),
+        "{test}:\n{out}"
+    );
+    cleanup_namespace(&client, &ns).await;
+}

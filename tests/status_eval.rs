@@ -542,3 +542,116 @@ fn ready_when_can_use_item_or_rejects_it_at_load() {
         }
     }
 }
+
+/// Where references point: a namespaced parent's stay in its namespace (or a literal
+/// one); a cluster-scoped parent's may be computed; a selector is a label map.
+#[test]
+fn reference_targets_follow_the_parent_scope() {
+    use rulebook::render::{RefSelect, RefTarget};
+    let rule = compile_rule(
+        r#"apiVersion: rulebook.dev/v1alpha1
+kind: Rule
+metadata:
+  name: stat
+spec:
+  parent:
+    apiVersion: test.rulebook.dev/v1
+    kind: Stat
+  references:
+    - name: own
+      apiVersion: v1
+      kind: Secret
+      objectName: "parent.spec.secret"
+    - name: shared
+      apiVersion: v1
+      kind: ConfigMap
+      objectName: "'defaults'"
+      namespace: platform
+    - name: computed
+      apiVersion: v1
+      kind: ConfigMap
+      selector: "{'team': parent.spec.team, 'size': parent.spec.size}"
+      namespace: "'tenant-' ~ parent.metadata.name"
+  children:
+    - name: web
+      apiVersion: v1
+      kind: ConfigMap
+      template: cm.yaml
+"#,
+        &[(
+            "cm.yaml",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n",
+        )],
+    );
+    let scope = |_: usize| Scope::Namespaced;
+    let spec = json!({"secret": "db", "team": "a", "size": 3});
+    // A cluster-scoped parent: the computed namespace is used.
+    let cluster = json!({"apiVersion": "test.rulebook.dev/v1", "kind": "Stat",
+        "metadata": {"name": "acme", "uid": "u"}, "spec": spec});
+    let labels = BTreeMap::from([
+        ("size".to_string(), "3".to_string()),
+        ("team".into(), "a".into()),
+    ]);
+    let targets = rule
+        .reference_targets(&cluster, &Observed::default(), &scope, &mut rule.budget())
+        .map_err(|e| e.to_string());
+    // The first reference has no namespace and the parent none either: an error naming it.
+    let err = targets.unwrap_err();
+    assert!(
+        err.contains("spec.references[0]") && err.contains("give the reference a namespace"),
+        "{err}"
+    );
+    // A namespaced parent: its own namespace, the literal one, and the expression refused.
+    let namespaced = json!({"apiVersion": "test.rulebook.dev/v1", "kind": "Stat",
+        "metadata": {"name": "acme", "namespace": "team-a", "uid": "u"}, "spec": spec});
+    let err = rule
+        .reference_targets(
+            &namespaced,
+            &Observed::default(),
+            &scope,
+            &mut rule.budget(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("spec.references[2]") && err.contains("only literally"),
+        "{err}"
+    );
+    // The cluster-scoped parent again, with the first referenced kind cluster-scoped (no
+    // namespace at all): every target lands where it should.
+    let first_kind_cluster_scoped = |i: usize| {
+        if i == 0 {
+            Scope::Cluster
+        } else {
+            Scope::Namespaced
+        }
+    };
+    let targets = rule
+        .reference_targets(
+            &cluster,
+            &Observed::default(),
+            &first_kind_cluster_scoped,
+            &mut rule.budget(),
+        )
+        .unwrap();
+    assert_eq!(
+        targets,
+        vec![
+            RefTarget {
+                reference: 0,
+                namespace: None,
+                select: RefSelect::Name("db".into())
+            },
+            RefTarget {
+                reference: 1,
+                namespace: Some("platform".into()),
+                select: RefSelect::Name("defaults".into())
+            },
+            RefTarget {
+                reference: 2,
+                namespace: Some("tenant-acme".into()),
+                select: RefSelect::Labels(labels)
+            },
+        ]
+    );
+}
