@@ -42,6 +42,9 @@ pub struct Metrics {
     pub children_pruned: Family<RuleLabel, Counter>,
     pub api_writes: Family<VerbLabels, Counter>,
     pub render_errors: Family<RuleLabel, Counter>,
+    /// Reconciles that stopped after observing: inputs unchanged since one that had
+    /// nothing to do.
+    pub reconciles_skipped: Family<RuleLabel, Counter>,
     pub rule_running: Family<RuleLabel, Gauge>,
     pub reloads: Family<ReloadLabel, Counter>,
     pub ruleset_valid: Gauge,
@@ -110,6 +113,12 @@ impl Metrics {
             "Parents whose templates or expressions failed",
             render_errors.clone(),
         );
+        let reconciles_skipped = Family::<RuleLabel, Counter>::default();
+        registry.register(
+            "reconciles_skipped",
+            "Reconciles that stopped after observing: the parent, its children and its references unchanged since a reconcile that had nothing to do",
+            reconciles_skipped.clone(),
+        );
         let rule_running = Family::<RuleLabel, Gauge>::default();
         registry.register(
             "rule_running",
@@ -171,6 +180,7 @@ impl Metrics {
             children_pruned,
             api_writes,
             render_errors,
+            reconciles_skipped,
             rule_running,
             reloads,
             ruleset_valid,
@@ -196,6 +206,7 @@ impl Metrics {
         let _ = self.children_applied.get_or_create(&label);
         let _ = self.children_pruned.get_or_create(&label);
         let _ = self.render_errors.get_or_create(&label);
+        let _ = self.reconciles_skipped.get_or_create(&label);
     }
 
     pub fn write(&self, rule: &str, verb: &str) {

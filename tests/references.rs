@@ -314,6 +314,11 @@ async fn references_are_watched_and_a_missing_one_prunes_nothing() {
         (now >= before + 2.0).then_some(())
     })
     .await;
+    // The resyncs of the unchanged parent stopped after observing (issue 18).
+    let skipped = op
+        .metric("rulebook_reconciles_skipped_total{rule=\"teamapp\"}")
+        .await;
+    assert!(skipped >= 1.0, "{test}: no resync was skipped");
     let writes: Vec<Json> = rulebook_writes(&audit, &ns)
         .into_iter()
         .filter(|e| audit_time(e).is_some_and(|t| t >= from))

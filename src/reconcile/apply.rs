@@ -129,6 +129,12 @@ pub(super) async fn apply_child(
     };
     let live_uid = live_object.and_then(|o| o.uid()).unwrap_or_default();
     let hash_only = lock(&ctx.hash_only).contains(&live_uid);
+    if let Live::Cached(o) = live
+        && ctx.applied.ahead_of_cache(o, &d.hash)
+    {
+        // Applied by this process already; the cache has not caught up yet.
+        return Ok(None);
+    }
 
     let why = match plan_child(uid, child_spec.adopt, live, seen, d, hash_only) {
         ChildStep::UpToDate { report } => {
@@ -184,6 +190,7 @@ pub(super) async fn apply_child(
         Err(WriteError::NotLeader) => return Err(ReconcileError::NotLeader),
         Err(WriteError::Api(e)) => return Err(ReconcileError::Apply { what, source: e }),
     };
+    ctx.applied.record(&applied, &d.hash);
     ctx.metrics
         .children_applied
         .get_or_create(&metrics::rule(&ctx.rule.name))

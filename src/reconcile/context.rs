@@ -14,6 +14,7 @@ use kube::{Client, ResourceExt};
 
 use super::fight::Fights;
 use super::index::OwnerIndex;
+use super::memo::{Applied, Steady};
 use super::plan::controlled_by;
 use super::refs::RefKind;
 use super::status::StatusWrites;
@@ -111,6 +112,10 @@ pub struct RuleContext {
     /// Per parent being torn down: the children this process has deleted or orphaned,
     /// so each is let go once even before the caches show it going.
     pub(super) let_go: Mutex<HashMap<String, HashSet<String>>>,
+    /// Parents whose last reconcile had nothing to do, by the fingerprint of its inputs.
+    pub(super) steady: Steady,
+    /// Children applied by this process, until the cache has the applied version.
+    pub(super) applied: Applied,
 }
 
 /// Children checked by hash only, remembered at most (then forgotten and found again).
@@ -137,6 +142,8 @@ impl RuleContext {
             last_warning: Mutex::default(),
             fights: Fights::default(),
             let_go: Mutex::default(),
+            steady: Steady::default(),
+            applied: Applied::default(),
         }
     }
 
@@ -235,6 +242,7 @@ impl RuleContext {
             let mut let_go = lock(&self.let_go);
             for uid in &gone {
                 self.paused.set(uid, false);
+                self.steady.forget(uid);
                 failures.remove(uid);
                 warnings.remove(uid);
                 let_go.remove(uid);

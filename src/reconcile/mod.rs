@@ -28,6 +28,7 @@ mod events;
 mod fight;
 pub mod gate;
 pub mod index;
+pub mod memo;
 mod observe;
 mod offload;
 pub mod plan;
@@ -226,6 +227,19 @@ async fn reconcile_inner(
         }
     }
 
+    // Nothing changed since a reconcile that had nothing to do: nothing to do.
+    let inputs = memo::fingerprint(parent, &live_children, &observed.refs);
+    if ctx.steady.holds(&uid, inputs) {
+        ctx.metrics
+            .reconciles_skipped
+            .get_or_create(&metrics::rule(&rule.name))
+            .inc();
+        return Ok(match rule.resync {
+            Some(every) => Action::requeue(every),
+            None => Action::await_change(),
+        });
+    }
+
     // 2. Render the desired children, off the async runtime.
     let (rendered, parent_json, observed, budget) =
         render_off_runtime(ctx, parent_json, observed, budget).await?;
@@ -328,7 +342,12 @@ async fn reconcile_inner(
         }
         None => {
             let ready = report.readiness.condition();
-            write_status(ctx, parent, &parent_json, fields.as_ref(), &ready).await?;
+            let wrote = write_status(ctx, parent, &parent_json, fields.as_ref(), &ready).await?;
+            if changes.is_empty() && !wrote {
+                ctx.steady.mark(&uid, inputs);
+            } else {
+                ctx.steady.forget(&uid);
+            }
             Ok(match rule.resync {
                 Some(every) => Action::requeue(every),
                 None => Action::await_change(),

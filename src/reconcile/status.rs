@@ -116,15 +116,16 @@ fn resource_version(o: &DynamicObject) -> Option<u64> {
     o.resource_version().and_then(|v| v.parse::<u64>().ok())
 }
 
-/// Writes `.status` when it differs from what the parent has. `fields` is `None` when
-/// they could not be computed; then the parent's current values are kept.
+/// Writes `.status` when it differs from what the parent has (returns whether it wrote).
+/// `fields` is `None` when they could not be computed; then the parent's current values
+/// are kept.
 pub(super) async fn write_status(
     ctx: &RuleContext,
     parent: &DynamicObject,
     parent_json: &Json,
     fields: Option<&serde_json::Map<String, Json>>,
     ready: &ConditionState,
-) -> Result<(), ReconcileError> {
+) -> Result<bool, ReconcileError> {
     if !ctx.parent.status_subresource {
         event(
             ctx,
@@ -137,7 +138,7 @@ pub(super) async fn write_status(
                 ctx.parent.ar.kind, ready.reason, ready.message
             ),
         );
-        return Ok(());
+        return Ok(false);
     }
     let managed: Vec<&str> = ctx
         .rule
@@ -179,9 +180,10 @@ pub(super) async fn write_status(
         None => parent_json.clone(),
     };
     let Some(desired) = plan_status(&live_json, &managed, fields, ready, &now_rfc3339()) else {
-        return Ok(());
+        return Ok(false);
     };
-    apply_status(ctx, parent, uid, desired, written.is_some()).await
+    apply_status(ctx, parent, uid, desired, written.is_some()).await?;
+    Ok(true)
 }
 
 /// Writes the status of a parent being torn down: its fields as they are, `Ready=False`

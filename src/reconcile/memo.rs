@@ -1,0 +1,177 @@
+//! What a rule's reconciles remember so as not to redo work whose inputs did not change.
+//!
+//! - [`Steady`]: per parent, a fingerprint of every input of its last reconcile that
+//!   found nothing to do (the parent's resourceVersion, its live children's and its
+//!   referenced objects' UIDs and resourceVersions). A reconcile whose inputs have the
+//!   same fingerprint would render the same children, find them up to date and compute
+//!   the same status, so it stops after observing: a resync of an unchanged parent costs
+//!   a hash of a few strings, not a render.
+//! - [`Applied`]: per child, the resourceVersion and desired hash of Rulebook's last
+//!   apply of it. A reconcile that runs before that apply reached the cache sees the old
+//!   object, which differs from the desired one; it must not apply it a second time.
+//!
+//! Both are only ever a shortcut to "nothing to do": a miss costs the full reconcile.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+use serde_json::Value as Json;
+
+use super::context::lock;
+
+/// The fingerprint of a reconcile's inputs.
+pub fn fingerprint(
+    parent: &DynamicObject,
+    children: &[(usize, Arc<DynamicObject>)],
+    refs: &std::collections::BTreeMap<String, Json>,
+) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    parent.uid().hash(&mut h);
+    parent.resource_version().hash(&mut h);
+    let mut kids: Vec<(usize, Option<String>, Option<String>)> = children
+        .iter()
+        .map(|(k, o)| (*k, o.uid(), o.resource_version()))
+        .collect();
+    kids.sort();
+    kids.hash(&mut h);
+    for (name, v) in refs {
+        name.hash(&mut h);
+        let one = |o: &Json, h: &mut std::collections::hash_map::DefaultHasher| {
+            o.pointer("/metadata/uid").and_then(Json::as_str).hash(h);
+            o.pointer("/metadata/resourceVersion")
+                .and_then(Json::as_str)
+                .hash(h);
+        };
+        match v {
+            Json::Array(list) => {
+                list.len().hash(&mut h);
+                list.iter().for_each(|o| one(o, &mut h));
+            }
+            o => one(o, &mut h),
+        }
+    }
+    h.finish()
+}
+
+/// Per parent UID, the fingerprint of its last reconcile that had nothing to do.
+#[derive(Default)]
+pub struct Steady(Mutex<HashMap<String, u64>>);
+
+impl Steady {
+    pub fn holds(&self, uid: &str, fingerprint: u64) -> bool {
+        lock(&self.0).get(uid) == Some(&fingerprint)
+    }
+    pub fn mark(&self, uid: &str, fingerprint: u64) {
+        lock(&self.0).insert(uid.to_string(), fingerprint);
+    }
+    pub fn forget(&self, uid: &str) {
+        lock(&self.0).remove(uid);
+    }
+    pub fn len(&self) -> usize {
+        lock(&self.0).len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Children applied at most remembered (then forgotten; a miss costs a second apply).
+const APPLIED_MAX: usize = 10_000;
+
+/// Per child UID, the resourceVersion and desired hash of Rulebook's last apply.
+#[derive(Default)]
+pub struct Applied(Mutex<HashMap<String, (u64, String)>>);
+
+impl Applied {
+    pub fn record(&self, applied: &DynamicObject, hash: &str) {
+        let (Some(uid), Some(rv)) = (applied.uid(), rv(applied)) else {
+            return;
+        };
+        let mut m = lock(&self.0);
+        if m.len() >= APPLIED_MAX {
+            m.clear();
+        }
+        m.insert(uid, (rv, hash.to_string()));
+    }
+
+    /// Whether `cached` is an older version of an object Rulebook has already applied
+    /// with desired hash `hash` (so applying it again would write the same thing). Once
+    /// the cache has caught up, the entry goes.
+    pub fn ahead_of_cache(&self, cached: &DynamicObject, hash: &str) -> bool {
+        let (Some(uid), Some(seen)) = (cached.uid(), rv(cached)) else {
+            return false;
+        };
+        let mut m = lock(&self.0);
+        match m.get(&uid) {
+            Some((written, h)) if seen < *written => h == hash,
+            Some(_) => {
+                m.remove(&uid);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+/// A resourceVersion as a number (etcd revisions); `None` when it is not one.
+fn rv(o: &DynamicObject) -> Option<u64> {
+    o.resource_version().and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(uid: &str, rv: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "n", "uid": uid, "resourceVersion": rv}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_apply_is_not_repeated_until_the_cache_has_it() {
+        let a = Applied::default();
+        a.record(&obj("u", "10"), "h2");
+        // The cache still has version 9: applying h2 again would be a duplicate.
+        assert!(a.ahead_of_cache(&obj("u", "9"), "h2"));
+        // Something else is wanted now: apply.
+        assert!(!a.ahead_of_cache(&obj("u", "9"), "h3"));
+        // The cache has caught up: the plan decides again, and the entry is gone.
+        assert!(!a.ahead_of_cache(&obj("u", "10"), "h2"));
+        assert!(!a.ahead_of_cache(&obj("u", "9"), "h2"));
+    }
+
+    #[test]
+    fn the_fingerprint_follows_every_input() {
+        let parent = obj("p", "5");
+        let kids = vec![(0, Arc::new(obj("c1", "7")))];
+        let refs = std::collections::BTreeMap::from([(
+            "creds".to_string(),
+            json!({"metadata": {"uid": "s", "resourceVersion": "3"}}),
+        )]);
+        let f = fingerprint(&parent, &kids, &refs);
+        assert_eq!(f, fingerprint(&parent, &kids, &refs));
+        assert_ne!(f, fingerprint(&obj("p", "6"), &kids, &refs));
+        assert_ne!(
+            f,
+            fingerprint(&parent, &[(0, Arc::new(obj("c1", "8")))], &refs)
+        );
+        assert_ne!(f, fingerprint(&parent, &[], &refs));
+        let moved = std::collections::BTreeMap::from([(
+            "creds".to_string(),
+            json!({"metadata": {"uid": "s", "resourceVersion": "4"}}),
+        )]);
+        assert_ne!(f, fingerprint(&parent, &kids, &moved));
+        let s = Steady::default();
+        s.mark("p", f);
+        assert!(s.holds("p", f) && !s.holds("p", f + 1));
+        s.forget("p");
+        assert!(s.is_empty());
+    }
+}
