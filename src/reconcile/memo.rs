@@ -22,15 +22,13 @@ use serde_json::Value as Json;
 
 use super::context::lock;
 
-/// The fingerprint of a reconcile's inputs.
-pub fn fingerprint(
-    parent: &DynamicObject,
+/// The fingerprint of a reconcile's inputs but the parent: its live children's and its
+/// referenced objects' UIDs and resourceVersions.
+pub fn observed(
     children: &[(usize, Arc<DynamicObject>)],
     refs: &std::collections::BTreeMap<String, Json>,
 ) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    parent.uid().hash(&mut h);
-    parent.resource_version().hash(&mut h);
     let mut kids: Vec<(usize, Option<String>, Option<String>)> = children
         .iter()
         .map(|(k, o)| (*k, o.uid(), o.resource_version()))
@@ -53,6 +51,17 @@ pub fn fingerprint(
             o => one(o, &mut h),
         }
     }
+    h.finish()
+}
+
+/// The fingerprint of a reconcile's inputs: the parent (`parent_rv` is its
+/// resourceVersion as this process knows it: its own last status write may not be in
+/// the cache yet) and [`observed`].
+pub fn fingerprint(parent: &DynamicObject, parent_rv: Option<u64>, observed: u64) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    parent.uid().hash(&mut h);
+    parent_rv.hash(&mut h);
+    observed.hash(&mut h);
     h.finish()
 }
 
@@ -151,6 +160,9 @@ mod tests {
     fn the_fingerprint_follows_every_input() {
         let parent = obj("p", "5");
         let kids = vec![(0, Arc::new(obj("c1", "7")))];
+        let fingerprint = |p: &DynamicObject, kids: &[(usize, Arc<DynamicObject>)], refs| {
+            super::fingerprint(p, rv(p), observed(kids, refs))
+        };
         let refs = std::collections::BTreeMap::from([(
             "creds".to_string(),
             json!({"metadata": {"uid": "s", "resourceVersion": "3"}}),

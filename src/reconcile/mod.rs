@@ -228,8 +228,13 @@ async fn reconcile_inner(
     }
 
     // Nothing changed since a reconcile that had nothing to do: nothing to do.
-    let inputs = memo::fingerprint(parent, &live_children, &observed.refs);
-    if ctx.steady.holds(&uid, inputs) {
+    let seen = memo::observed(&live_children, &observed.refs);
+    let inputs = |ctx: &RuleContext| {
+        let rv = ctx.status_writes.latest_rv(&uid, parent);
+        memo::fingerprint(parent, rv, seen)
+    };
+    let before = inputs(ctx);
+    if ctx.steady.holds(&uid, before) {
         ctx.metrics
             .reconciles_skipped
             .get_or_create(&metrics::rule(&rule.name))
@@ -342,9 +347,11 @@ async fn reconcile_inner(
         }
         None => {
             let ready = report.readiness.condition();
-            let wrote = write_status(ctx, parent, &parent_json, fields.as_ref(), &ready).await?;
-            if changes.is_empty() && !wrote {
-                ctx.steady.mark(&uid, inputs);
+            write_status(ctx, parent, &parent_json, fields.as_ref(), &ready).await?;
+            // No child written: the same inputs (with the parent as its status write left
+            // it) give the same outcome, so the next reconcile of them can stop early.
+            if changes.is_empty() {
+                ctx.steady.mark(&uid, inputs(ctx));
             } else {
                 ctx.steady.forget(&uid);
             }

@@ -98,6 +98,17 @@ impl StatusWrites {
         }
     }
 
+    /// The parent's resourceVersion as far as this process knows: the cached one, or
+    /// that of Rulebook's own last status write when the cache has not caught up yet.
+    pub(super) fn latest_rv(&self, uid: &str, cached: &DynamicObject) -> Option<u64> {
+        let seen = resource_version(cached);
+        let written = lock(&self.written).get(uid).map(|w| w.rv);
+        match (seen, written) {
+            (Some(s), Some(w)) => Some(s.max(w)),
+            (s, w) => s.or(w),
+        }
+    }
+
     /// UIDs of the parents deleted since the last call.
     pub fn take_gone(&self) -> Vec<String> {
         std::mem::take(&mut *lock(&self.gone))
