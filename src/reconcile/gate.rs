@@ -163,12 +163,23 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         // Checked as the request leaves: whatever a caller checked earlier may be stale.
-        if is_write(&req) && !self.gate.may_write() {
+        let write = is_write(&req);
+        if write && !self.gate.may_write() {
             self.metrics.writes_refused.inc();
             return Box::pin(std::future::ready(Err(Box::new(WriteRefused) as BoxError)));
         }
         let fut = self.inner.call(req);
-        Box::pin(async move { fut.await.map_err(Into::into) })
+        let (gate, metrics) = (self.gate.clone(), self.metrics.clone());
+        Box::pin(async move {
+            // And again when the request is first polled, which is when it is sent: the
+            // client hands the future to the caller's task, which may run only after a
+            // stop (SIGSTOP, a starved process) that outlasted the lease.
+            if write && !gate.may_write() {
+                metrics.writes_refused.inc();
+                return Err(Box::new(WriteRefused) as BoxError);
+            }
+            fut.await.map_err(Into::into)
+        })
     }
 }
 
@@ -251,5 +262,35 @@ mod tests {
         gate.grant_until(Instant::now() + Duration::from_secs(30));
         svc.ready().await.unwrap().call(patch()).await.unwrap();
         assert_eq!(sent.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_write_that_waited_past_the_lease_is_not_sent() {
+        use tower::{Layer, Service, ServiceExt};
+        let gate = Arc::new(LeaseGate::leased());
+        gate.grant_until(Instant::now() + Duration::from_secs(30));
+        let metrics = Arc::new(Metrics::new());
+        let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = sent.clone();
+        // Like the HTTP client: nothing goes out until the future is polled.
+        let inner = tower::service_fn(move |_req: Request<()>| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::convert::Infallible>(())
+            }
+        });
+        let mut svc = GateLayer::new(gate.clone(), metrics.clone()).layer(inner);
+        let patch = Request::builder()
+            .method(Method::PATCH)
+            .uri("/api/v1/namespaces/a/configmaps/x")
+            .body(())
+            .unwrap();
+        // Accepted while the lease holds; first polled after it lapsed (a stopped process).
+        let pending = svc.ready().await.unwrap().call(patch);
+        gate.revoke();
+        assert!(pending.await.is_err());
+        assert_eq!(sent.load(Ordering::SeqCst), 0);
+        assert_eq!(metrics.writes_refused.get(), 1);
     }
 }
