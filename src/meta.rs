@@ -9,6 +9,12 @@ pub const FIELD_MANAGER: &str = "rulebook";
 /// (`spec.deletion`, or a child with `deletionPolicy: Orphan`).
 pub const FINALIZER: &str = "rulebook.dev/finalizer";
 
+/// The `.status` field where Rulebook records the rule version (content hash of the rule
+/// and its templates) that last reconciled a parent — on parents of kinds the rule's
+/// `spec.crd` defines (their schema has it). Children do not carry it: a rule edit
+/// rewrites only the children whose content changes.
+pub const STATUS_RULE_VERSION: &str = "ruleVersion";
+
 /// Labels and annotations Rulebook puts on every child.
 pub mod labels {
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -18,7 +24,8 @@ pub mod labels {
     pub const OWNER: &str = "rulebook.dev/owner";
     /// The rule's child name (`spec.children[].name`) that produced the object.
     pub const CHILD: &str = "rulebook.dev/child";
-    /// The rule version (content hash of the rule and its templates) that produced the object.
+    /// The rule version that produced the object: put on children by Rulebook before it
+    /// moved to the parent's `status.ruleVersion`; removed from them by their next apply.
     pub const RULE_VERSION: &str = "rulebook.dev/rule-version";
     /// The hash of the desired object as last applied.
     pub const DESIRED_HASH: &str = "rulebook.dev/desired-hash";

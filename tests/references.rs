@@ -278,13 +278,12 @@ async fn references_are_watched_and_a_missing_one_prunes_nothing() {
         (rule["synced"] == true && rule["version"] != old_version).then_some(())
     })
     .await;
-    // The new rule version is stamped on the children once; then nothing more.
-    wait_for(T, "the children to carry the new rule version", || async {
+    // The new rule version is recorded on the parent once; then nothing more.
+    wait_for(T, "the parent to record the new rule version", || async {
         let s = status(&op).await;
         let version = s["rules"]["teamapp"]["version"].as_str()?.to_string();
-        let dep = get_json(&deploys, "shop").await?;
-        (dep["metadata"]["annotations"]["rulebook.dev/rule-version"] == version.as_str())
-            .then_some(())
+        let p = get_json(&apps, "shop").await?;
+        (p["status"]["ruleVersion"] == version.as_str()).then_some(())
     })
     .await;
     wait_all_ready(&apps, &["shop".to_string()].into(), T).await;

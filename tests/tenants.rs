@@ -179,18 +179,11 @@ async fn apiversion_move_keeps_children() {
     .await;
     wait_for(
         T,
-        "every HPA to carry the new rule version and every parent to be Ready",
+        "every parent reconciled by the new rule version (status.ruleVersion) and Ready",
         || async {
-            let current = list(&hpas, Some(&sel))
-                .await
-                .iter()
-                .filter(|o| o["metadata"]["annotations"]["rulebook.dev/rule-version"] == v_new)
-                .count();
-            if current != N {
-                return None;
-            }
             for p in &names {
-                if !is_ready(&get_json(&parents, p).await?) {
+                let p = get_json(&parents, p).await?;
+                if !is_ready(&p) || p["status"]["ruleVersion"] != v_new.as_str() {
                     return None;
                 }
             }

@@ -185,11 +185,19 @@ async fn reconcile_inner(
     let rule = &ctx.rule;
 
     // 1. Observe: the parent and its live children, as the caches (or, for children cached
-    //    without content, the API server) have them.
+    //    without content, the API server) have them. Nothing changed since a reconcile
+    //    that had nothing to do (and no references to look at): nothing to do, and
+    //    nothing is even read as JSON.
+    let live_children = read_stubs(ctx, ctx.owned_children(&uid, namespace.as_deref())).await?;
+    let no_refs = std::collections::BTreeMap::new();
+    if rule.rule.spec.references.is_empty()
+        && let Some(done) = skip_if_steady(ctx, parent, &uid, &live_children, &no_refs)
+    {
+        return Ok(done);
+    }
     let Some(mut parent_json) = cache::to_json(parent) else {
         return unreadable_parent(ctx, parent).await;
     };
-    let live_children = read_stubs(ctx, ctx.owned_children(&uid, namespace.as_deref())).await?;
     let mut observed = Observed::from_objects(
         live_children
             .iter()
@@ -227,23 +235,17 @@ async fn reconcile_inner(
         }
     }
 
-    // Nothing changed since a reconcile that had nothing to do: nothing to do.
+    // With references: the same once they are looked up.
+    if !rule.rule.spec.references.is_empty()
+        && let Some(done) = skip_if_steady(ctx, parent, &uid, &live_children, &observed.refs)
+    {
+        return Ok(done);
+    }
     let seen = memo::observed(&live_children, &observed.refs);
     let inputs = |ctx: &RuleContext| {
         let rv = ctx.status_writes.latest_rv(&uid, parent);
         memo::fingerprint(parent, rv, seen)
     };
-    let before = inputs(ctx);
-    if ctx.steady.holds(&uid, before) {
-        ctx.metrics
-            .reconciles_skipped
-            .get_or_create(&metrics::rule(&rule.name))
-            .inc();
-        return Ok(match rule.resync {
-            Some(every) => Action::requeue(every),
-            None => Action::await_change(),
-        });
-    }
 
     // 2. Render the desired children, off the async runtime.
     let (rendered, parent_json, observed, budget) =
@@ -365,6 +367,30 @@ async fn reconcile_inner(
     // 6. Events: one per kind of change.
     report_changes(ctx, parent, &changes);
     result
+}
+
+/// `Some(action)` when the parent's inputs are those of a reconcile that had nothing to
+/// do ([`memo::Steady`]): the reconcile stops there.
+fn skip_if_steady(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+    live_children: &[(usize, Arc<DynamicObject>)],
+    refs: &std::collections::BTreeMap<String, serde_json::Value>,
+) -> Option<Action> {
+    let rv = ctx.status_writes.latest_rv(uid, parent);
+    let inputs = memo::fingerprint(parent, rv, memo::observed(live_children, refs));
+    if !ctx.steady.holds(uid, inputs) {
+        return None;
+    }
+    ctx.metrics
+        .reconciles_skipped
+        .get_or_create(&metrics::rule(&ctx.rule.name))
+        .inc();
+    Some(match ctx.rule.resync {
+        Some(every) => Action::requeue(every),
+        None => Action::await_change(),
+    })
 }
 
 /// Whether the parent carries `rulebook.dev/paused: "true"`.

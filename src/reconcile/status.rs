@@ -17,6 +17,7 @@ use super::error::{ReconcileError, is_not_found};
 use super::events::event;
 use super::plan::plan_status;
 use super::writer::WriteError;
+use crate::meta::STATUS_RULE_VERSION;
 use crate::render::status::ConditionState;
 
 /// The status last written per parent UID, with the parent's resourceVersion after the
@@ -151,16 +152,18 @@ pub(super) async fn write_status(
         );
         return Ok(false);
     }
-    let managed: Vec<&str> = ctx
-        .rule
-        .rule
-        .spec
-        .status
-        .keys()
-        .map(String::as_str)
-        .collect();
+    let managed = managed_fields(ctx);
     let kept;
     let fields = match fields {
+        Some(f) if records_version(ctx) => {
+            let mut f = f.clone();
+            f.insert(
+                STATUS_RULE_VERSION.into(),
+                Json::String(ctx.rule.version.clone()),
+            );
+            kept = f;
+            &kept
+        }
         Some(f) => f,
         None => {
             kept = managed
@@ -195,6 +198,29 @@ pub(super) async fn write_status(
     };
     apply_status(ctx, parent, uid, desired, written.is_some()).await?;
     Ok(true)
+}
+
+/// Whether the parent's status has `ruleVersion`: its kind is the rule's own CRD, whose
+/// schema Rulebook wrote (another kind's schema might prune the field, and every
+/// reconcile would then write it again).
+fn records_version(ctx: &RuleContext) -> bool {
+    ctx.rule.rule.spec.crd.is_some()
+}
+
+/// The `.status` fields Rulebook owns besides `conditions` and `observedGeneration`.
+fn managed_fields(ctx: &RuleContext) -> Vec<&str> {
+    let mut keys: Vec<&str> = ctx
+        .rule
+        .rule
+        .spec
+        .status
+        .keys()
+        .map(String::as_str)
+        .collect();
+    if records_version(ctx) {
+        keys.push(STATUS_RULE_VERSION);
+    }
+    keys
 }
 
 /// Writes the status of a parent being torn down: its fields as they are, `Ready=False`
@@ -246,13 +272,14 @@ async fn write_held(
     if let (Some(w), Some(o)) = (&written, live.as_object_mut()) {
         o.insert("status".into(), w.clone());
     }
-    let fields: serde_json::Map<String, Json> = ctx
-        .rule
-        .rule
-        .spec
-        .status
-        .keys()
-        .filter_map(|k| Some((k.clone(), live.pointer(&format!("/status/{k}"))?.clone())))
+    let fields: serde_json::Map<String, Json> = managed_fields(ctx)
+        .into_iter()
+        .filter_map(|k| {
+            Some((
+                k.to_string(),
+                live.pointer(&format!("/status/{k}"))?.clone(),
+            ))
+        })
         .collect();
     let now = now_rfc3339();
     let previous = crate::render::status::conditions_of(&live);

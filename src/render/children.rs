@@ -297,7 +297,9 @@ impl CompiledRule {
         let Some(ann) = ann.as_object_mut() else {
             return Err("metadata.annotations must be a mapping".into());
         };
-        ann.insert(labels::RULE_VERSION.into(), self.version.clone().into());
+        // The rule version is recorded on the parent (`status.ruleVersion`), so that a
+        // rule edit rewrites only the children whose content changes.
+        ann.remove(labels::RULE_VERSION);
         ann.remove(labels::DESIRED_HASH);
         match index {
             Some(i) => {

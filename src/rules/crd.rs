@@ -89,6 +89,10 @@ pub fn crd_for(rule: &Rule) -> Option<Json> {
         json!({"type": "integer", "format": "int64"}),
     );
     status_props.insert("conditions".into(), conditions_schema());
+    status_props.insert(
+        crate::meta::STATUS_RULE_VERSION.into(),
+        json!({"type": "string", "description": "The version of the Rulebook rule (a hash of the rule and its templates) that last reconciled this object"}),
+    );
     let mut status_schema = json!({"type": "object", "properties": status_props});
     if crd.status_schema.is_none() {
         status_schema["x-kubernetes-preserve-unknown-fields"] = json!(true);

@@ -262,7 +262,9 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
                 "a status key is a JSON field name ([a-zA-Z_][a-zA-Z0-9_]*)".into(),
             );
         }
-        if matches!(field.as_str(), "conditions" | "observedGeneration") {
+        if matches!(field.as_str(), "conditions" | "observedGeneration")
+            || field == crate::meta::STATUS_RULE_VERSION
+        {
             err(
                 (v.line, v.col),
                 &format!("spec.status.{field}"),
