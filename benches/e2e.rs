@@ -30,8 +30,6 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use procs::{Kind, Launch, Proc, Usage};
 use serde_json::{Value as Json, json};
 
-const RULE_VERSION: &str = "rulebook.dev/rule-version";
-
 /// The benchmark's knobs, from the environment.
 #[derive(Clone, Debug)]
 pub struct Cfg {
@@ -714,13 +712,24 @@ impl Bench {
 
         // Template change (Rulebook only).
         if kind == Kind::Rulebook && self.cfg.wants("template") {
+            // Done when every parent reports the new rule version (status.ruleVersion)
+            // and every ConfigMap — the one child whose template changes — has the new
+            // content. The Services and Secrets are not written at all.
             let selector = "app.kubernetes.io/managed-by=rulebook,rulebook.dev/rule=bench";
-            let apis = vec![
-                cluster::api(&self.client, Some(&ns), "v1", "ConfigMap", "configmaps"),
-                cluster::api(&self.client, Some(&ns), "v1", "Service", "services"),
-                cluster::api(&self.client, Some(&ns), "v1", "Secret", "secrets"),
-            ];
-            let children = cluster::AnnotationTracker::start(apis, selector, RULE_VERSION).await?;
+            let cms = vec![cluster::api(
+                &self.client,
+                Some(&ns),
+                "v1",
+                "ConfigMap",
+                "configmaps",
+            )];
+            let children = cluster::FieldTracker::start(cms, selector, "/data/revision").await?;
+            let parents = cluster::FieldTracker::start(
+                vec![self.parent_api(kind, &ns)],
+                "",
+                "/status/ruleVersion",
+            )
+            .await?;
             let path = templates.join("bench/configmap.yaml");
             let edited = std::fs::read_to_string(&path)?.replace(
                 "  data: {{ parent.spec.data }}\n",
@@ -747,9 +756,9 @@ impl Bench {
             let mut timeline = vec![(0.0, 0)];
             let ok = cluster::wait_count(
                 t0,
-                3 * n,
+                n,
                 timeout,
-                || children.count(&version),
+                || children.count("2").min(parents.count(&version)),
                 &mut timeline,
             )
             .await;
@@ -763,8 +772,8 @@ impl Bench {
             );
             let mut phase = self.phase(&s, &s2, Some(secs), Some(ok), &[]);
             phase["timeline"] = json!(timeline);
-            phase["children"] = json!(3 * n);
-            phase["key"] = json!(children.key());
+            phase["children"] = json!(n);
+            phase["key"] = json!(format!("{} and parents' {}", children.key(), parents.key()));
             out["template"] = phase;
         }
         drop(tracker);

@@ -243,20 +243,20 @@ fn parent_state(o: &DynamicObject) -> (String, ParentState) {
     )
 }
 
-/// Watches children of some kinds in a namespace and counts those whose annotation
-/// `key` has a given value.
-pub struct AnnotationTracker {
+/// Watches objects of some kinds in a namespace and counts those whose string at the
+/// JSON pointer `key` (e.g. `/status/ruleVersion`) has a given value.
+pub struct FieldTracker {
     state: Arc<Mutex<HashMap<String, Option<String>>>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     key: String,
 }
 
-impl AnnotationTracker {
+impl FieldTracker {
     pub async fn start(
         apis: Vec<Api<DynamicObject>>,
         selector: &str,
         key: &str,
-    ) -> Result<AnnotationTracker> {
+    ) -> Result<FieldTracker> {
         let state: Arc<Mutex<HashMap<String, Option<String>>>> = Arc::default();
         let mut tasks = Vec::new();
         let mut synced = Vec::new();
@@ -273,12 +273,9 @@ impl AnnotationTracker {
                     match ev {
                         Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => {
                             let id = format!("{i}/{}", o.metadata.name.clone().unwrap_or_default());
-                            let v = o
-                                .metadata
-                                .annotations
-                                .as_ref()
-                                .and_then(|a| a.get(&key))
-                                .cloned();
+                            let v = serde_json::to_value(&o).ok().and_then(|j| {
+                                j.pointer(&key).and_then(|v| v.as_str()).map(str::to_string)
+                            });
                             s.lock().unwrap().insert(id, v);
                         }
                         Ok(watcher::Event::Delete(o)) => {
@@ -301,7 +298,7 @@ impl AnnotationTracker {
                 .await
                 .context("child watch did not sync")??;
         }
-        Ok(AnnotationTracker {
+        Ok(FieldTracker {
             state,
             tasks,
             key: key.to_string(),
@@ -322,7 +319,7 @@ impl AnnotationTracker {
     }
 }
 
-impl Drop for AnnotationTracker {
+impl Drop for FieldTracker {
     fn drop(&mut self) {
         for t in &self.tasks {
             t.abort();

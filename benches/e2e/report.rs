@@ -173,8 +173,8 @@ impl Table {
     }
 }
 
-/// The first time at which the timeline reached 99 % of its target (N parents, or
-/// `children` for the template change).
+/// The first time at which the timeline reached 99 % of its target (N parents; for the
+/// template change, N parents at the new rule version with their ConfigMap changed).
 fn quantile_time(timeline: &Json, target: Option<f64>, r: &Json) -> Option<f64> {
     let n = target.or_else(|| r["config"]["n"].as_f64())?;
     let want = (n * 0.99).ceil();
@@ -326,8 +326,9 @@ pub fn markdown(r: &Json) -> String {
         true,
     );
     // An update changes 2N children (the Service does not depend on the spec); converge
-    // and template change write all 3N.
+    // writes all 3N; a template change of the ConfigMap writes N.
     let update_floor = floor.map(|f| f * 2.0 / 3.0);
+    let template_floor = floor.map(|f| f / 3.0);
     phase_rows(
         &mut t,
         r,
@@ -344,7 +345,14 @@ pub fn markdown(r: &Json) -> String {
         None,
         false,
     );
-    phase_rows(&mut t, r, "template", "template change", floor, true);
+    phase_rows(
+        &mut t,
+        r,
+        "template",
+        "template change (ConfigMap)",
+        template_floor,
+        true,
+    );
     let sn = cfg["scale_n"].as_u64().unwrap_or(0);
     let label = format!("memory at scale ({sn} + {})", 3 * sn);
     t.numbers(r, &label, "RSS after converging (MiB)", |c| {
@@ -384,7 +392,7 @@ pub fn markdown(r: &Json) -> String {
          ² busy CPU of the whole machine minus the controller, API server, etcd and driver: \
          kube-controller-manager (garbage collector), other test runs.  \n\
          ³ time ÷ the time the plain client needs for the children the workload must write at \
-         its best concurrency (3N for converge and template change, 2N for update).  \n\
+         its best concurrency (3N for converge, 2N for update, N for the template change).  \n\
          ⁴ the API server's audit log: write requests with the contender's user agent in its own \
          namespace (a server-side apply is logged as `patch`, events as `create events`).\n\n",
     );
