@@ -98,7 +98,7 @@ pub(super) async fn apply_child(
     d: &DesiredChild,
     lookup: Lookup,
     seen: bool,
-) -> Result<Option<Change>, ReconcileError> {
+) -> Result<ChildOutcome, ReconcileError> {
     let Target {
         kind,
         api,
@@ -132,8 +132,9 @@ pub(super) async fn apply_child(
     if let Live::Cached(o) = live
         && ctx.applied.ahead_of_cache(o, &d.hash)
     {
-        // Applied by this process already; the cache has not caught up yet.
-        return Ok(None);
+        // Applied by this process already; the cache has not caught up yet. Its watch
+        // event reconciles the parent again, with the object as applied.
+        return Ok(ChildOutcome::Pending);
     }
 
     let why = match plan_child(uid, child_spec.adopt, live, seen, d, hash_only) {
@@ -141,13 +142,13 @@ pub(super) async fn apply_child(
             // If it came from a GET, or reached the cache after this reconcile read the
             // parent's children, the status must see it all the same.
             return Ok(match (report, live_object) {
-                (true, Some(o)) => Some(Change {
+                (true, Some(o)) => ChildOutcome::Changed(Box::new(Change {
                     reason: "Fetched",
                     what,
                     related: o.object_ref(&kind.ar),
                     object: cache::to_json(o),
-                }),
-                _ => None,
+                })),
+                _ => ChildOutcome::UpToDate,
             });
         }
         ChildStep::Conflict { owner } => {
@@ -210,10 +211,20 @@ pub(super) async fn apply_child(
         Drift::FieldsChanged => ("Repaired", "repaired (fields changed by someone else)"),
     };
     info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "{verb}");
-    Ok(Some(Change {
+    Ok(ChildOutcome::Changed(Box::new(Change {
         reason,
         what,
         related: applied.object_ref(&kind.ar),
         object: serde_json::to_value(&applied).ok(),
-    }))
+    })))
+}
+
+/// What became of one desired child.
+pub(super) enum ChildOutcome {
+    /// Written (or read from the API server, for the status to see).
+    Changed(Box<Change>),
+    UpToDate,
+    /// Applied by this process before; the cache still has the older version. The status
+    /// would be computed from that older version: the reconcile leaves it to the next.
+    Pending,
 }

@@ -116,6 +116,8 @@ pub struct RuleContext {
     pub(super) steady: Steady,
     /// Children applied by this process, until the cache has the applied version.
     pub(super) applied: Applied,
+    /// Whether parents' status records `ruleVersion` (see `status.rs`).
+    pub(super) records_version: std::sync::atomic::AtomicBool,
 }
 
 /// Children checked by hash only, remembered at most (then forgotten and found again).
@@ -123,6 +125,7 @@ const HASH_ONLY_MAX: usize = 10_000;
 
 impl RuleContext {
     pub fn new(p: ContextParts) -> RuleContext {
+        let records_version = p.rule.rule.spec.crd.is_some();
         RuleContext {
             rule: p.rule,
             client: p.client,
@@ -144,6 +147,7 @@ impl RuleContext {
             let_go: Mutex::default(),
             steady: Steady::default(),
             applied: Applied::default(),
+            records_version: std::sync::atomic::AtomicBool::new(records_version),
         }
     }
 

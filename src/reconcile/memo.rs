@@ -65,6 +65,26 @@ pub fn fingerprint(parent: &DynamicObject, parent_rv: Option<u64>, observed: u64
     h.finish()
 }
 
+/// What makes a parent worth reconciling, as a hash: its generation, labels,
+/// annotations, finalizers and deletion — `None` for kinds without a generation (any
+/// change of theirs counts).
+pub fn identity(o: &DynamicObject) -> Option<u64> {
+    use kube::Resource;
+    let m = o.meta();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    m.generation?.hash(&mut h);
+    m.labels.hash(&mut h);
+    // As cached: without the last-applied annotation (see `cache::strip_parent`).
+    m.annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| k.as_str() != "kubectl.kubernetes.io/last-applied-configuration")
+        .for_each(|kv| kv.hash(&mut h));
+    m.finalizers.hash(&mut h);
+    m.deletion_timestamp.is_some().hash(&mut h);
+    Some(h.finish())
+}
+
 /// Per parent UID, the fingerprint of its last reconcile that had nothing to do.
 #[derive(Default)]
 pub struct Steady(Mutex<HashMap<String, u64>>);
@@ -141,6 +161,32 @@ mod tests {
             "metadata": {"name": "c", "namespace": "n", "uid": uid, "resourceVersion": rv}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn identity_is_what_makes_a_parent_worth_reconciling() {
+        let p = |generation: i64, labels: Json, annotations: Json| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "x/v1", "kind": "P",
+                "metadata": {"name": "p", "uid": "u", "resourceVersion": "1",
+                             "generation": generation, "labels": labels, "annotations": annotations}
+            }))
+            .unwrap()
+        };
+        let base = identity(&p(1, json!({"a": "1"}), json!({})));
+        assert!(base.is_some());
+        assert_ne!(base, identity(&p(2, json!({"a": "1"}), json!({}))));
+        assert_ne!(base, identity(&p(1, json!({"a": "2"}), json!({}))));
+        // The cache drops kubectl's last-applied annotation; it is no difference.
+        assert_eq!(
+            base,
+            identity(&p(
+                1,
+                json!({"a": "1"}),
+                json!({"kubectl.kubernetes.io/last-applied-configuration": "{}"})
+            ))
+        );
+        assert_eq!(identity(&obj("u", "3")), None, "no generation");
     }
 
     #[test]

@@ -53,7 +53,7 @@ use tracing::warn;
 
 use crate::metrics::{self, ResultLabels};
 use crate::render::Observed;
-use apply::{apply_child, look_up_uncached};
+use apply::{ChildOutcome, apply_child, look_up_uncached};
 use events::{event, observed_after, report_changes};
 use observe::{Confined, confine_to_rendered_namespaces, read_stubs, unreadable_parent};
 use offload::{render_off_runtime, status_off_runtime, targets_off_runtime};
@@ -268,6 +268,7 @@ async fn reconcile_inner(
     //    depend on earlier ones).
     let mut failure: Option<ReconcileError> = None;
     let mut changes = Vec::new();
+    let mut pending = false;
     let lookups = look_up_uncached(ctx, namespace.as_deref(), &desired).await;
     // The children `observed` holds; one that reached the cache since is read again.
     let in_observed: HashSet<(usize, String)> = live_children
@@ -277,8 +278,9 @@ async fn reconcile_inner(
     for (d, lookup) in desired.iter().zip(lookups) {
         let seen = in_observed.contains(&(ctx.kind_of_child[d.child], d.object_name().to_string()));
         match apply_child(ctx, parent, &uid, namespace.as_deref(), d, lookup, seen).await {
-            Ok(Some(change)) => changes.push(change),
-            Ok(None) => {}
+            Ok(ChildOutcome::Changed(change)) => changes.push(*change),
+            Ok(ChildOutcome::UpToDate) => {}
+            Ok(ChildOutcome::Pending) => pending = true,
             Err(err) => {
                 failure = Some(err);
                 break;
@@ -310,6 +312,15 @@ async fn reconcile_inner(
                 failure.get_or_insert(e);
             }
         }
+    }
+
+    // A child this process applied is still cached in its older version: the status
+    // would be computed from it. Its watch event brings the parent back (or, should it
+    // be lost, the requeue).
+    if pending && failure.is_none() {
+        report_changes(ctx, parent, &changes);
+        ctx.steady.forget(&uid);
+        return Ok(Action::requeue(Duration::from_secs(5)));
     }
 
     // 5. Status, from the children as this reconcile left them: what was just applied

@@ -4,13 +4,14 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::events::EventType;
 use serde_json::{Value as Json, json};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::context::{RuleContext, lock};
 use super::error::{ReconcileError, is_not_found};
@@ -34,6 +35,8 @@ pub struct StatusWrites {
 
 struct StatusWrite {
     rv: u64,
+    /// [`crate::reconcile::memo::identity`] of the parent as the write left it.
+    identity: Option<u64>,
     status: String,
     at: Instant,
     /// The parent watch has delivered this write (or a later version).
@@ -67,12 +70,13 @@ impl StatusWrites {
         }
     }
 
-    pub(super) fn record(&self, uid: String, rv: u64, status: &Json) {
+    pub(super) fn record(&self, uid: String, rv: u64, identity: Option<u64>, status: &Json) {
         let mut written = lock(&self.written);
         written.insert(
             uid,
             StatusWrite {
                 rv,
+                identity,
                 status: status.to_string(),
                 at: Instant::now(),
                 seen: false,
@@ -99,14 +103,20 @@ impl StatusWrites {
         }
     }
 
-    /// The parent's resourceVersion as far as this process knows: the cached one, or
-    /// that of Rulebook's own last status write when the cache has not caught up yet.
+    /// The parent's resourceVersion as far as this process knows: the cached one, or that
+    /// of Rulebook's own last status write when the cache has not caught up yet — but only
+    /// when that write left the parent as `cached` is otherwise (same generation, labels,
+    /// annotations, finalizers): a change someone made before the write landed must not
+    /// pass for one this process has seen.
     pub(super) fn latest_rv(&self, uid: &str, cached: &DynamicObject) -> Option<u64> {
         let seen = resource_version(cached);
-        let written = lock(&self.written).get(uid).map(|w| w.rv);
+        let written = lock(&self.written)
+            .get(uid)
+            .filter(|w| w.identity.is_some() && w.identity == super::memo::identity(cached))
+            .map(|w| w.rv);
         match (seen, written) {
             (Some(s), Some(w)) => Some(s.max(w)),
-            (s, w) => s.or(w),
+            (s, _) => s,
         }
     }
 
@@ -155,7 +165,8 @@ pub(super) async fn write_status(
     let managed = managed_fields(ctx);
     let kept;
     let fields = match fields {
-        Some(f) if records_version(ctx) => {
+        // A failed reconcile does not claim the rule version that failed.
+        Some(f) if records_version(ctx) && completed(ready) => {
             let mut f = f.clone();
             f.insert(
                 STATUS_RULE_VERSION.into(),
@@ -202,9 +213,15 @@ pub(super) async fn write_status(
 
 /// Whether the parent's status has `ruleVersion`: its kind is the rule's own CRD, whose
 /// schema Rulebook wrote (another kind's schema might prune the field, and every
-/// reconcile would then write it again).
+/// reconcile would then write it again; a write whose response lacks it turns it off).
 fn records_version(ctx: &RuleContext) -> bool {
-    ctx.rule.rule.spec.crd.is_some()
+    ctx.records_version.load(Ordering::Relaxed)
+}
+
+/// Whether `ready` is the outcome of a reconcile that went through (the parent's
+/// readiness), not of a failure.
+fn completed(ready: &ConditionState) -> bool {
+    matches!(ready.reason.as_str(), "Ready" | "ChildrenNotReady")
 }
 
 /// The `.status` fields Rulebook owns besides `conditions` and `observedGeneration`.
@@ -349,9 +366,18 @@ async fn apply_status(
         .await
     {
         Ok(o) => {
+            let st = o.data.get("status").cloned().unwrap_or(Json::Null);
+            if desired.get(STATUS_RULE_VERSION).is_some()
+                && st.get(STATUS_RULE_VERSION).is_none()
+                && ctx.records_version.swap(false, Ordering::Relaxed)
+            {
+                // The parent's schema prunes it (a CRD that is not, or not yet,
+                // Rulebook's): recording it would write the status at every reconcile.
+                warn!(rule = %ctx.rule.name, "the parent kind's status schema has no ruleVersion; the rule version is not recorded on parents");
+            }
             if let Some(rv) = resource_version(&o) {
-                let st = o.data.get("status").cloned().unwrap_or(Json::Null);
-                ctx.status_writes.record(uid, rv, &st);
+                ctx.status_writes
+                    .record(uid, rv, super::memo::identity(&o), &st);
             }
             Ok(())
         }
@@ -382,10 +408,38 @@ mod tests {
     }
 
     #[test]
+    fn a_status_write_stands_for_the_parent_only_as_it_was_rendered() {
+        let at = |rv: &str, generation: i64| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "x/v1", "kind": "P",
+                "metadata": {"name": "p", "uid": "u1", "resourceVersion": rv,
+                             "generation": generation}
+            }))
+            .unwrap()
+        };
+        let w = StatusWrites::default();
+        // The write left generation 1 at resourceVersion 10.
+        w.record(
+            "u1".into(),
+            10,
+            crate::reconcile::memo::identity(&at("10", 1)),
+            &json!({}),
+        );
+        // The cached parent (generation 1, before the write): the write is what is known.
+        assert_eq!(w.latest_rv("u1", &at("8", 1)), Some(10));
+        // Someone changed the spec before the write landed: the write does not stand for
+        // that change; the cached version does.
+        assert_eq!(w.latest_rv("u1", &at("9", 2)), Some(9));
+        // A write without identity (a kind without generation) never stands in.
+        w.record("u1".into(), 12, None, &json!({}));
+        assert_eq!(w.latest_rv("u1", &at("8", 1)), Some(8));
+    }
+
+    #[test]
     fn a_status_write_counts_until_the_cache_has_caught_up() {
         use kube::runtime::watcher::Event;
         let w = StatusWrites::default();
-        w.record("u1".into(), 10, &json!({"phase": "written"}));
+        w.record("u1".into(), 10, None, &json!({"phase": "written"}));
         // A cached parent from before the write: the written status is what the server has.
         assert_eq!(
             w.newer_than("u1", &parent_at("9")),
