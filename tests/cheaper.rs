@@ -1,0 +1,127 @@
+//! Cheaper than hand-written (issue 18), against the local control plane with `rulebook
+//! run` as a child process: a template edit to one of three children of N parents writes
+//! exactly those N children (plus at most one status write per parent, for
+//! `status.ruleVersion`), and the resyncs of unchanged parents stop after observing.
+
+mod common;
+mod faults_kit;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::*;
+use faults_kit::*;
+use serde_json::{Value as Json, json};
+
+const T: Duration = Duration::from_secs(120);
+const N: usize = 30;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_edit_writes_only_the_children_it_changes() {
+    let test = "a_template_edit_writes_only_the_children_it_changes";
+    let client = client().await;
+    let ns = namespace(&client, "cheaper").await;
+    let (kind, rule) = ("CheapApp", "cheapapp");
+    let d = RuleDir::new();
+    for c in ["a", "b", "c"] {
+        d.template(&format!("{c}.yaml"), &configmap_template(c, "  v: \"1\"\n"));
+    }
+    d.rule(
+        "cheap.yaml",
+        &rule_text(
+            rule,
+            kind,
+            &[
+                child("a", "v1", "ConfigMap", "a.yaml", &[]),
+                child("b", "v1", "ConfigMap", "b.yaml", &[]),
+                child("c", "v1", "ConfigMap", "c.yaml", &[]),
+            ],
+        )
+        .replace("spec:\n  parent:", "spec:\n  resync: 2s\n  parent:"),
+    );
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let names: BTreeSet<String> = (0..N).map(|i| format!("p{i}")).collect();
+    put_all(
+        &parents,
+        names
+            .iter()
+            .map(|p| parent(kind, &ns, p, json!({})))
+            .collect(),
+        8,
+    )
+    .await;
+    wait_all_ready(&parents, &names, T).await;
+    let v_old = status(&op).await["rules"][rule]["version"].clone();
+
+    let audit = Audit::mark();
+    let from = jiff::Timestamp::now();
+    d.template("b.yaml", &configmap_template("b", "  v: \"2\"\n"));
+    let v_new = wait_for(T, "the operator to run the edited rule", || async {
+        let s = status(&op).await;
+        let r = &s["rules"][rule];
+        (r["version"] != v_old && r["synced"] == true).then(|| r["version"].clone())
+    })
+    .await;
+    wait_for(T, "every parent at the new rule version", || async {
+        let items = list(&parents, None).await;
+        let at = items
+            .iter()
+            .filter(|p| p["status"]["ruleVersion"] == v_new && is_ready(p))
+            .count();
+        (at == N).then_some(())
+    })
+    .await;
+    // Settled: every parent resynced once more and stopped after observing.
+    let series = format!("rulebook_reconciles_skipped_total{{rule=\"{rule}\"}}");
+    let before = op.metric(&series).await;
+    wait_for(
+        T,
+        "a resync of every parent that finds nothing to do",
+        || async { (op.metric(&series).await >= before + N as f64).then_some(()) },
+    )
+    .await;
+
+    let writes: Vec<Json> = audit
+        .writes(&ns)
+        .into_iter()
+        .filter(|e| {
+            e["userAgent"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("rulebook/"))
+                && e["objectRef"]["resource"] != "events"
+                && audit_time(e).is_some_and(|t| t >= from)
+        })
+        .collect();
+    let name = |e: &Json| e["objectRef"]["name"].as_str().unwrap_or("").to_string();
+    let edited = writes
+        .iter()
+        .filter(|e| e["objectRef"]["resource"] == "configmaps" && name(e).ends_with("-b"))
+        .count();
+    let statuses = writes
+        .iter()
+        .filter(|e| e["objectRef"]["subresource"] == "status")
+        .count();
+    let others: Vec<String> = writes
+        .iter()
+        .filter(|e| {
+            !(e["objectRef"]["resource"] == "configmaps" && name(e).ends_with("-b"))
+                && e["objectRef"]["subresource"] != "status"
+        })
+        .map(describe_audit)
+        .collect();
+    eprintln!(
+        "{test}: {edited} applies of the edited child, {statuses} status writes, {} other writes, for {N} parents",
+        others.len()
+    );
+    assert_eq!(edited, N, "{test}: one apply per edited child");
+    assert!(statuses <= N, "{test}: {statuses} status writes");
+    assert!(others.is_empty(), "{test}: other writes: {others:#?}");
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    assert_eq!(
+        get_json(&cms, "p0-b").await.unwrap()["data"]["v"],
+        "2",
+        "{test}"
+    );
+    cleanup_namespace(&client, &ns).await;
+}
