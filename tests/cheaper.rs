@@ -82,16 +82,9 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
     )
     .await;
 
-    let writes: Vec<Json> = audit
-        .writes(&ns)
+    let writes: Vec<Json> = rulebook_writes(&audit, &ns)
         .into_iter()
-        .filter(|e| {
-            e["userAgent"]
-                .as_str()
-                .is_some_and(|a| a.starts_with("rulebook/"))
-                && e["objectRef"]["resource"] != "events"
-                && audit_time(e).is_some_and(|t| t >= from)
-        })
+        .filter(|e| audit_time(e).is_some_and(|t| t >= from))
         .collect();
     let name = |e: &Json| e["objectRef"]["name"].as_str().unwrap_or("").to_string();
     let edited = writes

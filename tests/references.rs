@@ -33,20 +33,6 @@ fn b64(s: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(s)
 }
 
-/// Rulebook's writes in `ns` since `audit`, without events.
-fn rulebook_writes(audit: &Audit, ns: &str) -> Vec<Json> {
-    audit
-        .writes(ns)
-        .into_iter()
-        .filter(|e| {
-            e["userAgent"]
-                .as_str()
-                .is_some_and(|a| a.starts_with("rulebook/"))
-                && e["objectRef"]["resource"] != "events"
-        })
-        .collect()
-}
-
 fn describe_all(writes: &[Json]) -> String {
     writes
         .iter()
@@ -336,6 +322,37 @@ async fn references_are_watched_and_a_missing_one_prunes_nothing() {
     cleanup_namespace(&client, &ns).await;
 }
 
+/// A rule `name` for parent `kind` with one reference `reference` to the object `object`
+/// of `ref_kind` in the literal namespace `ns`, and one ConfigMap child `<parent>-copy`
+/// whose data are `data` (a template line, indented two spaces).
+fn literal_reference_rule(
+    name: &str,
+    kind: &str,
+    (reference, ref_kind, object, ns): (&str, &str, &str, &str),
+    data: &str,
+) -> RuleDir {
+    let d = RuleDir::new();
+    d.template(
+        "copy.yaml",
+        &format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{{{ parent.metadata.name ~ \"-copy\" }}}}\ndata:\n{data}\n"
+        ),
+    );
+    let rule = rule_text(
+        name,
+        kind,
+        &[child("copy", "v1", "ConfigMap", "copy.yaml", &[])],
+    )
+    .replace(
+        "  children:\n",
+        &format!(
+            "  references:\n    - name: {reference}\n      apiVersion: v1\n      kind: {ref_kind}\n      objectName: \"'{object}'\"\n      namespace: {ns}\n  children:\n"
+        ),
+    );
+    d.rule(&format!("{name}.yaml"), &rule);
+    d
+}
+
 /// A rule that names another namespace literally reads from it (by a literal name, so its
 /// cache watches that one object).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,23 +362,12 @@ async fn a_literal_namespace_is_readable() {
     let ns = namespace(&client, "refs-lit").await;
     let shared = namespace(&client, "refs-shared").await;
     let kind = "RefShared";
-    let d = RuleDir::new();
-    d.template(
-        "copy.yaml",
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-copy\" }}\ndata:\n  region: {{ refs.global.data.region }}\n",
-    );
-    let rule = rule_text(
+    let d = literal_reference_rule(
         "refshared",
         kind,
-        &[child("copy", "v1", "ConfigMap", "copy.yaml", &[])],
-    )
-    .replace(
-        "  children:\n",
-        &format!(
-            "  references:\n    - name: global\n      apiVersion: v1\n      kind: ConfigMap\n      objectName: \"'global-settings'\"\n      namespace: {shared}\n  children:\n"
-        ),
+        ("global", "ConfigMap", "global-settings", &shared),
+        "  region: {{ refs.global.data.region }}",
     );
-    d.rule("shared.yaml", &rule);
     let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let shared_cms = api(&client, Some(&shared), "v1", "ConfigMap", "configmaps");
@@ -660,23 +666,12 @@ async fn a_reference_by_literal_name_runs_on_rbac_limited_to_that_name() {
     let ns = namespace(&client, "refs-rbac").await;
     let shared = namespace(&client, "refs-rbac-shared").await;
     let kind = "RefNamed";
-    let d = RuleDir::new();
-    d.template(
-        "copy.yaml",
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-copy\" }}\ndata:\n  digest: {{ refs.creds.data | to_json | sha256 }}\n",
-    );
-    let rule = rule_text(
+    let d = literal_reference_rule(
         "refnamed",
         kind,
-        &[child("copy", "v1", "ConfigMap", "copy.yaml", &[])],
-    )
-    .replace(
-        "  children:\n",
-        &format!(
-            "  references:\n    - name: creds\n      apiVersion: v1\n      kind: Secret\n      objectName: \"'global-creds'\"\n      namespace: {shared}\n  children:\n"
-        ),
+        ("creds", "Secret", "global-creds", &shared),
+        "  digest: {{ refs.creds.data | to_json | sha256 }}",
     );
-    d.rule("named.yaml", &rule);
     let role = unique("rulebook-refs-rbac");
     let rules = d.rules.to_string_lossy().to_string();
     let templates = d.templates.to_string_lossy().to_string();

@@ -130,16 +130,13 @@ impl CompiledRule {
                 }
             }
             uses_ready |= READY_CALL.is_match(source);
-            for m in CHILD_REF.captures_iter(source) {
-                let (Some(whole), Some(n)) = (m.get(0), m.get(1)) else {
-                    continue;
-                };
-                if !child_names.contains(n.as_str()) {
+            for (at, n) in names_used(&CHILD_REF, source) {
+                if !child_names.contains(n) {
                     diags.push(Diagnostic::new(
                         path.as_str(),
-                        line_of(source, whole.start()),
+                        line_of(source, at),
                         0,
-                        format!("children.{} is not a child of rule '{name}'", n.as_str()),
+                        format!("children.{n} is not a child of rule '{name}'"),
                     ));
                 }
             }
@@ -148,33 +145,22 @@ impl CompiledRule {
                 .finalize_child()
                 .and_then(|i| rule.spec.children.get(i))
                 .is_some_and(|c| c.template.value == *t);
-            for m in REFS_REF.captures_iter(source) {
-                let (Some(whole), Some(n)) = (m.get(0), m.get(1)) else {
+            for (at, n) in names_used(&REFS_REF, source) {
+                let message = if finalize_template {
+                    format!(
+                        "refs.{n} in the finalize child's template: it is rendered from the parent alone, without references"
+                    )
+                } else if !ref_names.contains(n) {
+                    format!("refs.{n} is not a reference of rule '{name}' (spec.references)")
+                } else {
                     continue;
                 };
-                if finalize_template {
-                    diags.push(Diagnostic::new(
-                        path.as_str(),
-                        line_of(source, whole.start()),
-                        0,
-                        format!(
-                            "refs.{} in the finalize child's template: it is rendered from the parent alone, without references",
-                            n.as_str()
-                        ),
-                    ));
-                    continue;
-                }
-                if !ref_names.contains(n.as_str()) {
-                    diags.push(Diagnostic::new(
-                        path.as_str(),
-                        line_of(source, whole.start()),
-                        0,
-                        format!(
-                            "refs.{} is not a reference of rule '{name}' (spec.references)",
-                            n.as_str()
-                        ),
-                    ));
-                }
+                diags.push(Diagnostic::new(
+                    path.as_str(),
+                    line_of(source, at),
+                    0,
+                    message,
+                ));
             }
         }
 
@@ -222,34 +208,23 @@ impl CompiledRule {
                                 ));
                             }
                         }
-                        for m in CHILD_REF.captures_iter(&src.value) {
-                            if let Some(n) = m.get(1)
-                                && !child_names.contains(n.as_str())
-                            {
-                                ok = false;
-                                diags.borrow_mut().push(diag(
-                                    src.line,
-                                    src.col,
-                                    &key,
-                                    format!("children.{} is not a child of this rule", n.as_str()),
-                                ));
-                            }
-                        }
-                        for m in REFS_REF.captures_iter(&src.value) {
-                            if let Some(n) = m.get(1)
-                                && !ref_names.contains(n.as_str())
-                            {
-                                ok = false;
-                                diags.borrow_mut().push(diag(
-                                    src.line,
-                                    src.col,
-                                    &key,
-                                    format!(
-                                        "refs.{} is not a reference of this rule (spec.references)",
-                                        n.as_str()
-                                    ),
-                                ));
-                            }
+                        let unknown = names_used(&CHILD_REF, &src.value)
+                            .filter(|(_, n)| !child_names.contains(n))
+                            .map(|(_, n)| format!("children.{n} is not a child of this rule"))
+                            .chain(
+                                names_used(&REFS_REF, &src.value)
+                                    .filter(|(_, n)| !ref_names.contains(n))
+                                    .map(|(_, n)| {
+                                        format!(
+                                            "refs.{n} is not a reference of this rule (spec.references)"
+                                        )
+                                    }),
+                            );
+                        for message in unknown {
+                            ok = false;
+                            diags
+                                .borrow_mut()
+                                .push(diag(src.line, src.col, &key, message));
                         }
                         if READY_CALL.is_match(&src.value) {
                             if key.ends_with(".readyWhen") {
@@ -510,6 +485,15 @@ impl CompiledRule {
             }
         }
     }
+}
+
+/// The names `re` (a `children.<name>`-style pattern with the name as group 1) finds in
+/// `text`, with the offset of each match.
+fn names_used<'a>(re: &'a Regex, text: &'a str) -> impl Iterator<Item = (usize, &'a str)> + 'a {
+    re.captures_iter(text).filter_map(|m| {
+        let (whole, name) = (m.get(0)?, m.get(1)?);
+        Some((whole.start(), name.as_str()))
+    })
 }
 
 fn line_of(text: &str, offset: usize) -> u64 {

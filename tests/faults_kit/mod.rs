@@ -383,6 +383,20 @@ pub fn audit_time(e: &Json) -> Option<jiff::Timestamp> {
     e["stageTimestamp"].as_str()?.parse().ok()
 }
 
+/// Rulebook's writes (user agent `rulebook/…`) in `ns` since `audit`, without events.
+pub fn rulebook_writes(audit: &Audit, ns: &str) -> Vec<Json> {
+    audit
+        .writes(ns)
+        .into_iter()
+        .filter(|e| {
+            e["userAgent"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("rulebook/"))
+                && e["objectRef"]["resource"] != "events"
+        })
+        .collect()
+}
+
 /// `verb resource/name (code, user agent)` of an audit event.
 pub fn describe_audit(e: &Json) -> String {
     format!(
