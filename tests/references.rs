@@ -78,19 +78,34 @@ fn checksum(deploy: &Json) -> String {
         .to_string()
 }
 
+/// The shipped TeamApp rule run by an operator in `ns`, once its CRD is served: the rule
+/// dir, the operator, and the TeamApp and Secret APIs of `ns`.
+async fn teamapp(
+    client: &kube::Client,
+    ns: &str,
+) -> (
+    RuleDir,
+    Operator,
+    kube::Api<kube::api::DynamicObject>,
+    kube::Api<kube::api::DynamicObject>,
+) {
+    let d = shipped("teamapp", |t| t);
+    let op = Operator::start(&d.rules, &d.templates, Some(ns), &["--install-crds"]).await;
+    let apps = api(client, Some(ns), "xyz.com/v1", "TeamApp", "teamapps");
+    wait_for(T, "the TeamApp CRD to be served", || async {
+        apps.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
+    let secrets = api(client, Some(ns), "v1", "Secret", "secrets");
+    (d, op, apps, secrets)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn references_are_watched_and_a_missing_one_prunes_nothing() {
     let test = "references_are_watched_and_a_missing_one_prunes_nothing";
     let client = client().await;
     let ns = namespace(&client, "refs").await;
-    let d = shipped("teamapp", |t| t);
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
-    let apps = api(&client, Some(&ns), "xyz.com/v1", "TeamApp", "teamapps");
-    wait_for(T, "the TeamApp CRD to be served", || async {
-        apps.list(&Default::default()).await.ok().map(|_| ())
-    })
-    .await;
-    let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
+    let (d, op, apps, secrets) = teamapp(&client, &ns).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let deploys = api(&client, Some(&ns), "apps/v1", "Deployment", "deployments");
     put(&secrets, &secret(&ns, "db", "first")).await;
@@ -741,14 +756,7 @@ async fn diff_reads_references_from_the_cluster() {
     let test = "diff_reads_references_from_the_cluster";
     let client = client().await;
     let ns = namespace(&client, "refs-diff").await;
-    let d = shipped("teamapp", |t| t);
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
-    let apps = api(&client, Some(&ns), "xyz.com/v1", "TeamApp", "teamapps");
-    wait_for(T, "the TeamApp CRD to be served", || async {
-        apps.list(&Default::default()).await.ok().map(|_| ())
-    })
-    .await;
-    let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
+    let (d, op, apps, secrets) = teamapp(&client, &ns).await;
     put(&secrets, &secret(&ns, "db", "first")).await;
     let shop = json!({"apiVersion": "xyz.com/v1", "kind": "TeamApp",
         "metadata": {"name": "shop", "namespace": ns},
