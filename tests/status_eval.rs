@@ -655,3 +655,62 @@ spec:
         ]
     );
 }
+
+/// The status sees the children as the reconcile left them: a dependency it just created
+/// may be ready now, but the child that waited for it was not rendered in this reconcile,
+/// so the parent is not Ready yet.
+#[test]
+fn a_child_skipped_by_this_render_still_waits_in_the_status() {
+    let rule = compile_rule(
+        r#"apiVersion: rulebook.dev/v1alpha1
+kind: Rule
+metadata:
+  name: stat
+spec:
+  parent:
+    apiVersion: test.rulebook.dev/v1
+    kind: Stat
+  children:
+    - name: db
+      apiVersion: v1
+      kind: ConfigMap
+      template: db.yaml
+    - name: app
+      apiVersion: v1
+      kind: ConfigMap
+      template: app.yaml
+      waitFor: [db]
+"#,
+        &[
+            (
+                "db.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: db\n",
+            ),
+            (
+                "app.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: app\n",
+            ),
+        ],
+    );
+    let p = parent(json!({}));
+    let scope = |_: usize| Scope::Namespaced;
+    // The render, with nothing live: only db.
+    let desired = rule.render(&p, &Observed::default(), &scope).unwrap();
+    assert_eq!(desired.len(), 1);
+    // The status, with db as its apply left it.
+    let db = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "db", "labels": {"rulebook.dev/child": "db"}}});
+    let after = Observed::from_objects([db]);
+    let report = rule.status(&p, &after, &desired).unwrap();
+    assert_eq!(report.readiness.waiting, vec!["app (for db)".to_string()]);
+    assert!(!report.readiness.is_ready());
+    // The next render sees db live and renders app too; then nothing waits.
+    let desired = rule.render(&p, &after, &scope).unwrap();
+    assert_eq!(desired.len(), 2);
+    let report = rule.status(&p, &after, &desired).unwrap();
+    assert!(
+        report.readiness.waiting.is_empty(),
+        "{:?}",
+        report.readiness
+    );
+}

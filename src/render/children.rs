@@ -71,7 +71,7 @@ impl CompiledRule {
         // A child that waits for others is not rendered until they are ready (unless
         // it is live already: then it stays, whatever they do).
         let waiting: Vec<usize> = self
-            .waiting(&ctx, observed, &readiness)?
+            .waiting(&ctx, observed, &readiness, None)?
             .into_iter()
             .map(|(i, _)| i)
             .collect();

@@ -123,11 +123,18 @@ impl CompiledRule {
 
     /// The children that wait: included (`includeWhen`), not live yet, with a `waitFor`
     /// child that is not live and ready. Each with the names it waits for.
+    ///
+    /// `rendered`, for the status: the children the render produced objects for. The
+    /// status sees the children as the reconcile left them, so a dependency may be ready
+    /// now that was not when the render skipped its dependent: a child with `waitFor`
+    /// (and without `forEach`, which may render nothing) that is neither live nor
+    /// rendered still waits, for all its `waitFor`.
     pub(super) fn waiting(
         &self,
         ctx: &BTreeMap<&'static str, Value>,
         observed: &Observed,
         readiness: &LiveReadiness,
+        rendered: Option<&BTreeSet<usize>>,
     ) -> Result<Vec<(usize, Vec<String>)>, RenderError> {
         let programs = self.compiled.borrow_dependent();
         let mut out = Vec::new();
@@ -140,12 +147,19 @@ impl CompiledRule {
             {
                 continue;
             }
-            let pending: BTreeSet<&str> = c
+            let mut pending: BTreeSet<&str> = c
                 .wait_for
                 .iter()
                 .map(|w| w.as_str())
                 .filter(|w| !readiness.child_ready(w))
                 .collect();
+            if pending.is_empty()
+                && let Some(rendered) = rendered
+                && !rendered.contains(&i)
+                && programs.children[i].for_each.is_none()
+            {
+                pending = c.wait_for.iter().map(|w| w.as_str()).collect();
+            }
             if pending.is_empty() {
                 continue;
             }

@@ -91,8 +91,9 @@ impl CompiledRule {
             }
         }
         let mut readiness = self.readiness(&ctx, observed, desired)?;
+        let rendered: std::collections::BTreeSet<usize> = desired.iter().map(|d| d.child).collect();
         readiness.waiting = self
-            .waiting(&ctx, observed, &live_readiness)?
+            .waiting(&ctx, observed, &live_readiness, Some(&rendered))?
             .into_iter()
             .map(|(i, on)| {
                 format!(
