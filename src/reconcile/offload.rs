@@ -38,13 +38,36 @@ async fn off_runtime<T: Send + 'static>(
         .map_err(|e| ReconcileError::Invalid(format!("render task failed: {e}")))
 }
 
-/// What a render hands back: its result, its inputs, and what is left of the budget.
-pub(super) type Rendered = (
-    Result<Vec<DesiredChild>, RenderError>,
-    Json,
-    Observed,
-    ParentBudget,
-);
+/// What an evaluation over one parent hands back: its result, its inputs, and what is
+/// left of the budget.
+pub(super) type Evaluated<T> = (Result<T, RenderError>, Json, Observed, ParentBudget);
+
+/// What a render hands back.
+pub(super) type Rendered = Evaluated<Vec<DesiredChild>>;
+
+/// Runs `work` over `parent` and `observed` on the blocking pool within `budget`, with
+/// `scopes` (per child, or per reference) as the scope function.
+async fn evaluate_off_runtime<T: Send + 'static>(
+    parent: Json,
+    observed: Observed,
+    mut budget: ParentBudget,
+    scopes: Vec<Scope>,
+    work: impl FnOnce(
+        &Json,
+        &Observed,
+        &dyn Fn(usize) -> Scope,
+        &mut ParentBudget,
+    ) -> Result<T, RenderError>
+    + Send
+    + 'static,
+) -> Result<Evaluated<T>, ReconcileError> {
+    off_runtime(move || {
+        let scope = |i: usize| scopes.get(i).copied().unwrap_or(Scope::Namespaced);
+        let out = work(&parent, &observed, &scope, &mut budget);
+        (out, parent, observed, budget)
+    })
+    .await
+}
 
 /// The desired children of `parent`, rendered on the blocking pool within `budget` (one
 /// budget per parent and reconcile: its render, a second render, and its status).
@@ -52,41 +75,29 @@ pub(super) async fn render_off_runtime(
     ctx: &RuleContext,
     parent: Json,
     observed: Observed,
-    mut budget: ParentBudget,
+    budget: ParentBudget,
 ) -> Result<Rendered, ReconcileError> {
     let rule = ctx.rule.clone();
-    let scopes: Vec<Scope> = (0..rule.children().len()).map(|i| ctx.scope(i)).collect();
-    off_runtime(move || {
-        let scope = |i: usize| scopes.get(i).copied().unwrap_or(Scope::Namespaced);
-        let desired = rule.render_within(&parent, &observed, &scope, &mut budget);
-        (desired, parent, observed, budget)
+    let scopes = (0..rule.children().len()).map(|i| ctx.scope(i)).collect();
+    evaluate_off_runtime(parent, observed, budget, scopes, move |p, o, scope, b| {
+        rule.render_within(p, o, scope, b)
     })
     .await
 }
-
-/// What [`targets_off_runtime`] hands back: its result, its inputs, and the budget.
-pub(super) type Targets = (
-    Result<Vec<RefTarget>, RenderError>,
-    Json,
-    Observed,
-    ParentBudget,
-);
 
 /// Where `parent`'s references point, evaluated on the blocking pool within `budget`.
 pub(super) async fn targets_off_runtime(
     ctx: &RuleContext,
     parent: Json,
     observed: Observed,
-    mut budget: ParentBudget,
-) -> Result<Targets, ReconcileError> {
+    budget: ParentBudget,
+) -> Result<Evaluated<Vec<RefTarget>>, ReconcileError> {
     let rule = ctx.rule.clone();
-    let scopes: Vec<Scope> = (0..rule.rule.spec.references.len())
+    let scopes = (0..rule.rule.spec.references.len())
         .map(|i| ctx.ref_scope(i))
         .collect();
-    off_runtime(move || {
-        let scope = |i: usize| scopes.get(i).copied().unwrap_or(Scope::Namespaced);
-        let targets = rule.reference_targets(&parent, &observed, &scope, &mut budget);
-        (targets, parent, observed, budget)
+    evaluate_off_runtime(parent, observed, budget, scopes, move |p, o, scope, b| {
+        rule.reference_targets(p, o, scope, b)
     })
     .await
 }
