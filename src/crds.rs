@@ -73,8 +73,14 @@ fn describe(name: &str, e: &kube::Error) -> String {
 /// Applies the CRDs of `set` (server-side apply, field manager `rulebook`), refusing
 /// CRDs Rulebook does not own ([`foreign`]) and breaking schema changes unless the rule
 /// allows them, and waits until each is Established. Failures are reported per rule
-/// (`(rule, message)`); the others go on. Never deletes a CRD.
-pub async fn install(client: &kube::Client, set: &crate::render::RuleSet) -> Vec<(String, String)> {
+/// (`(rule, message)`); the others go on. Never deletes a CRD. Only the CRDs whose name
+/// `mine` accepts are written (a sharded replica writes those whose name hashes into
+/// its share; the others wait until they are Established).
+pub async fn install(
+    client: &kube::Client,
+    set: &crate::render::RuleSet,
+    mine: &(dyn Fn(&str) -> bool + Sync),
+) -> Vec<(String, String)> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut failures = Vec::new();
     for rule in set.rules.values() {
@@ -126,6 +132,9 @@ pub async fn install(client: &kube::Client, set: &crate::render::RuleSet) -> Vec
                 failures.push((rule.name.clone(), describe(&name, &e)));
                 continue;
             }
+        }
+        if !mine(&name) {
+            continue;
         }
         // Forced: Rulebook owns this CRD (checked above), so it takes back fields another
         // manager changed. A CRD created between the read and this write by somebody else

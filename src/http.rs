@@ -43,6 +43,8 @@ pub struct AppState {
     pub engine: Arc<EngineStatus>,
     pub ruleset: Arc<RwLock<RuleSetState>>,
     pub leader: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// The sharding (`run --sharding namespace`), for `/status`.
+    pub sharding: Option<Arc<RwLock<crate::members::ShardStatus>>>,
 }
 
 #[derive(Serialize)]
@@ -51,6 +53,8 @@ struct StatusBody {
     ruleset: RuleSetState,
     leader: bool,
     rules: BTreeMap<String, RuleStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sharding: Option<crate::members::ShardStatus>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -164,6 +168,10 @@ async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
         ruleset: s.ruleset.read().map(|r| r.clone()).unwrap_or_default(),
         leader: (s.leader)(),
         rules: s.engine.snapshot(),
+        sharding: s
+            .sharding
+            .as_ref()
+            .and_then(|x| x.read().ok().map(|x| x.clone())),
     };
     Json(serde_json::to_value(body).unwrap_or_default())
 }

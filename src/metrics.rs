@@ -25,6 +25,18 @@ pub struct VerbLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheLabels {
+    pub rule: String,
+    /// `parents` or `children`.
+    pub cache: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    pub mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {
     pub result: String,
 }
@@ -57,6 +69,9 @@ pub struct Metrics {
     pub unreadable_objects: Family<RuleLabel, Counter>,
     /// Write requests the write gate refused because leadership had lapsed.
     pub writes_refused: Counter,
+    pub cached_objects: Family<CacheLabels, Gauge>,
+    pub shard_mode: Family<ModeLabel, Gauge>,
+    pub shard_share: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -167,8 +182,29 @@ impl Metrics {
             "Write requests refused by the write gate (not the leader, or leadership lapsed)",
             writes_refused.clone(),
         );
+        let cached_objects = Family::<CacheLabels, Gauge>::default();
+        registry.register(
+            "cached_objects",
+            "Objects in a rule's parent and child caches",
+            cached_objects.clone(),
+        );
+        let shard_mode = Family::<ModeLabel, Gauge>::default();
+        registry.register(
+            "shard_mode",
+            "1 for the active sharding mode: server (the API server filters the watches), client (filtered here: the API server lacks ShardedListAndWatch), off",
+            shard_mode.clone(),
+        );
+        let shard_share = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "shard_share_percent",
+            "The share of the namespace hash space this replica holds (sharded), in percent",
+            shard_share.clone(),
+        );
         Metrics {
             registry,
+            cached_objects,
+            shard_mode,
+            shard_share,
             cache_content_bytes,
             cache_stubbed,
             unreadable_objects,

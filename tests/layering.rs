@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u32)] = &[
     ("meta", 0),
     ("metrics", 0),
+    ("shard", 0),
     ("rules", 1),
     ("render", 2),
     ("rbac", 3),
@@ -18,6 +19,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("crds", 5),
     ("http", 5),
     ("leader", 5),
+    ("members", 5),
     ("reload", 5),
     ("operator", 6),
     ("cli", 7),

@@ -107,6 +107,20 @@ pub struct RunArgs {
     /// MiB of child content cached in all.
     #[arg(long, default_value_t = 256)]
     pub cache_total_mib: usize,
+    /// `namespace`: replicas share the parents by the hash of their namespace, each
+    /// announcing itself with a Lease (`--lease-name` names the group); replaces
+    /// `--leader-elect`.
+    #[arg(long, default_value = "off", value_parser = ["off", "namespace"])]
+    pub sharding: String,
+    /// Where the shard filter is applied: `auto` (by the API server when it supports
+    /// `shardSelector`, else here) or `client` (always here; for API servers whose
+    /// answer cannot be trusted, and for testing the fallback).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "client"])]
+    pub shard_filter: String,
+    /// Sharded: ranges move for load alone (namespaces filling up or emptying) at most
+    /// once per this many seconds; a member joining or leaving moves them at once.
+    #[arg(long, default_value_t = 60)]
+    pub shard_rebalance_seconds: u64,
 }
 
 impl RunArgs {
@@ -131,6 +145,9 @@ impl RunArgs {
             check_permissions: self.check_permissions,
             cache_namespace_mib: self.cache_namespace_mib,
             cache_total_mib: self.cache_total_mib,
+            sharding: self.sharding == "namespace",
+            shard_filter_client: self.shard_filter == "client",
+            shard_rebalance_seconds: self.shard_rebalance_seconds,
         }
     }
 }

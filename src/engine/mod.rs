@@ -9,8 +9,10 @@
 
 mod dropped;
 mod permissions;
+mod refstream;
 mod released;
 mod runner;
+pub mod sharded;
 mod status;
 mod streams;
 
@@ -52,6 +54,8 @@ pub struct EngineConfig {
     pub check_permissions: bool,
     /// Bounds on cached child content.
     pub cache: CacheLimits,
+    /// This replica's share of the parents (`run --sharding namespace`), or everything.
+    pub shard: Option<sharded::Sharding>,
 }
 
 impl Default for EngineConfig {
@@ -64,6 +68,7 @@ impl Default for EngineConfig {
             instance: None,
             check_permissions: true,
             cache: CacheLimits::default(),
+            shard: None,
         }
     }
 }
@@ -266,6 +271,16 @@ impl Engine {
     }
 
     /// Stops every rule, letting in-flight reconciles finish.
+    /// The engine's (gated) client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The share the rules started from now on run over (sharded replicas).
+    pub fn set_shard(&mut self, shard: Option<sharded::Sharding>) {
+        self.config.shard = shard;
+    }
+
     pub async fn shutdown(&mut self) {
         let names: Vec<String> = self.running.keys().cloned().collect();
         for r in self.running.values() {

@@ -75,6 +75,16 @@ impl RuleRunner {
                 break;
             }
             match self.resolve().await {
+                Ok(resolved) if !self.owned(&resolved) => {
+                    // A rule with cluster-scoped parents runs whole on one replica.
+                    self.status.update(&name, |s| {
+                        s.state = RuleState::Elsewhere;
+                        s.message =
+                            Some("its parents are cluster-scoped; another replica runs it".into());
+                    });
+                    let _ = stopped.wait_for(|s| *s).await;
+                    break;
+                }
                 Ok(resolved) => {
                     attempt = 0;
                     self.metrics
@@ -114,6 +124,28 @@ impl RuleRunner {
                 _ = tokio::time::sleep(delay) => {}
                 _ = stopped.changed() => {}
             }
+        }
+    }
+
+    /// Whether this replica runs the rule: always, unless sharded and its parents are
+    /// cluster-scoped and its name hashes into another replica's ranges.
+    fn owned(&self, r: &Resolved) -> bool {
+        match &self.config.shard {
+            Some(shard) if !r.parent_namespaced => {
+                shard.ranges.contains(crate::shard::fnv1a(&self.rule.name))
+            }
+            _ => true,
+        }
+    }
+
+    /// The client of the parent and child caches (the shard filter's, when sharded), and
+    /// the filter of their events.
+    fn watch_client(&self, r: &Resolved) -> (Client, Option<crate::shard::Ranges>) {
+        match &self.config.shard {
+            Some(shard) if r.parent_namespaced => {
+                (shard.watch_client.clone(), Some(shard.ranges.clone()))
+            }
+            _ => (self.client.clone(), None),
         }
     }
 
@@ -216,9 +248,11 @@ impl RuleRunner {
     async fn run_controller(&self, r: Resolved, stopped: watch::Receiver<bool>) {
         let name = self.rule.name.clone();
         let ns = self.config.namespace.as_deref();
+        let (watch_client, shard) = self.watch_client(&r);
+        let in_shard = || super::sharded::keep(shard.clone());
         let parent_api: Api<Wire<false>> = match (ns, r.parent_namespaced) {
-            (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, &r.parent),
-            _ => Api::all_with(self.client.clone(), &r.parent),
+            (Some(ns), true) => Api::namespaced_with(watch_client.clone(), ns, &r.parent),
+            _ => Api::all_with(watch_client.clone(), &r.parent),
         };
         let mut parent_wc = watcher::Config::default()
             .any_semantic()
@@ -243,11 +277,25 @@ impl RuleRunner {
             name.clone(),
         );
         let ref_indexes: Vec<Arc<RefIndex>> = r.refs.iter().map(|_| Arc::default()).collect();
+        // Set (before the store sees it) by the parents' first complete listing: until
+        // then kube-runtime holds the reconciler back, and a graceful shutdown would wait
+        // for a store that may never fill (see the end of this function).
+        let parents_listed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let parent_stream = watcher(parent_api, parent_wc)
             .default_backoff()
             .map(packed)
+            .filter(in_shard())
             .modify(crate::reconcile::cache::strip_parent)
             .map(synced.observer(0))
+            .map({
+                let listed = parents_listed.clone();
+                move |event| {
+                    if matches!(event, Ok(watcher::Event::InitDone)) {
+                        listed.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    event
+                }
+            })
             .reflect(parent_writer)
             .map({
                 let status_writes = status_writes.clone();
@@ -294,8 +342,8 @@ impl RuleRunner {
         let mut cache_ids = Vec::new();
         for (i, (ar, namespaced)) in r.kinds.iter().enumerate() {
             let api: Api<Wire<true>> = match (ns, namespaced) {
-                (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, ar),
-                _ => Api::all_with(self.client.clone(), ar),
+                (Some(ns), true) => Api::namespaced_with(watch_client.clone(), ns, ar),
+                _ => Api::all_with(watch_client.clone(), ar),
             };
             let writer = reflector::store::Writer::new(ar.clone());
             let reader = writer.as_reader();
@@ -319,6 +367,7 @@ impl RuleRunner {
             )
             .default_backoff()
             .map(packed)
+            .filter(in_shard())
             .modify(crate::reconcile::cache::strip_child)
             .map(admit)
             .map(synced.observer(i + 1))
@@ -382,6 +431,12 @@ impl RuleRunner {
         }
         drop(relisted_tx);
         controller = controller.reconcile_all_on(relisted_rx);
+        let counting = count_cached(
+            self.metrics.clone(),
+            &name,
+            parent_reader.clone(),
+            kinds.iter().map(|k| k.store.clone()).collect(),
+        );
         let paused = Arc::new(Paused::default());
         self.status.set_paused(&name, paused.clone());
         let ctx = Arc::new(RuleContext::new(ContextParts {
@@ -396,7 +451,14 @@ impl RuleRunner {
             kind_of_child: r.kind_of_child,
             recorder,
             metrics: self.metrics.clone(),
-            writer: Writer::new(self.gate.clone(), self.metrics.clone(), &name),
+            writer: Writer::new(
+                match &self.config.shard {
+                    Some(s) => s.gate.for_rule(&name, !r.parent_namespaced),
+                    None => self.gate.clone(),
+                },
+                self.metrics.clone(),
+                &name,
+            ),
             status_writes,
             parent_store: parent_reader.clone(),
             refs,
@@ -407,7 +469,7 @@ impl RuleRunner {
             let _ = stop_signal.wait_for(|s| *s).await;
         };
         let status = self.status.clone();
-        controller
+        let driven = controller
             .graceful_shutdown_on(shutdown)
             .run(reconcile::reconcile, reconcile::error_policy, ctx)
             .for_each(|res| {
@@ -429,104 +491,50 @@ impl RuleRunner {
                     });
                 }
                 futures::future::ready(())
-            })
-            .await;
+            });
+        // Stopped before the parents were ever listed: no reconcile has started, and
+        // kube-runtime's graceful shutdown would wait for the store to be ready first.
+        let mut stop = stopped.clone();
+        let unlisted_stop = async move {
+            let _ = stop.wait_for(|s| *s).await;
+            if parents_listed.load(std::sync::atomic::Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            _ = driven => {}
+            _ = unlisted_stop => {}
+        }
+        counting.abort();
         for id in cache_ids {
             self.budget.drop_cache(id);
         }
     }
 }
 
-impl RuleRunner {
-    /// The watch of reference `i`'s kind, filtered as narrowly as the rule allows (a
-    /// literal namespace, `watchSelector` or the selector's literal keys, a literal
-    /// name), into its cache; and the cache.
-    #[allow(clippy::type_complexity)]
-    fn reference_stream(
-        &self,
-        i: usize,
-        cache_id: u64,
-        (ar, namespaced): (&ApiResource, bool),
-        index: Arc<RefIndex>,
-        synced: impl FnMut(
-            Result<watcher::Event<kube::api::DynamicObject>, watcher::Error>,
-        ) -> Result<watcher::Event<kube::api::DynamicObject>, watcher::Error>
-        + Send
-        + 'static,
-        relisted: impl FnMut(
-            Result<watcher::Event<kube::api::DynamicObject>, watcher::Error>,
-        )
-            -> Result<watcher::Event<kube::api::DynamicObject>, watcher::Error>
-        + Send
-        + 'static,
-    ) -> (
-        impl futures::Stream<Item = Result<kube::api::DynamicObject, watcher::Error>> + Send + 'static,
-        kube::runtime::reflector::Store<kube::api::DynamicObject>,
-    ) {
-        let filter = self
-            .rule
-            .rule
-            .spec
-            .references
-            .get(i)
-            .map(crate::render::cache_filter)
-            .unwrap_or_default();
-        let ns = filter
-            .namespace
-            .as_deref()
-            .or(self.config.namespace.as_deref());
-        let api: Api<Wire<false>> = match (ns, namespaced) {
-            (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, ar),
-            _ => Api::all_with(self.client.clone(), ar),
-        };
-        let mut wc = watcher::Config::default()
-            .any_semantic()
-            .page_size(LIST_PAGE_SIZE);
-        if let Some(l) = &filter.labels {
-            wc = wc.labels(l);
+/// Keeps `rulebook_cached_objects` current (every 2 s) while the rule runs.
+fn count_cached(
+    metrics: Arc<Metrics>,
+    rule: &str,
+    parents: reflector::Store<kube::api::DynamicObject>,
+    children: Vec<reflector::Store<kube::api::DynamicObject>>,
+) -> tokio::task::JoinHandle<()> {
+    let label = |cache: &str| metrics::CacheLabels {
+        rule: rule.to_string(),
+        cache: cache.to_string(),
+    };
+    let (p, c) = (label("parents"), label("children"));
+    tokio::spawn(async move {
+        loop {
+            metrics
+                .cached_objects
+                .get_or_create(&p)
+                .set(parents.len() as i64);
+            let n: usize = children.iter().map(reflector::Store::len).sum();
+            metrics.cached_objects.get_or_create(&c).set(n as i64);
+            tokio::time::sleep(Duration::from_secs(2)).await;
         }
-        if let Some(f) = &filter.fields {
-            wc = wc.fields(f);
-        }
-        let writer = reflector::store::Writer::new(ar.clone());
-        let store = writer.as_reader();
-        let admit = admission(
-            self.budget.clone(),
-            cache_id,
-            self.rule.name.clone(),
-            ar.clone(),
-            super::recorder(&self.client, &self.config),
-        );
-        let stream = watcher(api, wc)
-            .default_backoff()
-            .map(packed)
-            .modify(crate::reconcile::cache::strip_parent)
-            .map(admit)
-            .map(synced)
-            .map({
-                let store = store.clone();
-                let ar = ar.clone();
-                move |event| {
-                    if let Ok(e) = &event {
-                        // The previous version, as the cache holds it until `reflect`.
-                        let previous = match e {
-                            watcher::Event::Apply(o)
-                            | watcher::Event::InitApply(o)
-                            | watcher::Event::Delete(o) => store.get(
-                                &kube::runtime::reflector::ObjectRef::from_obj_with(o, ar.clone()),
-                            ),
-                            _ => None,
-                        };
-                        index.before_update(e, previous.as_deref());
-                    }
-                    event
-                }
-            })
-            .reflect(writer)
-            .map(relisted)
-            .touched_objects();
-        (stream, store)
-    }
+    })
 }
 
 /// A kind's API resource and whether it is namespaced, from discovery.

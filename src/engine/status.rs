@@ -20,6 +20,8 @@ pub enum RuleState {
     Running,
     /// It cannot run yet (a kind not served, a permission missing); it retries.
     Waiting,
+    /// Sharded: another replica runs it (its parents are cluster-scoped).
+    Elsewhere,
 }
 
 /// What each rule is doing, for `/status` and readiness.

@@ -28,6 +28,12 @@ use crate::metrics::Metrics;
 /// Whether this process may write now.
 pub trait WriteGate: Send + Sync {
     fn may_write(&self) -> bool;
+
+    /// Whether a write to `path` may leave now (the check at the wire). A sharded
+    /// replica also checks the namespace the path names.
+    fn may_send(&self, _path: &str) -> bool {
+        self.may_write()
+    }
 }
 
 /// Leadership as a deadline. Without leader election the gate is always open.
@@ -164,7 +170,12 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         // Checked as the request leaves: whatever a caller checked earlier may be stale.
         let write = is_write(&req);
-        if write && !self.gate.may_write() {
+        let path = if write {
+            req.uri().path().to_string()
+        } else {
+            String::new()
+        };
+        if write && !self.gate.may_send(&path) {
             self.metrics.writes_refused.inc();
             return Box::pin(std::future::ready(Err(Box::new(WriteRefused) as BoxError)));
         }
@@ -174,7 +185,7 @@ where
             // And again when the request is first polled, which is when it is sent: the
             // client hands the future to the caller's task, which may run only after a
             // stop (SIGSTOP, a starved process) that outlasted the lease.
-            if write && !gate.may_write() {
+            if write && !gate.may_send(&path) {
                 metrics.writes_refused.inc();
                 return Err(Box::new(WriteRefused) as BoxError);
             }

@@ -34,6 +34,7 @@ mod offload;
 pub mod plan;
 mod prune;
 pub mod refs;
+pub mod shard_gate;
 pub mod status;
 pub mod teardown;
 pub mod wire;

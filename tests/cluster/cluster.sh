@@ -454,6 +454,8 @@ extra_args_key() {
 	read -r -a a <<<"${APISERVER_EXTRA_ARGS:-}"
 	echo "etcd: ${e[*]}"
 	echo "kube-apiserver: ${a[*]}"
+	# Bumped when the fixed flags change, so a running cluster with the old ones restarts.
+	echo "fixed flags: 2 (ShardedListAndWatch)"
 }
 
 write_args() { # <name> <arg>...: one argument per line
@@ -533,6 +535,7 @@ EOF
 		--max-requests-inflight=2000 \
 		--max-mutating-requests-inflight=1000 \
 		--shutdown-send-retry-after=true \
+		--feature-gates=ShardedListAndWatch=true \
 		--audit-policy-file="$STATE_DIR/audit-policy.yaml" \
 		--audit-log-path="$LOGS/audit.log" \
 		--audit-log-format=json \

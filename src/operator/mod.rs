@@ -1,6 +1,9 @@
 //! `rulebook run`: the long-running operator. Wires the pieces together — the API
 //! client, the HTTP endpoint, the first rule set, the reload loop, CRD installation,
-//! leader election and signals — and owns no logic of its own beyond that order.
+//! leader election or shard membership ([`shards`]), and signals — and owns no logic of
+//! its own beyond that order.
+
+mod shards;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -18,7 +21,7 @@ use tracing::{error, info, warn};
 use crate::engine::{Engine, EngineConfig};
 use crate::http::{self, AppState, RuleSetState};
 use crate::metrics::{Metrics, ReloadLabel};
-use crate::reconcile::gate::{GateLayer, LeaseGate};
+use crate::reconcile::gate::{GateLayer, LeaseGate, WriteGate};
 use crate::reload::{ChangeWatcher, Reload, RuleSource};
 use crate::render::Limits;
 use crate::render::RuleSet;
@@ -61,6 +64,12 @@ pub struct Settings {
     pub cache_namespace_mib: usize,
     /// MiB of child content cached in all.
     pub cache_total_mib: usize,
+    /// Share the parents among replicas by namespace hash (instead of one leader).
+    pub sharding: bool,
+    /// Filter shards here even when the API server could.
+    pub shard_filter_client: bool,
+    /// Seconds between moves of ranges for load alone.
+    pub shard_rebalance_seconds: u64,
 }
 
 /// The client configuration from an explicit kubeconfig, or the usual inference. Its
@@ -107,15 +116,24 @@ pub fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
 
 /// The client every reconcile, event and cleanup uses: its writes pass the write gate.
 /// (`rulebook diff` builds one on a gate that never opens: only reads and dry runs pass.)
-pub fn gated_client(config: Config, gate: Arc<LeaseGate>, metrics: Arc<Metrics>) -> Result<Client> {
+pub fn gated_client(
+    config: Config,
+    gate: Arc<dyn WriteGate>,
+    metrics: Arc<Metrics>,
+) -> Result<Client> {
     Ok(ClientBuilder::try_from(config)?
         .with_layer(&GateLayer::new(gate, metrics))
         .build())
 }
 
 pub async fn run(args: Settings) -> Result<()> {
-    if args.leader_elect && args.lease_duration < 3 {
+    if (args.leader_elect || args.sharding) && args.lease_duration < 3 {
         bail!("--lease-duration must be at least 3 seconds");
+    }
+    if args.leader_elect && args.sharding {
+        bail!(
+            "--sharding namespace replaces --leader-elect: replicas share the parents instead of one leading"
+        );
     }
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -125,14 +143,40 @@ pub async fn run(args: Settings) -> Result<()> {
     });
     let config = client_config(args.kubeconfig.as_ref(), &identity).await?;
     let metrics = Arc::new(Metrics::new());
-    let is_leader = Arc::new(AtomicBool::new(!args.leader_elect));
-    metrics.leader.set(i64::from(!args.leader_elect));
-    let gate = Arc::new(if args.leader_elect {
-        LeaseGate::leased()
-    } else {
+    let single = !args.leader_elect && !args.sharding;
+    let is_leader = Arc::new(AtomicBool::new(single));
+    metrics.leader.set(i64::from(single));
+    let lease_ns = args
+        .lease_namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let gate = Arc::new(if single {
         LeaseGate::open()
+    } else {
+        LeaseGate::leased()
     });
-    let client = gated_client(config.clone(), gate.clone(), metrics.clone())?;
+    let mut shards = if args.sharding {
+        Some(
+            shards::Shards::start(
+                &config,
+                metrics.clone(),
+                &lease_ns,
+                &args.lease_name,
+                &identity,
+                Duration::from_secs(args.lease_duration),
+                Duration::from_secs(args.shard_rebalance_seconds.max(1)),
+                args.shard_filter_client,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
+    let write_gate: Arc<dyn WriteGate> = match &shards {
+        Some(s) => s.gate.clone(),
+        None => gate.clone(),
+    };
+    let client = gated_client(config.clone(), write_gate.clone(), metrics.clone())?;
     let engine_config = EngineConfig {
         concurrency: args.concurrency.max(1),
         namespace: args.namespace.clone(),
@@ -144,8 +188,9 @@ pub async fn run(args: Settings) -> Result<()> {
             per_namespace: args.cache_namespace_mib.saturating_mul(1 << 20),
             total: args.cache_total_mib.saturating_mul(1 << 20),
         },
+        shard: None,
     };
-    let mut engine = Engine::new(client.clone(), engine_config, metrics.clone(), gate.clone());
+    let mut engine = Engine::new(client.clone(), engine_config, metrics.clone(), write_gate);
     let ruleset_state = Arc::new(RwLock::new(RuleSetState::default()));
     let leader_flag = is_leader.clone();
     let app = AppState {
@@ -153,6 +198,7 @@ pub async fn run(args: Settings) -> Result<()> {
         engine: engine.status.clone(),
         ruleset: ruleset_state.clone(),
         leader: Arc::new(move || leader_flag.load(Ordering::SeqCst)),
+        sharding: shards.as_ref().map(|s| s.status.clone()),
     };
     let addr = args.metrics_addr;
     let http = tokio::spawn(async move {
@@ -231,6 +277,9 @@ pub async fn run(args: Settings) -> Result<()> {
         }
     };
     reload(&mut serving, &mut last_seen);
+    if let (Some(s), Some(set)) = (&shards, &serving) {
+        s.rules_changed(set);
+    }
 
     let mut watcher = if args.watch {
         Some(ChangeWatcher::new(&[&args.rules, &args.templates])?)
@@ -243,10 +292,7 @@ pub async fn run(args: Settings) -> Result<()> {
     // Leadership: without election this process always leads.
     let (stop_election, election_stopped) = tokio::sync::watch::channel(false);
     let (mut leader_rx, election) = if args.leader_elect {
-        let ns = args
-            .lease_namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
+        let ns = lease_ns.clone();
         let (tx, rx) = tokio::sync::watch::channel(false);
         // The lease is renewed through a client of its own: ungated, and with a read
         // timeout shorter than a renewal period, so a hung request cannot outlive it.
@@ -273,7 +319,7 @@ pub async fn run(args: Settings) -> Result<()> {
     if is_leader.load(Ordering::SeqCst)
         && let Some(set) = &serving
     {
-        activate(&client, &mut engine, set, args.install_crds).await;
+        activate(&client, &mut engine, set, args.install_crds, None).await;
     }
     loop {
         let changed = tokio::select! {
@@ -299,14 +345,31 @@ pub async fn run(args: Settings) -> Result<()> {
                     false
                 }
             }
+            Ok(()) = async { match shards.as_mut() { Some(s) => s.shares.changed().await, None => std::future::pending().await } } => {
+                if let Some(s) = &shards {
+                    let share = s.switch(&mut engine, serving.as_ref()).await;
+                    let holds = !share.is_empty();
+                    is_leader.store(holds, Ordering::SeqCst);
+                    metrics.leader.set(i64::from(holds));
+                    if holds && let Some(set) = &serving {
+                        activate(&client, &mut engine, set, args.install_crds, Some(&share)).await;
+                    }
+                    s.acknowledge();
+                }
+                false
+            }
             _ = tokio::signal::ctrl_c() => break,
             _ = sigterm.recv() => break,
         };
+        if changed && let (Some(s), Some(set)) = (&shards, &serving) {
+            s.rules_changed(set);
+        }
         if changed
             && is_leader.load(Ordering::SeqCst)
             && let Some(set) = &serving
         {
-            activate(&client, &mut engine, set, args.install_crds).await;
+            let share = shards.as_ref().map(|s| s.gate.claims());
+            activate(&client, &mut engine, set, args.install_crds, share.as_ref()).await;
         }
     }
 
@@ -314,6 +377,9 @@ pub async fn run(args: Settings) -> Result<()> {
     engine.shutdown().await;
     is_leader.store(false, Ordering::SeqCst);
     gate.close();
+    if let Some(s) = shards.take() {
+        s.leave().await;
+    }
     // Only now, with no write left in flight, give the lease to a standby.
     let _ = stop_election.send(true);
     if let Some(task) = election
@@ -327,10 +393,18 @@ pub async fn run(args: Settings) -> Result<()> {
     Ok(())
 }
 
-/// Installs CRDs when asked, then makes the engine run `set`.
-async fn activate(client: &Client, engine: &mut Engine, set: &RuleSet, install_crds: bool) {
+/// Installs CRDs when asked (sharded: those whose name hashes into `share`), then makes
+/// the engine run `set`.
+async fn activate(
+    client: &Client,
+    engine: &mut Engine,
+    set: &RuleSet,
+    install_crds: bool,
+    share: Option<&crate::shard::Ranges>,
+) {
     if install_crds {
-        let problems = crate::crds::install(client, set).await;
+        let mine = |crd: &str| share.is_none_or(|r| r.holds_namespace(crd));
+        let problems = crate::crds::install(client, set, &mine).await;
         for rule in set.rules.keys() {
             let problem = problems
                 .iter()

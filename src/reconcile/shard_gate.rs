@@ -1,0 +1,182 @@
+//! The write gate of a sharded replica: this replica may write while its member Lease
+//! is fresh (the same deadline as leadership, see [`LeaseGate`]) and only where its
+//! claimed hash ranges reach: the namespaces whose hash they hold, and the rules with
+//! cluster-scoped parents whose name hashes into them.
+//!
+//! The wire check ([`WriteGate::may_send`], in the client's gate layer) sees only a
+//! request's path: a write into a namespace outside the claims is refused there, unless
+//! this replica owns a rule with cluster-scoped parents (whose children may live in any
+//! namespace). The precise per-rule check is the rule's own gate ([`RuleGate`]), which
+//! each reconcile's writer asks before every write.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use super::gate::{LeaseGate, WriteGate};
+use crate::shard::{Ranges, fnv1a};
+
+const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/";
+
+pub struct ShardGate {
+    lease: LeaseGate,
+    claims: RwLock<Ranges>,
+    /// Whether any rule with cluster-scoped parents is owned here (see the header).
+    cluster_rules: AtomicBool,
+}
+
+impl Default for ShardGate {
+    fn default() -> Self {
+        ShardGate {
+            lease: LeaseGate::leased(),
+            claims: RwLock::new(Ranges::none()),
+            cluster_rules: AtomicBool::new(false),
+        }
+    }
+}
+
+impl ShardGate {
+    /// The member Lease's deadline, renewed by the membership loop.
+    pub fn lease(&self) -> &LeaseGate {
+        &self.lease
+    }
+
+    /// Replaces the claimed ranges. Shrinking takes effect for the very next request.
+    pub fn set_claims(&self, ranges: Ranges, owns_cluster_rules: bool) {
+        *self.claims.write().unwrap_or_else(|p| p.into_inner()) = ranges;
+        self.cluster_rules
+            .store(owns_cluster_rules, Ordering::SeqCst);
+    }
+
+    pub fn claims(&self) -> Ranges {
+        self.claims
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn holds(&self, hash: u64) -> bool {
+        self.claims
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(hash)
+    }
+
+    /// The gate of one rule: by namespace (at the wire) for namespaced parents; by the
+    /// rule's name for cluster-scoped ones.
+    pub fn for_rule(self: &Arc<Self>, rule: &str, cluster_scoped: bool) -> Arc<dyn WriteGate> {
+        Arc::new(RuleGate {
+            shard: self.clone(),
+            key: cluster_scoped.then(|| fnv1a(rule)),
+        })
+    }
+}
+
+impl WriteGate for ShardGate {
+    fn may_write(&self) -> bool {
+        self.lease.may_write()
+    }
+
+    fn may_send(&self, path: &str) -> bool {
+        if !self.lease.may_write() {
+            return false;
+        }
+        // A CRD is written by the replica whose share holds its name.
+        if let Some(crd) = path.strip_prefix(CRDS) {
+            return self.holds(fnv1a(crd.split('/').next().unwrap_or(crd)));
+        }
+        if self.cluster_rules.load(Ordering::SeqCst) {
+            return true;
+        }
+        match namespace_of(path) {
+            Some(ns) => self.holds(fnv1a(ns)),
+            // Cluster-scoped objects are written only by rules with cluster-scoped parents.
+            None => false,
+        }
+    }
+}
+
+struct RuleGate {
+    shard: Arc<ShardGate>,
+    key: Option<u64>,
+}
+
+impl WriteGate for RuleGate {
+    fn may_write(&self) -> bool {
+        self.shard.may_write() && self.key.is_none_or(|k| self.shard.holds(k))
+    }
+
+    fn may_send(&self, path: &str) -> bool {
+        self.may_write() && self.shard.may_send(path)
+    }
+}
+
+/// The namespace a request path writes into, if it names a namespaced object:
+/// `/api/v1/namespaces/NS/KIND…` or `/apis/GROUP/VERSION/namespaces/NS/KIND…`.
+/// (`/api/v1/namespaces/NS` itself, and its `status` and `finalize`, are the
+/// cluster-scoped Namespace.)
+pub fn namespace_of(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix("/api/v1/namespaces/").or_else(|| {
+        let rest = path.strip_prefix("/apis/")?;
+        let mut parts = rest.splitn(3, '/');
+        let (_, _, rest) = (parts.next()?, parts.next()?, parts.next()?);
+        rest.strip_prefix("namespaces/")
+    })?;
+    let (ns, tail) = rest.split_once('/')?;
+    let kind = tail.split('/').next().unwrap_or("");
+    (!ns.is_empty() && !kind.is_empty() && kind != "status" && kind != "finalize").then_some(ns)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn paths_name_their_namespace() {
+        assert_eq!(namespace_of("/api/v1/namespaces/a/configmaps/x"), Some("a"));
+        assert_eq!(namespace_of("/api/v1/namespaces/a/configmaps"), Some("a"));
+        assert_eq!(
+            namespace_of("/apis/apps/v1/namespaces/b/deployments/d/status"),
+            Some("b")
+        );
+        assert_eq!(
+            namespace_of("/apis/events.k8s.io/v1/namespaces/c/events"),
+            Some("c")
+        );
+        assert_eq!(namespace_of("/api/v1/namespaces/a"), None);
+        assert_eq!(namespace_of("/api/v1/namespaces/a/status"), None);
+        assert_eq!(namespace_of("/api/v1/namespaces/a/finalize"), None);
+        assert_eq!(namespace_of("/apis/example.com/v1/tenants/t"), None);
+        assert_eq!(namespace_of("/api/v1/nodes/n"), None);
+    }
+
+    #[test]
+    fn writes_reach_only_the_claimed_namespaces_while_the_lease_holds() {
+        let gate = Arc::new(ShardGate::default());
+        let mine = "team-1";
+        let h = u128::from(fnv1a(mine));
+        gate.set_claims(Ranges::of([(h, h + 1)]), false);
+        let path = |ns: &str| format!("/api/v1/namespaces/{ns}/configmaps/x");
+        // No lease yet: nothing.
+        assert!(!gate.may_send(&path(mine)));
+        gate.lease()
+            .grant_until(Instant::now() + Duration::from_secs(30));
+        assert!(gate.may_send(&path(mine)));
+        assert!(!gate.may_send(&path("team-2")));
+        assert!(!gate.may_send("/api/v1/namespaces/x"));
+        // A cluster-scoped rule's gate follows its name's hash.
+        let tenant = gate.for_rule("tenant", true);
+        assert_eq!(tenant.may_write(), gate.holds(fnv1a("tenant")));
+        let r = u128::from(fnv1a("tenant"));
+        gate.set_claims(Ranges::of([(h, h + 1), (r, r + 1)]), true);
+        assert!(tenant.may_write());
+        assert!(tenant.may_send("/api/v1/namespaces/anywhere/configmaps/x"));
+        // Released: refused at once.
+        gate.set_claims(Ranges::none(), false);
+        assert!(!tenant.may_write());
+        assert!(!gate.may_send(&path(mine)));
+        gate.lease().revoke();
+        gate.set_claims(Ranges::all(), true);
+        assert!(!gate.may_send(&path(mine)));
+    }
+}
