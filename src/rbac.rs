@@ -155,6 +155,8 @@ pub struct RbacOptions {
     pub service_account: (String, String),
     pub install_crds: bool,
     pub leader_elect: bool,
+    /// What `run --sharding namespace` needs (its members' Leases).
+    pub sharding: bool,
     /// The Lease `run --leader-elect` uses (`run --lease-name`).
     pub lease_name: String,
     /// The role of `rulebook diff` instead of the operator's.
@@ -211,6 +213,15 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
             "verbs": ["create"],
+        }));
+    }
+    if opts.sharding {
+        // Member Leases are named after the members: no resourceNames. The coordinator
+        // also counts parents (list, already granted on every parent kind).
+        rules.push(json!({
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["create", "delete", "get", "list", "update", "watch"],
         }));
     }
     bind(rules, opts)

@@ -28,6 +28,7 @@ const SHAPES: &[&str] = &[
     "deploy/base",
     "deploy/overlays/git-sync",
     "deploy/overlays/prometheus",
+    "deploy/overlays/sharded",
 ];
 const NAMESPACE: &str = "rulebook-system";
 const SERVICE_ACCOUNT: &str = "rulebook";
@@ -392,6 +393,27 @@ fn the_mounted_rule_set_is_the_repositorys_and_passes_check() {
         rules_in_repo.lines().last(),
         "the mounted rule set loads as many rules as the repository's:\n{out}"
     );
+}
+
+#[test]
+fn the_sharded_overlay_runs_three_members_instead_of_a_leader() {
+    let objects = objects_of("deploy/overlays/sharded");
+    let deployment = find(&objects, "Deployment", "rulebook");
+    assert_eq!(deployment["spec"]["replicas"], 3);
+    let args: Vec<&str> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Json::as_str)
+        .collect();
+    assert!(args.contains(&"--sharding=namespace"), "{args:?}");
+    assert!(!args.contains(&"--leader-elect"), "{args:?}");
+    let pdb = find(&objects, "PodDisruptionBudget", "rulebook");
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    assert!(pdb["spec"].get("minAvailable").is_none());
+    let role = find(&objects, "Role", "rulebook-shard-members");
+    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+    find(&objects, "RoleBinding", "rulebook-shard-members");
 }
 
 #[test]

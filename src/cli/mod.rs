@@ -174,6 +174,11 @@ pub struct RbacArgs {
     /// Include what `run --leader-elect` needs.
     #[arg(long)]
     pub leader_elect: bool,
+    /// Include what `run --sharding namespace` needs: every verb on Leases (each member
+    /// names its own after its pod). deploy/overlays/sharded uses a namespaced Role
+    /// instead.
+    #[arg(long)]
+    pub sharding: bool,
     /// The Lease of `run --leader-elect` (its `--lease-name`); the only Lease the role may
     /// read or update.
     #[arg(long, default_value = "rulebook")]
@@ -324,6 +329,7 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
         service_account: (ns.to_string(), name.to_string()),
         install_crds: args.install_crds,
         leader_elect: args.leader_elect,
+        sharding: args.sharding,
         lease_name: args.lease_name.clone(),
         diff_role: args.diff_role,
     };

@@ -83,6 +83,7 @@ pub async fn release(args: &ReleaseArgs, out: &mut dyn Write, err: &mut dyn Writ
         kind: kind.clone(),
         namespace: args.namespace.clone(),
         selector: args.selector.clone(),
+        share: None,
     };
     let released = release_parents(&client, &of, &writer, None, "rulebook release").await?;
     for p in &released.released {

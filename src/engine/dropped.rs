@@ -69,6 +69,7 @@ pub(super) async fn prune_dropped_kinds(
     namespace: Option<String>,
     metrics: Arc<Metrics>,
     gate: Arc<dyn WriteGate>,
+    share: Option<crate::shard::Ranges>,
 ) {
     use kube::api::ListParams;
     let name = &rule.name;
@@ -91,7 +92,21 @@ pub(super) async fn prune_dropped_kinds(
                 continue;
             }
         };
-        for o in list.items.iter().filter(|o| child_of_rule(o, &rule)) {
+        // Sharded: only the children in this replica's namespaces.
+        let mine = |o: &&kube::api::DynamicObject| {
+            share.as_ref().is_none_or(|r| {
+                o.metadata
+                    .namespace
+                    .as_deref()
+                    .is_none_or(|ns| r.holds_namespace(ns))
+            })
+        };
+        for o in list
+            .items
+            .iter()
+            .filter(|o| child_of_rule(o, &rule))
+            .filter(mine)
+        {
             let child = o.name_any();
             let api = kind_api(&client, &ar, namespaced, o.namespace().as_deref());
             match writer.delete(&api, &child, o.uid()).await {

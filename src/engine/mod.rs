@@ -90,6 +90,11 @@ pub struct Engine {
     budget: Arc<CacheBudget>,
     /// Releases of finalizers in flight, by parent `(apiVersion, kind)`.
     releases: BTreeMap<(String, String), JoinHandle<()>>,
+    /// Per rule version, what its reconciles found steady: kept across restarts of the
+    /// same version (a sharded replica restarts its rules whenever its share changes),
+    /// so the parents it kept cost a hash lookup, not a render. Exact fingerprints of
+    /// the inputs: a miss costs only a full reconcile.
+    steady: BTreeMap<String, (String, Arc<crate::reconcile::memo::Steady>)>,
 }
 
 /// How long a stopping rule may take to finish its in-flight reconciles.
@@ -123,6 +128,7 @@ impl Engine {
             running: BTreeMap::new(),
             budget,
             releases: BTreeMap::new(),
+            steady: BTreeMap::new(),
         }
     }
 
@@ -160,6 +166,7 @@ impl Engine {
                             self.config.namespace.clone(),
                             self.metrics.clone(),
                             self.gate.clone(),
+                            self.config.shard.as_ref().map(|s| s.ranges.clone()),
                         ));
                     }
                 }
@@ -187,6 +194,7 @@ impl Engine {
                 kind: key.1.clone(),
                 namespace: self.config.namespace.clone(),
                 selector: self.config.parent_selector.clone(),
+                share: self.config.shard.as_ref().map(|s| s.ranges.clone()),
             };
             let task = tokio::spawn(release_removed_rule(
                 self.client.clone(),
@@ -231,7 +239,17 @@ impl Engine {
         let (stop, stopped) = watch::channel(false);
         let version = rule.version.clone();
         let runner_rule = rule.clone();
+        let steady = match self.steady.get(&name) {
+            Some((v, s)) if *v == version => s.clone(),
+            _ => {
+                let s = Arc::new(crate::reconcile::memo::Steady::default());
+                self.steady
+                    .insert(name.clone(), (version.clone(), s.clone()));
+                s
+            }
+        };
         let runner = RuleRunner {
+            steady,
             rule,
             client: self.client.clone(),
             config: self.config.clone(),
@@ -274,6 +292,11 @@ impl Engine {
     /// The engine's (gated) client.
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The share the rules run over (sharded replicas).
+    pub fn shard(&self) -> Option<&sharded::Sharding> {
+        self.config.shard.as_ref()
     }
 
     /// The share the rules started from now on run over (sharded replicas).

@@ -59,6 +59,8 @@ pub struct ParentsOf {
     pub kind: String,
     pub namespace: Option<String>,
     pub selector: Option<String>,
+    /// Sharded: only the parents in these namespaces (by hash) are this replica's.
+    pub share: Option<crate::shard::Ranges>,
 }
 
 /// Removes Rulebook's finalizer from every parent `of` selects, each patch conditional on
@@ -87,7 +89,16 @@ pub async fn release_parents(
                 kind: ar.kind.clone(),
                 source,
             })?;
-        for item in &page.items {
+        let mine = |ns: Option<&str>| {
+            of.share
+                .as_ref()
+                .is_none_or(|r| ns.is_none_or(|ns| r.holds_namespace(ns)))
+        };
+        for item in page
+            .items
+            .iter()
+            .filter(|i| mine(i.metadata.namespace.as_deref()))
+        {
             out.parents += 1;
             let mut meta: ObjectMeta = item.metadata.clone();
             for _attempt in 0..5 {

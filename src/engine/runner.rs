@@ -53,6 +53,8 @@ pub(super) struct RuleRunner {
     pub(super) gate: Arc<dyn WriteGate>,
     pub(super) status: Arc<EngineStatus>,
     pub(super) budget: Arc<CacheBudget>,
+    /// What this rule version's reconciles found steady (kept across restarts).
+    pub(super) steady: Arc<crate::reconcile::memo::Steady>,
 }
 
 struct Resolved {
@@ -463,6 +465,7 @@ impl RuleRunner {
             parent_store: parent_reader.clone(),
             refs,
             paused,
+            steady: self.steady.clone(),
         }));
         let mut stop_signal = stopped.clone();
         let shutdown = async move {

@@ -26,6 +26,11 @@ pub(super) struct LoadCounter {
 }
 
 impl LoadCounter {
+    /// The last counts (when a recount took too long).
+    pub(super) fn last(&self) -> Vec<(u64, u64)> {
+        self.points.clone()
+    }
+
     /// (namespace hash, parents) for every namespace holding parents of `kinds`'s
     /// namespaced parent kinds; recounted when stale or when the kinds changed.
     pub(super) async fn count(

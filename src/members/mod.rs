@@ -26,10 +26,13 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{
+    Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -43,6 +46,8 @@ const ROLE_LABEL: &str = "rulebook.dev/shard-role";
 const RULES: &str = "rulebook.dev/rules";
 const ACKED: &str = "rulebook.dev/acked";
 const ASSIGNMENT: &str = "rulebook.dev/assignment";
+/// On a member Lease: it left cleanly (its controllers stopped).
+const LEFT: &str = "rulebook.dev/left";
 
 /// This replica's share, as the membership hands it to the operator.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -78,12 +83,21 @@ pub struct Membership {
     api: Api<Lease>,
     client: Client,
     group: String,
+    /// This process's identity; the member identity adds an incarnation after a fence.
+    base_identity: String,
+    incarnation: u32,
     identity: String,
     lease_name: String,
+    /// Whether this incarnation's Lease has been created (so a missing one means fenced).
+    has_lease: bool,
+    next_renew: Instant,
     duration: Duration,
     gate: Arc<ShardGate>,
-    /// When each member's record was first seen as it is now (on this clock).
-    seen: BTreeMap<String, (String, Instant)>,
+    /// Each member's record, when it was first seen as it is now (on this clock), and
+    /// what it said. A member whose Lease vanished stays here (and alive) until a whole
+    /// lease has passed since its record last changed: only a Lease marked as left
+    /// frees its ranges at once.
+    seen: BTreeMap<String, Seen>,
     last_target_change: Option<Instant>,
     load: load::LoadCounter,
     /// Load alone moves ranges at most this often (membership changes move them at once).
@@ -104,8 +118,12 @@ impl Membership {
             api: Api::namespaced(client.clone(), namespace),
             client,
             group: group.to_string(),
+            base_identity: identity.to_string(),
+            incarnation: 0,
             identity: identity.to_string(),
             lease_name: format!("{group}-member-{}", dns_safe(identity)),
+            has_lease: false,
+            next_renew: Instant::now(),
             duration,
             gate,
             seen: BTreeMap::new(),
@@ -136,7 +154,20 @@ impl Membership {
         loop {
             let kinds = rules.borrow().clone();
             let acked = *applied.borrow();
-            if let Some(state) = self.step(&kinds, acked).await {
+            if Instant::now() >= self.next_renew {
+                self.next_renew = Instant::now() + self.duration / 3;
+                let started = Instant::now();
+                match self.renew(&kinds.fingerprint, acked).await {
+                    Renewal::Renewed => {
+                        self.gate
+                            .lease()
+                            .grant_until(started + self.duration * 2 / 3);
+                    }
+                    Renewal::Fenced => self.fence(&shares),
+                    Renewal::Failed => {}
+                }
+            }
+            if let Some(state) = self.step(&kinds).await {
                 let share = Share {
                     generation: state.current.generation,
                     ranges: state
@@ -157,7 +188,8 @@ impl Membership {
                     s.oversized = state.oversized.clone();
                 }
                 shares.send_if_modified(|s| {
-                    let changed = s.generation < share.generation;
+                    let changed = s.generation < share.generation
+                        || (s.generation == share.generation && s.ranges != share.ranges);
                     if changed {
                         *s = share;
                     }
@@ -165,7 +197,7 @@ impl Membership {
                 });
             }
             tokio::select! {
-                _ = tokio::time::sleep(self.duration / 3) => {}
+                _ = tokio::time::sleep_until(self.next_renew.into()) => {}
                 Some(_) = changes.next() => {}
                 Ok(()) = applied.changed() => {}
                 Ok(()) = rules.changed() => {}
@@ -173,25 +205,40 @@ impl Membership {
             }
         }
         self.gate.lease().revoke();
-        // The operator stopped every controller before it stopped us: leave at once.
+        // The operator stopped every controller before it stopped us: mark the Lease as
+        // left, so the coordinator moves its ranges at once (and deletes it).
+        let left = json!({"metadata": {"annotations": {LEFT: "true"}}});
         match self
             .api
-            .delete(&self.lease_name, &DeleteParams::default())
+            .patch(
+                &self.lease_name,
+                &PatchParams::default(),
+                &Patch::Merge(&left),
+            )
             .await
         {
             Ok(_) => info!(lease = %self.lease_name, "left the shard group"),
-            Err(e) => warn!(error = %e, "could not delete the member Lease; it expires"),
+            Err(e) => warn!(error = %e, "could not mark the member Lease as left; it expires"),
         }
     }
 
+    /// This member's Lease vanished: whatever it held may be another's now. Drop every
+    /// claim at once, run nothing, and come back as a new member (a new incarnation,
+    /// whose Lease and share start empty).
+    fn fence(&mut self, shares: &watch::Sender<Share>) {
+        warn!(lease = %self.lease_name, "the member Lease is gone (counted dead?): dropping every range and rejoining");
+        self.gate.set_claims(Ranges::none(), false);
+        self.gate.lease().revoke();
+        self.incarnation += 1;
+        self.identity = format!("{}.{}", self.base_identity, self.incarnation);
+        self.lease_name = format!("{}-member-{}", self.group, dns_safe(&self.identity));
+        self.has_lease = false;
+        self.next_renew = Instant::now();
+        shares.send_modify(|s| s.ranges = Ranges::none());
+    }
+
     /// One round: renew, observe, coordinate. `None` when the API server could not be read.
-    async fn step(&mut self, kinds: &ParentKinds, acked: u64) -> Option<Round> {
-        let started = Instant::now();
-        if self.renew(&kinds.fingerprint, acked).await {
-            self.gate
-                .lease()
-                .grant_until(started + self.duration * 2 / 3);
-        }
+    async fn step(&mut self, kinds: &ParentKinds) -> Option<Round> {
         let leases = self
             .api
             .list(&ListParams::default().labels(&format!("{GROUP_LABEL}={}", self.group)))
@@ -199,18 +246,17 @@ impl Membership {
             .map_err(|e| debug!(error = %e, "cannot list the shard group's Leases"))
             .ok()?;
         let now = Instant::now();
-        let mut live = Vec::new();
-        let mut stored: Option<(Lease, Stored)> = None;
+        let mut stored: Option<(Lease, Option<Stored>)> = None;
         let mut present = Vec::new();
         for l in leases.items {
             let labels = l.labels();
             if labels.get(ROLE_LABEL).map(String::as_str) == Some("assignment") {
-                let s = l
-                    .annotations()
-                    .get(ASSIGNMENT)
-                    .and_then(|a| serde_json::from_str::<Stored>(a).ok())
-                    .unwrap_or_default();
-                stored = Some((l, s));
+                let parsed = l.annotations().get(ASSIGNMENT).and_then(|a| {
+                    serde_json::from_str::<Stored>(a)
+                        .map_err(|e| warn!(error = %e, "the shard assignment does not parse"))
+                        .ok()
+                });
+                stored = Some((l, parsed));
                 continue;
             }
             let spec = l.spec.clone().unwrap_or_default();
@@ -223,26 +269,61 @@ impl Membership {
                 spec.renew_time.map(|t| t.0),
                 l.resource_version()
             );
-            let entry = self.seen.entry(id.clone()).or_insert((record.clone(), now));
-            if entry.0 != record {
-                *entry = (record, now);
+            let member = Member {
+                id: id.clone(),
+                rules: l.annotations().get(RULES).cloned().unwrap_or_default(),
+                acked: l
+                    .annotations()
+                    .get(ACKED)
+                    .and_then(|a| a.parse().ok())
+                    .unwrap_or(0),
+            };
+            let left = l.annotations().get(LEFT).is_some_and(|v| v == "true");
+            let rv = l.resource_version();
+            let entry = self.seen.entry(id).or_insert_with(|| Seen {
+                record: record.clone(),
+                since: now,
+                member: member.clone(),
+                left,
+                resource_version: rv.clone(),
+            });
+            if entry.record != record {
+                entry.record = record;
+                entry.since = now;
             }
-            let alive = id == self.identity || now.duration_since(entry.1) < self.duration;
-            if alive {
-                live.push(Member {
-                    id,
-                    rules: l.annotations().get(RULES).cloned().unwrap_or_default(),
-                    acked: l
-                        .annotations()
-                        .get(ACKED)
-                        .and_then(|a| a.parse().ok())
-                        .unwrap_or(0),
-                });
-            }
+            entry.member = member;
+            entry.left = left;
+            entry.resource_version = rv;
         }
-        self.seen.retain(|id, _| present.contains(id));
+        // Alive: this member, and every other whose record changed within a lease and
+        // that has not left (a vanished Lease counts until its last record is that old).
+        let me = self.identity.clone();
+        let alive = |id: &str, s: &Seen| {
+            id == me || (!s.left && now.duration_since(s.since) < self.duration)
+        };
+        let dead: Vec<(String, Option<String>, bool)> = self
+            .seen
+            .iter()
+            .filter(|(id, s)| !alive(id, s))
+            .map(|(id, s)| (id.clone(), s.resource_version.clone(), present.contains(id)))
+            .collect();
+        let mut live: Vec<Member> = self
+            .seen
+            .iter()
+            .filter(|(id, s)| alive(id, s))
+            .map(|(_, s)| s.member.clone())
+            .collect();
+        self.seen.retain(|id, s| {
+            present.contains(id) || now.duration_since(s.since) < self.duration * 2
+        });
         live.sort_by(|a, b| a.id.cmp(&b.id));
-        let current = stored.as_ref().map(|(_, s)| decode(s)).unwrap_or_default();
+        let max_acked = live.iter().map(|m| m.acked).max().unwrap_or(0);
+        // Missing or unreadable while members have acted on one: nobody knows who holds
+        // what, so the next generation revokes everything first (and counts on from the
+        // highest generation any member applied: generations never go back).
+        let usable = stored.as_ref().and_then(|(_, s)| s.as_ref());
+        let revoke = usable.is_none() && max_acked > 0;
+        let current = usable.map(decode).unwrap_or_default();
         let coordinator = live.first().map(|m| m.id.clone());
         let mut round = Round {
             current,
@@ -254,9 +335,57 @@ impl Membership {
         if coordinator.as_deref() != Some(self.identity.as_str()) {
             return Some(round);
         }
-        // Counted a few times per rebalance period (at most every 15 s).
+        // Fence the dead before giving their ranges away: delete each one's Lease with a
+        // precondition on the version seen, so one that renewed meanwhile keeps it (and
+        // this round publishes nothing), and one that did not finds it gone and drops
+        // its claims before it could renew (see `fence`).
+        for (id, rv, is_present) in &dead {
+            if !is_present {
+                continue;
+            }
+            let name = format!("{}-member-{}", self.group, dns_safe(id));
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: rv.clone(),
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match self.api.delete(&name, &dp).await {
+                Ok(_) => info!(member = %id, "removed a dead member's Lease"),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    debug!(member = %id, error = %e, "a dead member's Lease changed; not publishing this round");
+                    return Some(round);
+                }
+            }
+        }
+        if revoke {
+            let next = Assignment {
+                generation: max_acked + 1,
+                ..Assignment::default()
+            };
+            warn!(
+                generation = next.generation,
+                "the shard assignment is missing or unreadable: revoking every range first"
+            );
+            if self.publish(stored.map(|(l, _)| l), &next).await {
+                round.current = next;
+            }
+            return Some(round);
+        }
+        // Counted a few times per rebalance period (at most every 15 s), within a third
+        // of a lease (the last counts stand otherwise).
         let every = (self.rebalance / 4).min(Duration::from_secs(15));
-        let load = self.load.count(&self.client, kinds, every).await;
+        let load = match tokio::time::timeout(
+            self.duration / 3,
+            self.load.count(&self.client, kinds, every),
+        )
+        .await
+        {
+            Ok(points) => points,
+            Err(_) => self.load.last(),
+        };
         let rebalance = self
             .last_target_change
             .is_none_or(|t| t.elapsed() >= self.rebalance);
@@ -280,16 +409,17 @@ impl Membership {
     }
 
     /// Creates or renews this member's Lease, with the generation it has applied.
-    async fn renew(&self, fingerprint: &str, acked: u64) -> bool {
+    async fn renew(&mut self, fingerprint: &str, acked: u64) -> Renewal {
         let stamp = MicroTime(jiff::Timestamp::now());
         let mut annotations = BTreeMap::new();
         annotations.insert(RULES.to_string(), fingerprint.to_string());
         annotations.insert(ACKED.to_string(), acked.to_string());
         let existing = match self.api.get_opt(&self.lease_name).await {
+            Ok(None) if self.has_lease => return Renewal::Fenced,
             Ok(l) => l,
             Err(e) => {
                 debug!(error = %e, "cannot read the member Lease");
-                return false;
+                return Renewal::Failed;
             }
         };
         let result = match existing {
@@ -327,9 +457,17 @@ impl Membership {
                 .await
                 .map(|_| ()),
         };
-        result
-            .map_err(|e| debug!(error = %e, "member Lease renewal failed"))
-            .is_ok()
+        match result {
+            Ok(()) => {
+                self.has_lease = true;
+                Renewal::Renewed
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 && self.has_lease => Renewal::Fenced,
+            Err(e) => {
+                debug!(error = %e, "member Lease renewal failed");
+                Renewal::Failed
+            }
+        }
     }
 
     /// Writes `next` over the assignment Lease as read (a compare-and-swap).
@@ -388,6 +526,24 @@ impl Membership {
             (ROLE_LABEL.to_string(), role.to_string()),
         ])
     }
+}
+
+struct Seen {
+    record: String,
+    since: Instant,
+    member: Member,
+    left: bool,
+    /// The Lease's resourceVersion, for a fencing delete.
+    resource_version: Option<String>,
+}
+
+/// What a renewal found.
+enum Renewal {
+    Renewed,
+    /// This member's Lease is gone although it had one: the coordinator counted it dead
+    /// (or someone deleted it). Its claims are void.
+    Fenced,
+    Failed,
 }
 
 struct Round {

@@ -160,12 +160,14 @@ pub async fn run(args: Settings) -> Result<()> {
             shards::Shards::start(
                 &config,
                 metrics.clone(),
-                &lease_ns,
-                &args.lease_name,
-                &identity,
-                Duration::from_secs(args.lease_duration),
-                Duration::from_secs(args.shard_rebalance_seconds.max(1)),
-                args.shard_filter_client,
+                shards::ShardOptions {
+                    namespace: &lease_ns,
+                    group: &args.lease_name,
+                    identity: &identity,
+                    duration: Duration::from_secs(args.lease_duration),
+                    rebalance: Duration::from_secs(args.shard_rebalance_seconds.max(1)),
+                    client_only: args.shard_filter_client,
+                },
             )
             .await?,
         )
@@ -347,12 +349,14 @@ pub async fn run(args: Settings) -> Result<()> {
             }
             Ok(()) = async { match shards.as_mut() { Some(s) => s.shares.changed().await, None => std::future::pending().await } } => {
                 if let Some(s) = &shards {
-                    let share = s.switch(&mut engine, serving.as_ref()).await;
-                    let holds = !share.is_empty();
-                    is_leader.store(holds, Ordering::SeqCst);
-                    metrics.leader.set(i64::from(holds));
-                    if holds && let Some(set) = &serving {
-                        activate(&client, &mut engine, set, args.install_crds, Some(&share)).await;
+                    if let shards::Switched::To(share) = s.switch(&mut engine, serving.as_ref()).await {
+                        let holds = !share.is_empty();
+                        is_leader.store(holds, Ordering::SeqCst);
+                        metrics.leader.set(i64::from(holds));
+                        if holds && let Some(set) = &serving {
+                            activate(&client, &mut engine, set, args.install_crds, Some(&share)).await;
+                            s.refresh(&client, set).await;
+                        }
                     }
                     s.acknowledge();
                 }
@@ -370,6 +374,11 @@ pub async fn run(args: Settings) -> Result<()> {
         {
             let share = shards.as_ref().map(|s| s.gate.claims());
             activate(&client, &mut engine, set, args.install_crds, share.as_ref()).await;
+            // A rule with cluster-scoped parents may have come or gone (or its CRD was
+            // just installed).
+            if let Some(s) = &shards {
+                s.refresh(&client, set).await;
+            }
         }
     }
 

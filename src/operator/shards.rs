@@ -24,6 +24,28 @@ use crate::reconcile::shard_gate::ShardGate;
 use crate::render::RuleSet;
 use crate::shard::{Ranges, fnv1a};
 
+/// Where the members meet and how they behave (from the command line).
+pub struct ShardOptions<'a> {
+    /// The namespace of the member Leases.
+    pub namespace: &'a str,
+    /// The group's name (`--lease-name`).
+    pub group: &'a str,
+    pub identity: &'a str,
+    pub duration: Duration,
+    /// Load alone moves ranges at most this often.
+    pub rebalance: Duration,
+    /// Filter here even when the API server could.
+    pub client_only: bool,
+}
+
+/// What [`Shards::switch`] did.
+pub enum Switched {
+    /// The share is the one running: only the acknowledgement is due.
+    Unchanged,
+    /// The engine was stopped and set to run this share (nothing, when empty).
+    To(Ranges),
+}
+
 /// A sharded replica's side of the membership.
 pub struct Shards {
     pub gate: Arc<ShardGate>,
@@ -45,13 +67,16 @@ impl Shards {
     pub async fn start(
         config: &kube::Config,
         metrics: Arc<Metrics>,
-        namespace: &str,
-        group: &str,
-        identity: &str,
-        duration: Duration,
-        rebalance: Duration,
-        client_only: bool,
+        o: ShardOptions<'_>,
     ) -> Result<Shards> {
+        let ShardOptions {
+            namespace,
+            group,
+            identity,
+            duration,
+            rebalance,
+            client_only,
+        } = o;
         let gate = Arc::new(ShardGate::default());
         // The membership talks through a client of its own: ungated, with a read
         // timeout shorter than a renewal period.
@@ -137,8 +162,18 @@ impl Shards {
 
     /// Switches the engine to this replica's current share; the caller starts the rules
     /// (when the share is not empty) and then calls [`Shards::acknowledge`].
-    pub async fn switch(&self, engine: &mut Engine, set: Option<&RuleSet>) -> Ranges {
+    pub async fn switch(&self, engine: &mut Engine, set: Option<&RuleSet>) -> Switched {
         let share = self.shares.borrow().clone();
+        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = share.generation;
+        // A new generation that leaves this replica's share as it was: nothing to do
+        // but acknowledge it.
+        let running = engine.shard().map(|s| s.ranges.clone()).unwrap_or_default();
+        if share.ranges == running {
+            // Claims may have been dropped meanwhile (a fence); the engine runs this share.
+            self.gate
+                .set_claims(share.ranges.clone(), self.gate.owns_cluster_rules());
+            return Switched::Unchanged;
+        }
         let owns_cluster_rules = match set {
             Some(set) => cluster_rules_in(engine.client(), set, &share.ranges).await,
             None => false,
@@ -157,19 +192,25 @@ impl Shards {
                 Err(e) => {
                     warn!(error = %e, "cannot build the sharded watch client");
                     self.gate.set_claims(Ranges::none(), false);
-                    return Ranges::none();
+                    return Switched::To(Ranges::none());
                 }
             }
         }
-        *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = share.generation;
         info!(generation = share.generation, share = %format!("{:.1} %", share.ranges.percent()), "running this replica's share");
-        share.ranges
+        Switched::To(share.ranges)
     }
 
     /// 4. Only now may the coordinator give what this replica released to another.
     pub fn acknowledge(&self) {
         let generation = *self.pending.lock().unwrap_or_else(|p| p.into_inner());
         self.applied.send_replace(generation);
+    }
+
+    /// Recomputes whether this replica owns a rule with cluster-scoped parents (after a
+    /// rule set change: such a rule may have come or gone).
+    pub async fn refresh(&self, client: &Client, set: &RuleSet) {
+        let owns = cluster_rules_in(client, set, &self.gate.claims()).await;
+        self.gate.set_cluster_rules(owns);
     }
 
     fn sharding(&self, ranges: &Ranges) -> Result<Sharding> {
@@ -202,16 +243,19 @@ impl Shards {
 }
 
 /// Whether any rule with cluster-scoped parents hashes into `ranges` (its children may
-/// be written in any namespace). A rule whose kind cannot be resolved counts as one.
+/// be written in any namespace). A rule whose kind cannot be resolved yet does not
+/// count (its CRD may not be installed yet: the next rule set change, or share change,
+/// looks again).
 async fn cluster_rules_in(client: &Client, set: &RuleSet, ranges: &Ranges) -> bool {
     for (name, rule) in &set.rules {
         if !ranges.contains(fnv1a(name)) {
             continue;
         }
         let p = &rule.rule.spec.parent;
-        match resolve_kind(client, "parent", &p.api_version.value, &p.kind.value).await {
-            Ok((_, true)) => {}
-            _ => return true,
+        if let Ok((_, false)) =
+            resolve_kind(client, "parent", &p.api_version.value, &p.kind.value).await
+        {
+            return true;
         }
     }
     false

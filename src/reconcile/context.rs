@@ -68,6 +68,9 @@ pub struct ContextParts {
     pub refs: Vec<RefKind>,
     /// The parents paused with `rulebook.dev/paused`, shared with `/status`.
     pub paused: Arc<Paused>,
+    /// What this rule version's reconciles found steady (the engine keeps it across
+    /// restarts of the same version).
+    pub steady: Arc<Steady>,
 }
 
 /// The UIDs of a rule's paused parents.
@@ -113,7 +116,7 @@ pub struct RuleContext {
     /// so each is let go once even before the caches show it going.
     pub(super) let_go: Mutex<HashMap<String, HashSet<String>>>,
     /// Parents whose last reconcile had nothing to do, by the fingerprint of its inputs.
-    pub(super) steady: Steady,
+    pub(super) steady: Arc<Steady>,
     /// Children applied by this process, until the cache has the applied version.
     pub(super) applied: Applied,
     /// Whether parents' status records `ruleVersion` (see `status.rs`).
@@ -145,7 +148,7 @@ impl RuleContext {
             last_warning: Mutex::default(),
             fights: Fights::default(),
             let_go: Mutex::default(),
-            steady: Steady::default(),
+            steady: p.steady,
             applied: Applied::default(),
             records_version: std::sync::atomic::AtomicBool::new(records_version),
         }

@@ -54,6 +54,14 @@ impl ShardGate {
             .clone()
     }
 
+    pub fn set_cluster_rules(&self, owns: bool) {
+        self.cluster_rules.store(owns, Ordering::SeqCst);
+    }
+
+    pub fn owns_cluster_rules(&self) -> bool {
+        self.cluster_rules.load(Ordering::SeqCst)
+    }
+
     pub fn holds(&self, hash: u64) -> bool {
         self.claims
             .read()

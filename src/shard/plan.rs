@@ -71,12 +71,19 @@ pub fn plan(current: &Assignment, live: &[Member], load: &[(u64, u64)], rebalanc
         }
     }
     let same_members = current.target.keys().eq(eligible.iter());
-    let target =
-        if same_members && !(rebalance && imbalance(&current.target, &points, total) > IMBALANCE) {
-            current.target.clone()
-        } else {
-            quantile_target(&eligible, &points, total)
-        };
+    let only_left = !current.target.is_empty()
+        && !eligible.is_empty()
+        && eligible.iter().all(|m| current.target.contains_key(m));
+    let uneven = rebalance && imbalance(&current.target, &points, total) > IMBALANCE;
+    let target = if uneven || !(same_members || only_left) {
+        quantile_target(&eligible, &points, total)
+    } else if same_members {
+        current.target.clone()
+    } else {
+        // Members left and none joined: their ranges go to a neighbour, and nothing
+        // else moves (load evens out later, at the rebalance pace).
+        absorb(&current.target, &eligible)
+    };
     let mut owners = BTreeMap::new();
     for m in live {
         let mine = target.get(&m.id).cloned().unwrap_or_default();
@@ -106,7 +113,8 @@ pub fn plan(current: &Assignment, live: &[Member], load: &[(u64, u64)], rebalanc
 /// rolling update; the others hold nothing until they run it too.
 fn eligible(live: &[Member]) -> Vec<String> {
     let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
-    for m in live {
+    // A member without a valid rule set neither votes nor holds anything.
+    for m in live.iter().filter(|m| !m.rules.is_empty()) {
         *votes.entry(m.rules.as_str()).or_default() += 1;
     }
     let Some(winner) = votes
@@ -171,6 +179,39 @@ fn quantile_target(
         .zip(cuts.windows(2))
         .map(|(m, w)| (m.clone(), Ranges::of([(w[0], w[1])])))
         .collect()
+}
+
+/// `target` without the members not in `keep`: each range of theirs joins the member
+/// whose range ends where it starts (else the one starting where it ends, else the
+/// first member).
+fn absorb(target: &BTreeMap<String, Ranges>, keep: &[String]) -> BTreeMap<String, Ranges> {
+    let mut out: BTreeMap<String, Ranges> = target
+        .iter()
+        .filter(|(m, _)| keep.contains(m))
+        .map(|(m, r)| (m.clone(), r.clone()))
+        .collect();
+    let orphans: Vec<(u128, u128)> = target
+        .iter()
+        .filter(|(m, _)| !keep.contains(m))
+        .flat_map(|(_, r)| r.spans().to_vec())
+        .collect();
+    for (start, end) in orphans {
+        let heir = out
+            .iter()
+            .find(|(_, r)| r.spans().iter().any(|s| s.1 == start))
+            .or_else(|| {
+                out.iter()
+                    .find(|(_, r)| r.spans().iter().any(|s| s.0 == end))
+            })
+            .map(|(m, _)| m.clone())
+            .or_else(|| keep.first().cloned());
+        if let Some(heir) = heir
+            && let Some(r) = out.get_mut(&heir)
+        {
+            *r = r.union(&Ranges::of([(start, end)]));
+        }
+    }
+    out
 }
 
 /// The largest member load over the fair share.
@@ -314,13 +355,36 @@ mod tests {
     }
 
     #[test]
-    fn a_dead_members_ranges_go_to_the_survivors() {
+    fn a_dead_members_ranges_go_to_a_neighbour_and_nothing_else_moves() {
         let load = teams(300, 10);
         let three = [member("a", 0), member("b", 0), member("c", 0)];
         let (a, _) = settle(Assignment::default(), &three, &load);
-        let (after, _) = settle(a, &three[..2], &load);
+        let survivors = [member("a", a.generation), member("c", a.generation)];
+        let (after, steps) = settle(a.clone(), &survivors, &load);
+        assert_eq!(
+            steps, 1,
+            "one generation: the dead member's ranges are free"
+        );
         assert_eq!(after.owners.len(), 2);
         assert_eq!(loads(&after, &load).iter().sum::<u64>(), 3000);
+        for id in ["a", "c"] {
+            let before = &a.owners[id];
+            assert_eq!(
+                after.owners[id].intersect(before),
+                *before,
+                "{id} kept its ranges"
+            );
+        }
+        // Later, at the rebalance pace, load evens out.
+        let acked: Vec<Member> = survivors
+            .iter()
+            .map(|m| Member {
+                acked: after.generation,
+                ..m.clone()
+            })
+            .collect();
+        let p = plan(&after, &acked, &load, true);
+        assert!(p.next.is_some(), "2:1 is over the imbalance bound");
     }
 
     #[test]
