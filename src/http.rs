@@ -44,7 +44,7 @@ pub struct AppState {
     pub ruleset: Arc<RwLock<RuleSetState>>,
     pub leader: Arc<dyn Fn() -> bool + Send + Sync>,
     /// The sharding (`run --sharding namespace`), for `/status`.
-    pub sharding: Option<Arc<RwLock<crate::members::ShardStatus>>>,
+    pub sharding: Option<Arc<RwLock<crate::shard::ShardStatus>>>,
 }
 
 #[derive(Serialize)]
@@ -54,7 +54,7 @@ struct StatusBody {
     leader: bool,
     rules: BTreeMap<String, RuleStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    sharding: Option<crate::members::ShardStatus>,
+    sharding: Option<crate::shard::ShardStatus>,
 }
 
 pub fn router(state: AppState) -> Router {

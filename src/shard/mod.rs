@@ -17,6 +17,22 @@ mod plan;
 
 pub use plan::{Assignment, Member, Plan, plan};
 
+/// What `/status` shows of the sharding.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardStatus {
+    pub mode: String,
+    pub identity: String,
+    pub coordinator: Option<String>,
+    pub generation: u64,
+    pub members: Vec<String>,
+    pub ranges: String,
+    pub percent_of_hash_space: f64,
+    pub waiting_for: Vec<String>,
+    /// Namespaces (by hash) too large for one member's fair share.
+    pub oversized: Vec<String>,
+}
+
 /// Where the hash space ends (exclusive): 2^64.
 pub const TOP: u128 = 1 << 64;
 
