@@ -221,7 +221,7 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
         rules.push(json!({
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
-            "verbs": ["create", "delete", "get", "list", "update", "watch"],
+            "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
         }));
     }
     bind(rules, opts)

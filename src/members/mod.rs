@@ -101,10 +101,10 @@ impl Membership {
             api: Api::namespaced(client.clone(), namespace),
             client,
             group: group.to_string(),
-            base_identity: identity.to_string(),
+            base_identity: member_id(identity),
             incarnation: 0,
-            identity: identity.to_string(),
-            lease_name: format!("{group}-member-{}", dns_safe(identity)),
+            identity: member_id(identity),
+            lease_name: format!("{group}-member-{}", dns_safe(&member_id(identity))),
             has_lease: false,
             next_renew: Instant::now(),
             duration,
@@ -171,8 +171,7 @@ impl Membership {
                     s.oversized = state.oversized.clone();
                 }
                 shares.send_if_modified(|s| {
-                    let changed = s.generation < share.generation
-                        || (s.generation == share.generation && s.ranges != share.ranges);
+                    let changed = s.generation < share.generation;
                     if changed {
                         *s = share;
                     }
@@ -210,14 +209,14 @@ impl Membership {
     /// whose Lease and share start empty).
     fn fence(&mut self, shares: &watch::Sender<Share>) {
         warn!(lease = %self.lease_name, "the member Lease is gone (counted dead?): dropping every range and rejoining");
-        self.gate.set_claims(Ranges::none(), false);
-        self.gate.lease().revoke();
+        // The share first, the gate second: see `Shards::switch`.
+        shares.send_modify(|s| s.ranges = Ranges::none());
+        self.gate.fence();
         self.incarnation += 1;
         self.identity = format!("{}.{}", self.base_identity, self.incarnation);
         self.lease_name = format!("{}-member-{}", self.group, dns_safe(&self.identity));
         self.has_lease = false;
         self.next_renew = Instant::now();
-        shares.send_modify(|s| s.ranges = Ranges::none());
     }
 
     /// One round: renew, observe, coordinate. `None` when the API server could not be read.
@@ -268,6 +267,7 @@ impl Membership {
                 since: now,
                 member: member.clone(),
                 left,
+                lease: l.name_any(),
                 resource_version: rv.clone(),
             });
             if entry.record != record {
@@ -276,6 +276,7 @@ impl Membership {
             }
             entry.member = member;
             entry.left = left;
+            entry.lease = l.name_any();
             entry.resource_version = rv;
         }
         // Alive: this member, and every other whose record changed within a lease and
@@ -284,11 +285,18 @@ impl Membership {
         let alive = |id: &str, s: &Seen| {
             id == me || (!s.left && now.duration_since(s.since) < self.duration)
         };
-        let dead: Vec<(String, Option<String>, bool)> = self
+        let dead: Vec<(String, String, Option<String>, bool)> = self
             .seen
             .iter()
             .filter(|(id, s)| !alive(id, s))
-            .map(|(id, s)| (id.clone(), s.resource_version.clone(), present.contains(id)))
+            .map(|(id, s)| {
+                (
+                    id.clone(),
+                    s.lease.clone(),
+                    s.resource_version.clone(),
+                    present.contains(id),
+                )
+            })
             .collect();
         let mut live: Vec<Member> = self
             .seen
@@ -304,8 +312,13 @@ impl Membership {
         // Missing or unreadable while members have acted on one: nobody knows who holds
         // what, so the next generation revokes everything first (and counts on from the
         // highest generation any member applied: generations never go back).
-        let usable = stored.as_ref().and_then(|(_, s)| s.as_ref());
-        let revoke = usable.is_none() && max_acked > 0;
+        // (Acknowledgements reach the Leases up to a third of a lease late, so a member
+        // may have applied generation `max_acked + 1` already: the revoke comes after it.)
+        let usable = stored
+            .as_ref()
+            .and_then(|(_, s)| s.as_ref())
+            .filter(|s| s.generation >= max_acked);
+        let revoke = usable.is_none();
         let current = usable.map(decode).unwrap_or_default();
         let coordinator = live.first().map(|m| m.id.clone());
         let mut round = Round {
@@ -322,11 +335,10 @@ impl Membership {
         // precondition on the version seen, so one that renewed meanwhile keeps it (and
         // this round publishes nothing), and one that did not finds it gone and drops
         // its claims before it could renew (see `fence`).
-        for (id, rv, is_present) in &dead {
+        for (id, name, rv, is_present) in &dead {
             if !is_present {
                 continue;
             }
-            let name = format!("{}-member-{}", self.group, dns_safe(id));
             let dp = DeleteParams {
                 preconditions: Some(Preconditions {
                     resource_version: rv.clone(),
@@ -334,18 +346,22 @@ impl Membership {
                 }),
                 ..DeleteParams::default()
             };
-            match self.api.delete(&name, &dp).await {
+            match self.api.delete(name, &dp).await {
                 Ok(_) => info!(member = %id, "removed a dead member's Lease"),
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    debug!(member = %id, "a dead member's Lease changed: it renewed; not publishing this round");
+                    return Some(round);
+                }
                 Err(e) => {
-                    debug!(member = %id, error = %e, "a dead member's Lease changed; not publishing this round");
+                    warn!(member = %id, error = %e, "cannot remove a dead member's Lease; not publishing this round");
                     return Some(round);
                 }
             }
         }
         if revoke {
             let next = Assignment {
-                generation: max_acked + 1,
+                generation: max_acked.saturating_add(2),
                 ..Assignment::default()
             };
             warn!(
@@ -397,7 +413,8 @@ struct Seen {
     since: Instant,
     member: Member,
     left: bool,
-    /// The Lease's resourceVersion, for a fencing delete.
+    /// The Lease's name and resourceVersion, for a fencing delete.
+    lease: String,
     resource_version: Option<String>,
 }
 
@@ -430,6 +447,21 @@ fn decode(s: &Stored) -> Assignment {
         owners: ranges(&s.owners),
         target: ranges(&s.target),
     }
+}
+
+/// A member identity: the process's identity and a part of its own, so a restarted
+/// container (same pod name) never inherits what its previous process held.
+fn member_id(identity: &str) -> String {
+    use std::sync::OnceLock;
+    static PART: OnceLock<String> = OnceLock::new();
+    let part = PART.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        format!("{:06x}", (nanos ^ std::process::id()) & 0xff_ffff)
+    });
+    format!("{identity}.{part}")
 }
 
 /// A Lease name part from an identity: lowercase alphanumerics and dashes.

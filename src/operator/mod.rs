@@ -355,8 +355,10 @@ pub async fn run(args: Settings) -> Result<()> {
                         metrics.leader.set(i64::from(holds));
                         if holds && let Some(set) = &serving {
                             activate(&client, &mut engine, set, args.install_crds, Some(&share)).await;
-                            s.refresh(&client, set).await;
                         }
+                    }
+                    if let Some(set) = &serving {
+                        s.refresh(&client, set).await;
                     }
                     s.acknowledge();
                 }

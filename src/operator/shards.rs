@@ -163,26 +163,34 @@ impl Shards {
     /// Switches the engine to this replica's current share; the caller starts the rules
     /// (when the share is not empty) and then calls [`Shards::acknowledge`].
     pub async fn switch(&self, engine: &mut Engine, set: Option<&RuleSet>) -> Switched {
+        // The fence epoch before the share: a fence marks the share first and bumps the
+        // epoch second, so a share read before a fence never passes `set_claims_if`.
+        let epoch = self.gate.epoch();
         let share = self.shares.borrow().clone();
         *self.pending.lock().unwrap_or_else(|p| p.into_inner()) = share.generation;
         // A new generation that leaves this replica's share as it was: nothing to do
         // but acknowledge it.
         let running = engine.shard().map(|s| s.ranges.clone()).unwrap_or_default();
         if share.ranges == running {
-            // Claims may have been dropped meanwhile (a fence); the engine runs this share.
             self.gate
-                .set_claims(share.ranges.clone(), self.gate.owns_cluster_rules());
+                .set_claims_if(epoch, share.ranges.clone(), self.gate.owns_cluster_rules());
             return Switched::Unchanged;
         }
         let owns_cluster_rules = match set {
             Some(set) => cluster_rules_in(engine.client(), set, &share.ranges).await,
             None => false,
         };
-        // 1. No write outside the new share from now on.
-        self.gate
-            .set_claims(share.ranges.clone(), owns_cluster_rules);
+        // 1. No write outside the new share from now on (none at all after a fence).
+        let fenced = !self
+            .gate
+            .set_claims_if(epoch, share.ranges.clone(), owns_cluster_rules);
         // 2. Every controller stops (in-flight reconciles finish or are refused).
         engine.shutdown().await;
+        if fenced {
+            engine.set_shard(None);
+            self.metrics.shard_share.set(0.0);
+            return Switched::To(Ranges::none());
+        }
         self.metrics.shard_share.set(share.ranges.percent());
         // 3. The caches start again over the new share (the caller starts the rules).
         engine.set_shard(None);
@@ -209,8 +217,9 @@ impl Shards {
     /// Recomputes whether this replica owns a rule with cluster-scoped parents (after a
     /// rule set change: such a rule may have come or gone).
     pub async fn refresh(&self, client: &Client, set: &RuleSet) {
+        let epoch = self.gate.epoch();
         let owns = cluster_rules_in(client, set, &self.gate.claims()).await;
-        self.gate.set_cluster_rules(owns);
+        self.gate.set_cluster_rules_if(epoch, owns);
     }
 
     fn sharding(&self, ranges: &Ranges) -> Result<Sharding> {

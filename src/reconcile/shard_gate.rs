@@ -9,7 +9,7 @@
 //! namespace). The precise per-rule check is the rule's own gate ([`RuleGate`]), which
 //! each reconcile's writer asks before every write.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use super::gate::{LeaseGate, WriteGate};
@@ -22,6 +22,8 @@ pub struct ShardGate {
     claims: RwLock<Ranges>,
     /// Whether any rule with cluster-scoped parents is owned here (see the header).
     cluster_rules: AtomicBool,
+    /// Bumped by every fence: a change computed before one is stale and not applied.
+    epoch: AtomicU64,
 }
 
 impl Default for ShardGate {
@@ -30,6 +32,7 @@ impl Default for ShardGate {
             lease: LeaseGate::leased(),
             claims: RwLock::new(Ranges::none()),
             cluster_rules: AtomicBool::new(false),
+            epoch: AtomicU64::new(0),
         }
     }
 }
@@ -38,6 +41,35 @@ impl ShardGate {
     /// The member Lease's deadline, renewed by the membership loop.
     pub fn lease(&self) -> &LeaseGate {
         &self.lease
+    }
+
+    /// The member was counted dead (its Lease is gone): nothing may be written from now
+    /// on, and whatever was computed before this is stale ([`ShardGate::epoch`]).
+    pub fn fence(&self) {
+        let mut claims = self.claims.write().unwrap_or_else(|p| p.into_inner());
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        *claims = Ranges::none();
+        self.cluster_rules.store(false, Ordering::SeqCst);
+        self.lease.revoke();
+    }
+
+    /// The current fence epoch: read it before computing a change, and pass it to the
+    /// `*_if` setters.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::SeqCst)
+    }
+
+    /// Like [`ShardGate::set_claims`], unless a fence came after `epoch` was read.
+    /// Returns whether it applied.
+    pub fn set_claims_if(&self, epoch: u64, ranges: Ranges, owns_cluster_rules: bool) -> bool {
+        let mut claims = self.claims.write().unwrap_or_else(|p| p.into_inner());
+        if self.epoch.load(Ordering::SeqCst) != epoch {
+            return false;
+        }
+        *claims = ranges;
+        self.cluster_rules
+            .store(owns_cluster_rules, Ordering::SeqCst);
+        true
     }
 
     /// Replaces the claimed ranges. Shrinking takes effect for the very next request.
@@ -54,8 +86,13 @@ impl ShardGate {
             .clone()
     }
 
-    pub fn set_cluster_rules(&self, owns: bool) {
-        self.cluster_rules.store(owns, Ordering::SeqCst);
+    /// Sets whether a rule with cluster-scoped parents is owned here, unless a fence
+    /// came after `epoch` was read.
+    pub fn set_cluster_rules_if(&self, epoch: u64, owns: bool) {
+        let _claims = self.claims.write().unwrap_or_else(|p| p.into_inner());
+        if self.epoch.load(Ordering::SeqCst) == epoch {
+            self.cluster_rules.store(owns, Ordering::SeqCst);
+        }
     }
 
     pub fn owns_cluster_rules(&self) -> bool {
@@ -138,6 +175,27 @@ pub fn namespace_of(path: &str) -> Option<&str> {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_change_computed_before_a_fence_is_not_applied() {
+        let gate = ShardGate::default();
+        gate.lease()
+            .grant_until(Instant::now() + Duration::from_secs(30));
+        let before = gate.epoch();
+        assert!(gate.set_claims_if(before, Ranges::all(), false));
+        let stale = gate.epoch();
+        gate.fence();
+        assert!(
+            !gate.may_send("/api/v1/namespaces/a/configmaps/x"),
+            "a fence closes the gate"
+        );
+        assert!(!gate.set_claims_if(stale, Ranges::all(), true));
+        gate.set_cluster_rules_if(stale, true);
+        assert_eq!(gate.claims(), Ranges::none());
+        assert!(!gate.owns_cluster_rules());
+        // A change computed after the fence applies.
+        assert!(gate.set_claims_if(gate.epoch(), Ranges::all(), false));
+    }
 
     #[test]
     fn paths_name_their_namespace() {

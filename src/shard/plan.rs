@@ -100,7 +100,7 @@ pub fn plan(current: &Assignment, live: &[Member], load: &[(u64, u64)], rebalanc
     }
     if owners != current.owners || target != current.target {
         out.next = Some(Assignment {
-            generation: current.generation + 1,
+            generation: current.generation.saturating_add(1),
             owners,
             target,
         });
