@@ -101,16 +101,7 @@ fn rss_mib(pid: u32) -> f64 {
 
 /// Whether namespace `ns` hashes into `ranges` (`/status`'s `start-end,…` in hex).
 fn in_ranges(ranges: &str, ns: &str) -> bool {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in ns.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    let hex = |s: &str| u128::from_str_radix(s.trim_start_matches("0x"), 16).unwrap_or(0);
-    ranges
-        .split(',')
-        .filter_map(|r| r.split_once('-'))
-        .any(|(a, b)| (hex(a)..hex(b)).contains(&u128::from(h)))
+    rulebook::shard::Ranges::decode(ranges).is_ok_and(|r| r.holds_namespace(ns))
 }
 
 /// Sets `spec.gen` to `wave` on each (namespace, name).

@@ -252,17 +252,21 @@ mod tests {
             .collect()
     }
 
+    /// `live`, every member having acknowledged `generation`.
+    fn all_acked(live: &[Member], generation: u64) -> Vec<Member> {
+        live.iter()
+            .map(|m| Member {
+                acked: generation,
+                ..m.clone()
+            })
+            .collect()
+    }
+
     /// Runs the protocol to a fixed point with every member acknowledging at once.
     fn settle(mut a: Assignment, live: &[Member], load: &[(u64, u64)]) -> (Assignment, u32) {
         let mut steps = 0;
         loop {
-            let acked: Vec<Member> = live
-                .iter()
-                .map(|m| Member {
-                    acked: a.generation,
-                    ..m.clone()
-                })
-                .collect();
+            let acked = all_acked(live, a.generation);
             match plan(&a, &acked, load, false).next {
                 Some(next) => {
                     check_disjoint(&next);
@@ -376,13 +380,7 @@ mod tests {
             );
         }
         // Later, at the rebalance pace, load evens out.
-        let acked: Vec<Member> = survivors
-            .iter()
-            .map(|m| Member {
-                acked: after.generation,
-                ..m.clone()
-            })
-            .collect();
+        let acked = all_acked(&survivors, after.generation);
         let p = plan(&after, &acked, &load, true);
         assert!(p.next.is_some(), "2:1 is over the imbalance bound");
     }
@@ -413,13 +411,7 @@ mod tests {
         let load = teams(100, 3);
         let live = [member("a", 0), member("b", 0)];
         let (a, _) = settle(Assignment::default(), &live, &load);
-        let acked: Vec<Member> = live
-            .iter()
-            .map(|m| Member {
-                acked: a.generation,
-                ..m.clone()
-            })
-            .collect();
+        let acked = all_acked(&live, a.generation);
         // Even when rebalancing is allowed, a balanced target stays.
         assert_eq!(plan(&a, &acked, &load, true).next, None);
     }
