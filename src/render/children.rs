@@ -333,11 +333,10 @@ impl CompiledRule {
     }
 }
 
-/// Parses one rendered template: a single YAML mapping.
 /// The YAML budget for one rendered object: a Kubernetes object is at most about
 /// 1.5 MiB, so these bounds are generous for real templates and stop alias bombs and
 /// deep nesting written into a template fast. Set here, not left to the crate's defaults.
-fn rendered_yaml_options() -> serde_saphyr::Options {
+pub(super) fn rendered_yaml_options() -> serde_saphyr::Options {
     let mut budget = serde_saphyr::Budget::default();
     budget.max_events = 250_000;
     budget.max_aliases = 1_000;
@@ -350,7 +349,13 @@ fn rendered_yaml_options() -> serde_saphyr::Options {
     options
 }
 
+/// Parses one rendered template: a single YAML mapping.
 fn parse_rendered(text: &str) -> Result<Json, (Option<u64>, String)> {
+    // The plain YAML most templates render is read without the full parser; anything else
+    // (and every error) is the full parser's.
+    if let Some(object) = super::fastyaml::parse(text) {
+        return Ok(object);
+    }
     let docs: Vec<Json> = serde_saphyr::from_multiple_with_options(text, rendered_yaml_options())
         .map_err(|e| {
         (

@@ -12,6 +12,7 @@ mod children;
 mod compile;
 mod env;
 mod error;
+mod fastyaml;
 mod guarded;
 mod ready;
 pub mod refs;

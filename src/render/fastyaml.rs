@@ -1,0 +1,483 @@
+//! A fast reader for the plain kind of YAML that child templates render, in front of the
+//! full YAML parser.
+//!
+//! Parsing rendered text back with serde-saphyr was about half of a parent's render cost
+//! (docs/benchmarks.md). Rendered children are almost always block mappings and
+//! sequences, flow `{ }` / `[ ]` on one line, plain words and integers, and the
+//! double-quoted JSON strings that every interpolated value is printed as. [`parse`]
+//! reads exactly that and answers `None` for anything else — anchors, tags, block
+//! scalars, multi-line or single-quoted-with-newline strings, floats, YAML 1.1 words,
+//! duplicate keys, unusual characters, more than one document — so the caller hands the
+//! text to the full parser, which decides (and words every error). Where it answers
+//! `Some`, the value is the one serde-saphyr gives: the differential tests (`fastyaml_tests.rs`:
+//! hand-picked cases and generated documents) and the injection corpus hold it to that.
+
+use serde_json::{Map, Number, Value as Json};
+
+/// Nesting beyond this is left to the full parser (its budget says 64).
+const MAX_DEPTH: usize = 48;
+/// Nodes beyond this are left to the full parser (its budget counts events).
+const MAX_NODES: usize = 100_000;
+
+/// The rendered text as JSON, or `None` when it is not of the plain kind this reads.
+pub fn parse(text: &str) -> Option<Json> {
+    if text.chars().any(unusual) {
+        return None;
+    }
+    let mut lines = Vec::new();
+    for raw in text.split('\n') {
+        let indent = raw.len() - raw.trim_start_matches(' ').len();
+        let body = strip_comment(&raw[indent..])?;
+        if body.is_empty() {
+            continue;
+        }
+        if indent == 0 && (body.starts_with("---") || body.starts_with("...")) {
+            return None;
+        }
+        lines.push(Line { indent, body });
+    }
+    let indent = lines.first()?.indent;
+    let mut p = Parser {
+        lines,
+        at: 0,
+        nodes: 0,
+    };
+    let value = p.block(indent, 0)?;
+    // Anything left over (a line less indented than the first) is for the full parser.
+    (p.at == p.lines.len() && value.is_object()).then_some(value)
+}
+
+/// Characters the full parser may read differently (line breaks of YAML 1.1, non-printable
+/// characters, a byte-order mark) or that this reader does not handle (tabs, CR).
+fn unusual(c: char) -> bool {
+    matches!(
+        c,
+        '\t' | '\r' | '\u{7f}'
+            ..='\u{9f}' | '\u{2028}' | '\u{2029}' | '\u{feff}' | '\u{fffe}' | '\u{ffff}'
+    ) || (c < ' ' && c != '\n')
+}
+
+struct Line<'a> {
+    indent: usize,
+    body: &'a str,
+}
+
+struct Parser<'a> {
+    lines: Vec<Line<'a>>,
+    at: usize,
+    nodes: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn count(&mut self) -> Option<()> {
+        self.nodes += 1;
+        (self.nodes <= MAX_NODES).then_some(())
+    }
+
+    /// The block node whose lines start at `indent`: a mapping or a sequence.
+    fn block(&mut self, indent: usize, depth: usize) -> Option<Json> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        let line = self.lines.get(self.at)?;
+        if line.indent != indent {
+            return None;
+        }
+        if is_entry(line.body) {
+            self.sequence(indent, depth)
+        } else {
+            self.mapping(indent, None, depth)
+        }
+    }
+
+    /// A block mapping at `indent`; `first` is the first entry's text when it sits after a
+    /// sequence entry's `- ` (a compact mapping).
+    fn mapping(&mut self, indent: usize, first: Option<&'a str>, depth: usize) -> Option<Json> {
+        self.count()?;
+        let mut map = Map::new();
+        let mut pending = first;
+        loop {
+            let body = match pending.take() {
+                Some(b) => b,
+                None => {
+                    let Some(line) = self.lines.get(self.at) else {
+                        break;
+                    };
+                    if line.indent < indent {
+                        break;
+                    }
+                    if line.indent > indent || is_entry(line.body) {
+                        return None;
+                    }
+                    self.at += 1;
+                    line.body
+                }
+            };
+            let (key, rest) = split_key(body)?;
+            let value = if rest.is_empty() {
+                self.nested(indent, true, depth)?
+            } else {
+                let v = inline_value(rest, depth, &mut self.nodes)?;
+                // A plain or quoted scalar continued on a more indented line: full parser.
+                if self.lines.get(self.at).is_some_and(|l| l.indent > indent) {
+                    return None;
+                }
+                v
+            };
+            if map.insert(key, value).is_some() {
+                return None; // a duplicate key: the full parser words it
+            }
+        }
+        Some(Json::Object(map))
+    }
+
+    /// A block sequence at `indent`.
+    fn sequence(&mut self, indent: usize, depth: usize) -> Option<Json> {
+        self.count()?;
+        let mut items = Vec::new();
+        while let Some(line) = self.lines.get(self.at) {
+            if line.indent < indent {
+                break;
+            }
+            if line.indent > indent {
+                return None;
+            }
+            if !is_entry(line.body) {
+                break; // the next key of a mapping whose value this sequence is
+            }
+            let rest = line.body[1..].trim_start_matches(' ');
+            let gap = line.body.len() - rest.len();
+            self.at += 1;
+            let item = if rest.is_empty() {
+                self.nested(indent, false, depth)?
+            } else if is_entry(rest) || rest.starts_with('?') {
+                return None; // `- - x`, `- ? x`: rare, for the full parser
+            } else if split_key(rest).is_some() {
+                self.mapping(indent + gap, Some(rest), depth + 1)?
+            } else {
+                let v = inline_value(rest, depth, &mut self.nodes)?;
+                if self.lines.get(self.at).is_some_and(|l| l.indent > indent) {
+                    return None;
+                }
+                v
+            };
+            items.push(item);
+        }
+        Some(Json::Array(items))
+    }
+
+    /// The value of a `key:` or `-` with nothing after it: the more indented block below,
+    /// a sequence at the key's own indent (mappings only), or null.
+    fn nested(&mut self, indent: usize, in_mapping: bool, depth: usize) -> Option<Json> {
+        match self.lines.get(self.at) {
+            Some(l) if l.indent > indent => {
+                let i = l.indent;
+                self.block(i, depth + 1)
+            }
+            Some(l) if in_mapping && l.indent == indent && is_entry(l.body) => {
+                self.sequence(indent, depth + 1)
+            }
+            _ => {
+                self.count()?;
+                Some(Json::Null)
+            }
+        }
+    }
+}
+
+/// `- x` or a lone `-`.
+fn is_entry(body: &str) -> bool {
+    body == "-" || body.starts_with("- ")
+}
+
+/// `key: rest` or `key:` (rest empty), with a plain word or a quoted key.
+fn split_key(body: &str) -> Option<(String, &str)> {
+    let (key, after) = if body.starts_with('"') {
+        let end = quoted_end(body)?;
+        (double_quoted(&body[..end])?, &body[end..])
+    } else if body.starts_with('\'') {
+        let end = single_quoted_end(body)?;
+        (single_quoted(&body[..end])?, &body[end..])
+    } else {
+        let colon = body.find(':')?;
+        let key = body[..colon].trim_end_matches(' ');
+        match plain(key)? {
+            Json::String(s) => (s, &body[colon..]),
+            _ => return None, // `80:`, `true:`, `null:` keys: for the full parser
+        }
+    };
+    let after = after.trim_start_matches(' ');
+    let rest = after.strip_prefix(':')?;
+    if rest.is_empty() {
+        return Some((key, ""));
+    }
+    rest.starts_with(' ')
+        .then(|| (key, rest.trim_start_matches(' ')))
+}
+
+/// The value after `key: ` or `- `, which must end the line.
+fn inline_value(text: &str, depth: usize, nodes: &mut usize) -> Option<Json> {
+    let mut cur = Cursor { s: text, at: 0 };
+    let v = cur.flow_node(depth, nodes, false)?;
+    cur.skip_spaces();
+    (cur.at == text.len()).then_some(v)
+}
+
+/// Removes a comment (`#` at the start or after a space, outside quotes) and trailing
+/// spaces. `None` when quotes do not close on the line (a multi-line string).
+fn strip_comment(body: &str) -> Option<&str> {
+    let bytes = body.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'"' => i += quoted_end(&body[i..])?,
+            b'\'' => i += single_quoted_end(&body[i..])?,
+            b'#' if i == 0 || bytes[i - 1] == b' ' => return Some(body[..i].trim_end_matches(' ')),
+            _ => i += 1,
+        }
+    }
+    Some(body.trim_end_matches(' '))
+}
+
+/// The length of the double-quoted string at the start of `s`, quotes included.
+fn quoted_end(s: &str) -> Option<usize> {
+    let bytes = s.as_bytes();
+    let mut i = 1;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => i += 2,
+            b'"' => return Some(i + 1),
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+/// The length of the single-quoted string at the start of `s`, quotes included.
+fn single_quoted_end(s: &str) -> Option<usize> {
+    let bytes = s.as_bytes();
+    let mut i = 1;
+    while i < bytes.len() {
+        if bytes[i] == b'\'' {
+            if bytes.get(i + 1) == Some(&b'\'') {
+                i += 2;
+                continue;
+            }
+            return Some(i + 1);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// A double-quoted scalar whose escapes mean the same in JSON and YAML; surrogate escapes
+/// (`\ud83d`) and YAML-only escapes are left to the full parser.
+fn double_quoted(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\' {
+            match bytes.get(i + 1)? {
+                b'u' => {
+                    let hex = s.get(i + 2..i + 6)?;
+                    let code = u32::from_str_radix(hex, 16).ok()?;
+                    if (0xd800..0xe000).contains(&code) {
+                        return None;
+                    }
+                    i += 6;
+                }
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => i += 2,
+                _ => return None,
+            }
+        } else {
+            i += 1;
+        }
+    }
+    serde_json::from_str(s).ok()
+}
+
+fn single_quoted(s: &str) -> Option<String> {
+    Some(s.get(1..s.len() - 1)?.replace("''", "'"))
+}
+
+/// A plain (unquoted) scalar this reader is sure of: a decimal integer, `true`, `false`,
+/// `null`, or a word of letters, digits, `_ . / -` (spaces inside). Anything else (floats,
+/// `0x1f`, `yes`, `~`, `.inf`, `12:30`, …) is `None`.
+fn plain(s: &str) -> Option<Json> {
+    let first = s.chars().next()?;
+    match s {
+        "true" => return Some(Json::Bool(true)),
+        "false" => return Some(Json::Bool(false)),
+        "null" => return Some(Json::Null),
+        _ => {}
+    }
+    if first.is_ascii_digit() || first == '-' {
+        let digits = s.strip_prefix('-').unwrap_or(s);
+        let canonical = !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (digits == "0" || !digits.starts_with('0'));
+        if !canonical || s == "-0" {
+            return None;
+        }
+        return s.parse::<i64>().ok().map(|n| Json::Number(Number::from(n)));
+    }
+    if !first.is_ascii_alphabetic() && first != '_' && first != '/' {
+        return None;
+    }
+    let lower = s.to_ascii_lowercase();
+    if matches!(
+        lower.as_str(),
+        "true"
+            | "false"
+            | "null"
+            | "yes"
+            | "no"
+            | "on"
+            | "off"
+            | "y"
+            | "n"
+            | "inf"
+            | "infinity"
+            | "nan"
+    ) || s.ends_with(' ')
+        || s.contains("  ")
+    {
+        return None;
+    }
+    s.bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'/' | b'-' | b' '))
+        .then(|| Json::String(s.to_string()))
+}
+
+/// Reads flow values (`{ a: b }`, `[1, "x"]`, scalars) from one line.
+struct Cursor<'a> {
+    s: &'a str,
+    at: usize,
+}
+
+impl Cursor<'_> {
+    fn skip_spaces(&mut self) {
+        while self.s.as_bytes().get(self.at) == Some(&b' ') {
+            self.at += 1;
+        }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.s.as_bytes().get(self.at).copied()
+    }
+
+    /// One node; `in_flow` is whether it sits inside `[ ]` or `{ }` (where `,` ends a
+    /// plain scalar).
+    fn flow_node(&mut self, depth: usize, nodes: &mut usize, in_flow: bool) -> Option<Json> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        *nodes += 1;
+        if *nodes > MAX_NODES {
+            return None;
+        }
+        self.skip_spaces();
+        let rest = &self.s[self.at..];
+        match self.peek()? {
+            b'{' => self.flow_mapping(depth, nodes),
+            b'[' => self.flow_sequence(depth, nodes),
+            b'"' => {
+                let end = quoted_end(rest)?;
+                self.at += end;
+                double_quoted(&rest[..end]).map(Json::String)
+            }
+            b'\'' => {
+                let end = single_quoted_end(rest)?;
+                self.at += end;
+                single_quoted(&rest[..end]).map(Json::String)
+            }
+            _ => {
+                // A plain scalar runs to the end of the line (block) or to `,]}:` (flow);
+                // a `:` or `#` in it, or `[]{}` in block context, is for the full parser.
+                let len = rest
+                    .find(|c: char| in_flow && matches!(c, ',' | ']' | '}' | ':'))
+                    .unwrap_or(rest.len());
+                let word = rest[..len].trim_end_matches(' ');
+                if word.contains([':', '#', '[', ']', '{', '}', ',']) {
+                    return None;
+                }
+                self.at += word.len();
+                plain(word)
+            }
+        }
+    }
+
+    fn flow_sequence(&mut self, depth: usize, nodes: &mut usize) -> Option<Json> {
+        self.at += 1; // [
+        let mut items = Vec::new();
+        self.skip_spaces();
+        if self.peek() == Some(b']') {
+            self.at += 1;
+            return Some(Json::Array(items));
+        }
+        loop {
+            items.push(self.flow_node(depth + 1, nodes, true)?);
+            self.skip_spaces();
+            match self.peek()? {
+                b',' => self.at += 1,
+                b']' => {
+                    self.at += 1;
+                    return Some(Json::Array(items));
+                }
+                _ => return None,
+            }
+            self.skip_spaces();
+            if self.peek() == Some(b']') {
+                return None; // a trailing comma: for the full parser
+            }
+        }
+    }
+
+    fn flow_mapping(&mut self, depth: usize, nodes: &mut usize) -> Option<Json> {
+        self.at += 1; // {
+        let mut map = Map::new();
+        self.skip_spaces();
+        if self.peek() == Some(b'}') {
+            self.at += 1;
+            return Some(Json::Object(map));
+        }
+        loop {
+            self.skip_spaces();
+            // After a quoted key (JSON's `{"a":1}`) the value may follow the `:` at once.
+            let quoted = matches!(self.peek()?, b'"' | b'\'');
+            let key = match self.flow_node(depth + 1, nodes, true)? {
+                Json::String(k) => k,
+                _ => return None,
+            };
+            self.skip_spaces();
+            if self.peek()? != b':' {
+                return None;
+            }
+            self.at += 1;
+            if !quoted && self.peek()? != b' ' {
+                return None; // `{a:b}`: for the full parser
+            }
+            let value = self.flow_node(depth + 1, nodes, true)?;
+            if map.insert(key, value).is_some() {
+                return None;
+            }
+            self.skip_spaces();
+            match self.peek()? {
+                b',' => self.at += 1,
+                b'}' => {
+                    self.at += 1;
+                    return Some(Json::Object(map));
+                }
+                _ => return None,
+            }
+            self.skip_spaces();
+            if self.peek() == Some(b'}') {
+                return None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "fastyaml_tests.rs"]
+mod tests;
