@@ -196,8 +196,7 @@ pub(super) async fn apply_child(
         .children_applied
         .get_or_create(&metrics::rule(&ctx.rule.name))
         .inc();
-    if let Ok(applied_json) = serde_json::to_value(&applied)
-        && !fields_cover(&applied_json, &d.object, FIELD_MANAGER)
+    if !fields_cover(&applied, &d.object, FIELD_MANAGER)
         && let Some(u) = applied.uid()
     {
         // The API server recorded the fields differently than the check reads them:

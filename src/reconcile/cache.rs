@@ -78,6 +78,50 @@ pub fn to_json_as(o: &DynamicObject, ar: &kube::api::ApiResource) -> Option<Json
     Some(j)
 }
 
+/// Whether [`to_json`] can read the object (its packed content and fieldset are not
+/// nested beyond serde_json's limit), without building the tree: a scan of the nesting
+/// depth, and the full parse only for the rare deep object.
+pub fn readable(o: &DynamicObject) -> bool {
+    let shallow = |text: &str| max_depth(text) < 100;
+    let packed = std::iter::once(&o.data).chain(
+        o.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter_map(|e| e.fields_v1.as_ref().map(|FieldsV1(f)| f)),
+    );
+    packed.into_iter().all(|v| match v {
+        Json::String(text) => shallow(text) || serde_json::from_str::<Json>(text).is_ok(),
+        _ => true,
+    })
+}
+
+/// The deepest nesting of `[`/`{` in JSON text, outside strings.
+fn max_depth(text: &str) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 /// The object as JSON, whether cached (packed) or as the API server returned it.
 pub fn to_json(o: &DynamicObject) -> Option<Json> {
     let mut out = Map::new();
@@ -152,6 +196,25 @@ mod tests {
     fn an_unpacked_object_reads_as_serde_would_write_it() {
         let o: DynamicObject = serde_json::from_value(child()).unwrap();
         assert_eq!(to_json(&o).unwrap(), serde_json::to_value(&o).unwrap());
+    }
+
+    #[test]
+    fn readable_is_what_to_json_can_read() {
+        let mut o: DynamicObject = serde_json::from_value(child()).unwrap();
+        strip_child(&mut o);
+        assert!(readable(&o) && to_json(&o).is_some());
+        for depth in [99, 100, 126, 127, 128, 200] {
+            let deep = format!(
+                "{{\"data\":{}\"x\"{}}}",
+                "[".repeat(depth),
+                "]".repeat(depth)
+            );
+            o.data = Json::String(deep);
+            assert_eq!(readable(&o), to_json(&o).is_some(), "depth {depth}");
+        }
+        // Brackets inside strings do not count.
+        o.data = Json::String(format!("{{\"data\":\"{}\\\"\"}}", "[".repeat(300)));
+        assert!(readable(&o) && to_json(&o).is_some());
     }
 
     #[test]

@@ -18,6 +18,10 @@
 //! (the object right after an apply does not pass the check), the reconciler falls back
 //! to the hash alone for that object rather than re-applying forever.
 
+use std::borrow::Cow;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1;
+use kube::api::DynamicObject;
 use serde_json::{Map, Value as Json};
 
 use crate::meta::labels;
@@ -30,8 +34,10 @@ pub enum Drift {
     FieldsChanged,
 }
 
+/// Read from the typed metadata as cached: the annotation first, and Rulebook's own
+/// fieldset only when the hash matches, so a changed child costs no JSON at all.
 pub fn drift(
-    live: Option<&Json>,
+    live: Option<&DynamicObject>,
     desired_hash: &str,
     desired: &Json,
     manager: &str,
@@ -41,10 +47,11 @@ pub fn drift(
         return Some(Drift::Missing);
     };
     let live_hash = live
-        .pointer("/metadata/annotations")
-        .and_then(|a| a.get(labels::DESIRED_HASH))
-        .and_then(Json::as_str);
-    if live_hash != Some(desired_hash) {
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(labels::DESIRED_HASH));
+    if live_hash.map(String::as_str) != Some(desired_hash) {
         return Some(Drift::DesiredChanged);
     }
     if hash_only || fields_cover(live, desired, manager) {
@@ -54,41 +61,38 @@ pub fn drift(
     }
 }
 
-/// Whether `manager`'s Apply entry in `live.metadata.managedFields` covers every field
-/// set in `desired`.
-pub fn fields_cover(live: &Json, desired: &Json, manager: &str) -> bool {
-    let Some(entries) = live
-        .pointer("/metadata/managedFields")
-        .and_then(Json::as_array)
-    else {
-        return false;
-    };
-    let Some(fields) = entries.iter().find_map(|e| {
-        let ours = e.get("manager").and_then(Json::as_str) == Some(manager)
-            && e.get("operation").and_then(Json::as_str) == Some("Apply")
-            && e.get("subresource")
-                .and_then(Json::as_str)
-                .unwrap_or("")
-                .is_empty();
-        if ours { e.get("fieldsV1") } else { None }
-    }) else {
-        return false;
-    };
+/// `manager`'s Apply entry's fieldset (not a subresource's), as returned by the API
+/// server or packed into a string by the cache. `Some(Err(()))`: packed and unreadable.
+pub fn own_fields<'a>(o: &'a DynamicObject, manager: &str) -> Option<Result<Cow<'a, Json>, ()>> {
+    let entry = o.metadata.managed_fields.as_ref()?.iter().find(|e| {
+        e.manager.as_deref() == Some(manager)
+            && e.operation.as_deref() == Some("Apply")
+            && e.subresource.as_deref().unwrap_or("").is_empty()
+    })?;
+    let FieldsV1(fields) = entry.fields_v1.as_ref()?;
+    Some(match fields {
+        Json::String(text) => serde_json::from_str(text).map(Cow::Owned).map_err(|_| ()),
+        other => Ok(Cow::Borrowed(other)),
+    })
+}
+
+/// Whether `manager`'s Apply entry in the object's managedFields covers every field set
+/// in `desired`.
+pub fn fields_cover(live: &DynamicObject, desired: &Json, manager: &str) -> bool {
+    match own_fields(live, manager) {
+        Some(Ok(fields)) => fieldset_covers(&fields, desired),
+        _ => false,
+    }
+}
+
+/// Whether the fieldset `fields` (a `fieldsV1` tree) covers every field set in `desired`.
+/// apiVersion, kind, metadata.name and metadata.namespace identify the object and are
+/// never recorded as fields.
+pub fn fieldset_covers(fields: &Json, desired: &Json) -> bool {
     let Some(desired) = desired.as_object() else {
         return false;
     };
-    // apiVersion, kind, metadata.name and metadata.namespace identify the object and
-    // are never recorded as fields.
-    let mut body: Map<String, Json> = desired
-        .iter()
-        .filter(|(k, _)| *k != "apiVersion" && *k != "kind")
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    if let Some(meta) = body.get_mut("metadata").and_then(Json::as_object_mut) {
-        meta.remove("name");
-        meta.remove("namespace");
-    }
-    map_covered(fields, &body)
+    map_covered(fields, desired, &["apiVersion", "kind"])
 }
 
 /// Whether the fieldset `sub` (the entry for one field or list item) covers `v`.
@@ -98,23 +102,33 @@ fn covered(sub: &Json, v: &Json) -> bool {
         return true;
     }
     match v {
-        Json::Object(m) => map_covered(sub, m),
+        Json::Object(m) => map_covered(sub, m, &[]),
         Json::Array(items) => list_covered(sub, items),
         _ => true,
     }
 }
 
-fn map_covered(fields: &Json, desired: &Map<String, Json>) -> bool {
+/// [`covered`] for a map, leaving out the keys in `skip`; at the top level, `metadata`
+/// leaves out `name` and `namespace`.
+fn map_covered(fields: &Json, desired: &Map<String, Json>, skip: &[&str]) -> bool {
     let Some(fields) = fields.as_object() else {
         return false;
     };
+    let top = skip.contains(&"apiVersion");
     desired.iter().all(|(k, v)| {
-        if v.is_null() {
+        if v.is_null() || skip.contains(&k.as_str()) {
             return true; // a null in an apply configuration owns nothing
         }
-        fields
-            .get(&format!("f:{k}"))
-            .is_some_and(|sub| covered(sub, v))
+        let Some(sub) = fields.get(&format!("f:{k}")) else {
+            return false;
+        };
+        match v {
+            Json::Object(meta) if top && k == "metadata" => {
+                sub.as_object().is_some_and(|m| m.is_empty())
+                    || map_covered(sub, meta, &["name", "namespace"])
+            }
+            _ => covered(sub, v),
+        }
     })
 }
 
@@ -164,8 +178,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn live_with(fields: Json, hash: &str) -> Json {
-        json!({
+    fn object(j: Json) -> DynamicObject {
+        serde_json::from_value(j).unwrap()
+    }
+
+    fn live_with(fields: Json, hash: &str) -> DynamicObject {
+        object(json!({
             "metadata": {
                 "name": "x",
                 "annotations": {"rulebook.dev/desired-hash": hash},
@@ -174,7 +192,7 @@ mod tests {
                     {"manager": "rulebook", "operation": "Apply", "fieldsV1": fields}
                 ]
             }
-        })
+        }))
     }
 
     fn desired() -> Json {
@@ -276,7 +294,8 @@ mod tests {
 
     #[test]
     fn no_apply_entry_is_drift() {
-        let live = json!({"metadata": {"annotations": {"rulebook.dev/desired-hash": "h1"}}});
+        let live =
+            object(json!({"metadata": {"annotations": {"rulebook.dev/desired-hash": "h1"}}}));
         assert_eq!(
             drift(Some(&live), "h1", &desired(), "rulebook", false),
             Some(Drift::FieldsChanged)

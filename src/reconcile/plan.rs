@@ -76,12 +76,11 @@ pub fn plan_child(
         }
         None => None,
     };
-    let live_json = object.and_then(cache::to_json);
-    if object.is_some() && live_json.is_none() {
+    if object.is_some_and(|o| !cache::readable(o)) {
         return ChildStep::Unreadable;
     }
     match drift(
-        live_json.as_ref(),
+        object,
         &desired.hash,
         &desired.object,
         FIELD_MANAGER,

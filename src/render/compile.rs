@@ -25,6 +25,10 @@ impl CompiledRule {
             .map(|r| r.name.as_str())
             .collect();
         let mut uses_ready = rule.spec.children.iter().any(|c| !c.wait_for.is_empty());
+        // Whether any template or expression names `children`: if none does, the render
+        // and status contexts leave the live children out (converting them is most of the
+        // cost of building a context).
+        let mut reads_children = false;
         let diag = |line: u64, col: u64, key: &str, msg: String| {
             Diagnostic::new(file, line, col, format!("rule '{name}': {key}: {msg}"))
         };
@@ -109,10 +113,13 @@ impl CompiledRule {
         let allowed = allowed_vars(&env, &["item", "index"]);
         for (t, path) in &used {
             let Ok(tmpl) = env.get_template(t) else {
+                reads_children = true; // not inspected: assume it does
                 continue;
             };
             let source = tmpl.source();
-            for var in tmpl.undeclared_variables(false) {
+            let vars = tmpl.undeclared_variables(false);
+            reads_children |= vars.contains("children");
+            for var in vars {
                 if !allowed.contains(&var) {
                     let line = Regex::new(&format!(r"\b{}\b", regex::escape(&var)))
                         .ok()
@@ -182,6 +189,7 @@ impl CompiledRule {
             .and_then(|r| parse_duration(r).ok());
 
         let uses_ready_in_exprs = std::cell::Cell::new(false);
+        let children_in_exprs = std::cell::Cell::new(false);
         let compiled = Compiled::try_new(env, |env| {
             let diags = std::cell::RefCell::new(Vec::new());
             let expr_vars = allowed_vars(env, &[]);
@@ -194,7 +202,11 @@ impl CompiledRule {
                 match env.compile_expression_owned(src.value.clone()) {
                     Ok(expr) => {
                         let mut ok = true;
-                        for var in expr.undeclared_variables(false) {
+                        let vars = expr.undeclared_variables(false);
+                        if vars.contains("children") {
+                            children_in_exprs.set(true);
+                        }
+                        for var in vars {
                             if !allowed.contains(&var) {
                                 ok = false;
                                 diags.borrow_mut().push(diag(
@@ -375,6 +387,7 @@ impl CompiledRule {
                                     query,
                                     singular,
                                     default: default.clone(),
+                                    root: super::jsonpath_root(path),
                                 })
                             }
                             Err(e) => {
@@ -468,6 +481,7 @@ impl CompiledRule {
         });
         match compiled {
             Ok(compiled) if diags.is_empty() => Ok(CompiledRule {
+                rule_value: super::val(&serde_json::json!({"name": name, "version": version})),
                 name: name.clone(),
                 file: file.to_string(),
                 rule: rule.clone(),
@@ -477,6 +491,7 @@ impl CompiledRule {
                 compiled,
                 limits: limits.clone(),
                 uses_ready: uses_ready || uses_ready_in_exprs.get(),
+                reads_children: reads_children || children_in_exprs.get(),
             }),
             Ok(_) => Err(diags),
             Err(mut more) => {

@@ -62,6 +62,9 @@ enum StatusProgram<'env> {
         query: JpQuery,
         singular: bool,
         default: Option<Json>,
+        /// The one part of the document the path starts in (`parent`, `children`,
+        /// `refs`), when it says so plainly; `None`: it may read any.
+        root: Option<&'static str>,
     },
     Expr(Expr<'env>),
     Value(Json),
@@ -106,6 +109,10 @@ pub struct CompiledRule {
     /// Whether templates or expressions call `ready(...)`, or a child has `waitFor`: then
     /// the live children's readiness is computed before anything else is evaluated.
     uses_ready: bool,
+    /// Whether a template or expression names `children` (else contexts leave them out).
+    reads_children: bool,
+    /// `rule` in templates and expressions: its name and version.
+    rule_value: Value,
 }
 
 impl std::fmt::Debug for CompiledRule {
@@ -315,6 +322,25 @@ static JSONPATH_REFS_REF: LazyLock<Regex> = LazyLock::new(|| {
 /// A call of the `ready(...)` helper.
 static READY_CALL: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"(?:^|[^A-Za-z0-9_.])ready\s*\(").expect("static regex"));
+/// The part of the status document a JSONPath starts in: `$.parent…`, `$['refs']…`.
+static JSONPATH_ROOT: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(
+        r#"^\$\s*(?:\.\s*(parent|children|refs)\b|\[\s*['"](parent|children|refs)['"]\s*\])"#,
+    )
+    .expect("static regex")
+});
+
+/// Which part of the status document `path` reads, when it names one.
+fn jsonpath_root(path: &str) -> Option<&'static str> {
+    let m = JSONPATH_ROOT.captures(path)?;
+    match m.get(1).or_else(|| m.get(2))?.as_str() {
+        "parent" => Some("parent"),
+        "children" => Some("children"),
+        "refs" => Some("refs"),
+        _ => None,
+    }
+}
+
 static JSONPATH_CHILD_REF: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"^\$\s*(?:\.\s*children|\[\s*['"]children['"]\s*\])\s*(?:\.\s*|\[\s*['"])([A-Za-z_][A-Za-z0-9_]*)"#)
         .expect("static regex")
@@ -344,7 +370,12 @@ impl CompiledRule {
         observed: &Observed,
     ) -> Result<(BTreeMap<&'static str, Value>, ready::LiveReadiness), RenderError> {
         let mut children = BTreeMap::new();
-        for (i, c) in self.rule.spec.children.iter().enumerate() {
+        let read = if self.reads_children {
+            self.rule.spec.children.as_slice()
+        } else {
+            &[]
+        };
+        for (i, c) in read.iter().enumerate() {
             let live = observed.children.get(c.name.as_str());
             let v = if self.compiled.borrow_dependent().children[i]
                 .for_each
@@ -363,10 +394,7 @@ impl CompiledRule {
         ctx.insert("parent", val(&parent));
         ctx.insert("children", Value::from(children));
         ctx.insert("refs", val(&observed.refs));
-        ctx.insert(
-            "rule",
-            val(&serde_json::json!({"name": self.name, "version": self.version})),
-        );
+        ctx.insert("rule", self.rule_value.clone());
         if !self.uses_ready {
             return Ok((ctx, ready::LiveReadiness::default()));
         }

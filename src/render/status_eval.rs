@@ -35,13 +35,16 @@ impl CompiledRule {
         budget: &mut ParentBudget,
     ) -> Result<StatusReport, RenderError> {
         let _active = budget.enter();
-        let (ctx, live_readiness) = self.context_and_readiness(parent, observed)?;
         let programs = self.compiled.borrow_dependent();
-        let root = serde_json::json!({
-            "parent": parent,
-            "children": observed_json(&self.rule.spec.children, programs, observed),
-            "refs": observed.refs,
-        });
+        // The template context is built only when something evaluates over it, and the
+        // JSONPath document only with the parts the paths read: both copy the parent and
+        // the live children.
+        let (ctx, live_readiness) = if self.status_needs_context() {
+            self.context_and_readiness(parent, observed)?
+        } else {
+            Default::default()
+        };
+        let root = self.status_document(parent, observed);
         let mut fields = Map::new();
         for (field, program) in &programs.status {
             let value = match program {
@@ -49,6 +52,7 @@ impl CompiledRule {
                     query,
                     singular,
                     default,
+                    ..
                 } => {
                     let found = jsonpath_rust::query::js_path_process(query, &root)
                         .map(|refs| {
@@ -104,6 +108,50 @@ impl CompiledRule {
             })
             .collect();
         Ok(StatusReport { fields, readiness })
+    }
+
+    /// Whether the status stage evaluates an expression (a status field, `readyWhen`,
+    /// the `includeWhen` of a child that waits) or needs the children's readiness.
+    fn status_needs_context(&self) -> bool {
+        let programs = self.compiled.borrow_dependent();
+        self.uses_ready
+            || programs.status.iter().any(|(_, p)| {
+                !matches!(p, StatusProgram::JsonPath { .. } | StatusProgram::Value(_))
+            })
+            || programs.children.iter().any(|c| c.ready_when.is_some())
+            || self
+                .rule
+                .spec
+                .children
+                .iter()
+                .any(|c| !c.wait_for.is_empty())
+    }
+
+    /// What the status JSONPaths read: `parent`, `children` and `refs`, each only when
+    /// a path may start there.
+    fn status_document(&self, parent: &Json, observed: &Observed) -> Json {
+        let programs = self.compiled.borrow_dependent();
+        let mut roots = std::collections::BTreeSet::new();
+        for (_, p) in &programs.status {
+            if let StatusProgram::JsonPath { root, .. } = p {
+                match root {
+                    Some(r) => {
+                        roots.insert(*r);
+                    }
+                    None => roots.extend(["parent", "children", "refs"]),
+                }
+            }
+        }
+        let mut doc = Map::new();
+        for r in roots {
+            let part = match r {
+                "parent" => parent.clone(),
+                "children" => observed_json(&self.rule.spec.children, programs, observed),
+                _ => serde_json::to_value(&observed.refs).unwrap_or_default(),
+            };
+            doc.insert(r.to_string(), part);
+        }
+        Json::Object(doc)
     }
 
     /// Whether the finalize step is over: `doneWhen` over the parent and the live
