@@ -4,20 +4,34 @@
 //! contender in turn — Rulebook's release binary, the hand-written reference controller
 //! (`benches/reference/`), and kro when it was built (`benches/kro/build.sh`) — plus a
 //! plain client measuring the API server's own limit, and writes
-//! `target/bench/results.{md,json}` and `target/bench/converge.svg`.
+//! `target/bench/results.{md,json}`, `converge.svg` and `memory.svg`.
 //!
-//! Runs only under `cargo bench` (cargo passes `--bench`); under `cargo test` it says so
-//! and exits. Sizes and the set of workloads come from `BENCH_*` environment variables
-//! (see [`Cfg::from_env`]). Nothing here asserts on timings.
+//! One run of a contender is noisy and the one that runs first meets another machine than
+//! the one that runs last, so the contender list runs `BENCH_REPEATS` times, reversed every
+//! other round, and the tables give medians with their range (`runs.rs`). Memory is
+//! measured at each of the `BENCH_SCALE_N` sizes, so that the cost per managed object is
+//! a fitted slope rather than one point.
+//!
+//! The benchmark runs only under `cargo bench` (cargo passes `--bench`). First, always,
+//! `main` checks the report's arithmetic (`checks.rs`: this target has no libtest
+//! harness, so `#[test]` functions would not run); under `cargo test --bench e2e` that
+//! check is all it does. Sizes and the set of workloads come from `BENCH_*` environment
+//! variables (see [`Cfg::from_env`]). Nothing here asserts on timings.
 
+#[path = "e2e/checks.rs"]
+mod checks;
 #[path = "e2e/cluster.rs"]
 mod cluster;
 #[path = "../tests/common/http_get.rs"]
 mod http_get;
+#[path = "e2e/plot.rs"]
+mod plot;
 #[path = "e2e/procs.rs"]
 mod procs;
 #[path = "e2e/report.rs"]
 mod report;
+#[path = "e2e/runs.rs"]
+mod runs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -38,8 +52,10 @@ pub struct Cfg {
     pub kubeconfig: PathBuf,
     /// Parents of the converge, update, steady and template workloads.
     pub n: usize,
-    /// Parents of the memory-at-scale workload (0 skips it).
-    pub scale_n: usize,
+    /// Parents of the memory-at-scale workload, one run per size (none: skipped).
+    pub scale_n: Vec<usize>,
+    /// Rounds of the contender list (alternating order; `runs::order`).
+    pub repeats: usize,
     /// Seconds of the steady-state window.
     pub steady_seconds: u64,
     /// Concurrent reconciles of every contender.
@@ -106,7 +122,12 @@ impl Cfg {
                 .map(PathBuf::from)
                 .unwrap_or_else(|| repo.join(".cluster/kubeconfig")),
             n: env("BENCH_N", 1000),
-            scale_n: env("BENCH_SCALE_N", 10_000),
+            scale_n: list("BENCH_SCALE_N", "1000,3000,10000")
+                .iter()
+                .map(|s| s.parse().expect("BENCH_SCALE_N: numbers"))
+                .filter(|&m| m > 0)
+                .collect(),
+            repeats: env("BENCH_REPEATS", 3usize).max(1),
             steady_seconds: env("BENCH_STEADY_SECONDS", 300),
             concurrency: env("BENCH_CONCURRENCY", 4),
             api_concurrency: list("BENCH_API_CONCURRENCY", "1,4,16,64")
@@ -176,6 +197,10 @@ struct Bench {
     audit: Option<cluster::Audit>,
     /// The namespace and user agent of the contender running now (audit log filter).
     current: Option<(String, &'static str)>,
+    /// The round of the run going on, and its number among all runs (from 1): in its
+    /// namespaces' and log files' names, so that no two runs share one.
+    round: usize,
+    seq: usize,
 }
 
 impl Bench {
@@ -549,6 +574,49 @@ impl Bench {
         Ok(())
     }
 
+    /// `Rulebook (round 2)`, for the notes.
+    fn who(&self, kind: Kind) -> String {
+        format!("{} (round {})", kind.title(), self.round)
+    }
+
+    /// One run of a contender: the workloads in one process, then memory at each size in
+    /// a fresh one. A failure is recorded in the run (`error`, `scale_errors`), not raised.
+    async fn contender(&mut self, kind: Kind) -> Json {
+        let mut r = json!({"title": kind.title(), "round": self.round, "seq": self.seq,
+                           "loadavg_start": loadavg()});
+        eprintln!(
+            "bench: [{}] round {}, run {}",
+            kind.name(),
+            self.round,
+            self.seq
+        );
+        if self.cfg.wants("converge") {
+            match self.workloads(kind).await {
+                Ok(w) => {
+                    for (k, v) in w.as_object().into_iter().flatten() {
+                        r[k] = v.clone();
+                    }
+                }
+                Err(e) => {
+                    eprintln!("bench: [{}] workloads failed: {e:#}", kind.name());
+                    r["error"] = json!(format!("{e:#}"));
+                }
+            }
+        }
+        if self.cfg.wants("scale") {
+            for m in self.cfg.scale_n.clone() {
+                match self.scale(kind, m).await {
+                    Ok(s) => r["scale"][m.to_string()] = s,
+                    Err(e) => {
+                        eprintln!("bench: [{}] memory at {m} failed: {e:#}", kind.name());
+                        r["scale_errors"][m.to_string()] = json!(format!("{e:#}"));
+                    }
+                }
+            }
+        }
+        r
+    }
+
     fn note_later(&self, s: String) {
         eprintln!("bench: note: {s}");
     }
@@ -595,7 +663,7 @@ impl Bench {
             Err(e) if !p.alive() => {
                 self.notes.push(format!(
                     "{}: first start failed, started again: {e:#}",
-                    kind.title()
+                    self.who(kind)
                 ));
                 p.stop();
                 let mut p = Proc::start(&self.launch(kind, ns, rules, templates, tag))?;
@@ -610,7 +678,7 @@ impl Bench {
     /// namespace with one controller process.
     async fn workloads(&mut self, kind: Kind) -> Result<Json> {
         let n = self.cfg.n;
-        let ns = format!("bench-{}-{}", kind.name(), self.run_id);
+        let ns = format!("bench-{}-{}-{}", kind.name(), self.seq, self.run_id);
         let mut out = json!({});
         // Rulebook reads a copy of the rule, so that the template can change under it.
         let dir = tempfile::tempdir()?;
@@ -622,7 +690,13 @@ impl Bench {
         self.current = Some((ns.clone(), kind.user_agent()));
         self.prepare(kind).await?;
         let mut p = self
-            .start(kind, &ns, &rules, &templates, "workloads")
+            .start(
+                kind,
+                &ns,
+                &rules,
+                &templates,
+                &format!("workloads-{}", self.seq),
+            )
             .await?;
         self.after_start(kind).await?;
         let api = self.parent_api(kind, &ns);
@@ -657,7 +731,7 @@ impl Bench {
         if !ok || !p.alive() {
             self.notes.push(format!(
                 "{}: converge did not finish ({} of {n}); later workloads skipped",
-                kind.title(),
+                self.who(kind),
                 tracker.converged(1)
             ));
             self.teardown(p, kind, &ns, n).await?;
@@ -801,11 +875,14 @@ impl Bench {
         )
     }
 
-    /// RSS with `scale_n` parents (3 × that many children) in the caches, in a fresh
-    /// process.
-    async fn scale(&mut self, kind: Kind) -> Result<Json> {
-        let m = self.cfg.scale_n;
-        let ns = format!("bench-scale-{}-{}", kind.name(), self.run_id);
+    /// RSS with `m` parents (3 × that many children) in the caches, in a fresh process.
+    async fn scale(&mut self, kind: Kind, m: usize) -> Result<Json> {
+        let ns = format!(
+            "bench-scale-{}-{m}-{}-{}",
+            kind.name(),
+            self.seq,
+            self.run_id
+        );
         let dir = tempfile::tempdir()?;
         let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
         copy_tree(&self.cfg.repo.join("benches/rules"), &rules)?;
@@ -813,13 +890,15 @@ impl Bench {
         cluster::create_namespace(&self.client, &ns).await?;
         self.current = Some((ns.clone(), kind.user_agent()));
         self.prepare(kind).await?;
-        let p = self.start(kind, &ns, &rules, &templates, "scale").await?;
+        let tag = format!("scale-{m}-{}", self.seq);
+        let p = self.start(kind, &ns, &rules, &templates, &tag).await?;
         self.after_start(kind).await?;
         let idle = p.usage();
         let tracker = cluster::ParentTracker::start(self.parent_api(kind, &ns)).await?;
         eprintln!(
-            "bench: [{}] memory at scale: creating {m} parents",
-            kind.name()
+            "bench: [{}] memory at scale: creating {m} parents (round {})",
+            kind.name(),
+            self.round
         );
         let s0 = self.snap(&p).await;
         let t0 = Instant::now();
@@ -985,6 +1064,8 @@ async fn run(cfg: Cfg) -> Result<Json> {
         notes: Vec::new(),
         audit: cluster::Audit::open(&cfg.repo.join(".cluster/logs/audit.log")),
         current: None,
+        round: 1,
+        seq: 0,
     };
     let started = jiff::Timestamp::now().to_string();
     let load_start = loadavg();
@@ -1013,7 +1094,8 @@ async fn run(cfg: Cfg) -> Result<Json> {
         "kubernetes": k8s_version["gitVersion"],
         "rulebook": git_describe(&cfg.repo),
         "config": {
-            "n": cfg.n, "scale_n": cfg.scale_n, "steady_seconds": cfg.steady_seconds,
+            "n": cfg.n, "scale_n": cfg.scale_n, "repeats": cfg.repeats,
+            "steady_seconds": cfg.steady_seconds,
             "concurrency": cfg.concurrency, "api_concurrency": cfg.api_concurrency,
             "driver_concurrency": cfg.driver_concurrency,
             "contenders": cfg.contenders.iter().map(|k| k.name()).collect::<Vec<_>>(),
@@ -1046,6 +1128,7 @@ async fn run(cfg: Cfg) -> Result<Json> {
         results["api_limit"] = json!(b.api_limit().await?);
     }
 
+    let mut available: Vec<Kind> = Vec::new();
     for &kind in &cfg.contenders {
         if kind == Kind::Kro && !cfg.kro_dir.join("bin/controller").exists() {
             let why = std::fs::read_to_string(cfg.out.join("kro-build.log"))
@@ -1065,31 +1148,18 @@ async fn run(cfg: Cfg) -> Result<Json> {
                 json!({"skipped": format!("kro is not built in {}: {why}", cfg.kro_dir.display())});
             continue;
         }
-        let mut r = json!({"title": kind.title()});
-        if cfg.wants("converge") {
-            match b.workloads(kind).await {
-                Ok(w) => {
-                    for (k, v) in w.as_object().into_iter().flatten() {
-                        r[k] = v.clone();
-                    }
-                }
-                Err(e) => {
-                    eprintln!("bench: [{}] workloads failed: {e:#}", kind.name());
-                    r["error"] = json!(format!("{e:#}"));
-                }
-            }
-        }
-        if cfg.wants("scale") && cfg.scale_n > 0 {
-            match b.scale(kind).await {
-                Ok(s) => r["scale"] = s,
-                Err(e) => {
-                    eprintln!("bench: [{}] memory at scale failed: {e:#}", kind.name());
-                    r["scale_error"] = json!(format!("{e:#}"));
-                }
-            }
-        }
-        results["contenders"][kind.name()] = r;
+        available.push(kind);
     }
+    // Every run kept (`runs`); the tables read the medians (`contenders`) and the ranges
+    // (`spread`).
+    let mut all_runs: BTreeMap<&str, Vec<Json>> = BTreeMap::new();
+    for (seq, (round, kind)) in runs::order(&available, cfg.repeats).into_iter().enumerate() {
+        (b.round, b.seq) = (round, seq + 1);
+        let r = b.contender(kind).await;
+        all_runs.entry(kind.name()).or_default().push(r);
+    }
+    results["runs"] = json!(all_runs);
+    b.notes.extend(runs::recombine(&mut results));
     if cfg.contenders.contains(&Kind::Kro) && cfg.kro_dir.join("bin/controller").exists() {
         // kro leaves the CRD it generated (its RGD went in each teardown, while kro ran).
         let crds = cluster::api(
@@ -1119,21 +1189,56 @@ async fn run(cfg: Cfg) -> Result<Json> {
     Ok(results)
 }
 
+/// Writes results.md, converge.svg and (when there is a memory curve) memory.svg into
+/// `dir`, removing a memory.svg of an earlier run otherwise; the file names written.
+fn write_report(results: &Json, dir: &Path) -> Result<Vec<&'static str>> {
+    std::fs::write(dir.join("results.md"), report::markdown(results))?;
+    plot::converge(results, &dir.join("converge.svg"))?;
+    let mut written = vec!["results.md", "converge.svg"];
+    if plot::memory(results, &dir.join("memory.svg"))? {
+        written.push("memory.svg");
+    } else {
+        let _ = std::fs::remove_file(dir.join("memory.svg"));
+    }
+    Ok(written)
+}
+
 fn main() -> Result<()> {
+    // The report's arithmetic, checked on every start (see the header).
+    if let Err(e) = checks::all() {
+        eprintln!("e2e: self-check FAILED: {e}");
+        std::process::exit(1);
+    }
     if !std::env::args().any(|a| a == "--bench") {
         println!(
-            "e2e: the end-to-end benchmark runs under `cargo bench --bench e2e` (or `make bench`); nothing to do"
+            "e2e: self-check of the report's arithmetic passed; the end-to-end benchmark runs \
+             under `cargo bench --bench e2e` (or `make bench`)"
         );
         return Ok(());
     }
     let cfg = Cfg::from_env();
     // Re-render the report of an earlier run: BENCH_REPORT_ONLY=target/bench/results.json.
     if let Some(path) = std::env::var_os("BENCH_REPORT_ONLY") {
-        let results: Json = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        let mut results: Json = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        // The medians again from the runs (none in results of before the repeats).
+        for note in runs::recombine(&mut results) {
+            if !results["notes"]
+                .as_array()
+                .is_some_and(|a| a.contains(&json!(note)))
+            {
+                match results["notes"].as_array_mut() {
+                    Some(a) => a.push(json!(note)),
+                    None => results["notes"] = json!([note]),
+                }
+            }
+        }
         let dir = Path::new(&path).parent().unwrap_or(Path::new("."));
-        std::fs::write(dir.join("results.md"), report::markdown(&results))?;
-        report::plot(&results, &dir.join("converge.svg"))?;
-        eprintln!("bench: re-rendered {}", dir.display());
+        let written = write_report(&results, dir)?;
+        eprintln!(
+            "bench: re-rendered {} in {}",
+            written.join(", "),
+            dir.display()
+        );
         return Ok(());
     }
     eprintln!("bench: {cfg:?}");
@@ -1146,12 +1251,11 @@ fn main() -> Result<()> {
         cfg.out.join("results.json"),
         serde_json::to_string_pretty(&results)?,
     )?;
-    let md = report::markdown(&results);
-    std::fs::write(cfg.out.join("results.md"), &md)?;
-    report::plot(&results, &cfg.out.join("converge.svg"))?;
-    println!("{md}");
+    let written = write_report(&results, &cfg.out)?;
+    println!("{}", report::markdown(&results));
     eprintln!(
-        "bench: wrote {0}/results.md, {0}/results.json, {0}/converge.svg",
+        "bench: wrote results.json, {} in {}",
+        written.join(", "),
         cfg.out.display()
     );
     Ok(())

@@ -1,8 +1,12 @@
-//! `results.md` (Markdown tables) and `converge.svg` (plotters, SVG backend only: text
-//! is written as SVG `<text>`, so no font file or system library is needed).
+//! `results.md`: the Markdown tables. A contender that ran more than once shows the
+//! median of its runs with their range, `median (min–max)`, and its ratios are ratios of
+//! medians (the medians and ranges come from `runs::combine`), so that one lucky or
+//! unlucky run cannot make a ratio. Results written before the driver repeated runs (no
+//! `runs`, one memory size) render as they did. The SVG plots are in `plot.rs`.
 
-use anyhow::Result;
 use serde_json::Value as Json;
+
+use crate::runs;
 
 fn f(v: &Json) -> Option<f64> {
     v.as_f64()
@@ -17,6 +21,17 @@ fn num(x: f64) -> String {
         format!("{x:.1}")
     } else {
         format!("{x:.2}")
+    }
+}
+
+/// `median (min–max)`, or one number when there is no range or it is a single value.
+fn cell(v: Option<f64>, range: Option<(f64, f64)>) -> String {
+    let Some(v) = v else {
+        return "–".into();
+    };
+    match range.map(|(lo, hi)| (num(lo), num(hi))) {
+        Some((lo, hi)) if lo != hi => format!("{} ({lo}–{hi})", num(v)),
+        _ => num(v),
     }
 }
 
@@ -50,6 +65,27 @@ pub fn best_rate(r: &Json) -> Option<f64> {
         .fold(None, |m, x| Some(m.map_or(x, |m: f64| m.max(x))))
 }
 
+/// The contenders in the configured order, each once (a contender may be named twice).
+pub fn contender_names(r: &Json) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for v in r["config"]["contenders"].as_array().into_iter().flatten() {
+        if let Some(n) = v.as_str()
+            && !names.iter().any(|m| m == n)
+        {
+            names.push(n.to_string());
+        }
+    }
+    names
+}
+
+/// How many runs a contender's figures are the median of (1 in older results).
+pub fn runs_of(r: &Json, name: &str) -> u64 {
+    r["contenders"][name]["runs"].as_u64().unwrap_or(1)
+}
+
+/// A contender's figure and its range over the runs.
+type Cell = (Option<f64>, Option<(f64, f64)>);
+
 struct Table {
     names: Vec<String>,
     titles: Vec<String>,
@@ -59,14 +95,7 @@ struct Table {
 
 impl Table {
     fn new(r: &Json) -> Table {
-        let names: Vec<String> = r["config"]["contenders"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let names = contender_names(r);
         let titles = names
             .iter()
             .map(|n| {
@@ -103,7 +132,8 @@ impl Table {
         format!("{h}\n{sep}\n")
     }
 
-    /// A row of numbers read by `get` from each contender's results, with ratios.
+    /// A row of numbers read by `get` from each contender's results (the medians), with
+    /// their ranges (`get` on the minimum and maximum trees) and the ratios of medians.
     fn numbers(
         &mut self,
         r: &Json,
@@ -111,17 +141,28 @@ impl Table {
         metric: &str,
         get: impl Fn(&Json) -> Option<f64>,
     ) {
-        let vals: Vec<Option<f64>> = self
+        let cells = self
             .names
             .iter()
-            .map(|n| get(&r["contenders"][n]))
+            .map(|n| {
+                let range = (runs_of(r, n) > 1)
+                    .then(|| Some((get(&r["spread"][n]["min"])?, get(&r["spread"][n]["max"])?)))
+                    .flatten();
+                (get(&r["contenders"][n]), range)
+            })
             .collect();
+        self.push_numbers(workload, metric, cells);
+    }
+
+    /// A row of (median, range) per contender, with the ratios of medians.
+    fn push_numbers(&mut self, workload: &str, metric: &str, cells: Vec<Cell>) {
+        let vals: Vec<Option<f64>> = cells.iter().map(|c| c.0).collect();
         if vals.iter().all(Option::is_none) {
             return;
         }
         let mut row = format!("| {workload} | {metric} |");
-        for v in &vals {
-            row.push_str(&format!(" {} |", v.map(num).unwrap_or_else(|| "–".into())));
+        for (v, range) in &cells {
+            row.push_str(&format!(" {} |", cell(*v, *range)));
         }
         if let Some(ri) = self.reference {
             for (i, v) in vals.iter().enumerate() {
@@ -173,16 +214,50 @@ impl Table {
     }
 }
 
-/// The first time at which the timeline reached 99 % of its target (N parents; for the
-/// template change, N parents at the new rule version with their ConfigMap changed).
-fn quantile_time(timeline: &Json, target: Option<f64>, r: &Json) -> Option<f64> {
-    let n = target.or_else(|| r["config"]["n"].as_f64())?;
-    let want = (n * 0.99).ceil();
-    timeline
-        .as_array()?
-        .iter()
-        .find(|p| p[1].as_f64().is_some_and(|c| c >= want))
-        .and_then(|p| p[0].as_f64())
+/// The first time at which the phase reached 99 % of its target (N parents; for the
+/// template change, N parents at the new rule version with their ConfigMap changed): per
+/// run in the driver's medians (`seconds_to_99`), else from the phase's timeline.
+fn quantile_time(phase: &Json, r: &Json) -> Option<f64> {
+    if let Some(t) = phase["seconds_to_99"].as_f64() {
+        return Some(t);
+    }
+    let n = phase["children"]
+        .as_f64()
+        .or_else(|| r["config"]["n"].as_f64())?;
+    runs::time_to_99(&phase["timeline"], n)
+}
+
+/// `3` when the phase's median is of every run, `2 of 3` when some were left out.
+fn runs_text(c: &Json, phase: &Json) -> Option<String> {
+    let used = phase["runs_in_median"].as_u64()?;
+    let all = c["runs"].as_u64().unwrap_or(used);
+    Some(if used == all {
+        used.to_string()
+    } else {
+        format!("**{used} of {all}**⁵")
+    })
+}
+
+fn finished(phase: &Json) -> Option<String> {
+    phase["converged"].as_bool().map(|b| {
+        if b {
+            "yes".into()
+        } else {
+            "**timed out**".into()
+        }
+    })
+}
+
+fn restarted(phase: &Json) -> Option<String> {
+    phase["control_plane_restarted"]
+        .as_bool()
+        .filter(|b| *b)
+        .map(|_| "**yes: figures disturbed**".into())
+}
+
+/// Whether any contender ran more than once (then the tables say of how many runs).
+fn repeated(r: &Json) -> bool {
+    contender_names(r).iter().any(|n| runs_of(r, n) > 1)
 }
 
 /// `floor`: seconds the API server needs for the children the workload must write.
@@ -195,23 +270,15 @@ fn phase_rows(t: &mut Table, r: &Json, key: &str, label: &str, floor: Option<f64
             });
         }
         t.numbers(r, label, "time to 99 % of parents (s)", |c| {
-            quantile_time(&c[key]["timeline"], c[key]["children"].as_f64(), r)
+            c.get(key).and_then(|p| quantile_time(p, r))
         });
-        t.text(r, label, "finished", |c| {
-            c[key]["converged"].as_bool().map(|b| {
-                if b {
-                    "yes".into()
-                } else {
-                    "**timed out**".into()
-                }
-            })
-        });
+        t.text(r, label, "finished", |c| finished(&c[key]));
+    }
+    if repeated(r) {
+        t.text(r, label, "runs in the median", |c| runs_text(c, &c[key]));
     }
     t.text(r, label, "control plane restarted by another run", |c| {
-        c[key]["control_plane_restarted"]
-            .as_bool()
-            .filter(|b| *b)
-            .map(|_| "**yes: figures disturbed**".into())
+        restarted(&c[key])
     });
     t.numbers(r, label, "writes, audit log⁴", |c| {
         f(&c[key]["audit_writes_total"])
@@ -284,15 +351,27 @@ pub fn markdown(r: &Json) -> String {
         r["loadavg"]["start"].as_str().unwrap_or(""),
         r["loadavg"]["end"].as_str().unwrap_or("")
     ));
+    // `scale_n`: a list since the memory curve, one number before.
+    let sizes: Vec<String> = match &cfg["scale_n"] {
+        Json::Array(a) => a.iter().map(|v| v.to_string()).collect(),
+        v if v.as_u64().is_some_and(|m| m > 0) => vec![v.to_string()],
+        _ => Vec::new(),
+    };
+    let memory = if sizes.is_empty() {
+        "no memory run".to_string()
+    } else {
+        format!("memory at {} parents", sizes.join(", "))
+    };
     s.push_str(&format!(
-        "- sizes: N = {n} parents (3N = {} children), memory at scale {} parents, steady window {} s; \
-         every controller runs {} concurrent reconciles; the driver creates/updates parents {} at a time\n\n",
+        "- sizes: N = {n} parents (3N = {} children), {memory}, steady window {} s; \
+         every controller runs {} concurrent reconciles; the driver creates/updates parents {} at a time\n",
         3 * n,
-        cfg["scale_n"],
         cfg["steady_seconds"],
         cfg["concurrency"],
         cfg["driver_concurrency"]
     ));
+    s.push_str(&runs_line(r));
+    s.push('\n');
 
     let floor = best_rate(r).map(|rate| 3.0 * n as f64 / rate);
     if let Some(points) = r["api_limit"].as_array() {
@@ -353,36 +432,6 @@ pub fn markdown(r: &Json) -> String {
         template_floor,
         true,
     );
-    let sn = cfg["scale_n"].as_u64().unwrap_or(0);
-    let label = format!("memory at scale ({sn} + {})", 3 * sn);
-    t.numbers(r, &label, "RSS after converging (MiB)", |c| {
-        f(&c["scale"]["rss_mib"])
-    });
-    t.numbers(r, &label, "peak RSS (MiB)", |c| f(&c["scale"]["hwm_mib"]));
-    t.numbers(r, &label, "RSS idle, before parents (MiB)", |c| {
-        f(&c["scale"]["idle_rss_mib"])
-    });
-    t.numbers(r, &label, "time to converge (s)", |c| {
-        f(&c["scale"]["seconds"])
-    });
-    t.numbers(r, &label, "controller CPU (s)", |c| {
-        f(&c["scale"]["cpu_seconds"])
-    });
-    t.text(r, &label, "control plane restarted by another run", |c| {
-        c["scale"]["control_plane_restarted"]
-            .as_bool()
-            .filter(|b| *b)
-            .map(|_| "**yes: figures disturbed**".into())
-    });
-    t.text(r, &label, "finished", |c| {
-        c["scale"]["converged"].as_bool().map(|b| {
-            if b {
-                "yes".into()
-            } else {
-                "**timed out**".into()
-            }
-        })
-    });
     s.push_str("## Results\n\n");
     s.push_str(&t.render());
     s.push_str(
@@ -394,7 +443,9 @@ pub fn markdown(r: &Json) -> String {
          ³ time ÷ the time the plain client needs for the children the workload must write at \
          its best concurrency (3N for converge, 2N for update, N for the template change).  \n\
          ⁴ the API server's audit log: write requests with the contender's user agent in its own \
-         namespace (a server-side apply is logged as `patch`, events as `create events`).\n\n",
+         namespace (a server-side apply is logged as `patch`, events as `create events`).  \n\
+         ⁵ runs whose phase timed out or failed are left out of the median (see the notes); a \
+         phase that timed out in every run is shown as it was.\n\n",
     );
     for (name, c) in r["contenders"].as_object().into_iter().flatten() {
         for key in ["skipped", "error", "scale_error"] {
@@ -402,10 +453,16 @@ pub fn markdown(r: &Json) -> String {
                 s.push_str(&format!("- **{name}** {key}: {e}\n"));
             }
         }
+        for (size, e) in c["scale_errors"].as_object().into_iter().flatten() {
+            let e = e.as_str().unwrap_or_default();
+            s.push_str(&format!("- **{name}** memory at {size} parents: {e}\n"));
+        }
         if let Some(ch) = c["update"]["children_checked"].as_str() {
             s.push_str(&format!("- {name}, update: {ch}\n"));
         }
     }
+    s.push('\n');
+    s.push_str(&memory_curve(r));
 
     if let Some(rc) = r["render"].as_object().filter(|o| !o.is_empty()) {
         s.push_str("\n## Render cost (criterion, per parent)\n\n| rule | render | status | render + status |\n|---|---:|---:|---:|\n");
@@ -424,6 +481,7 @@ pub fn markdown(r: &Json) -> String {
             ));
         }
     }
+    s.push_str(&runs_table(r));
     if let Some(notes) = r["notes"].as_array().filter(|a| !a.is_empty()) {
         s.push_str("\n## Notes\n\n");
         for n in notes {
@@ -437,99 +495,172 @@ pub fn markdown(r: &Json) -> String {
     s
 }
 
-/// Parents converged over time, converge and update side by side, one line per contender,
-/// and the API server floor for the children.
-pub fn plot(r: &Json, path: &std::path::Path) -> Result<()> {
-    use plotters::prelude::*;
-    let n = r["config"]["n"].as_f64().unwrap_or(0.0);
-    let floor = best_rate(r).map(|rate| 3.0 * n / rate);
-    let colors = [
-        RGBColor(214, 39, 40),
-        RGBColor(31, 119, 180),
-        RGBColor(44, 160, 44),
-        RGBColor(148, 103, 189),
-    ];
-    let root = SVGBackend::new(path, (1200, 480)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (left, right) = root.split_horizontally(600);
-    for (area, key, title) in [
-        (&left, "converge", "Converge: create N parents"),
-        (&right, "update", "Update: change every parent"),
-    ] {
-        let order: Vec<String> = r["config"]["contenders"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|v| v.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let series: Vec<(String, Vec<(f64, f64)>)> = order
-            .iter()
-            .filter_map(|name| {
-                let c = &r["contenders"][name];
-                let tl = c[key]["timeline"].as_array()?;
-                let pts: Vec<(f64, f64)> = tl
-                    .iter()
-                    .filter_map(|p| Some((p[0].as_f64()?, p[1].as_f64()?)))
-                    .collect();
-                Some((c["title"].as_str().unwrap_or(name).to_string(), pts))
-            })
-            .collect();
-        let xmax = series
-            .iter()
-            .flat_map(|(_, p)| p.iter().map(|x| x.0))
-            .chain(floor)
-            .fold(1.0f64, f64::max)
-            * 1.05;
-        let mut chart = ChartBuilder::on(area)
-            .caption(format!("{title} (N = {n})"), ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(55)
-            .build_cartesian_2d(0f64..xmax, 0f64..(n.max(1.0) * 1.05))?;
-        chart
-            .configure_mesh()
-            .x_desc("seconds since the first parent was written")
-            .y_desc("parents converged")
-            .y_label_formatter(&|y| format!("{y:.0}"))
-            .draw()?;
-        for (i, (name, pts)) in series.iter().enumerate() {
-            let color = colors[i % colors.len()];
-            // Counts change in steps: draw them as steps.
-            let mut steps = Vec::with_capacity(pts.len() * 2);
-            for (j, p) in pts.iter().enumerate() {
-                if j > 0 {
-                    steps.push((p.0, pts[j - 1].1));
-                }
-                steps.push(*p);
-            }
-            chart
-                .draw_series(LineSeries::new(steps, color.stroke_width(2)))?
-                .label(name.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
-        }
-        if key == "converge"
-            && let Some(fl) = floor
-        {
-            let gray = RGBColor(120, 120, 120);
-            chart
-                .draw_series(LineSeries::new(
-                    vec![(0.0, 0.0), (fl, n)],
-                    gray.stroke_width(1),
-                ))?
-                .label("API server floor (3N applies)")
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], gray));
-        }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()?;
+/// `- runs: …`: of how many runs the medians are, and in which order they ran.
+fn runs_line(r: &Json) -> String {
+    if r["runs"].as_object().is_none_or(|o| o.is_empty()) {
+        return String::new();
     }
-    root.present()?;
-    Ok(())
+    let of: Vec<String> = contender_names(r)
+        .iter()
+        .filter(|n| r["contenders"][n.as_str()].get("runs").is_some())
+        .map(|n| {
+            let c = &r["contenders"][n.as_str()];
+            format!("{} {}", c["title"].as_str().unwrap_or(n), runs_of(r, n))
+        })
+        .collect();
+    format!(
+        "- runs: {} round(s), the contender list as given in odd rounds and reversed in even ones; \
+         each figure is the median of a contender's runs ({}), with the range (min–max) in brackets \
+         where the runs differ; the ratios are ratios of medians\n",
+        r["config"]["repeats"].as_u64().unwrap_or(1),
+        of.join(", ")
+    )
+}
+
+/// The runs in the order they ran: round, contender, load at start, what went wrong.
+fn runs_table(r: &Json) -> String {
+    let mut all: Vec<(&str, &Json)> = r["runs"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .flat_map(|(name, runs)| {
+            runs.as_array()
+                .into_iter()
+                .flatten()
+                .map(move |run| (name.as_str(), run))
+        })
+        .collect();
+    if all.is_empty() {
+        return String::new();
+    }
+    all.sort_by_key(|(_, run)| (run["seq"].as_u64(), run["round"].as_u64()));
+    let mut s = String::from(
+        "\n## Runs\n\n| # | round | contender | load average at start | outcome |\n|---:|---:|---|---|---|\n",
+    );
+    for (name, run) in all {
+        let mut bad: Vec<String> = Vec::new();
+        if let Some(e) = run["error"].as_str() {
+            bad.push(format!("failed: {e}"));
+        }
+        for p in runs::PHASES {
+            if run[p]["converged"] == serde_json::json!(false) {
+                bad.push(format!("{p} timed out"));
+            }
+        }
+        for (parents, p) in runs::scale_phases(run, None) {
+            if p["converged"] == serde_json::json!(false) {
+                bad.push(format!("memory at {parents} timed out"));
+            }
+        }
+        for (size, e) in run["scale_errors"].as_object().into_iter().flatten() {
+            let e = e.as_str().unwrap_or_default();
+            bad.push(format!("memory at {size} failed: {e}"));
+        }
+        s.push_str(&format!(
+            "| {} | {} | {name} | {} | {} |\n",
+            run["seq"],
+            run["round"],
+            run["loadavg_start"].as_str().unwrap_or(""),
+            if bad.is_empty() {
+                "ok".into()
+            } else {
+                bad.join("; ").replace('|', "\\|")
+            }
+        ));
+    }
+    s
+}
+
+/// The memory curve: each size's figures, and the slope fitted through them.
+fn memory_curve(r: &Json) -> String {
+    let old_n = r["config"]["scale_n"].as_u64();
+    let names = contender_names(r);
+    let mut sizes: Vec<u64> = names
+        .iter()
+        .flat_map(|n| runs::scale_phases(&r["contenders"][n.as_str()], old_n))
+        .map(|(p, _)| p)
+        .collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    if sizes.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new(r);
+    for &size in &sizes {
+        let phase = move |c: &Json| -> Option<Json> {
+            runs::scale_phases(c, old_n)
+                .into_iter()
+                .find(|(p, _)| *p == size)
+                .map(|(_, v)| v.clone())
+        };
+        let objects = size as f64 * runs::OBJECTS_PER_PARENT;
+        let label = format!("{size} parents ({} objects)", num(objects));
+        let rows: [(&str, &str); 5] = [
+            ("RSS after converging (MiB)", "rss_mib"),
+            ("RSS idle, before parents (MiB)", "idle_rss_mib"),
+            ("peak RSS (MiB)", "hwm_mib"),
+            ("time to converge (s)", "seconds"),
+            ("controller CPU (s)", "cpu_seconds"),
+        ];
+        for (metric, key) in rows {
+            t.numbers(r, &label, metric, |c| phase(c)?[key].as_f64());
+        }
+        t.text(r, &label, "finished", |c| finished(&phase(c)?));
+        if repeated(r) {
+            t.text(r, &label, "runs in the median", |c| {
+                runs_text(c, &phase(c)?)
+            });
+        }
+        t.text(r, &label, "control plane restarted by another run", |c| {
+            restarted(&phase(c)?)
+        });
+    }
+    // The slope through the medians; its range is that of the slopes of each run alone.
+    let fits = |c: &Json| runs::fit(&runs::memory_points(c, old_n));
+    let slopes = names
+        .iter()
+        .map(|n| {
+            let per_run: Vec<f64> = r["runs"][n.as_str()]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|run| fits(run).map(|f| f.0 * 1000.0))
+                .collect();
+            let range = (per_run.len() > 1).then(|| {
+                let lo = per_run.iter().copied().fold(f64::INFINITY, f64::min);
+                (lo, per_run.iter().copied().fold(lo, f64::max))
+            });
+            (
+                fits(&r["contenders"][n.as_str()]).map(|f| f.0 * 1000.0),
+                range,
+            )
+        })
+        .collect();
+    t.push_numbers(
+        "fit over the sizes⁶",
+        "MiB per 1,000 managed objects",
+        slopes,
+    );
+    let fitted = names
+        .iter()
+        .any(|n| fits(&r["contenders"][n.as_str()]).is_some());
+    // The part of the RSS above idle not proportional to the objects; no ratio.
+    t.text(
+        r,
+        "fit over the sizes⁶",
+        "intercept (MiB above idle)",
+        |c| fits(c).map(|f| num(f.1)),
+    );
+    let footnote = if fitted {
+        "\n⁶ least squares through (managed objects, RSS after converging − idle RSS) at the \
+         medians of the sizes that finished; in brackets, the range of the slopes fitted to each \
+         run alone. The ratio is that of the slopes.\n"
+    } else {
+        "\nNo slope: it needs two sizes or more (`BENCH_SCALE_N=1000,3000,10000`).\n"
+    };
+    format!(
+        "## Memory curve\n\nEach size in a fresh process and namespace; managed objects = parents × 4 \
+         (a parent and its three children). Plot: `memory.svg`.\n\n{}{footnote}\n",
+        t.render()
+    )
 }
