@@ -714,3 +714,55 @@ spec:
         report.readiness
     );
 }
+
+/// Contexts leave the live children out only when nothing names `children`: a template
+/// that reads a child still sees it, and JSONPaths that start at `$.parent` or
+/// `$['children']` still find their values in the trimmed status document.
+#[test]
+fn what_a_rule_reads_is_in_its_contexts() {
+    let rule = compile_rule(
+        r#"apiVersion: rulebook.dev/v1alpha1
+kind: Rule
+metadata:
+  name: reads
+spec:
+  parent:
+    apiVersion: test.rulebook.dev/v1
+    kind: Stat
+  children:
+    - name: svc
+      apiVersion: v1
+      kind: Service
+      template: svc.yaml
+    - name: conf
+      apiVersion: v1
+      kind: ConfigMap
+      template: conf.yaml
+  status:
+    gen: "$.parent.metadata.generation"
+    ip: "$['children']['svc']['spec']['clusterIP']"
+"#,
+        &[
+            (
+                "svc.yaml",
+                "apiVersion: v1\nkind: Service\nmetadata:\n  name: svc\nspec:\n  ports: [{port: 80}]\n",
+            ),
+            (
+                "conf.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: conf\ndata:\n  ip: {{ children.svc.spec.clusterIP | default('none') }}\n",
+            ),
+        ],
+    );
+    let svc = live(
+        "svc",
+        "Service",
+        "svc",
+        None,
+        json!({"spec": {"clusterIP": "10.0.0.9", "ports": [{"port": 80}]}}),
+    );
+    let e = eval(&rule, json!({}), vec![svc]);
+    let conf = e.desired.iter().find(|d| d.name == "conf").unwrap();
+    assert_eq!(conf.object["data"]["ip"], json!("10.0.0.9"));
+    assert_eq!(e.fields.get("gen"), Some(&json!(4)));
+    assert_eq!(e.fields.get("ip"), Some(&json!("10.0.0.9")));
+}
