@@ -660,17 +660,19 @@ impl Bench {
         let mut p = Proc::start(&self.launch(kind, ns, rules, templates, tag))?;
         match p.wait_ready(Duration::from_secs(120)).await {
             Ok(()) => Ok(p),
-            Err(e) if !p.alive() => {
+            // Dead, or alive with caches that never synced (the reference once sat 120 s
+            // without its first listing): once more, with its own log.
+            Err(e) => {
                 self.notes.push(format!(
                     "{}: first start failed, started again: {e:#}",
                     self.who(kind)
                 ));
                 p.stop();
-                let mut p = Proc::start(&self.launch(kind, ns, rules, templates, tag))?;
+                let again = format!("{tag}-again");
+                let mut p = Proc::start(&self.launch(kind, ns, rules, templates, &again))?;
                 p.wait_ready(Duration::from_secs(120)).await?;
                 Ok(p)
             }
-            Err(e) => Err(e),
         }
     }
 

@@ -82,7 +82,7 @@ pub fn to_json_as(o: &DynamicObject, ar: &kube::api::ApiResource) -> Option<Json
 /// nested beyond serde_json's limit), without building the tree: a scan of the nesting
 /// depth, and the full parse only for the rare deep object.
 pub fn readable(o: &DynamicObject) -> bool {
-    let shallow = |text: &str| max_depth(text) < 100;
+    let shallow = |text: &str| super::wire::nesting_depth(text) < 100;
     let packed = std::iter::once(&o.data).chain(
         o.metadata
             .managed_fields
@@ -94,32 +94,6 @@ pub fn readable(o: &DynamicObject) -> bool {
         Json::String(text) => shallow(text) || serde_json::from_str::<Json>(text).is_ok(),
         _ => true,
     })
-}
-
-/// The deepest nesting of `[`/`{` in JSON text, outside strings.
-fn max_depth(text: &str) -> usize {
-    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
-    for b in text.bytes() {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                max = max.max(depth);
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    max
 }
 
 /// The object as JSON, whether cached (packed) or as the API server returned it.
