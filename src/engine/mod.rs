@@ -101,8 +101,8 @@ pub struct Engine {
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The event recorder of this instance.
-fn recorder(client: &Client, config: &EngineConfig) -> kube::runtime::events::Recorder {
-    kube::runtime::events::Recorder::new(
+fn recorder(client: &Client, config: &EngineConfig) -> crate::reconcile::recorder::Recorder {
+    crate::reconcile::recorder::Recorder::new(
         client.clone(),
         kube::runtime::events::Reporter {
             controller: config.reporter.clone(),

@@ -7,9 +7,10 @@
 
 use std::sync::Arc;
 
+use crate::reconcile::recorder::Recorder;
 use kube::api::{ListParams, ObjectMeta};
 use kube::core::discovery::Scope as KubeScope;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource};
 use tracing::{info, warn};
 

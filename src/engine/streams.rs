@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
+use crate::reconcile::recorder::Recorder;
 use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::events::Recorder;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};

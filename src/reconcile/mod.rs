@@ -33,6 +33,7 @@ mod observe;
 mod offload;
 pub mod plan;
 mod prune;
+pub mod recorder;
 pub mod refs;
 pub mod shard_gate;
 pub mod status;

@@ -6,9 +6,10 @@
 
 use std::sync::Arc;
 
+use super::recorder::Recorder;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
-use kube::runtime::events::{Event, Recorder};
+use kube::runtime::events::Event;
 use serde_json::Value as Json;
 use tracing::debug;
 

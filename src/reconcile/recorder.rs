@@ -1,0 +1,280 @@
+//! Publishing Events (events.k8s.io/v1) with kube-runtime's semantics — a repeat of the
+//! same event within six minutes patches its series instead of creating another — at a
+//! bounded cost.
+//!
+//! kube-runtime 5's `Recorder` keeps every event it published in the last six minutes
+//! and sweeps that whole cache on every publish: after a converge of N parents each
+//! event costs O(N) (the benchmark's profile showed the sweep as the hottest function of
+//! the reconciler at 1,000 parents), and the cache holds a full Event object per parent.
+//! This one keeps, per event key, only the Event's name, its count and when it was last
+//! seen; sweeps when the cache has doubled since the last sweep; and holds at most
+//! [`MAX_KEYS`] keys (past that, it forgets them all: the next repeat creates a new
+//! Event instead of patching a series, which loses nothing a person reads).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Reporter};
+use serde_json::json;
+
+/// How long a published event can still become a series (kube-runtime's figure).
+const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
+/// Keys remembered at most.
+pub const MAX_KEYS: usize = 20_000;
+
+/// An object reference as a key: apiVersion, kind, namespace, name.
+type RefKey = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
+
+/// What identifies "the same event": kube-runtime's key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    type_: &'static str,
+    action: String,
+    reason: String,
+    regarding: RefKey,
+    related: Option<RefKey>,
+}
+
+#[derive(Clone, Debug)]
+struct Seen {
+    name: String,
+    count: i32,
+    last: Timestamp,
+}
+
+#[derive(Default)]
+struct Cache {
+    seen: HashMap<Key, Seen>,
+    /// The cache's size after the last sweep.
+    swept_at: usize,
+}
+
+impl Cache {
+    /// The same event seen within the series window, if any.
+    fn repeat_of(&self, key: &Key, now: Timestamp) -> Option<Seen> {
+        self.seen
+            .get(key)
+            .filter(|s| s.last + SERIES_WINDOW > now && !s.name.is_empty())
+            .cloned()
+    }
+
+    fn remember(&mut self, key: Key, seen: Seen, now: Timestamp) {
+        self.seen.insert(key, seen);
+        // Amortised: a sweep once the cache has doubled since the last one.
+        if self.seen.len() >= 2 * self.swept_at.max(64) {
+            self.seen.retain(|_, s| s.last + SERIES_WINDOW > now);
+            self.swept_at = self.seen.len();
+        }
+        if self.seen.len() > MAX_KEYS {
+            self.seen.clear();
+            self.swept_at = 0;
+        }
+    }
+}
+
+/// Publishes events for Rulebook's parents; cheap to clone (one shared cache).
+#[derive(Clone)]
+pub struct Recorder {
+    client: Client,
+    reporter: Reporter,
+    cache: Arc<Mutex<Cache>>,
+}
+
+fn reference_key(r: &ObjectReference) -> RefKey {
+    (
+        r.api_version.clone(),
+        r.kind.clone(),
+        r.namespace.clone(),
+        r.name.clone(),
+    )
+}
+
+fn type_name(t: EventType) -> &'static str {
+    match t {
+        EventType::Normal => "Normal",
+        EventType::Warning => "Warning",
+    }
+}
+
+impl Recorder {
+    pub fn new(client: Client, reporter: Reporter) -> Recorder {
+        Recorder {
+            client,
+            reporter,
+            cache: Arc::default(),
+        }
+    }
+
+    /// Creates the event, or patches the series of the same event published within the
+    /// last six minutes. Cluster-scoped objects' events go to `default`.
+    pub async fn publish(
+        &self,
+        ev: &Event,
+        regarding: &ObjectReference,
+    ) -> Result<(), kube::Error> {
+        let now = Timestamp::now();
+        let key = Key {
+            type_: type_name(ev.type_),
+            action: ev.action.clone(),
+            reason: ev.reason.clone(),
+            regarding: reference_key(regarding),
+            related: ev.secondary.as_ref().map(reference_key),
+        };
+        let repeat = self.repeat_of(&key, now);
+        let namespace = regarding
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_string());
+        let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
+        let seen = match repeat {
+            Some(mut seen) => {
+                seen.count += 1;
+                seen.last = now;
+                let patch = json!({"series": EventSeries {
+                    count: seen.count,
+                    last_observed_time: MicroTime(now),
+                }});
+                events
+                    .patch(&seen.name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                seen
+            }
+            None => {
+                let event = self.event(ev, regarding, &namespace, now);
+                let created = events.create(&PostParams::default(), &event).await?;
+                Seen {
+                    name: created.metadata.name.unwrap_or_default(),
+                    count: 1,
+                    last: now,
+                }
+            }
+        };
+        self.remember(key, seen, now);
+        Ok(())
+    }
+
+    fn repeat_of(&self, key: &Key, now: Timestamp) -> Option<Seen> {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.repeat_of(key, now)
+    }
+
+    fn remember(&self, key: Key, seen: Seen, now: Timestamp) {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.remember(key, seen, now);
+    }
+
+    fn event(
+        &self,
+        ev: &Event,
+        regarding: &ObjectReference,
+        namespace: &str,
+        now: Timestamp,
+    ) -> K8sEvent {
+        let reporter = &self.reporter;
+        K8sEvent {
+            action: Some(ev.action.clone()),
+            reason: Some(ev.reason.clone()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(regarding.clone()),
+            related: ev.secondary.clone(),
+            note: ev.note.clone(),
+            metadata: ObjectMeta {
+                namespace: Some(namespace.to_string()),
+                name: Some(format!(
+                    "{}.{:x}",
+                    regarding.name.as_ref().unwrap_or(&reporter.controller),
+                    now.as_nanosecond()
+                )),
+                ..Default::default()
+            },
+            reporting_controller: Some(reporter.controller.clone()),
+            reporting_instance: Some(
+                reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| reporter.controller.clone()),
+            ),
+            type_: Some(type_name(ev.type_).to_string()),
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        Key {
+            type_: "Normal",
+            action: "Reconcile".into(),
+            reason: "Created".into(),
+            regarding: (
+                None,
+                Some("Bench".into()),
+                Some("ns".into()),
+                Some(name.into()),
+            ),
+            related: None,
+        }
+    }
+
+    fn seen(at: Timestamp) -> Seen {
+        Seen {
+            name: "e".into(),
+            count: 1,
+            last: at,
+        }
+    }
+
+    #[test]
+    fn a_repeat_within_six_minutes_is_a_series_and_later_a_new_event() {
+        let t0 = Timestamp::UNIX_EPOCH + SignedDuration::from_hours(1000);
+        let mut c = Cache::default();
+        c.remember(key("a"), seen(t0), t0);
+        assert!(
+            c.repeat_of(&key("a"), t0 + SignedDuration::from_mins(5))
+                .is_some()
+        );
+        assert!(
+            c.repeat_of(&key("a"), t0 + SignedDuration::from_mins(7))
+                .is_none()
+        );
+        assert!(c.repeat_of(&key("b"), t0).is_none());
+    }
+
+    #[test]
+    fn the_cache_is_swept_when_it_doubles_and_never_outgrows_its_bound() {
+        let t0 = Timestamp::UNIX_EPOCH + SignedDuration::from_hours(1000);
+        let mut c = Cache::default();
+        for i in 0..100 {
+            c.remember(key(&format!("old-{i}")), seen(t0), t0);
+        }
+        // Ten minutes later, the old keys are swept on the way.
+        let later = t0 + SignedDuration::from_mins(10);
+        for i in 0..100 {
+            c.remember(key(&format!("new-{i}")), seen(later), later);
+        }
+        assert!(c.seen.len() < 200, "{} keys", c.seen.len());
+        assert!(
+            c.seen
+                .keys()
+                .any(|k| k.regarding.3.as_deref() == Some("new-99"))
+        );
+        for i in 0..MAX_KEYS + 10 {
+            c.remember(key(&format!("k-{i}")), seen(later), later);
+            assert!(c.seen.len() <= MAX_KEYS);
+        }
+    }
+}
