@@ -16,8 +16,15 @@ use serde_json::{Map, Number, Value as Json};
 
 /// Nesting beyond this is left to the full parser (its budget says 64).
 const MAX_DEPTH: usize = 48;
-/// Nodes beyond this are left to the full parser (its budget counts events).
-const MAX_NODES: usize = 100_000;
+/// Nodes (containers, keys, values, comments) beyond this are left to the full parser:
+/// its budget counts up to 250,000 events, and one node can be three.
+const MAX_NODES: usize = 60_000;
+/// The full parser gives up on an implicit key longer than 1,024 characters; keys longer
+/// than this (in bytes, so never more characters) are left to it.
+const MAX_KEY: usize = 512;
+/// The full parser buffers at most 32 comments in a row after a key or a `-`; runs
+/// longer than this are left to it.
+const MAX_COMMENT_RUN: usize = 16;
 
 /// The rendered text as JSON, or `None` when it is not of the plain kind this reads.
 pub fn parse(text: &str) -> Option<Json> {
@@ -25,9 +32,19 @@ pub fn parse(text: &str) -> Option<Json> {
         return None;
     }
     let mut lines = Vec::new();
+    let (mut comments, mut run) = (0usize, 0usize);
     for raw in text.split('\n') {
         let indent = raw.len() - raw.trim_start_matches(' ').len();
-        let body = strip_comment(&raw[indent..])?;
+        let (body, commented) = strip_comment(&raw[indent..])?;
+        if commented {
+            comments += 1;
+            run += 1;
+            if run > MAX_COMMENT_RUN {
+                return None;
+            }
+        } else if !body.is_empty() {
+            run = 0;
+        }
         if body.is_empty() {
             continue;
         }
@@ -40,7 +57,7 @@ pub fn parse(text: &str) -> Option<Json> {
     let mut p = Parser {
         lines,
         at: 0,
-        nodes: 0,
+        nodes: comments,
     };
     let value = p.block(indent, 0)?;
     // Anything left over (a line less indented than the first) is for the full parser.
@@ -93,6 +110,9 @@ impl<'a> Parser<'a> {
     /// A block mapping at `indent`; `first` is the first entry's text when it sits after a
     /// sequence entry's `- ` (a compact mapping).
     fn mapping(&mut self, indent: usize, first: Option<&'a str>, depth: usize) -> Option<Json> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
         self.count()?;
         let mut map = Map::new();
         let mut pending = first;
@@ -114,6 +134,7 @@ impl<'a> Parser<'a> {
                 }
             };
             let (key, rest) = split_key(body)?;
+            self.count()?;
             let value = if rest.is_empty() {
                 self.nested(indent, true, depth)?
             } else {
@@ -133,6 +154,9 @@ impl<'a> Parser<'a> {
 
     /// A block sequence at `indent`.
     fn sequence(&mut self, indent: usize, depth: usize) -> Option<Json> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
         self.count()?;
         let mut items = Vec::new();
         while let Some(line) = self.lines.get(self.at) {
@@ -190,8 +214,17 @@ fn is_entry(body: &str) -> bool {
     body == "-" || body.starts_with("- ")
 }
 
-/// `key: rest` or `key:` (rest empty), with a plain word or a quoted key.
+/// `key: rest` or `key:` (rest empty), with a plain word or a quoted key no longer than
+/// [`MAX_KEY`].
 fn split_key(body: &str) -> Option<(String, &str)> {
+    let key_len = match body.as_bytes().first()? {
+        b'"' => quoted_end(body)?,
+        b'\'' => single_quoted_end(body)?,
+        _ => body.find(':')?,
+    };
+    if key_len > MAX_KEY {
+        return None;
+    }
     let (key, after) = if body.starts_with('"') {
         let end = quoted_end(body)?;
         (double_quoted(&body[..end])?, &body[end..])
@@ -224,19 +257,22 @@ fn inline_value(text: &str, depth: usize, nodes: &mut usize) -> Option<Json> {
 }
 
 /// Removes a comment (`#` at the start or after a space, outside quotes) and trailing
-/// spaces. `None` when quotes do not close on the line (a multi-line string).
-fn strip_comment(body: &str) -> Option<&str> {
+/// spaces, and says whether there was one. `None` when quotes do not close on the line
+/// (a multi-line string).
+fn strip_comment(body: &str) -> Option<(&str, bool)> {
     let bytes = body.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
         match bytes[i] {
             b'"' => i += quoted_end(&body[i..])?,
             b'\'' => i += single_quoted_end(&body[i..])?,
-            b'#' if i == 0 || bytes[i - 1] == b' ' => return Some(body[..i].trim_end_matches(' ')),
+            b'#' if i == 0 || bytes[i - 1] == b' ' => {
+                return Some((body[..i].trim_end_matches(' '), true));
+            }
             _ => i += 1,
         }
     }
-    Some(body.trim_end_matches(' '))
+    Some((body.trim_end_matches(' '), false))
 }
 
 /// The length of the double-quoted string at the start of `s`, quotes included.
@@ -445,10 +481,14 @@ impl Cursor<'_> {
             self.skip_spaces();
             // After a quoted key (JSON's `{"a":1}`) the value may follow the `:` at once.
             let quoted = matches!(self.peek()?, b'"' | b'\'');
+            let start = self.at;
             let key = match self.flow_node(depth + 1, nodes, true)? {
                 Json::String(k) => k,
                 _ => return None,
             };
+            if self.at - start > MAX_KEY {
+                return None;
+            }
             self.skip_spaces();
             if self.peek()? != b':' {
                 return None;

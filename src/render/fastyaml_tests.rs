@@ -278,3 +278,35 @@ fn generated_documents_read_fast_as_the_full_parser_reads_them() {
     eprintln!("{fast} of {total} generated documents read fast");
     assert!(fast > total / 10, "only {fast} of {total} read fast");
 }
+
+/// The full parser's own limits (found by a review): a key over 1,024 characters, nesting
+/// past 64 through compact mappings, more than 32 comments in a row, more than its
+/// 250,000 events. The fast reader leaves each of them to it.
+#[test]
+fn the_full_parsers_limits_are_left_to_it() {
+    let long = "a".repeat(1023);
+    let mut deep = String::from("a:\n");
+    for i in 0..40 {
+        deep += &format!("{}- k:\n", "  ".repeat(i));
+    }
+    let many_keys: String = (0..84_000).map(|i| format!("\"k{i}\": {{}}\n")).collect();
+    for text in [
+        format!("\"{long}\": 1\n"),
+        format!("x: 1\n{long}: 1\n"),
+        format!("x: {{\"{long}\":1}}\n"),
+        format!("l:\n- \"{long}\": v\n"),
+        deep,
+        format!("spec:\n{}  replicas: 1\n", "  # doc\n".repeat(33)),
+        format!("spec: # one\n{}  replicas: 1\n", "  # doc\n".repeat(32)),
+        many_keys,
+    ] {
+        assert!(parse(&text).is_none(), "read fast: {:.80}", text);
+    }
+    // Below the limits, still fast and the same.
+    let short = "a".repeat(400);
+    assert!(agrees(&format!("\"{short}\": 1\nx: {{\"{short}\":1}}\n")));
+    assert!(agrees(&format!(
+        "spec:\n{}  replicas: 1\n",
+        "  # doc\n".repeat(10)
+    )));
+}
