@@ -19,7 +19,12 @@ use crate::meta::FIELD_MANAGER;
 /// Rulebook's own Apply entry of an object's managedFields (not the status
 /// subresource's): the field set the drift check reads.
 pub fn is_own_apply(e: &ManagedFieldsEntry) -> bool {
-    e.manager.as_deref() == Some(FIELD_MANAGER)
+    is_apply_by(e, FIELD_MANAGER)
+}
+
+/// `manager`'s Apply entry of an object's managedFields (not a subresource's).
+pub fn is_apply_by(e: &ManagedFieldsEntry, manager: &str) -> bool {
+    e.manager.as_deref() == Some(manager)
         && e.operation.as_deref() == Some("Apply")
         && e.subresource.as_deref().unwrap_or("").is_empty()
 }
@@ -83,14 +88,14 @@ pub fn to_json_as(o: &DynamicObject, ar: &kube::api::ApiResource) -> Option<Json
 /// depth, and the full parse only for the rare deep object.
 pub fn readable(o: &DynamicObject) -> bool {
     let shallow = |text: &str| super::wire::nesting_depth(text) < 100;
-    let packed = std::iter::once(&o.data).chain(
+    let mut packed = std::iter::once(&o.data).chain(
         o.metadata
             .managed_fields
             .iter()
             .flatten()
             .filter_map(|e| e.fields_v1.as_ref().map(|FieldsV1(f)| f)),
     );
-    packed.into_iter().all(|v| match v {
+    packed.all(|v| match v {
         Json::String(text) => shallow(text) || serde_json::from_str::<Json>(text).is_ok(),
         _ => true,
     })

@@ -64,11 +64,12 @@ pub fn drift(
 /// `manager`'s Apply entry's fieldset (not a subresource's), as returned by the API
 /// server or packed into a string by the cache. `Some(Err(()))`: packed and unreadable.
 pub fn own_fields<'a>(o: &'a DynamicObject, manager: &str) -> Option<Result<Cow<'a, Json>, ()>> {
-    let entry = o.metadata.managed_fields.as_ref()?.iter().find(|e| {
-        e.manager.as_deref() == Some(manager)
-            && e.operation.as_deref() == Some("Apply")
-            && e.subresource.as_deref().unwrap_or("").is_empty()
-    })?;
+    let entry = o
+        .metadata
+        .managed_fields
+        .as_ref()?
+        .iter()
+        .find(|e| super::cache::is_apply_by(e, manager))?;
     let FieldsV1(fields) = entry.fields_v1.as_ref()?;
     Some(match fields {
         Json::String(text) => serde_json::from_str(text).map(Cow::Owned).map_err(|_| ()),
@@ -92,7 +93,7 @@ pub fn fieldset_covers(fields: &Json, desired: &Json) -> bool {
     let Some(desired) = desired.as_object() else {
         return false;
     };
-    map_covered(fields, desired, &["apiVersion", "kind"])
+    map_covered(fields, desired, &["apiVersion", "kind"], true)
 }
 
 /// Whether the fieldset `sub` (the entry for one field or list item) covers `v`.
@@ -102,19 +103,18 @@ fn covered(sub: &Json, v: &Json) -> bool {
         return true;
     }
     match v {
-        Json::Object(m) => map_covered(sub, m, &[]),
+        Json::Object(m) => map_covered(sub, m, &[], false),
         Json::Array(items) => list_covered(sub, items),
         _ => true,
     }
 }
 
-/// [`covered`] for a map, leaving out the keys in `skip`; at the top level, `metadata`
-/// leaves out `name` and `namespace`.
-fn map_covered(fields: &Json, desired: &Map<String, Json>, skip: &[&str]) -> bool {
+/// [`covered`] for a map, leaving out the keys in `skip`; at the `top` level of an
+/// object, `metadata` leaves out `name` and `namespace`.
+fn map_covered(fields: &Json, desired: &Map<String, Json>, skip: &[&str], top: bool) -> bool {
     let Some(fields) = fields.as_object() else {
         return false;
     };
-    let top = skip.contains(&"apiVersion");
     desired.iter().all(|(k, v)| {
         if v.is_null() || skip.contains(&k.as_str()) {
             return true; // a null in an apply configuration owns nothing
@@ -125,7 +125,7 @@ fn map_covered(fields: &Json, desired: &Map<String, Json>, skip: &[&str]) -> boo
         match v {
             Json::Object(meta) if top && k == "metadata" => {
                 sub.as_object().is_some_and(|m| m.is_empty())
-                    || map_covered(sub, meta, &["name", "namespace"])
+                    || map_covered(sub, meta, &["name", "namespace"], false)
             }
             _ => covered(sub, v),
         }
