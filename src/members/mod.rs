@@ -116,8 +116,8 @@ impl Membership {
         }
     }
 
-    /// Runs until `stop`: renews this member's Lease, coordinates when it is the
-    /// smallest live member, and hands this member's share to `shares`. The operator
+    /// Runs until `stop`: renews this member's Lease (every third of a lease, ahead of
+    /// anything else), coordinates when it is the smallest live member, and hands this member's share to `shares`. The operator
     /// answers on `applied` with the generation it has applied; `rules` carries the
     /// rule set's fingerprint and parent kinds.
     pub async fn run(
@@ -150,7 +150,21 @@ impl Membership {
                     Renewal::Failed => {}
                 }
             }
-            if let Some(state) = self.step(&kinds).await {
+            // The round gives way to the renewal: a slow API server (or a slow count of
+            // the parents) never delays it. Dropping a round midway is safe: it reads
+            // before it writes, its writes (a fencing delete with a precondition, the
+            // assignment's compare-and-swap) are whole or absent on the server, and the
+            // next round reads everything again.
+            let renew_at = self.next_renew;
+            let round = tokio::select! {
+                round = self.step(&kinds) => round,
+                _ = tokio::time::sleep_until(renew_at.into()) => {
+                    debug!("a coordination round outlasted a renewal period; renewing first");
+                    continue;
+                }
+                _ = stop.wait_for(|s| *s) => break,
+            };
+            if let Some(state) = round {
                 let share = Share {
                     generation: state.current.generation,
                     ranges: state

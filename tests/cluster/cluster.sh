@@ -17,6 +17,12 @@
 #   status             print whether the cluster is up; exit 0 if so, 1 if not
 #   restart-apiserver  stop and start kube-apiserver (same ports and flags)
 #   restart-etcd       stop and start etcd (same ports, flags and data)
+#   apiserver-without-gate
+#                      start (or reuse) a second kube-apiserver on the same etcd
+#                      with ShardedListAndWatch off, for the sharding fallback
+#                      test; prints its kubeconfig. Stopped by `down`/`restart`.
+#   stop-apiserver-without-gate
+#                      stop that second kube-apiserver
 #   env                print `export` lines for the cluster (eval "$(... env)")
 #
 # Environment:
@@ -48,6 +54,9 @@ CACHE_DIR="${RULEBOOK_CACHE:-$HOME/.cache/rulebook}/cluster/k8s-$K8S_VERSION-etc
 BIN_DIR="$CACHE_DIR/bin"
 KWOK_STAGES="$CACHE_DIR/share/kwok-stages.yaml"
 BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kubectl)
+# The second API server runs the same binary under another name (a symlink), so
+# its process is told apart by argv[0] like every component.
+NOGATE=kube-apiserver-nogate
 # Start order (see stop_all for the stop order).
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
@@ -57,6 +66,7 @@ LOGS="$STATE_DIR/logs"
 PIDS="$STATE_DIR/pids"
 RUN="$STATE_DIR/run"
 KUBECONFIG_ADMIN="$STATE_DIR/kubeconfig"
+KUBECONFIG_NOGATE="$STATE_DIR/kubeconfig-nogate"
 
 NODE_NAME="kwok-node-0"
 SERVICE_CIDR="10.0.0.0/24"
@@ -293,7 +303,7 @@ stop_components() { # <name>...: TERM, wait, KILL; fails if anything survives
 # graceful shutdown hangs ~20s on the peer-endpoint lease), then etcd.
 stop_all() {
 	stop_components kwok kube-scheduler kube-controller-manager
-	stop_components kube-apiserver
+	stop_components "$NOGATE" kube-apiserver
 	stop_components etcd
 }
 
@@ -335,12 +345,13 @@ load_ports() {
 
 kctl() { "$STATE_DIR/bin/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" --cache-dir "$STATE_DIR/kubectl-cache" "$@"; }
 
-readyz() {
+readyz() { # [port]
 	load_ports || return 1
 	[[ "$(curl -sS --noproxy '*' --max-time 5 --cacert "$CERTS/ca.crt" \
 		--cert "$CERTS/admin.crt" --key "$CERTS/admin.key" \
-		"https://127.0.0.1:$APISERVER_PORT/readyz" 2>/dev/null)" == ok ]]
+		"https://127.0.0.1:${1:-$APISERVER_PORT}/readyz" 2>/dev/null)" == ok ]]
 }
+nogate_readyz() { readyz "$APISERVER_NOGATE_PORT"; }
 
 etcd_healthy() {
 	load_ports || return 1
@@ -422,14 +433,14 @@ subjectAltName=IP:127.0.0.1,IP:::1,IP:$SERVICE_IP,DNS:localhost,DNS:kubernetes,D
 
 b64() { base64 -w0 <"$1"; }
 
-write_kubeconfig() { # <file> <user> <cert name>
+write_kubeconfig() { # <file> <user> <cert name> [port]
 	cat >"$1" <<EOF
 apiVersion: v1
 kind: Config
 clusters:
 - name: rulebook-local
   cluster:
-    server: https://127.0.0.1:$APISERVER_PORT
+    server: https://127.0.0.1:${4:-$APISERVER_PORT}
     certificate-authority-data: $(b64 "$CERTS/ca.crt")
 users:
 - name: $2
@@ -455,7 +466,7 @@ extra_args_key() {
 	echo "etcd: ${e[*]}"
 	echo "kube-apiserver: ${a[*]}"
 	# Bumped when the fixed flags change, so a running cluster with the old ones restarts.
-	echo "fixed flags: 2 (ShardedListAndWatch)"
+	echo "fixed flags: 3 (ShardedListAndWatch, a second API server without it)"
 }
 
 write_args() { # <name> <arg>...: one argument per line
@@ -471,15 +482,17 @@ prepare_state() {
 	ln -s "$BIN_DIR" "$STATE_DIR/bin"
 	cp "$KWOK_STAGES" "$RUN/kwok-stages.yaml"
 
-	read -r -a ports <<<"$(free_ports 3)"
+	read -r -a ports <<<"$(free_ports 4)"
 	cat >"$RUN/ports.env" <<EOF
 ETCD_CLIENT_PORT=${ports[0]}
 ETCD_PEER_PORT=${ports[1]}
 APISERVER_PORT=${ports[2]}
+APISERVER_NOGATE_PORT=${ports[3]}
 EOF
 	load_ports
 	make_certs
 	write_kubeconfig "$KUBECONFIG_ADMIN" kubernetes-admin admin
+	write_kubeconfig "$KUBECONFIG_NOGATE" kubernetes-admin admin "$APISERVER_NOGATE_PORT"
 	local c
 	for c in kube-controller-manager kube-scheduler kwok; do
 		write_kubeconfig "$STATE_DIR/kubeconfigs/$c.kubeconfig" "$c" "$c"
@@ -517,10 +530,11 @@ EOF
 		  - level: None
 	POLICY
 
-	write_args kube-apiserver \
+	apiserver_args() { # <name> <port> <ShardedListAndWatch> <audit log>
+		write_args "$1" \
 		--etcd-servers="http://127.0.0.1:$ETCD_CLIENT_PORT" \
 		--bind-address=127.0.0.1 \
-		--secure-port="$APISERVER_PORT" \
+		--secure-port="$2" \
 		--advertise-address=127.0.0.1 \
 		--endpoint-reconciler-type=none \
 		--tls-cert-file="$CERTS/apiserver.crt" \
@@ -535,13 +549,16 @@ EOF
 		--max-requests-inflight=2000 \
 		--max-mutating-requests-inflight=1000 \
 		--shutdown-send-retry-after=true \
-		--feature-gates=ShardedListAndWatch=true \
+		--feature-gates="ShardedListAndWatch=$3" \
 		--audit-policy-file="$STATE_DIR/audit-policy.yaml" \
-		--audit-log-path="$LOGS/audit.log" \
+		--audit-log-path="$4" \
 		--audit-log-format=json \
 		--audit-log-maxsize=500 \
 		--audit-log-maxbackup=1 \
 		"${api_extra[@]}"
+	}
+	apiserver_args kube-apiserver "$APISERVER_PORT" true "$LOGS/audit.log"
+	apiserver_args "$NOGATE" "$APISERVER_NOGATE_PORT" false "$LOGS/audit-nogate.log"
 
 	write_args kube-controller-manager \
 		--kubeconfig="$STATE_DIR/kubeconfigs/kube-controller-manager.kubeconfig" \
@@ -721,6 +738,21 @@ restart_component() { # <name> <health check> <watched components>
 	log "$1 restarted in $(since "$t0")"
 }
 
+# The second API server, started on demand (an idle one would still decode every
+# write the tests and benchmarks make).
+cmd_nogate() {
+	lock
+	readyz || die "the cluster is not up; run 'up' first"
+	[[ -r "$RUN/$NOGATE.args" && -n "${APISERVER_NOGATE_PORT:-}" ]] ||
+		die "this cluster was started without a second API server; run 'restart'"
+	if ! pid_of "$NOGATE" >/dev/null; then
+		ln -sfn kube-apiserver "$BIN_DIR/$NOGATE"
+		start_component "$NOGATE"
+		wait_until "$NOGATE /readyz" "etcd,$NOGATE" nogate_readyz
+	fi
+	echo "$KUBECONFIG_NOGATE"
+}
+
 cmd_env() {
 	echo "export KUBECONFIG=$KUBECONFIG_ADMIN"
 	echo "export PATH=$STATE_DIR/bin:\$PATH"
@@ -737,6 +769,8 @@ main() {
 	status) cmd_status ;;
 	restart-apiserver) restart_component kube-apiserver readyz etcd,kube-apiserver ;;
 	restart-etcd) restart_component etcd etcd_healthy etcd ;;
+	apiserver-without-gate) cmd_nogate ;;
+	stop-apiserver-without-gate) lock && stop_components "$NOGATE" ;;
 	env) cmd_env ;;
 	-h | --help | help) usage ;;
 	*)

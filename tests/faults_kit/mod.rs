@@ -326,19 +326,20 @@ pub async fn terminated_watchers(client: &kube::Client) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
-/// The API server's audit log of write requests (`.cluster/logs/audit.log`), read from
-/// where it ended when [`Audit::mark`] was called.
+/// The API servers' audit logs of write requests (`.cluster/logs/audit.log`, and
+/// `audit-nogate.log` of the second API server the sharding fallback test starts), read
+/// from where each ended when [`Audit::mark`] was called.
 pub struct Audit {
-    path: PathBuf,
-    from: u64,
+    logs: Vec<(PathBuf, u64)>,
 }
 
 impl Audit {
     pub fn mark() -> Audit {
-        let path = kubeconfig_path()
+        let dir = kubeconfig_path()
             .parent()
             .expect("cluster dir")
-            .join("logs/audit.log");
+            .join("logs");
+        let path = dir.join("audit.log");
         let from = std::fs::metadata(&path)
             .unwrap_or_else(|e| {
                 panic!(
@@ -348,33 +349,49 @@ impl Audit {
                 )
             })
             .len();
-        Audit { path, from }
+        // The second API server's log may not exist yet: all of it is new then.
+        let nogate = dir.join("audit-nogate.log");
+        let nogate_from = std::fs::metadata(&nogate).map(|m| m.len()).unwrap_or(0);
+        Audit {
+            logs: vec![(path, from), (nogate, nogate_from)],
+        }
     }
 
     /// The write requests (create, update, patch, delete, deletecollection) to objects in
     /// `ns` logged since the mark, as audit events (`verb`, `userAgent`, `objectRef`,
-    /// `responseStatus`, `stageTimestamp`, ...).
+    /// `responseStatus`, `stageTimestamp`, ...), in the order of their `stageTimestamp`.
     pub fn writes(&self, ns: &str) -> Vec<Json> {
         use std::io::{Read, Seek, SeekFrom};
-        let mut f = std::fs::File::open(&self.path).expect("audit log");
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        // Rotated meanwhile (500 MB): read the new file from its start.
-        let from = if len < self.from { 0 } else { self.from };
-        f.seek(SeekFrom::Start(from)).expect("seek");
-        let mut text = String::new();
-        f.read_to_string(&mut text).expect("read audit log");
         let quoted = format!("\"{ns}\"");
-        text.lines()
-            .filter(|l| l.contains(&quoted))
-            .filter_map(|l| serde_json::from_str::<Json>(l).ok())
-            .filter(|e| {
-                e["objectRef"]["namespace"] == ns
-                    && matches!(
-                        e["verb"].as_str(),
-                        Some("create" | "update" | "patch" | "delete" | "deletecollection")
-                    )
-            })
-            .collect()
+        let mut events = Vec::new();
+        for (i, (path, from)) in self.logs.iter().enumerate() {
+            let mut f = match std::fs::File::open(path) {
+                Ok(f) => f,
+                // Only the main API server's log must be there.
+                Err(_) if i > 0 => continue,
+                Err(e) => panic!("audit log {}: {e}", path.display()),
+            };
+            let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+            // Rotated meanwhile (500 MB): read the new file from its start.
+            let from = if len < *from { 0 } else { *from };
+            f.seek(SeekFrom::Start(from)).expect("seek");
+            let mut text = String::new();
+            f.read_to_string(&mut text).expect("read audit log");
+            events.extend(
+                text.lines()
+                    .filter(|l| l.contains(&quoted))
+                    .filter_map(|l| serde_json::from_str::<Json>(l).ok())
+                    .filter(|e| {
+                        e["objectRef"]["namespace"] == ns
+                            && matches!(
+                                e["verb"].as_str(),
+                                Some("create" | "update" | "patch" | "delete" | "deletecollection")
+                            )
+                    }),
+            );
+        }
+        events.sort_by_key(audit_time);
+        events
     }
 }
 
