@@ -304,6 +304,14 @@ impl Engine {
         self.config.shard = shard;
     }
 
+    /// Forgets what the rules found steady of parents outside `ranges`: their namespaces
+    /// are another replica's now (a sharded replica's share changed).
+    pub fn forget_outside(&self, ranges: &crate::shard::Ranges) {
+        for (_, steady) in self.steady.values() {
+            steady.retain_namespaces(|h| ranges.contains(h));
+        }
+    }
+
     pub async fn shutdown(&mut self) {
         let names: Vec<String> = self.running.keys().cloned().collect();
         for r in self.running.values() {

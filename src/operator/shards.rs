@@ -186,6 +186,11 @@ impl Shards {
             .set_claims_if(epoch, share.ranges.clone(), owns_cluster_rules);
         // 2. Every controller stops (in-flight reconciles finish or are refused).
         engine.shutdown().await;
+        engine.forget_outside(&if fenced {
+            Ranges::none()
+        } else {
+            share.ranges.clone()
+        });
         if fenced {
             engine.set_shard(None);
             self.metrics.shard_share.set(0.0);

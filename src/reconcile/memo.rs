@@ -85,19 +85,27 @@ pub fn identity(o: &DynamicObject) -> Option<u64> {
     Some(h.finish())
 }
 
-/// Per parent UID, the fingerprint of its last reconcile that had nothing to do.
+/// Per parent UID, the fingerprint of its last reconcile that had nothing to do, and the
+/// hash of the parent's namespace (`None` for a cluster-scoped parent), so a sharded
+/// replica forgets what it remembers of parents that left its share.
 #[derive(Default)]
-pub struct Steady(Mutex<HashMap<String, u64>>);
+pub struct Steady(Mutex<HashMap<String, (u64, Option<u64>)>>);
 
 impl Steady {
     pub fn holds(&self, uid: &str, fingerprint: u64) -> bool {
-        lock(&self.0).get(uid) == Some(&fingerprint)
+        lock(&self.0).get(uid).map(|(f, _)| *f) == Some(fingerprint)
     }
-    pub fn mark(&self, uid: &str, fingerprint: u64) {
-        lock(&self.0).insert(uid.to_string(), fingerprint);
+    pub fn mark(&self, uid: &str, namespace: Option<&str>, fingerprint: u64) {
+        let ns = namespace.map(crate::shard::fnv1a);
+        lock(&self.0).insert(uid.to_string(), (fingerprint, ns));
     }
     pub fn forget(&self, uid: &str) {
         lock(&self.0).remove(uid);
+    }
+    /// Keeps only the parents whose namespace hash `keep` holds (and every
+    /// cluster-scoped one: such a rule moves whole, and runs here only when it is ours).
+    pub fn retain_namespaces(&self, keep: impl Fn(u64) -> bool) {
+        lock(&self.0).retain(|_, (_, ns)| ns.is_none_or(&keep));
     }
     pub fn len(&self) -> usize {
         lock(&self.0).len()
@@ -227,9 +235,25 @@ mod tests {
         )]);
         assert_ne!(f, fingerprint(&parent, &kids, &moved));
         let s = Steady::default();
-        s.mark("p", f);
+        s.mark("p", Some("ns"), f);
         assert!(s.holds("p", f) && !s.holds("p", f + 1));
         s.forget("p");
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_share_change_forgets_the_parents_that_left_it() {
+        use crate::shard::{Ranges, fnv1a};
+        let s = Steady::default();
+        s.mark("kept", Some("team-1"), 1);
+        s.mark("moved", Some("team-2"), 2);
+        s.mark("cluster", None, 3);
+        let h = fnv1a("team-1");
+        s.retain_namespaces(|x| Ranges::of([(u128::from(h), u128::from(h) + 1)]).contains(x));
+        assert!(s.holds("kept", 1) && s.holds("cluster", 3));
+        assert!(!s.holds("moved", 2));
+        assert_eq!(s.len(), 2);
+        s.retain_namespaces(|x| Ranges::none().contains(x));
+        assert_eq!(s.len(), 1, "cluster-scoped parents move with their rule");
     }
 }

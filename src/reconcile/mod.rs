@@ -366,7 +366,8 @@ async fn reconcile_inner(
             // No child written: the same inputs (with the parent as its status write left
             // it) give the same outcome, so the next reconcile of them can stop early.
             if changes.is_empty() {
-                ctx.steady.mark(&uid, inputs(ctx));
+                ctx.steady
+                    .mark(&uid, parent.metadata.namespace.as_deref(), inputs(ctx));
             } else {
                 ctx.steady.forget(&uid);
             }

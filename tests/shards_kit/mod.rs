@@ -34,10 +34,29 @@ pub struct Fleet {
 
 impl Fleet {
     pub fn new(kind: &str, rule: &str, kubeconfig: PathBuf) -> Fleet {
+        Fleet::with_data(kind, rule, kubeconfig, "", unique("shards"))
+    }
+
+    /// The same group and rule, with `extra` lines in the child's `data`: another rule
+    /// set version, as a rolling update brings it.
+    pub fn next_version(&self, kind: &str, rule: &str, extra: &str) -> Fleet {
+        Fleet::with_data(
+            kind,
+            rule,
+            self.kubeconfig.clone(),
+            extra,
+            self.group.clone(),
+        )
+    }
+
+    fn with_data(kind: &str, rule: &str, kubeconfig: PathBuf, extra: &str, group: String) -> Fleet {
         let d = RuleDir::new();
         d.template(
             "cm.yaml",
-            &configmap_template("cm", "  gen: \"{{ parent.spec.gen | default(0) }}\"\n"),
+            &configmap_template(
+                "cm",
+                &format!("  gen: \"{{{{ parent.spec.gen | default(0) }}}}\"\n{extra}"),
+            ),
         );
         d.rule(
             "shard.yaml",
@@ -49,7 +68,7 @@ impl Fleet {
         );
         Fleet {
             d,
-            group: unique("shards"),
+            group,
             kubeconfig,
         }
     }
