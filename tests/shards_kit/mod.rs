@@ -73,6 +73,11 @@ impl Fleet {
         }
     }
 
+    /// The fleet's rule directory (for a test that adds a rule of its own).
+    pub fn dir(&self) -> &RuleDir {
+        &self.d
+    }
+
     pub async fn replica(&self) -> Operator {
         self.replica_as(None).await
     }
