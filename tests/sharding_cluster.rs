@@ -67,10 +67,9 @@ async fn a_cluster_scoped_rule_runs_whole_on_one_member_and_moves() {
             }
         }
         let owner = holding.iter().position(|r| in_ranges(r, cluster_rule));
-        if holding.len() == 2 && previous.as_ref() == Some(&holding) {
-            if let Some(owner) = owner {
-                break owner;
-            }
+        if let (2, true, Some(owner)) = (holding.len(), previous.as_ref() == Some(&holding), owner)
+        {
+            break owner;
         }
         assert!(
             started.elapsed() < T,
@@ -111,7 +110,9 @@ async fn a_cluster_scoped_rule_runs_whole_on_one_member_and_moves() {
                 .map(|l| {
                     l.items
                         .iter()
-                        .filter(|c| c.data["data"]["gen"] == wave.to_string())
+                        .filter(|c| {
+                            c.data["data"]["gen"].as_str() == Some(wave.to_string().as_str())
+                        })
                         .count()
                 })
                 .unwrap_or(0)
