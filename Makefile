@@ -99,6 +99,14 @@ bench: cluster ## Benchmarks: render cost, then Rulebook vs a hand-written contr
 	cargo bench --locked --bench cache_memory
 	cargo bench --locked --bench e2e
 
+# One replica against three sharded ones (issue 19): SHARD_BENCH_N (default 10000),
+# SHARD_BENCH_PER_NAMESPACE, SHARD_BENCH_REPLICAS, SHARD_BENCH_REPEATS → target/bench/sharded.md.
+.PHONY: bench-sharded
+bench-sharded: cluster ## Benchmark: one replica vs three --sharding namespace replicas → target/bench/sharded.md
+	@mkdir -p target/bench
+	cargo build --locked --release --bin rulebook
+	cargo bench --locked --bench sharded
+
 # ---------------------------------------------------------------------------
 # Deployment manifests (deploy/README.md). deploy/base/rbac.yaml and deploy/base/ruleset/
 # are generated from rules/ and templates/; tests/deploy_manifests.rs fails when they are

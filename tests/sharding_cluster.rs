@@ -52,31 +52,16 @@ async fn a_cluster_scoped_rule_runs_whole_on_one_member_and_moves() {
     ];
     create_parents(&client, kind, &spaces, 2).await;
     all_ready(&client, kind, &spaces, 20, None, T).await;
-    // Balanced and settled (the same ranges in two readings 2.5 s apart): the rule's owner
-    // is the member whose ranges hold the hash of its name.
-    let mut previous: Option<Vec<String>> = None;
-    let started = Instant::now();
-    let owner = loop {
-        tokio::time::sleep(Duration::from_millis(2500)).await;
-        let mut holding = Vec::new();
-        for op in &ops {
-            let s = share(op).await;
-            let r = s["ranges"].as_str().unwrap_or("").to_string();
-            if !r.is_empty() && s["waitingFor"].as_array().is_some_and(Vec::is_empty) {
-                holding.push(r);
-            }
-        }
-        let owner = holding.iter().position(|r| in_ranges(r, cluster_rule));
-        if let (2, true, Some(owner)) = (holding.len(), previous.as_ref() == Some(&holding), owner)
-        {
-            break owner;
-        }
-        assert!(
-            started.elapsed() < T,
-            "timed out waiting for two members with settled ranges: {holding:?}"
-        );
-        previous = Some(holding);
-    };
+    // Balanced and settled: the rule's owner is the member whose ranges hold the hash of
+    // its name.
+    let ranges = settled_ranges(&[&ops[0], &ops[1]], |r| {
+        r.iter().any(|r| in_ranges(r, cluster_rule))
+    })
+    .await;
+    let owner = ranges
+        .iter()
+        .position(|r| in_ranges(r, cluster_rule))
+        .expect("an owner");
     let audit = Audit::mark();
     let globals = api(
         &client,

@@ -148,6 +148,15 @@ pub async fn wait_crd(client: &Client, name: &str, timeout: Duration) -> Result<
     }
 }
 
+/// `namespace/name` of an object.
+fn key(o: &DynamicObject) -> String {
+    format!(
+        "{}/{}",
+        o.metadata.namespace.as_deref().unwrap_or(""),
+        o.metadata.name.as_deref().unwrap_or("")
+    )
+}
+
 /// One parent as the driver sees it on its watch.
 #[derive(Clone, Debug, Default)]
 struct ParentState {
@@ -156,7 +165,7 @@ struct ParentState {
     ready: bool,
 }
 
-/// Watches the parents of one namespace and counts the converged ones: Ready=True with
+/// Watches the parents of one namespace (or all) and counts the converged ones: Ready=True with
 /// the current generation observed (`status.observedGeneration`, or the Ready
 /// condition's `observedGeneration` for controllers that set only that, such as kro).
 pub struct ParentTracker {
@@ -166,14 +175,24 @@ pub struct ParentTracker {
 
 impl ParentTracker {
     pub async fn start(api: Api<DynamicObject>) -> Result<ParentTracker> {
+        ParentTracker::start_selected(api, None).await
+    }
+
+    /// Like [`ParentTracker::start`], only for the parents a label selector selects.
+    pub async fn start_selected(
+        api: Api<DynamicObject>,
+        labels: Option<&str>,
+    ) -> Result<ParentTracker> {
+        let mut config = watcher::Config::default().any_semantic();
+        if let Some(l) = labels {
+            config = config.labels(l);
+        }
         let state: Arc<Mutex<HashMap<String, ParentState>>> = Arc::default();
         let (synced_tx, synced_rx) = tokio::sync::oneshot::channel();
         let s = state.clone();
         let task = tokio::spawn(async move {
             let mut synced = Some(synced_tx);
-            let mut stream = watcher(api, watcher::Config::default().any_semantic())
-                .default_backoff()
-                .boxed();
+            let mut stream = watcher(api, config).default_backoff().boxed();
             while let Some(ev) = stream.next().await {
                 match ev {
                     Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => {
@@ -181,9 +200,7 @@ impl ParentTracker {
                         s.lock().unwrap().insert(name, st);
                     }
                     Ok(watcher::Event::Delete(o)) => {
-                        s.lock()
-                            .unwrap()
-                            .remove(&o.metadata.name.clone().unwrap_or_default());
+                        s.lock().unwrap().remove(&key(&o));
                     }
                     Ok(watcher::Event::Init) => s.lock().unwrap().clear(),
                     Ok(watcher::Event::InitDone) => {
@@ -221,7 +238,8 @@ impl Drop for ParentTracker {
 }
 
 fn parent_state(o: &DynamicObject) -> (String, ParentState) {
-    let name = o.metadata.name.clone().unwrap_or_default();
+    // Keyed by namespace and name: a tracker may watch every namespace (benches/sharded.rs).
+    let name = key(o);
     let generation = o.metadata.generation.unwrap_or(0);
     let status = o.data.get("status");
     let ready_cond = status

@@ -67,6 +67,8 @@ impl Writer {
         if self.gate.may_write() {
             Ok(())
         } else {
+            // Counted like a refusal at the wire: the request never gets that far.
+            self.metrics.writes_refused.inc();
             Err(WriteError::NotLeader)
         }
     }
@@ -250,5 +252,6 @@ mod tests {
             Err(WriteError::NotLeader)
         ));
         assert!(!metrics.encode().contains("rulebook_api_writes_total{"));
+        assert_eq!(metrics.writes_refused.get(), 3, "each refusal is counted");
     }
 }

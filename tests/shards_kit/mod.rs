@@ -354,3 +354,30 @@ pub fn writes_by(audit: &Audit, spaces: &[String], identity: &str) -> Vec<Json> 
         .filter(|e| e["userAgent"].as_str().is_some_and(|a| a.contains(&tag)))
         .collect()
 }
+
+/// Waits until every replica holds ranges, none waits for an acknowledgement, two
+/// readings 2.5 s apart agree, and `want` accepts the ranges; returns them (in the
+/// order of `ops`).
+pub async fn settled_ranges(ops: &[&Operator], want: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let mut previous: Option<Vec<String>> = None;
+    let started = std::time::Instant::now();
+    loop {
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let mut holding = Vec::new();
+        for op in ops {
+            let s = share(op).await;
+            let r = s["ranges"].as_str().unwrap_or("").to_string();
+            if !r.is_empty() && s["waitingFor"].as_array().is_some_and(Vec::is_empty) {
+                holding.push(r);
+            }
+        }
+        if holding.len() == ops.len() && previous.as_ref() == Some(&holding) && want(&holding) {
+            return holding;
+        }
+        assert!(
+            started.elapsed() < T,
+            "timed out waiting for settled ranges: {holding:?}"
+        );
+        previous = Some(holding);
+    }
+}
