@@ -400,7 +400,7 @@ fn stats(v: &[f64]) -> Option<(f64, f64, f64)> {
     }
     s.sort_by(f64::total_cmp);
     let m = s.len() / 2;
-    let median = if s.len() % 2 == 0 {
+    let median = if s.len().is_multiple_of(2) {
         (s[m - 1] + s[m]) / 2.0
     } else {
         s[m]
