@@ -3,8 +3,9 @@
 //! Builds N copies of a child as the benchmark rule's ConfigMap looks in the watch cache
 //! (Rulebook's labels and annotations, an owner reference, Rulebook's managedFields
 //! entry) and reports the live heap per object (a counting allocator) and the RSS
-//! growth, once as kube-runtime would cache it and once in Rulebook's cached form
-//! (`rulebook::reconcile::cache::strip_child`). Writes `target/bench/cache_memory.json`.
+//! growth: as kube-runtime would cache it, packed as the watch stream carries it
+//! (`rulebook::reconcile::cache::strip_child`), and lean as the store keeps it
+//! (`lean_child`). Writes `target/bench/cache_memory.json`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
@@ -65,7 +66,14 @@ fn child(i: usize) -> String {
     .to_string()
 }
 
-fn measure(n: usize, packed: bool) -> (usize, usize, usize) {
+#[derive(Clone, Copy, PartialEq)]
+enum Form {
+    Raw,
+    Packed,
+    Lean,
+}
+
+fn measure(n: usize, form: Form) -> (usize, usize, usize) {
     let texts: Vec<String> = (0..n).map(child).collect();
     let json_bytes = texts.iter().map(String::len).sum::<usize>() / n.max(1);
     let (rss0, live0) = (rss(), LIVE.load(Relaxed));
@@ -74,8 +82,11 @@ fn measure(n: usize, packed: bool) -> (usize, usize, usize) {
         let Ok(mut o) = serde_json::from_str::<DynamicObject>(t) else {
             continue;
         };
-        if packed {
+        if form != Form::Raw {
             rulebook::reconcile::cache::strip_child(&mut o);
+        }
+        if form == Form::Lean {
+            o = rulebook::reconcile::cache::lean_child(&o);
         }
         cache.push(Arc::new(o));
     }
@@ -94,20 +105,25 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(9000);
-    // Packed first: RSS growth is measured on a fresh heap, which the raw run then reuses.
-    let (json, packed_live, packed_rss) = measure(n, true);
-    let (_, raw_live, raw_rss) = measure(n, false);
+    // Smallest first: RSS growth is measured on a fresh heap, which the later runs reuse.
+    let (json, lean_live, lean_rss) = measure(n, Form::Lean);
+    let (_, packed_live, packed_rss) = measure(n, Form::Packed);
+    let (_, raw_live, raw_rss) = measure(n, Form::Raw);
     println!("cache_memory: {n} ConfigMap children of {json} JSON bytes each");
     println!(
         "  as kube-runtime caches them: {raw_live} B live heap per object ({raw_rss} B RSS growth)"
     );
     println!(
-        "  in Rulebook's cached form:   {packed_live} B live heap per object ({packed_rss} B RSS growth)"
+        "  packed (the watch stream):   {packed_live} B live heap per object ({packed_rss} B RSS growth)"
+    );
+    println!(
+        "  lean (Rulebook's store):     {lean_live} B live heap per object ({lean_rss} B RSS growth)"
     );
     let out = serde_json::json!({
         "objects": n, "json_bytes_per_object": json,
         "raw": {"live_heap_per_object": raw_live, "rss_growth_per_object": raw_rss},
         "packed": {"live_heap_per_object": packed_live, "rss_growth_per_object": packed_rss},
+        "lean": {"live_heap_per_object": lean_live, "rss_growth_per_object": lean_rss},
     });
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     if std::fs::create_dir_all(&dir).is_ok() {

@@ -153,6 +153,15 @@ impl Replica {
             .sum()
     }
 
+    /// The sum of a counter's series on this replica's /metrics.
+    async fn counter(&self, name: &str) -> f64 {
+        let text = self.get("/metrics").await.unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// Parents in this replica's caches.
     async fn cached_parents(&self) -> f64 {
         let text = self.get("/metrics").await.unwrap_or_default();
@@ -351,19 +360,28 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
         .iter()
         .map(|x| procs::usage_of(x.pid()).rss_mib)
         .collect();
-    let shares: Vec<Json> = if sharded {
-        let mut v = Vec::new();
-        for rep in &replicas {
-            v.push(rep.sharding().await["percentOfHashSpace"].clone());
+    // The anonymous part of RSS (the rest is the binary's pages, the same in every
+    // replica), and what each replica did: reconciles, and its sharding status.
+    let anon: Vec<f64> = replicas.iter().map(|x| rss_anon_mib(x.pid())).collect();
+    let mut reconciles = Vec::new();
+    let mut shares: Vec<Json> = Vec::new();
+    let mut sharding: Vec<Json> = Vec::new();
+    for rep in &replicas {
+        reconciles.push(rep.counter("rulebook_reconciles_total").await);
+        if sharded {
+            let s = rep.sharding().await;
+            shares.push(s["percentOfHashSpace"].clone());
+            sharding.push(json!({
+                "generation": s["generation"],
+                "coordinator": s["coordinator"] == s["identity"],
+            }));
         }
-        v
-    } else {
-        Vec::new()
-    };
+    }
     eprintln!(
         "sharded: {r} replica(s): converged in {converge:.1} s (created in {created:.1} s); \
          replica CPU {replica_cpu:.1?} s; API server {api_cpu:.1} s, etcd {etcd_cpu:.1} s; \
-         RSS {rss:.1?} MiB; cached objects {cached:?}"
+         RSS {rss:.1?} MiB (anonymous {anon:.1?}); cached objects {cached:?}; \
+         reconciles {reconciles:?}; sharding {sharding:?}"
     );
     drop(replicas);
     drop(tracker);
@@ -386,9 +404,23 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
         "apiserver_cpu_seconds": api_cpu,
         "etcd_cpu_seconds": etcd_cpu,
         "rss_mib": rss,
+        "rss_anon_mib": anon,
         "cached_objects": cached,
+        "reconciles": reconciles,
+        "sharding": sharding,
         "share_percent": shares,
     }))
+}
+
+/// The anonymous resident memory of a process (`RssAnon`), MiB.
+fn rss_anon_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("RssAnon:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0)
 }
 
 /// Creates parents `b<i>` for each `i` in `names` in every namespace of `spaces`.
@@ -492,19 +524,43 @@ fn report(cfg: &Cfg, runs: &[Json]) -> String {
         "# One replica against sharded replicas\n\n{} parents ({} per namespace, 3 children each; \
          converge and CPU are of the parents after the first of each namespace), {} round(s); \
          medians (range).\n\n\
-         | replicas | converge | replica CPU, all | API server CPU | etcd CPU | RSS per replica | max RSS per replica, % of one replica's |\n\
-         |---|---|---|---|---|---|---|\n",
+         | replicas | converge | replica CPU, all | API server CPU | etcd CPU | RSS per replica | max RSS per replica, % of one replica's | anonymous RSS per replica | max anonymous RSS, % of one replica's |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
         cfg.n, cfg.per, cfg.repeats
     );
     let of = |r: usize| -> Vec<&Json> { runs.iter().filter(|x| x["replicas"] == r).collect() };
     let nums = |rs: &[&Json], key: &str| -> Vec<f64> {
         rs.iter().filter_map(|x| x[key].as_f64()).collect()
     };
-    let single_rss: Vec<f64> = of(1)
-        .iter()
-        .filter_map(|x| x["rss_mib"][0].as_f64())
-        .collect();
-    let single = stats(&single_rss).map(|s| s.0);
+    // Every replica's value of a per-replica key, and each run's largest.
+    let each = |rs: &[&Json], key: &str| -> Vec<f64> {
+        rs.iter()
+            .flat_map(|x| {
+                x[key]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(Json::as_f64).collect::<Vec<_>>())
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let largest = |rs: &[&Json], key: &str| -> Vec<f64> {
+        rs.iter()
+            .filter_map(|x| {
+                x[key]
+                    .as_array()?
+                    .iter()
+                    .filter_map(Json::as_f64)
+                    .reduce(f64::max)
+            })
+            .collect()
+    };
+    let single = |key: &str| stats(&each(&of(1), key)).map(|s| s.0);
+    let pct = |max: Vec<f64>, of_one: Option<f64>| -> Vec<f64> {
+        match of_one {
+            Some(s) if s > 0.0 => max.iter().map(|m| m * 100.0 / s).collect(),
+            _ => Vec::new(),
+        }
+    };
     for r in &cfg.replicas {
         let rs = of(*r);
         let cpu_sum: Vec<f64> = rs
@@ -516,49 +572,36 @@ fn report(cfg: &Cfg, runs: &[Json]) -> String {
                     .unwrap_or(f64::NAN)
             })
             .collect();
-        let rss_each: Vec<f64> = rs
-            .iter()
-            .flat_map(|x| {
-                x["rss_mib"]
-                    .as_array()
-                    .map(|a| a.iter().filter_map(Json::as_f64).collect::<Vec<_>>())
-                    .unwrap_or_default()
-            })
-            .collect();
-        let rss_max: Vec<f64> = rs
-            .iter()
-            .filter_map(|x| {
-                x["rss_mib"]
-                    .as_array()?
-                    .iter()
-                    .filter_map(Json::as_f64)
-                    .reduce(f64::max)
-            })
-            .collect();
-        let pct: Vec<f64> = match single {
-            Some(s) if s > 0.0 => rss_max.iter().map(|m| m * 100.0 / s).collect(),
-            _ => Vec::new(),
-        };
         md.push_str(&format!(
-            "| {r} | {} | {} | {} | {} | {} | {} |\n",
+            "| {r} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             cell(&nums(&rs, "converge_seconds"), " s"),
             cell(&cpu_sum, " s"),
             cell(&nums(&rs, "apiserver_cpu_seconds"), " s"),
             cell(&nums(&rs, "etcd_cpu_seconds"), " s"),
-            cell(&rss_each, " MiB"),
-            cell(&pct, " %"),
+            cell(&each(&rs, "rss_mib"), " MiB"),
+            cell(&pct(largest(&rs, "rss_mib"), single("rss_mib")), " %"),
+            cell(&each(&rs, "rss_anon_mib"), " MiB"),
+            cell(
+                &pct(largest(&rs, "rss_anon_mib"), single("rss_anon_mib")),
+                " %"
+            ),
         ));
     }
     md.push_str("\nEvery run (`sharded.json`):\n\n");
     for x in runs {
         md.push_str(&format!(
-            "- {} replica(s), round {}: converge {:.1} s; RSS {} MiB; cached objects {}; share {}\n",
+            "- {} replica(s), round {}: converge {:.1} s; CPU {} s; RSS {} MiB (anonymous {}); \
+             cached objects {}; reconciles {}; share {}; sharding {}\n",
             x["replicas"],
             x["round"],
             x["converge_seconds"].as_f64().unwrap_or(f64::NAN),
+            x["replica_cpu_seconds"],
             x["rss_mib"],
+            x["rss_anon_mib"],
             x["cached_objects"],
+            x["reconciles"],
             x["share_percent"],
+            x["sharding"],
         ));
     }
     md

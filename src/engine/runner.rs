@@ -18,7 +18,9 @@ use tracing::warn;
 
 use super::EngineConfig;
 use super::status::{EngineStatus, RuleState};
-use super::streams::{CacheSync, LIST_PAGE_SIZE, admission, packed, parent_changed, relisted};
+use super::streams::{
+    CacheSync, LIST_PAGE_SIZE, admission, packed, parent_changed, reflect_lean, relisted,
+};
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::admission::CacheBudget;
@@ -379,7 +381,7 @@ impl RuleRunner {
                 }
                 event
             })
-            .reflect(writer)
+            .map(reflect_lean(writer))
             .map(relisted(relisted_tx.clone()))
             .touched_objects();
             controller = controller.owns_stream_with(stream, ar.clone());

@@ -108,7 +108,7 @@ pub(super) async fn apply_child(
     } = target(ctx, namespace, d);
     let child_spec = &ctx.rule.children()[d.child];
 
-    let cached = kind.store.get(&oref).filter(|o| !is_stub(o));
+    let cached = kind.cached(&oref).filter(|o| !is_stub(o));
     let fetched = match (&cached, lookup) {
         (Some(_), _) => None,
         (None, Some(found)) => Some(found),

@@ -9,9 +9,23 @@
 //! `fieldsV1` as one compact JSON string each; [`to_json`] restores the full object when
 //! a reconcile reads it. Nothing else reads cached content: kube-runtime uses only the
 //! metadata.
+//!
+//! Children, most of what is cached, are leaner still in the store ([`lean_child`]):
+//! their labels, annotations, ownerReferences and managedFields move into the same
+//! string. Each of those maps and lists is a separate allocation in typed metadata (a
+//! B-tree node of labels is ~500 bytes however few they are), and together they were
+//! about half of a cached ConfigMap. The watch stream still carries the typed form (the
+//! owner index and kube-runtime's owner mapping read it once per event), and a
+//! reconcile reads a child through [`unpack`], which restores them.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    FieldsV1, ManagedFieldsEntry, OwnerReference,
+};
 use kube::api::DynamicObject;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 
 use crate::meta::FIELD_MANAGER;
@@ -69,6 +83,95 @@ fn pack_content(o: &mut DynamicObject) {
     }
 }
 
+/// How the packed text of a lean child starts: the moved metadata comes first.
+const MOVED: &str = "{\"metadata\":";
+
+/// The metadata a lean child keeps in its packed text.
+#[derive(Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Moved {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    annotations: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner_references: Option<Vec<OwnerReference>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    managed_fields: Option<Vec<ManagedFieldsEntry>>,
+}
+
+fn is_lean(o: &DynamicObject) -> bool {
+    matches!(&o.data, Json::String(text) if text.starts_with(MOVED))
+}
+
+/// The store's form of a packed child (see the module comment): the same object with its
+/// labels, annotations, ownerReferences and managedFields moved into the packed text. A
+/// child cached without content (a stub) or already lean is cloned as it is.
+pub fn lean_child(o: &DynamicObject) -> DynamicObject {
+    let Json::String(content) = &o.data else {
+        return o.clone();
+    };
+    let Some(rest) = content.strip_prefix('{') else {
+        return o.clone();
+    };
+    if content.starts_with(MOVED) {
+        return o.clone();
+    }
+    let m = &o.metadata;
+    let moved = Moved {
+        labels: m.labels.clone(),
+        annotations: m.annotations.clone(),
+        owner_references: m.owner_references.clone(),
+        managed_fields: m.managed_fields.clone(),
+    };
+    let Ok(head) = serde_json::to_string(&moved) else {
+        return o.clone();
+    };
+    let mut text = String::with_capacity(MOVED.len() + head.len() + content.len() + 1);
+    text.push_str(MOVED);
+    text.push_str(&head);
+    if !rest.trim_start().starts_with('}') {
+        text.push(',');
+    }
+    text.push_str(rest);
+    let mut metadata = o.metadata.clone();
+    metadata.labels = None;
+    metadata.annotations = None;
+    metadata.owner_references = None;
+    metadata.managed_fields = None;
+    DynamicObject {
+        types: o.types.clone(),
+        metadata,
+        data: Json::String(text),
+    }
+}
+
+/// The moved metadata of a lean child, read without parsing the content after it.
+fn moved(o: &DynamicObject) -> Option<Moved> {
+    let Json::String(text) = &o.data else {
+        return None;
+    };
+    let head = text.strip_prefix(MOVED)?;
+    Moved::deserialize(&mut serde_json::Deserializer::from_str(head)).ok()
+}
+
+/// A cached child as reconciles read it: a lean child with its typed metadata restored
+/// (its content stays packed); any other object as it is. A lean child whose moved
+/// metadata cannot be read (it was written by [`lean_child`], so only a bug) comes back
+/// with none, which no check takes for a child of any parent.
+pub fn unpack(o: Arc<DynamicObject>) -> Arc<DynamicObject> {
+    if !is_lean(&o) {
+        return o;
+    }
+    let m = moved(&o).unwrap_or_default();
+    let mut full = (*o).clone();
+    full.metadata.labels = m.labels;
+    full.metadata.annotations = m.annotations;
+    full.metadata.owner_references = m.owner_references;
+    full.metadata.managed_fields = m.managed_fields;
+    Arc::new(full)
+}
+
 /// [`to_json`], with `apiVersion` and `kind` from `ar` where the object has none (the
 /// items of a list of a built-in kind come without them), so that what reads the JSON
 /// can tell a Secret by its kind.
@@ -88,11 +191,13 @@ pub fn to_json_as(o: &DynamicObject, ar: &kube::api::ApiResource) -> Option<Json
 /// depth, and the full parse only for the rare deep object.
 pub fn readable(o: &DynamicObject) -> bool {
     let shallow = |text: &str| super::wire::nesting_depth(text) < 100;
+    let moved = moved(o).and_then(|m| m.managed_fields).unwrap_or_default();
     let mut packed = std::iter::once(&o.data).chain(
         o.metadata
             .managed_fields
             .iter()
             .flatten()
+            .chain(&moved)
             .filter_map(|e| e.fields_v1.as_ref().map(|FieldsV1(f)| f)),
     );
     packed.all(|v| match v {
@@ -109,6 +214,19 @@ pub fn to_json(o: &DynamicObject) -> Option<Json> {
         out.insert("kind".into(), Json::String(t.kind.clone()));
     }
     let mut meta = serde_json::to_value(&o.metadata).ok()?;
+    let mut content = match &o.data {
+        Json::String(text) => serde_json::from_str(text).ok()?,
+        other => other.clone(),
+    };
+    // A lean child's moved metadata.
+    if let (Some(Json::Object(moved)), Some(typed)) = (
+        content.as_object_mut().and_then(|c| c.remove("metadata")),
+        meta.as_object_mut(),
+    ) {
+        for (k, v) in moved {
+            typed.entry(k).or_insert(v);
+        }
+    }
     if let Some(entries) = meta.get_mut("managedFields").and_then(Json::as_array_mut) {
         for e in entries {
             if let Some(f) = e.get_mut("fieldsV1")
@@ -119,10 +237,6 @@ pub fn to_json(o: &DynamicObject) -> Option<Json> {
         }
     }
     out.insert("metadata".into(), meta);
-    let content = match &o.data {
-        Json::String(text) => serde_json::from_str(text).ok()?,
-        other => other.clone(),
-    };
     if let Json::Object(fields) = content {
         for (k, v) in fields {
             if !matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
@@ -203,5 +317,62 @@ mod tests {
         let back = to_json(&o).unwrap();
         assert!(back["metadata"].get("managedFields").is_none());
         assert_eq!(back["data"], json!({"k": "v", "z": "w"}));
+    }
+
+    #[test]
+    fn a_lean_child_reads_back_and_unpacks_as_the_packed_one() {
+        let mut packed: DynamicObject = serde_json::from_value(child()).unwrap();
+        strip_child(&mut packed);
+        let lean = lean_child(&packed);
+        assert!(lean.metadata.labels.is_none() && lean.metadata.managed_fields.is_none());
+        assert!(lean.metadata.owner_references.is_none() && is_lean(&lean));
+        assert_eq!(lean.metadata.name, packed.metadata.name);
+        assert_eq!(to_json(&lean), to_json(&packed));
+        // Leaning twice changes nothing; unpacking restores the typed metadata.
+        assert_eq!(lean_child(&lean).data, lean.data);
+        let back = unpack(Arc::new(lean.clone()));
+        assert_eq!(back.metadata, packed.metadata);
+        assert_eq!(to_json(&back), to_json(&packed));
+        assert!(readable(&lean) && readable(&back));
+        // An object with empty content, and one that is not lean, unpack as they are.
+        packed.data = Json::String("{}".into());
+        let empty = lean_child(&packed);
+        assert_eq!(to_json(&empty), to_json(&packed));
+        assert_eq!(unpack(Arc::new(empty)).metadata, packed.metadata);
+        let plain = Arc::new(packed.clone());
+        assert!(Arc::ptr_eq(&unpack(plain.clone()), &plain));
+    }
+
+    #[test]
+    fn a_stub_stays_as_it_is() {
+        let mut o: DynamicObject = serde_json::from_value(child()).unwrap();
+        strip_child(&mut o);
+        o.data = Json::Null;
+        let lean = lean_child(&o);
+        assert_eq!(lean.metadata, o.metadata);
+        assert!(lean.data.is_null());
+    }
+
+    #[test]
+    fn a_lean_child_with_a_too_deep_fieldset_is_not_readable() {
+        let mut o: DynamicObject = serde_json::from_value(child()).unwrap();
+        strip_child(&mut o);
+        let deep = format!(
+            "{}{}",
+            "{\"f:a\":".repeat(200),
+            "{}".to_string() + &"}".repeat(200)
+        );
+        if let Some(e) = o
+            .metadata
+            .managed_fields
+            .as_mut()
+            .and_then(|m| m.first_mut())
+        {
+            e.fields_v1 = Some(FieldsV1(Json::String(deep)));
+        }
+        assert!(!readable(&o));
+        let lean = lean_child(&o);
+        assert!(!readable(&lean));
+        assert_eq!(readable(&lean), to_json(&lean).is_some());
     }
 }

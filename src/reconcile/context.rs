@@ -33,6 +33,12 @@ pub struct ChildKind {
 }
 
 impl ChildKind {
+    /// The cached child at `oref` as reconciles read it (unpacked: see
+    /// [`super::cache::lean_child`]).
+    pub fn cached(&self, oref: &ObjectRef<DynamicObject>) -> Option<Arc<DynamicObject>> {
+        self.store.get(oref).map(super::cache::unpack)
+    }
+
     pub fn api(&self, client: &Client, namespace: Option<&str>) -> Api<DynamicObject> {
         match (self.namespaced, namespace) {
             (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &self.ar),
@@ -196,7 +202,7 @@ impl RuleContext {
                 if let Some(ns) = ns {
                     oref = oref.within(&ns);
                 }
-                if let Some(o) = kind.store.get(&oref)
+                if let Some(o) = kind.cached(&oref)
                     && o.labels().get(labels::OWNER).map(String::as_str) == Some(uid)
                     && controlled_by(&o, uid)
                 {

@@ -1,9 +1,12 @@
 //! An index of cached children by the UID of the parent that owns them (their
 //! `rulebook.dev/owner` label), kept from the same watch events that fill the cache, so
 //! a reconcile finds its children without scanning every child of the rule.
+//!
+//! It holds an entry per cached child, so each key is allocated once and shared by both
+//! maps, and each owner's UID once for all its children.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use kube::ResourceExt;
 use kube::api::DynamicObject;
@@ -16,8 +19,8 @@ pub type Key = (Option<String>, String);
 
 #[derive(Default)]
 struct Maps {
-    by_owner: HashMap<String, HashSet<Key>>,
-    owner_of: HashMap<Key, String>,
+    by_owner: HashMap<Arc<str>, HashSet<Arc<Key>>>,
+    owner_of: HashMap<Arc<Key>, Arc<str>>,
 }
 
 impl Maps {
@@ -25,11 +28,16 @@ impl Maps {
         let key = (o.namespace(), o.name_any());
         self.remove(&key);
         if let Some(owner) = o.labels().get(labels::OWNER) {
+            let key = Arc::new(key);
+            let owner: Arc<str> = match self.by_owner.get_key_value(owner.as_str()) {
+                Some((shared, _)) => shared.clone(),
+                None => Arc::from(owner.as_str()),
+            };
             self.by_owner
                 .entry(owner.clone())
                 .or_default()
                 .insert(key.clone());
-            self.owner_of.insert(key, owner.clone());
+            self.owner_of.insert(key, owner);
         }
     }
 
@@ -77,7 +85,7 @@ impl OwnerIndex {
         lock(&self.live)
             .by_owner
             .get(uid)
-            .map(|s| s.iter().cloned().collect())
+            .map(|s| s.iter().map(|k| (**k).clone()).collect())
             .unwrap_or_default()
     }
 }
