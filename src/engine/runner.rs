@@ -18,9 +18,7 @@ use tracing::warn;
 
 use super::EngineConfig;
 use super::status::{EngineStatus, RuleState};
-use super::streams::{
-    CacheSync, LIST_PAGE_SIZE, admission, packed, parent_changed, reflect_lean, relisted,
-};
+use super::streams::{CacheSync, LIST_PAGE_SIZE, admission, packed, parent_changed, relisted};
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::admission::CacheBudget;
@@ -349,8 +347,8 @@ impl RuleRunner {
                 (Some(ns), true) => Api::namespaced_with(watch_client.clone(), ns, ar),
                 _ => Api::all_with(watch_client.clone(), ar),
             };
-            let writer = reflector::store::Writer::new(ar.clone());
-            let reader = writer.as_reader();
+            let store = Arc::new(crate::reconcile::store::ChildStore::default());
+            let filler = store.clone();
             let index = Arc::new(crate::reconcile::index::OwnerIndex::default());
             let indexer = index.clone();
             let cache_id = self.budget.cache_id();
@@ -378,17 +376,17 @@ impl RuleRunner {
             .map(move |event| {
                 if let Ok(e) = &event {
                     indexer.observe(e);
+                    filler.observe(e);
                 }
                 event
             })
-            .map(reflect_lean(writer))
             .map(relisted(relisted_tx.clone()))
             .touched_objects();
             controller = controller.owns_stream_with(stream, ar.clone());
             kinds.push(ChildKind {
                 ar: ar.clone(),
                 namespaced: *namespaced,
-                store: reader,
+                store,
                 index,
             });
         }
@@ -522,7 +520,7 @@ fn count_cached(
     metrics: Arc<Metrics>,
     rule: &str,
     parents: reflector::Store<kube::api::DynamicObject>,
-    children: Vec<reflector::Store<kube::api::DynamicObject>>,
+    children: Vec<Arc<crate::reconcile::store::ChildStore>>,
 ) -> tokio::task::JoinHandle<()> {
     let label = |cache: &str| metrics::CacheLabels {
         rule: rule.to_string(),
@@ -535,7 +533,7 @@ fn count_cached(
                 .cached_objects
                 .get_or_create(&p)
                 .set(parents.len() as i64);
-            let n: usize = children.iter().map(reflector::Store::len).sum();
+            let n: usize = children.iter().map(|s| s.len()).sum();
             metrics.cached_objects.get_or_create(&c).set(n as i64);
             tokio::time::sleep(Duration::from_secs(2)).await;
         }

@@ -32,31 +32,6 @@ pub(super) fn packed<const CHILD: bool>(
     })
 }
 
-/// What a child watch stream writes into its store: each child in the store's lean form
-/// (`reconcile::cache::lean_child`), while the stream goes on carrying the typed one
-/// (for the owner index and kube-runtime's owner mapping).
-pub(super) fn reflect_lean(
-    mut writer: kube::runtime::reflector::store::Writer<DynamicObject>,
-) -> impl FnMut(
-    Result<watcher::Event<DynamicObject>, watcher::Error>,
-) -> Result<watcher::Event<DynamicObject>, watcher::Error> {
-    use crate::reconcile::cache::lean_child;
-    use watcher::Event;
-    move |event| {
-        if let Ok(e) = &event {
-            let lean = match e {
-                Event::Apply(o) => Event::Apply(lean_child(o)),
-                Event::InitApply(o) => Event::InitApply(lean_child(o)),
-                Event::Delete(o) => Event::Delete(o.clone()),
-                Event::Init => Event::Init,
-                Event::InitDone => Event::InitDone,
-            };
-            writer.apply_watcher_event(&lean);
-        }
-        event
-    }
-}
-
 /// A pass-through for one child cache's events that keeps it within the cache budget,
 /// announcing (once per namespace in a while) the objects cached without content.
 pub(super) fn admission(

@@ -27,7 +27,7 @@ use crate::render::{CompiledRule, Scope};
 pub struct ChildKind {
     pub ar: ApiResource,
     pub namespaced: bool,
-    pub store: Store<DynamicObject>,
+    pub store: Arc<super::store::ChildStore>,
     /// The cached children by owner UID.
     pub index: Arc<OwnerIndex>,
 }
@@ -215,7 +215,7 @@ impl RuleContext {
 
     /// Whether every child cache has completed its first listing.
     pub fn children_listed(&self) -> bool {
-        self.kinds.iter().all(|k| listed(&k.store))
+        self.kinds.iter().all(|k| k.store.listed())
     }
 
     /// Whether every reference cache has completed its first listing (a teardown does

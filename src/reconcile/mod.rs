@@ -37,6 +37,7 @@ pub mod recorder;
 pub mod refs;
 pub mod shard_gate;
 pub mod status;
+pub mod store;
 pub mod teardown;
 pub mod wire;
 pub mod writer;
