@@ -89,7 +89,8 @@ async fn look_up(ctx: &RuleContext, namespace: Option<&str>, d: &DesiredChild) -
 }
 
 /// Applies one desired child when the plan says so. `lookup` is what
-/// [`look_up_uncached`] found for it; `seen` whether the reconcile observed it.
+/// [`look_up_uncached`] found for it; `seen` the child as the reconcile observed it, if
+/// it did (reused while the cache still holds that version, rather than unpacked again).
 pub(super) async fn apply_child(
     ctx: &RuleContext,
     parent: &DynamicObject,
@@ -97,7 +98,7 @@ pub(super) async fn apply_child(
     namespace: Option<&str>,
     d: &DesiredChild,
     lookup: Lookup,
-    seen: bool,
+    seen: Option<&std::sync::Arc<DynamicObject>>,
 ) -> Result<ChildOutcome, ReconcileError> {
     let Target {
         kind,
@@ -108,7 +109,19 @@ pub(super) async fn apply_child(
     } = target(ctx, namespace, d);
     let child_spec = &ctx.rule.children()[d.child];
 
-    let cached = kind.cached(&oref).filter(|o| !is_stub(o));
+    let cached = kind
+        .store
+        .get(&oref)
+        .filter(|o| !is_stub(o))
+        .map(|raw| match seen {
+            Some(o)
+                if o.metadata.uid == raw.metadata.uid
+                    && o.metadata.resource_version == raw.metadata.resource_version =>
+            {
+                o.clone()
+            }
+            _ => super::cache::unpack(raw),
+        });
     let fetched = match (&cached, lookup) {
         (Some(_), _) => None,
         (None, Some(found)) => Some(found),
@@ -137,7 +150,7 @@ pub(super) async fn apply_child(
         return Ok(ChildOutcome::Pending);
     }
 
-    let why = match plan_child(uid, child_spec.adopt, live, seen, d, hash_only) {
+    let why = match plan_child(uid, child_spec.adopt, live, seen.is_some(), d, hash_only) {
         ChildStep::UpToDate { report } => {
             // If it came from a GET, or reached the cache after this reconcile read the
             // parent's children, the status must see it all the same.

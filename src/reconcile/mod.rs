@@ -42,7 +42,7 @@ pub mod teardown;
 pub mod wire;
 pub mod writer;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -274,12 +274,14 @@ async fn reconcile_inner(
     let mut pending = false;
     let lookups = look_up_uncached(ctx, namespace.as_deref(), &desired).await;
     // The children `observed` holds; one that reached the cache since is read again.
-    let in_observed: HashSet<(usize, String)> = live_children
+    let in_observed: HashMap<(usize, String), &Arc<DynamicObject>> = live_children
         .iter()
-        .map(|(k, o)| (*k, o.name_any()))
+        .map(|(k, o)| ((*k, o.name_any()), o))
         .collect();
     for (d, lookup) in desired.iter().zip(lookups) {
-        let seen = in_observed.contains(&(ctx.kind_of_child[d.child], d.object_name().to_string()));
+        let seen = in_observed
+            .get(&(ctx.kind_of_child[d.child], d.object_name().to_string()))
+            .copied();
         match apply_child(ctx, parent, &uid, namespace.as_deref(), d, lookup, seen).await {
             Ok(ChildOutcome::Changed(change)) => changes.push(*change),
             Ok(ChildOutcome::UpToDate) => {}
