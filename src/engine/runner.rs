@@ -349,8 +349,6 @@ impl RuleRunner {
             };
             let store = Arc::new(crate::reconcile::store::ChildStore::default());
             let filler = store.clone();
-            let index = Arc::new(crate::reconcile::index::OwnerIndex::default());
-            let indexer = index.clone();
             let cache_id = self.budget.cache_id();
             cache_ids.push(cache_id);
             let admit = admission(
@@ -375,7 +373,6 @@ impl RuleRunner {
             .map(synced.observer(i + 1))
             .map(move |event| {
                 if let Ok(e) = &event {
-                    indexer.observe(e);
                     filler.observe(e);
                 }
                 event
@@ -387,7 +384,6 @@ impl RuleRunner {
                 ar: ar.clone(),
                 namespaced: *namespaced,
                 store,
-                index,
             });
         }
         let mut refs = Vec::new();

@@ -13,7 +13,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
 use super::fight::Fights;
-use super::index::OwnerIndex;
 use super::memo::{Applied, Steady};
 use super::plan::controlled_by;
 use super::refs::RefKind;
@@ -27,9 +26,8 @@ use crate::render::{CompiledRule, Scope};
 pub struct ChildKind {
     pub ar: ApiResource,
     pub namespaced: bool,
+    /// The cached children, also by owner UID.
     pub store: Arc<super::store::ChildStore>,
-    /// The cached children by owner UID.
-    pub index: Arc<OwnerIndex>,
 }
 
 impl ChildKind {
@@ -194,16 +192,15 @@ impl RuleContext {
     ) -> Vec<(usize, Arc<DynamicObject>)> {
         let mut out = Vec::new();
         for (k, kind) in self.kinds.iter().enumerate() {
-            for (ns, name) in kind.index.owned_by(uid) {
-                if self.parent.namespaced && kind.namespaced && ns.as_deref() != parent_ns {
+            for lean in kind.store.owned_by(uid) {
+                if self.parent.namespaced
+                    && kind.namespaced
+                    && lean.metadata.namespace.as_deref() != parent_ns
+                {
                     continue;
                 }
-                let mut oref = ObjectRef::new_with(&name, kind.ar.clone());
-                if let Some(ns) = ns {
-                    oref = oref.within(&ns);
-                }
-                if let Some(o) = kind.cached(&oref)
-                    && o.labels().get(labels::OWNER).map(String::as_str) == Some(uid)
+                let o = super::cache::unpack(lean);
+                if o.labels().get(labels::OWNER).map(String::as_str) == Some(uid)
                     && controlled_by(&o, uid)
                 {
                     out.push((k, o));

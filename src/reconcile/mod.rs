@@ -27,7 +27,6 @@ pub mod error;
 mod events;
 mod fight;
 pub mod gate;
-pub mod index;
 pub mod memo;
 mod observe;
 mod offload;

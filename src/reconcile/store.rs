@@ -1,33 +1,83 @@
-//! The cache of a rule's children of one kind, filled from its watch stream.
+//! The cache of a rule's children of one kind, filled from its watch stream, with the
+//! children indexed by the UID of the parent that owns them (their `rulebook.dev/owner`
+//! label), so a reconcile finds its children without scanning every child of the rule.
 //!
 //! Not kube-runtime's reflector store: its key (`ObjectRef`) holds a clone of the kind's
 //! `ApiResource` (five strings) and the object's name, namespace, resourceVersion and UID,
 //! about 0.6 KB per cached object, and children are most of what Rulebook caches. Here the
-//! key is `namespace/name` in one string and the value the child in its lean form
-//! ([`super::cache::lean_child`]). Nothing else needs the store: kube-runtime's controller
-//! maps children to parents from the watch stream itself.
+//! key is `namespace/name` in one shared string (the object map and the owner index hold
+//! the same allocation), each owner's UID is held once for all its children, and the value
+//! is the child in its lean form ([`super::cache::lean_child`]). A relist replaces the
+//! objects and the index together, when it completes. Nothing else needs the store:
+//! kube-runtime's controller maps children to parents from the watch stream itself.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 
 use super::cache::lean_child;
+use crate::meta::labels;
 
-type Map = HashMap<Box<str>, Arc<DynamicObject>>;
+struct Entry {
+    object: Arc<DynamicObject>,
+    owner: Option<Arc<str>>,
+}
+
+#[derive(Default)]
+struct Maps {
+    objects: HashMap<Arc<str>, Entry>,
+    by_owner: HashMap<Arc<str>, HashSet<Arc<str>>>,
+}
+
+impl Maps {
+    fn insert(&mut self, o: &DynamicObject) {
+        let Some(key) = key_of(o) else { return };
+        self.remove(&key);
+        let owner = o.labels().get(labels::OWNER).map(|owner| {
+            let shared: Arc<str> = match self.by_owner.get_key_value(owner.as_str()) {
+                Some((shared, _)) => shared.clone(),
+                None => Arc::from(owner.as_str()),
+            };
+            self.by_owner
+                .entry(shared.clone())
+                .or_default()
+                .insert(key.clone());
+            shared
+        });
+        let object = Arc::new(lean_child(o));
+        self.objects.insert(key, Entry { object, owner });
+    }
+
+    fn remove(&mut self, key: &str) {
+        if let Some(Entry {
+            owner: Some(owner), ..
+        }) = self.objects.remove(key)
+            && let Some(set) = self.by_owner.get_mut(&owner)
+        {
+            set.remove(key);
+            if set.is_empty() {
+                self.by_owner.remove(&owner);
+            }
+        }
+    }
+}
 
 #[derive(Default)]
 pub struct ChildStore {
-    live: RwLock<Map>,
+    live: RwLock<Maps>,
     /// A relist in progress: it replaces `live` when it completes.
-    relist: Mutex<Option<Map>>,
+    relist: Mutex<Option<Maps>>,
     /// Whether a first listing has completed.
     listed: AtomicBool,
 }
 
+/// The key of a namespaced object is `namespace/name`, of a cluster-scoped one its
+/// name: names never contain `/`, so the two cannot collide.
 fn key(namespace: Option<&str>, name: &str) -> String {
     match namespace {
         Some(ns) => format!("{ns}/{name}"),
@@ -35,9 +85,9 @@ fn key(namespace: Option<&str>, name: &str) -> String {
     }
 }
 
-fn key_of(o: &DynamicObject) -> Option<Box<str>> {
+fn key_of(o: &DynamicObject) -> Option<Arc<str>> {
     let name = o.metadata.name.as_deref()?;
-    Some(key(o.metadata.namespace.as_deref(), name).into_boxed_str())
+    Some(Arc::from(key(o.metadata.namespace.as_deref(), name)))
 }
 
 impl ChildStore {
@@ -45,20 +95,16 @@ impl ChildStore {
     /// contents when it is complete, not before.
     pub fn observe(&self, event: &Event<DynamicObject>) {
         match event {
-            Event::Apply(o) => {
-                if let Some(k) = key_of(o) {
-                    write(&self.live).insert(k, Arc::new(lean_child(o)));
-                }
-            }
+            Event::Apply(o) => write(&self.live).insert(o),
             Event::Delete(o) => {
                 if let Some(k) = key_of(o) {
                     write(&self.live).remove(&k);
                 }
             }
-            Event::Init => *lock(&self.relist) = Some(Map::new()),
+            Event::Init => *lock(&self.relist) = Some(Maps::default()),
             Event::InitApply(o) => {
-                if let (Some(m), Some(k)) = (lock(&self.relist).as_mut(), key_of(o)) {
-                    m.insert(k, Arc::new(lean_child(o)));
+                if let Some(m) = lock(&self.relist).as_mut() {
+                    m.insert(o);
                 }
             }
             Event::InitDone => {
@@ -73,12 +119,24 @@ impl ChildStore {
     /// The cached child at `oref`, in its lean form.
     pub fn get(&self, oref: &ObjectRef<DynamicObject>) -> Option<Arc<DynamicObject>> {
         read(&self.live)
+            .objects
             .get(key(oref.namespace.as_deref(), &oref.name).as_str())
-            .cloned()
+            .map(|e| e.object.clone())
+    }
+
+    /// The cached children labelled as owned by `uid`, in their lean form.
+    pub fn owned_by(&self, uid: &str) -> Vec<Arc<DynamicObject>> {
+        let maps = read(&self.live);
+        let Some(keys) = maps.by_owner.get(uid) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .filter_map(|k| maps.objects.get(k).map(|e| e.object.clone()))
+            .collect()
     }
 
     pub fn len(&self) -> usize {
-        read(&self.live).len()
+        read(&self.live).objects.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -168,6 +226,47 @@ mod tests {
         s.observe(&Event::InitDone);
         assert_eq!(rv(&s, "a", "x"), None);
         assert_eq!(rv(&s, "c", "y").as_deref(), Some("9"));
+        assert_eq!(s.len(), 1);
+    }
+
+    fn names(s: &ChildStore, uid: &str) -> Vec<String> {
+        let mut v: Vec<String> = s.owned_by(uid).iter().map(|o| o.name_any()).collect();
+        v.sort();
+        v
+    }
+
+    fn owned(ns: &str, name: &str, owner: &str) -> DynamicObject {
+        let mut o = obj(ns, name, "1");
+        o.metadata.labels = Some([(labels::OWNER.to_string(), owner.to_string())].into());
+        o
+    }
+
+    #[test]
+    fn indexes_children_by_owner_through_applies_deletes_and_relists() {
+        let s = ChildStore::default();
+        s.observe(&Event::Apply(owned("ns", "a", "u1")));
+        s.observe(&Event::Apply(owned("ns", "b", "u1")));
+        s.observe(&Event::Apply(owned("ns", "c", "u2")));
+        assert_eq!(names(&s, "u1"), ["a", "b"]);
+        // Relabelled to another owner.
+        s.observe(&Event::Apply(owned("ns", "b", "u2")));
+        assert_eq!(names(&s, "u1"), ["a"]);
+        assert_eq!(names(&s, "u2"), ["b", "c"]);
+        s.observe(&Event::Delete(owned("ns", "a", "u1")));
+        assert!(names(&s, "u1").is_empty());
+        // An unlabelled child is cached and owned by no one.
+        let mut bare = obj("ns", "d", "1");
+        bare.metadata.labels = None;
+        s.observe(&Event::Apply(bare));
+        assert_eq!(s.len(), 3);
+        assert_eq!(names(&s, "u2"), ["b", "c"]);
+        // A relist replaces the index with the objects, when it is done.
+        s.observe(&Event::Init);
+        s.observe(&Event::InitApply(owned("other", "z", "u3")));
+        assert_eq!(names(&s, "u2").len(), 2);
+        s.observe(&Event::InitDone);
+        assert!(names(&s, "u2").is_empty());
+        assert_eq!(names(&s, "u3"), ["z"]);
         assert_eq!(s.len(), 1);
     }
 }
