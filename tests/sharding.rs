@@ -149,30 +149,30 @@ async fn run_fleet(kind: &str, rule: &str, server: Server, spaces_n: usize, per:
         "reconciled by the survivors within the Lease + 10 s: {took:?}"
     );
 
-    // Scale 2 → 5 → 2 under load.
-    for _ in 0..3 {
-        ops.push(fleet.replica().await);
-    }
-    wait_for(T, "five members", || async {
-        let s = share(&ops[0]).await;
-        (s["members"].as_array().map(Vec::len) == Some(5)
-            && s["waitingFor"].as_array().is_some_and(Vec::is_empty))
-        .then_some(())
-    })
-    .await;
-    // One parent per namespace edited at each step, all reconciled.
+    // Back to three, then scale 3 → 5 → 2 under load: a wave of edits, one parent per
+    // namespace, starts the moment each change does and must all be reconciled.
     let wave = |i: usize| -> Vec<(String, String)> {
         spaces
             .iter()
             .map(|ns| (ns.clone(), format!("p{}", i % per)))
             .collect()
     };
-    touch(&client, kind, &wave(2), 2).await;
-    ready_at(&client, kind, &wave(2), 2, T).await;
-    for mut op in ops.drain(..3) {
-        op.signal_and_wait("TERM");
+    ops.push(fleet.replica().await);
+    settled(&ops[0], 3).await;
+    for _ in 0..2 {
+        ops.push(fleet.replica().await);
     }
+    touch(&client, kind, &wave(2), 2).await;
+    settled(&ops[0], 5).await;
+    ready_at(&client, kind, &wave(2), 2, T).await;
+    // Three leave at once (SIGTERM: each releases its claim) while the next wave lands.
+    let mut leaving: Vec<_> = ops.drain(..3).collect();
+    leaving.iter().for_each(|op| op.signal("TERM"));
     touch(&client, kind, &wave(3), 3).await;
+    for op in &mut leaving {
+        op.wait();
+    }
+    settled(&ops[0], 2).await;
     ready_at(&client, kind, &wave(3), 3, T).await;
     // No parent left behind by the moves.
     all_ready(&client, kind, &spaces, total, None, T).await;
@@ -195,6 +195,17 @@ async fn run_fleet(kind: &str, rule: &str, server: Server, spaces_n: usize, per:
     for ns in &spaces {
         cleanup_namespace(&client, ns).await;
     }
+}
+
+/// Waits until `op` sees `n` members and waits for none of them.
+async fn settled(op: &Operator, n: usize) {
+    wait_for(T, &format!("{n} members, none waited for"), || async {
+        let s = share(op).await;
+        (s["members"].as_array().map(Vec::len) == Some(n)
+            && s["waitingFor"].as_array().is_some_and(Vec::is_empty))
+        .then_some(())
+    })
+    .await;
 }
 
 static FLEET: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

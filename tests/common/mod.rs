@@ -315,11 +315,21 @@ impl Operator {
 
     /// Sends a signal (e.g. `TERM`, `KILL`) and waits for the process to exit.
     pub fn signal_and_wait(&mut self, signal: &str) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("running");
+        self.signal(signal);
+        self.wait()
+    }
+
+    /// Sends a signal without waiting (see [`Operator::wait`]).
+    pub fn signal(&self, signal: &str) {
         let _ = Command::new("kill")
             .arg(format!("-{signal}"))
-            .arg(child.id().to_string())
+            .arg(self.pid().to_string())
             .status();
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
         child.wait().expect("wait")
     }
 }
