@@ -9,7 +9,7 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::Value as Json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::cache;
 use super::context::{ChildKind, RuleContext, lock};
@@ -222,12 +222,18 @@ pub(super) async fn apply_child(
         Drift::DesiredChanged => ("Updated", "updated"),
         Drift::FieldsChanged => ("Repaired", "repaired (fields changed by someone else)"),
     };
-    info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "{verb}");
+    // Creations and updates are Events on the parent (one per kind of change) and in the
+    // audit log; a log line each would be the busiest thing an operator writes.
+    if why == Drift::FieldsChanged {
+        info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "{verb}");
+    } else {
+        debug!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "{verb}");
+    }
     Ok(ChildOutcome::Changed(Box::new(Change {
         reason,
         what,
         related: applied.object_ref(&kind.ar),
-        object: serde_json::to_value(&applied).ok(),
+        object: cache::into_json(applied),
     })))
 }
 

@@ -21,10 +21,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     FieldsV1, ManagedFieldsEntry, OwnerReference,
 };
-use kube::api::DynamicObject;
+use kube::api::{DynamicObject, TypeMeta};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 
@@ -208,16 +209,30 @@ pub fn readable(o: &DynamicObject) -> bool {
 
 /// The object as JSON, whether cached (packed) or as the API server returned it.
 pub fn to_json(o: &DynamicObject) -> Option<Json> {
-    let mut out = Map::new();
-    if let Some(t) = &o.types {
-        out.insert("apiVersion".into(), Json::String(t.api_version.clone()));
-        out.insert("kind".into(), Json::String(t.kind.clone()));
-    }
-    let mut meta = serde_json::to_value(&o.metadata).ok()?;
-    let mut content = match &o.data {
+    let content = match &o.data {
         Json::String(text) => serde_json::from_str(text).ok()?,
         other => other.clone(),
     };
+    assemble(o.types.as_ref(), &o.metadata, content)
+}
+
+/// [`to_json`] of an object no one else holds (an API server's response to a write): its
+/// content moves into the JSON rather than being copied.
+pub fn into_json(o: DynamicObject) -> Option<Json> {
+    let content = match o.data {
+        Json::String(text) => serde_json::from_str(&text).ok()?,
+        other => other,
+    };
+    assemble(o.types.as_ref(), &o.metadata, content)
+}
+
+fn assemble(types: Option<&TypeMeta>, metadata: &ObjectMeta, mut content: Json) -> Option<Json> {
+    let mut out = Map::new();
+    if let Some(t) = types {
+        out.insert("apiVersion".into(), Json::String(t.api_version.clone()));
+        out.insert("kind".into(), Json::String(t.kind.clone()));
+    }
+    let mut meta = serde_json::to_value(metadata).ok()?;
     // A lean child's moved metadata.
     if let (Some(Json::Object(moved)), Some(typed)) = (
         content.as_object_mut().and_then(|c| c.remove("metadata")),
