@@ -310,6 +310,16 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
         true
     };
     let cpu0: Vec<f64> = replicas.iter().map(|x| cpu(Some(x.pid()))).collect();
+    // What each replica had done before the measured part (the seed, the balancing), and
+    // the share generation it started from (a later one means ranges moved during it).
+    let mut reconciles0 = Vec::new();
+    let mut generation0 = Vec::new();
+    for rep in &replicas {
+        reconciles0.push(rep.counter("rulebook_reconciles_total").await);
+        if sharded {
+            generation0.push(rep.sharding().await["generation"].clone());
+        }
+    }
     let (api0, etcd0) = (cpu(apiserver), cpu(etcd));
     let t0 = Instant::now();
     create(client, &spaces, &run, 1..cfg.per).await?;
@@ -366,12 +376,13 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
     let mut reconciles = Vec::new();
     let mut shares: Vec<Json> = Vec::new();
     let mut sharding: Vec<Json> = Vec::new();
-    for rep in &replicas {
-        reconciles.push(rep.counter("rulebook_reconciles_total").await);
+    for (i, rep) in replicas.iter().enumerate() {
+        reconciles.push(rep.counter("rulebook_reconciles_total").await - reconciles0[i]);
         if sharded {
             let s = rep.sharding().await;
             shares.push(s["percentOfHashSpace"].clone());
             sharding.push(json!({
+                "generation_at_start": generation0[i],
                 "generation": s["generation"],
                 "coordinator": s["coordinator"] == s["identity"],
             }));
@@ -381,7 +392,7 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
         "sharded: {r} replica(s): converged in {converge:.1} s (created in {created:.1} s); \
          replica CPU {replica_cpu:.1?} s; API server {api_cpu:.1} s, etcd {etcd_cpu:.1} s; \
          RSS {rss:.1?} MiB (anonymous {anon:.1?}); cached objects {cached:?}; \
-         reconciles {reconciles:?}; sharding {sharding:?}"
+         reconciles during it {reconciles:?}; sharding {sharding:?}"
     );
     drop(replicas);
     drop(tracker);
@@ -591,7 +602,7 @@ fn report(cfg: &Cfg, runs: &[Json]) -> String {
     for x in runs {
         md.push_str(&format!(
             "- {} replica(s), round {}: converge {:.1} s; CPU {} s; RSS {} MiB (anonymous {}); \
-             cached objects {}; reconciles {}; share {}; sharding {}\n",
+             cached objects {}; reconciles during the converge {}; share {}; sharding {}\n",
             x["replicas"],
             x["round"],
             x["converge_seconds"].as_f64().unwrap_or(f64::NAN),

@@ -1,12 +1,16 @@
 //! The coordinator's view of the load: how many parents each namespace holds, by
 //! namespace hash. Counted with paged metadata-only lists (no cache is kept: only the
-//! counts), a few times per rebalance period.
+//! counts), a few times per rebalance period. A page is decoded into its items'
+//! namespaces alone (everything else is skipped unparsed): the coordinator is the one
+//! member that reads every parent, and typed metadata of a whole page (managedFields
+//! included) made it the largest replica.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use kube::api::{Api, ListParams};
-use kube::{Client, ResourceExt};
+use kube::api::ListParams;
+use kube::{Client, Resource};
+use serde::Deserialize;
 use tracing::debug;
 
 use crate::shard::fnv1a;
@@ -56,19 +60,12 @@ impl LoadCounter {
             if !namespaced {
                 continue;
             }
-            let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
+            let url = kube::api::DynamicObject::url_path(&ar, None);
             let mut params = ListParams::default().limit(500);
             loop {
-                match api.list_metadata(&params).await {
-                    Ok(page) => {
-                        for o in &page.items {
-                            *per_ns.entry(o.namespace().unwrap_or_default()).or_default() += 1;
-                        }
-                        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                            Some(c) => params = params.continue_token(&c),
-                            None => break,
-                        }
-                    }
+                match count_page(client, &url, &params, &mut per_ns).await {
+                    Ok(Some(token)) => params = params.continue_token(&token),
+                    Ok(None) => break,
                     Err(e) => {
                         debug!(error = %e, %kind, "cannot count parents");
                         break;
@@ -80,4 +77,50 @@ impl LoadCounter {
         self.counted = Some((Instant::now(), kinds.parents.clone()));
         self.points.clone()
     }
+}
+
+/// One page of a metadata-only list, as far as counting needs it.
+#[derive(Deserialize)]
+struct Page {
+    #[serde(default)]
+    metadata: PageMeta,
+    #[serde(default)]
+    items: Vec<Item>,
+}
+
+#[derive(Default, Deserialize)]
+struct PageMeta {
+    #[serde(default, rename = "continue")]
+    continue_: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Item {
+    #[serde(default)]
+    metadata: ItemMeta,
+}
+
+#[derive(Default, Deserialize)]
+struct ItemMeta {
+    #[serde(default)]
+    namespace: Option<String>,
+}
+
+/// Counts one page into `per_ns`; the continue token of the next page, if any.
+async fn count_page(
+    client: &Client,
+    url: &str,
+    params: &ListParams,
+    per_ns: &mut BTreeMap<String, u64>,
+) -> Result<Option<String>, kube::Error> {
+    let request = kube::core::Request::new(url)
+        .list_metadata(params)
+        .map_err(kube::Error::BuildRequest)?;
+    let page: Page = client.request(request).await?;
+    for item in page.items {
+        *per_ns
+            .entry(item.metadata.namespace.unwrap_or_default())
+            .or_default() += 1;
+    }
+    Ok(page.metadata.continue_.filter(|c| !c.is_empty()))
 }
