@@ -116,12 +116,24 @@ impl ChildStore {
         }
     }
 
-    /// The cached child at `oref`, in its lean form.
+    /// The cached child at `oref`, in its lean form. (The key is built in a buffer each
+    /// thread reuses: lookups are on every reconcile's path.)
     pub fn get(&self, oref: &ObjectRef<DynamicObject>) -> Option<Arc<DynamicObject>> {
-        read(&self.live)
-            .objects
-            .get(key(oref.namespace.as_deref(), &oref.name).as_str())
-            .map(|e| e.object.clone())
+        thread_local! {
+            static KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
+        KEY.with_borrow_mut(|k| {
+            k.clear();
+            if let Some(ns) = oref.namespace.as_deref() {
+                k.push_str(ns);
+                k.push('/');
+            }
+            k.push_str(&oref.name);
+            read(&self.live)
+                .objects
+                .get(k.as_str())
+                .map(|e| e.object.clone())
+        })
     }
 
     /// The cached children labelled as owned by `uid`, in their lean form.
