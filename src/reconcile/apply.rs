@@ -20,6 +20,7 @@ use super::plan::{ChildStep, Live, plan_child};
 use super::wire::{self, is_stub};
 use super::writer::WriteError;
 use crate::meta::FIELD_MANAGER;
+use crate::meta::JsonAt;
 use crate::metrics;
 use crate::render::DesiredChild;
 
@@ -41,7 +42,7 @@ pub(super) fn target<'a>(
     let name = d.object_name().to_string();
     let ns = if kind.namespaced {
         d.object
-            .pointer("/metadata/namespace")
+            .at(&["metadata", "namespace"])
             .and_then(Json::as_str)
             .or(namespace)
     } else {

@@ -11,6 +11,7 @@ use serde_json::Value as Json;
 
 use super::context::{RuleContext, lock};
 use crate::meta::FIELD_MANAGER;
+use crate::meta::JsonAt;
 use crate::render::Observed;
 
 /// An event on the parent.
@@ -143,7 +144,7 @@ pub(super) fn report_changes(ctx: &RuleContext, parent: &DynamicObject, changes:
 /// Managers other than Rulebook that hold fields of the object, most recent first.
 pub(super) fn other_managers(live: &Json) -> String {
     let mut names: Vec<(String, String)> = live
-        .pointer("/metadata/managedFields")
+        .at(&["metadata", "managedFields"])
         .and_then(Json::as_array)
         .map(|entries| {
             entries

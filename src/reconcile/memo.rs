@@ -21,6 +21,7 @@ use kube::api::DynamicObject;
 use serde_json::Value as Json;
 
 use super::context::lock;
+use crate::meta::JsonAt;
 
 /// The fingerprint of a reconcile's inputs but the parent: its live children's and its
 /// referenced objects' UIDs and resourceVersions.
@@ -38,8 +39,8 @@ pub fn observed(
     for (name, v) in refs {
         name.hash(&mut h);
         let one = |o: &Json, h: &mut std::collections::hash_map::DefaultHasher| {
-            o.pointer("/metadata/uid").and_then(Json::as_str).hash(h);
-            o.pointer("/metadata/resourceVersion")
+            o.at(&["metadata", "uid"]).and_then(Json::as_str).hash(h);
+            o.at(&["metadata", "resourceVersion"])
                 .and_then(Json::as_str)
                 .hash(h);
         };

@@ -53,6 +53,7 @@ use kube::{Resource, ResourceExt};
 use tracing::debug;
 use tracing::warn;
 
+use crate::meta::JsonAt;
 use crate::metrics::{self, ResultLabels};
 use crate::render::Observed;
 use apply::{ChildOutcome, apply_child, look_up_uncached};
@@ -299,7 +300,7 @@ async fn reconcile_inner(
             let kind = ctx.kind_of_child[d.child];
             let ns = if ctx.kinds[kind].namespaced {
                 d.object
-                    .pointer("/metadata/namespace")
+                    .at(&["metadata", "namespace"])
                     .and_then(serde_json::Value::as_str)
             } else {
                 None

@@ -17,6 +17,7 @@ use super::context::RuleContext;
 use super::error::ReconcileError;
 use super::status::write_status;
 use super::wire::is_stub;
+use crate::meta::JsonAt;
 use crate::metrics;
 use crate::render::{DesiredChild, Observed, RenderError};
 
@@ -74,7 +75,7 @@ pub(super) fn confine_to_rendered_namespaces(
         .iter()
         .filter_map(|d| {
             d.object
-                .pointer("/metadata/namespace")
+                .at(&["metadata", "namespace"])
                 .and_then(Json::as_str)
         })
         .collect();

@@ -18,6 +18,7 @@ use super::error::{ReconcileError, is_not_found};
 use super::events::event;
 use super::plan::plan_status;
 use super::writer::WriteError;
+use crate::meta::JsonAt;
 use crate::meta::STATUS_RULE_VERSION;
 use crate::render::status::ConditionState;
 
@@ -181,7 +182,7 @@ pub(super) async fn write_status(
                 .iter()
                 .filter_map(|k| {
                     parent_json
-                        .pointer(&format!("/status/{k}"))
+                        .at(&["status", k])
                         .map(|v| (k.to_string(), v.clone()))
                 })
                 .collect();
@@ -291,23 +292,18 @@ async fn write_held(
     }
     let fields: serde_json::Map<String, Json> = managed_fields(ctx)
         .into_iter()
-        .filter_map(|k| {
-            Some((
-                k.to_string(),
-                live.pointer(&format!("/status/{k}"))?.clone(),
-            ))
-        })
+        .filter_map(|k| Some((k.to_string(), live.at(&["status", k])?.clone())))
         .collect();
     let now = now_rfc3339();
     let previous = crate::render::status::conditions_of(&live);
-    let generation = live.pointer("/metadata/generation").and_then(Json::as_i64);
+    let generation = live.at(&["metadata", "generation"]).and_then(Json::as_i64);
     let mut desired = match ready {
         Some(ready) => crate::render::status::desired_status(&live, &fields, ready, &now),
         None => {
             // Ready and observedGeneration exactly as they are (kept in the apply, so they
             // stay Rulebook's): a paused parent's later generations are not observed.
             let mut status = fields.clone();
-            if let Some(g) = live.pointer("/status/observedGeneration") {
+            if let Some(g) = live.at(&["status", "observedGeneration"]) {
                 status.insert("observedGeneration".into(), g.clone());
             }
             let kept: Vec<Json> = previous

@@ -12,6 +12,7 @@ use super::{
     CompiledRule, DesiredChild, Observed, ParentInfo, RenderError, Scope, describe, env, labels,
     object_hash,
 };
+use crate::meta::JsonAt;
 use crate::rules::ChildRule;
 
 impl CompiledRule {
@@ -379,7 +380,7 @@ fn parse_rendered(text: &str) -> Result<Json, (Option<u64>, String)> {
 
 fn set_annotation(object: &mut Json, key: &str, value: &str) {
     if let Some(ann) = object
-        .pointer_mut("/metadata/annotations")
+        .at_mut(&["metadata", "annotations"])
         .and_then(Json::as_object_mut)
     {
         ann.insert(key.to_string(), Json::String(value.to_string()));

@@ -360,24 +360,10 @@ fn plain(s: &str) -> Option<Json> {
     if !first.is_ascii_alphabetic() && first != '_' && first != '/' {
         return None;
     }
-    let lower = s.to_ascii_lowercase();
-    if matches!(
-        lower.as_str(),
-        "true"
-            | "false"
-            | "null"
-            | "yes"
-            | "no"
-            | "on"
-            | "off"
-            | "y"
-            | "n"
-            | "inf"
-            | "infinity"
-            | "nan"
-    ) || s.ends_with(' ')
-        || s.contains("  ")
-    {
+    const SPECIAL: [&str; 12] = [
+        "true", "false", "null", "yes", "no", "on", "off", "y", "n", "inf", "infinity", "nan",
+    ];
+    if SPECIAL.iter().any(|w| s.eq_ignore_ascii_case(w)) || s.ends_with(' ') || s.contains("  ") {
         return None;
     }
     s.bytes()

@@ -39,6 +39,7 @@ pub use refs::{CacheFilter, RefSelect, RefTarget, cache_filter};
 pub use set::{RuleSet, compile, compile_read, load};
 pub use status::{Condition, Readiness, StatusReport};
 
+use crate::meta::JsonAt;
 use crate::rules::{ChildRule, Diagnostic, Loc, SourcedRule, StatusValue, parse_duration};
 
 /// Labels and annotations Rulebook puts on every child (the shared vocabulary).
@@ -145,7 +146,7 @@ pub struct DesiredChild {
 impl DesiredChild {
     pub fn object_name(&self) -> &str {
         self.object
-            .pointer("/metadata/name")
+            .at(&["metadata", "name"])
             .and_then(Json::as_str)
             .unwrap_or("")
     }
@@ -182,7 +183,7 @@ impl Observed {
         let mut children: BTreeMap<String, Vec<Json>> = BTreeMap::new();
         for o in objects {
             let Some(name) = o
-                .pointer("/metadata/labels")
+                .at(&["metadata", "labels"])
                 .and_then(|l| l.get(labels::CHILD))
                 .and_then(Json::as_str)
             else {
@@ -194,13 +195,13 @@ impl Observed {
         for list in children.values_mut() {
             list.sort_by_key(|o| {
                 let idx = o
-                    .pointer("/metadata/annotations")
+                    .at(&["metadata", "annotations"])
                     .and_then(|a| a.get(labels::INDEX))
                     .and_then(Json::as_str)
                     .and_then(|s| s.parse::<usize>().ok())
                     .unwrap_or(usize::MAX);
                 let name = o
-                    .pointer("/metadata/name")
+                    .at(&["metadata", "name"])
                     .and_then(Json::as_str)
                     .unwrap_or("")
                     .to_string();
@@ -288,13 +289,13 @@ pub struct ParentInfo<'a> {
 
 impl<'a> ParentInfo<'a> {
     pub fn of(parent: &'a Json) -> ParentInfo<'a> {
-        let s = |p: &str| parent.pointer(p).and_then(Json::as_str);
+        let s = |p: &[&str]| parent.at(p).and_then(Json::as_str);
         ParentInfo {
-            api_version: s("/apiVersion").unwrap_or(""),
-            kind: s("/kind").unwrap_or(""),
-            name: s("/metadata/name").unwrap_or(""),
-            namespace: s("/metadata/namespace"),
-            uid: s("/metadata/uid").unwrap_or(""),
+            api_version: s(&["apiVersion"]).unwrap_or(""),
+            kind: s(&["kind"]).unwrap_or(""),
+            name: s(&["metadata", "name"]).unwrap_or(""),
+            namespace: s(&["metadata", "namespace"]),
+            uid: s(&["metadata", "uid"]).unwrap_or(""),
         }
     }
 }

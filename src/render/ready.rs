@@ -10,6 +10,7 @@ use minijinja::value::{Value, ValueKind};
 use serde_json::Value as Json;
 
 use super::{CompiledRule, Observed, RenderError, labels, val};
+use crate::meta::JsonAt;
 
 /// Readiness of each live child object, by `(child name, object name)`.
 #[derive(Clone, Debug, Default)]
@@ -98,7 +99,7 @@ impl CompiledRule {
             };
             for (index, o) in live.iter().enumerate() {
                 let name = o
-                    .pointer("/metadata/name")
+                    .at(&["metadata", "name"])
                     .and_then(Json::as_str)
                     .unwrap_or("")
                     .to_string();

@@ -19,6 +19,7 @@ use serde_json::Value as Json;
 
 use super::budget::ParentBudget;
 use super::{CompiledRule, Expr, Observed, RenderError, Scope, truncate_display};
+use crate::meta::JsonAt;
 use crate::rules::{Diagnostic, Reference, is_label_key, is_label_value};
 
 /// How one reference's object is found.
@@ -192,7 +193,7 @@ impl CompiledRule {
         let _active = budget.enter();
         let ctx = self.context(parent, observed)?;
         let programs = &self.compiled.borrow_dependent().references;
-        let parent_ns = parent.pointer("/metadata/namespace").and_then(Json::as_str);
+        let parent_ns = parent.at(&["metadata", "namespace"]).and_then(Json::as_str);
         let mut out = Vec::with_capacity(refs.len());
         for (i, (r, p)) in refs.iter().zip(programs).enumerate() {
             let key = format!("spec.references[{i}]");

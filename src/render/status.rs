@@ -2,6 +2,7 @@
 //! follow the Kubernetes API conventions (`type/status/reason/message/
 //! lastTransitionTime/observedGeneration`).
 
+use crate::meta::JsonAt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 
@@ -109,7 +110,7 @@ pub fn next_condition(
 /// The conditions currently on a parent object.
 pub fn conditions_of(parent: &Json) -> Vec<Condition> {
     parent
-        .pointer("/status/conditions")
+        .at(&["status", "conditions"])
         .and_then(|c| serde_json::from_value(c.clone()).ok())
         .unwrap_or_default()
 }
@@ -124,7 +125,7 @@ pub fn desired_status(
     now: &str,
 ) -> Json {
     let generation = parent
-        .pointer("/metadata/generation")
+        .at(&["metadata", "generation"])
         .and_then(Json::as_i64);
     let previous = conditions_of(parent);
     let ready = next_condition(&previous, "Ready", ready, generation, now);

@@ -11,6 +11,7 @@ use super::{
     CaseResult, CompiledRule, DesiredChild, Observed, Programs, Readiness, RenderError,
     StatusProgram, StatusReport, val,
 };
+use crate::meta::JsonAt;
 use crate::rules::ChildRule;
 
 impl CompiledRule {
@@ -183,7 +184,7 @@ impl CompiledRule {
         for d in desired {
             let live = observed.children.get(&d.name).and_then(|list| {
                 list.iter().find(|o| {
-                    o.pointer("/metadata/name").and_then(Json::as_str) == Some(d.object_name())
+                    o.at(&["metadata", "name"]).and_then(Json::as_str) == Some(d.object_name())
                 })
             });
             let Some(live) = live else {
