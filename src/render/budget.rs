@@ -37,8 +37,9 @@ pub struct ParentBudget {
     exceeded: Option<String>,
     /// Fuel reported by the probe at the end of the last expression evaluation.
     probe: Option<u64>,
-    /// Output charges so far: the clock is read on every 16th (a template writes many
-    /// small pieces; fuel checkpoints and evaluations read it every time).
+    /// Charges so far: the clock is read on every 16th piece of template output (a
+    /// template writes many small pieces); filter charges, fuel checkpoints and
+    /// evaluations read it every time.
     charges: u32,
 }
 
@@ -137,6 +138,7 @@ impl ParentBudget {
     }
 
     fn charge(&mut self, what: Charge<'_>, bytes: usize) -> Result<(), String> {
+        let output_piece = matches!(what, Charge::Output);
         if let Some(e) = &self.exceeded {
             return Err(e.clone());
         }
@@ -159,11 +161,11 @@ impl ParentBudget {
         }
         self.output_used += bytes;
         self.charges = self.charges.wrapping_add(1);
-        if self.charges.is_multiple_of(16) {
-            self.check_time()
-        } else {
-            Ok(())
+        // A filter's charge precedes work whose size it charges: the clock is read then.
+        if output_piece && !self.charges.is_multiple_of(16) {
+            return Ok(());
         }
+        self.check_time()
     }
 }
 
@@ -366,6 +368,29 @@ mod tests {
         let e = before_evaluation().unwrap_err();
         assert!(e.contains("rendering took"), "{e}");
         assert!(e.contains("(limit 0 ms per parent)"), "{e}");
+    }
+
+    #[test]
+    fn a_spent_deadline_stops_output_within_16_pieces_and_a_filter_at_once() {
+        let limits = Limits {
+            parent_time: Duration::ZERO,
+            parent_output_bytes: 1 << 20,
+            ..small()
+        };
+        let mut budget = ParentBudget::new(&limits);
+        let _g = budget.enter();
+        std::thread::sleep(Duration::from_millis(2));
+        let pieces = (1..=16)
+            .find(|_| charge(Charge::Output, 1).is_err())
+            .expect("the clock is read within 16 pieces of output");
+        assert!(pieces <= 16);
+        assert!(exceeded().is_some_and(|e| e.contains("rendering took")));
+
+        let mut budget = ParentBudget::new(&limits);
+        let _g = budget.enter();
+        std::thread::sleep(Duration::from_millis(2));
+        let e = charge(Charge::Filter("indent"), 1).unwrap_err();
+        assert!(e.to_string().contains("rendering took"), "{e}");
     }
 
     #[test]
