@@ -84,8 +84,13 @@ impl LoadCounter {
 struct Page {
     #[serde(default)]
     metadata: PageMeta,
-    #[serde(default)]
+    /// Required (a body without it is not a list), `null` for an empty one.
+    #[serde(deserialize_with = "null_as_empty")]
     items: Vec<Item>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Item>, D::Error> {
+    Ok(Option::<Vec<Item>>::deserialize(d)?.unwrap_or_default())
 }
 
 #[derive(Default, Deserialize)]
@@ -123,4 +128,23 @@ async fn count_page(
             .or_default() += 1;
     }
     Ok(page.metadata.continue_.filter(|c| !c.is_empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_needs_items_and_reads_null_as_none() {
+        let empty: Page = serde_json::from_str(r#"{"metadata": {}, "items": null}"#).unwrap();
+        assert!(empty.items.is_empty());
+        let page: Page = serde_json::from_str(
+            r#"{"metadata": {"continue": "t"}, "items": [{"metadata": {"namespace": "a", "name": "x"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(page.items[0].metadata.namespace.as_deref(), Some("a"));
+        assert_eq!(page.metadata.continue_.as_deref(), Some("t"));
+        // A Status body is not a page.
+        assert!(serde_json::from_str::<Page>(r#"{"kind": "Status", "code": 500}"#).is_err());
+    }
 }

@@ -116,7 +116,9 @@ pub(super) async fn apply_child(
         .filter(|o| !is_stub(o))
         .map(|raw| match seen {
             Some(o)
-                if o.metadata.uid == raw.metadata.uid
+                if o.metadata.uid.is_some()
+                    && o.metadata.resource_version.is_some()
+                    && o.metadata.uid == raw.metadata.uid
                     && o.metadata.resource_version == raw.metadata.resource_version =>
             {
                 o.clone()

@@ -109,7 +109,9 @@ impl ChildStore {
             }
             Event::InitDone => {
                 if let Some(m) = lock(&self.relist).take() {
-                    *write(&self.live) = m;
+                    // The old maps are freed after the lock is released.
+                    let old = std::mem::replace(&mut *write(&self.live), m);
+                    drop(old);
                 }
                 self.listed.store(true, Ordering::SeqCst);
             }

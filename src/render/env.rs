@@ -42,8 +42,8 @@ pub struct Limits {
     /// Bytes for one parent: everything its templates print plus what string- and
     /// list-building filters produce, across its render and status.
     pub parent_output_bytes: usize,
-    /// Wall-clock time for one parent's render and status, checked between evaluations
-    /// and whenever a template prints or calls a filter.
+    /// Wall-clock time for one parent's render and status, checked between evaluations,
+    /// at every print and filter call, and on every 16th piece of literal output.
     pub parent_time: Duration,
 }
 
