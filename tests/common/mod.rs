@@ -274,6 +274,14 @@ impl Operator {
         op
     }
 
+    /// Like [`Operator::get`], but `None` for an error status (e.g. `/readyz` answering
+    /// 503 while the operator is still starting), for probes that wait.
+    pub async fn get_opt(&self, path: &str) -> Option<String> {
+        http_get(&format!("http://127.0.0.1:{}{path}", self.metrics_port))
+            .await
+            .ok()
+    }
+
     pub async fn get(&self, path: &str) -> String {
         http_get(&format!("http://127.0.0.1:{}{path}", self.metrics_port))
             .await
