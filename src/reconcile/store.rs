@@ -78,16 +78,19 @@ pub struct ChildStore {
 
 /// The key of a namespaced object is `namespace/name`, of a cluster-scoped one its
 /// name: names never contain `/`, so the two cannot collide.
-fn key(namespace: Option<&str>, name: &str) -> String {
-    match namespace {
-        Some(ns) => format!("{ns}/{name}"),
-        None => name.to_string(),
+fn push_key(out: &mut String, namespace: Option<&str>, name: &str) {
+    if let Some(ns) = namespace {
+        out.push_str(ns);
+        out.push('/');
     }
+    out.push_str(name);
 }
 
 fn key_of(o: &DynamicObject) -> Option<Arc<str>> {
     let name = o.metadata.name.as_deref()?;
-    Some(Arc::from(key(o.metadata.namespace.as_deref(), name)))
+    let mut k = String::new();
+    push_key(&mut k, o.metadata.namespace.as_deref(), name);
+    Some(Arc::from(k))
 }
 
 impl ChildStore {
@@ -126,11 +129,7 @@ impl ChildStore {
         }
         KEY.with_borrow_mut(|k| {
             k.clear();
-            if let Some(ns) = oref.namespace.as_deref() {
-                k.push_str(ns);
-                k.push('/');
-            }
-            k.push_str(&oref.name);
+            push_key(k, oref.namespace.as_deref(), &oref.name);
             read(&self.live)
                 .objects
                 .get(k.as_str())
