@@ -1,7 +1,9 @@
 //! Cheaper than hand-written (issue 18), against the local control plane with `rulebook
 //! run` as a child process: a template edit to one of three children of N parents writes
 //! exactly those N children (plus at most one status write per parent, for
-//! `status.ruleVersion`), and the resyncs of unchanged parents stop after observing.
+//! `status.ruleVersion`), and the resyncs of unchanged parents stop after observing; a
+//! new parent costs one request per child (a create, no read first), and a foreign object
+//! of a child's name is read only after its create was refused.
 
 mod common;
 mod faults_kit;
@@ -115,6 +117,147 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
         get_json(&cms, "p0-b").await.unwrap()["data"]["v"],
         "2",
         "{test}"
+    );
+    cleanup_namespace(&client, &ns).await;
+}
+
+/// The one namespace whose reads the local control plane's audit policy logs.
+const READS_NS: &str = "rulebook-audit-reads";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_parent_costs_one_request_per_child() {
+    let test = "a_new_parent_costs_one_request_per_child";
+    let client = client().await;
+    let namespaces = api(&client, None, "v1", "Namespace", "namespaces");
+    // Left over from an interrupted run: gone first.
+    if get_json(&namespaces, READS_NS).await.is_some() {
+        cleanup_namespace(&client, READS_NS).await;
+        wait_for(T, "the namespace of an earlier run to go", || async {
+            get_json(&namespaces, READS_NS)
+                .await
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    }
+    let ns = READS_NS.to_string();
+    put(
+        &namespaces,
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+    )
+    .await;
+    let (kind, rule) = ("FreshApp", "freshapp");
+    let d = RuleDir::new();
+    for c in ["a", "b", "c"] {
+        d.template(&format!("{c}.yaml"), &configmap_template(c, "  v: \"1\"\n"));
+    }
+    d.rule(
+        "fresh.yaml",
+        &rule_text(
+            rule,
+            kind,
+            &[
+                child("a", "v1", "ConfigMap", "a.yaml", &[]),
+                child("b", "v1", "ConfigMap", "b.yaml", &[]),
+                child("c", "v1", "ConfigMap", "c.yaml", &[]),
+            ],
+        ),
+    );
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    // A foreign object under the name of parent "taken"'s first child.
+    let foreign = put(
+        &cms,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "taken-a", "namespace": ns},
+            "data": {"mode": "foreign"}}),
+    )
+    .await;
+    let foreign_rv = foreign.metadata.resource_version.clone();
+    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+
+    let audit = Audit::mark();
+    let names: BTreeSet<String> = (0..N).map(|i| format!("p{i}")).collect();
+    put_all(
+        &parents,
+        names
+            .iter()
+            .map(|p| parent(kind, &ns, p, json!({})))
+            .collect(),
+        8,
+    )
+    .await;
+    put(&parents, &parent(kind, &ns, "taken", json!({}))).await;
+    wait_all_ready(&parents, &names, T).await;
+    wait_ready(&parents, "taken", "False", Some("Conflict"), T).await;
+
+    let ours: Vec<Json> = audit
+        .requests(&ns)
+        .into_iter()
+        .filter(|e| {
+            e["userAgent"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("rulebook/"))
+                && e["objectRef"]["resource"] == "configmaps"
+        })
+        .collect();
+    let name = |e: &Json| e["objectRef"]["name"].as_str().unwrap_or("").to_string();
+    let of = |prefix: &str| -> Vec<String> {
+        ours.iter()
+            .filter(|e| name(e).starts_with(prefix))
+            .map(|e| {
+                format!(
+                    "{} {} {}",
+                    e["verb"].as_str().unwrap_or(""),
+                    name(e),
+                    e["responseStatus"]["code"]
+                )
+            })
+            .collect()
+    };
+    // The positive control: the refused create is followed by a read, and the audit log
+    // shows it (so a count of zero reads below means none were made).
+    let taken = of("taken-a");
+    eprintln!("{test}: requests for the foreign object: {taken:?}");
+    assert!(
+        taken.iter().any(|r| r == "patch taken-a 409"),
+        "{test}: the create of taken-a was not refused: {taken:?}"
+    );
+    assert!(
+        taken.iter().any(|r| r.starts_with("get taken-a")),
+        "{test}: no read of taken-a after the refused create: {taken:?} (reads are audited \
+         in {READS_NS} only since the audit policy says so: restart an older control plane \
+         with `make cluster-restart`)"
+    );
+    assert!(
+        taken
+            .iter()
+            .all(|r| r != "patch taken-a 200" && r != "patch taken-a 201"),
+        "{test}: the foreign object was written: {taken:?}"
+    );
+    let now = get_json(&cms, "taken-a").await.expect("taken-a");
+    assert_eq!(
+        now["metadata"]["resourceVersion"].as_str(),
+        foreign_rv.as_deref(),
+        "{test}: the foreign object changed"
+    );
+
+    let fresh: Vec<String> = (0..N).flat_map(|i| of(&format!("p{i}-"))).collect();
+    let creates = fresh
+        .iter()
+        .filter(|r| r.starts_with("patch ") && r.ends_with(" 201"))
+        .count();
+    let others: Vec<&String> = fresh
+        .iter()
+        .filter(|r| !(r.starts_with("patch ") && r.ends_with(" 201")))
+        .collect();
+    eprintln!(
+        "{test}: {N} new parents × 3 children: {creates} creates, other requests for them: {others:?}"
+    );
+    assert_eq!(creates, 3 * N, "{test}: one create per child");
+    assert!(
+        others.is_empty(),
+        "{test}: requests other than one create per child: {others:?}"
     );
     cleanup_namespace(&client, &ns).await;
 }

@@ -1,7 +1,9 @@
-//! Stage 3 of a reconcile: each desired child, in rule order, is found (cache, else a
-//! GET — a name not in the cache may belong to a foreign object), planned
-//! ([`super::plan::plan_child`]) and, when the plan says so, applied with one server-side
-//! apply. Drift repairs pass the fight check first.
+//! Stage 3 of a reconcile: each desired child, in rule order, is found in the cache (a GET
+//! for one cached without content), planned ([`super::plan::plan_child`]) and, when the
+//! plan says so, applied with one server-side apply. A child no cache holds is created
+//! with an apply the API server refuses if the name is taken (it may belong to a foreign
+//! object); only then is it read and planned again. Drift repairs pass the fight check
+//! first.
 
 use std::time::Instant;
 
@@ -16,9 +18,10 @@ use super::context::{ChildKind, RuleContext, lock};
 use super::drift::{Drift, fields_cover};
 use super::error::ReconcileError;
 use super::events::{Change, other_managers};
+use super::memo;
 use super::plan::{ChildStep, Live, plan_child};
 use super::wire::{self, is_stub};
-use super::writer::WriteError;
+use super::writer::{Created, WriteError};
 use crate::meta::FIELD_MANAGER;
 use crate::meta::JsonAt;
 use crate::metrics;
@@ -66,11 +69,14 @@ pub(super) fn target<'a>(
     }
 }
 
-/// What a GET found for a desired child that the cache does not hold (with content).
+/// What a GET found for a desired child that the cache holds without content (over the
+/// cache budget); `None` for every other child.
 pub(super) type Lookup = Option<Result<Option<DynamicObject>, kube::Error>>;
 
-/// GETs the desired children the cache does not hold, a few at a time, in rule order.
-/// Done up front so that a new parent costs one round trip of reads, not one per child.
+/// GETs the desired children the cache holds without content, a few at a time, in rule
+/// order (one round trip of reads, not one per child). A child the cache does not hold
+/// at all is not read: its apply is a create that the API server refuses if the name is
+/// taken ([`super::writer::Writer::create`]), and only then is it read.
 pub(super) async fn look_up_uncached(
     ctx: &RuleContext,
     namespace: Option<&str>,
@@ -84,8 +90,8 @@ pub(super) async fn look_up_uncached(
 async fn look_up(ctx: &RuleContext, namespace: Option<&str>, d: &DesiredChild) -> Lookup {
     let t = target(ctx, namespace, d);
     match t.kind.store.get(&t.oref) {
-        Some(o) if !is_stub(&o) => None,
-        _ => Some(t.api.get_opt(&t.name).await),
+        Some(o) if is_stub(&o) => Some(t.api.get_opt(&t.name).await),
+        _ => None,
     }
 }
 
@@ -101,18 +107,11 @@ pub(super) async fn apply_child(
     lookup: Lookup,
     seen: Option<&std::sync::Arc<DynamicObject>>,
 ) -> Result<ChildOutcome, ReconcileError> {
-    let Target {
-        kind,
-        api,
-        oref,
-        name,
-        what,
-    } = target(ctx, namespace, d);
-    let child_spec = &ctx.rule.children()[d.child];
-
-    let cached = kind
+    let t = target(ctx, namespace, d);
+    let cached = t
+        .kind
         .store
-        .get(&oref)
+        .get(&t.oref)
         .filter(|o| !is_stub(o))
         .map(|raw| match seen {
             Some(o)
@@ -125,20 +124,82 @@ pub(super) async fn apply_child(
             }
             _ => super::cache::unpack(raw),
         });
-    let fetched = match (&cached, lookup) {
-        (Some(_), _) => None,
-        (None, Some(found)) => Some(found),
-        (None, None) => Some(api.get_opt(&name).await),
+    let read_error = |source| ReconcileError::Read {
+        what: t.what.clone(),
+        source,
     };
-    let fetched = match fetched.transpose() {
-        Ok(f) => f.flatten(),
-        Err(e) => return Err(ReconcileError::Read { what, source: e }),
+    let fetched = match (&cached, lookup) {
+        (None, Some(found)) => found.map_err(read_error)?,
+        _ => None,
     };
     let live = match (&cached, &fetched) {
         (Some(o), _) => Live::Cached(o),
         (None, Some(o)) => Live::Fetched(o),
         (None, None) => Live::Absent,
     };
+    if matches!(live, Live::Absent)
+        && ctx
+            .created
+            .on_its_way(&created_key(ctx, d, &t), Instant::now())
+    {
+        // Created by this process moments ago; the cache has not seen it yet. Its watch
+        // event reconciles the parent again, with the object in the cache.
+        return Ok(ChildOutcome::Pending);
+    }
+    match settle(ctx, parent, uid, d, &t, live, seen.is_some()).await? {
+        Settled::Done(outcome) => Ok(outcome),
+        Settled::Taken => {
+            // The name is taken though no cache holds it (a foreign object, or one of
+            // ours the cache has not seen yet): read it and plan again.
+            let Some(found) = t.api.get_opt(&t.name).await.map_err(read_error)? else {
+                // Gone again already: the next reconcile tries anew.
+                return Ok(ChildOutcome::Pending);
+            };
+            match settle(
+                ctx,
+                parent,
+                uid,
+                d,
+                &t,
+                Live::Fetched(&found),
+                seen.is_some(),
+            )
+            .await?
+            {
+                Settled::Done(outcome) => Ok(outcome),
+                Settled::Taken => Ok(ChildOutcome::Pending),
+            }
+        }
+    }
+}
+
+fn created_key(ctx: &RuleContext, d: &DesiredChild, t: &Target<'_>) -> String {
+    memo::Created::key(
+        ctx.kind_of_child[d.child],
+        t.oref.namespace.as_deref(),
+        &t.name,
+    )
+}
+
+/// What [`settle`] came to.
+enum Settled {
+    Done(ChildOutcome),
+    /// The child looked absent, and its create found the name taken: nothing written.
+    Taken,
+}
+
+/// Plans one desired child against `live` and carries the plan out.
+async fn settle(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+    d: &DesiredChild,
+    t: &Target<'_>,
+    live: Live<'_>,
+    seen: bool,
+) -> Result<Settled, ReconcileError> {
+    let child_spec = &ctx.rule.children()[d.child];
+    let what = &t.what;
     let live_object: Option<&DynamicObject> = match live {
         Live::Cached(o) | Live::Fetched(o) => Some(o),
         Live::Absent => None,
@@ -150,22 +211,22 @@ pub(super) async fn apply_child(
     {
         // Applied by this process already; the cache has not caught up yet. Its watch
         // event reconciles the parent again, with the object as applied.
-        return Ok(ChildOutcome::Pending);
+        return Ok(Settled::Done(ChildOutcome::Pending));
     }
 
-    let why = match plan_child(uid, child_spec.adopt, live, seen.is_some(), d, hash_only) {
+    let why = match plan_child(uid, child_spec.adopt, live, seen, d, hash_only) {
         ChildStep::UpToDate { report } => {
             // If it came from a GET, or reached the cache after this reconcile read the
             // parent's children, the status must see it all the same.
-            return Ok(match (report, live_object) {
+            return Ok(Settled::Done(match (report, live_object) {
                 (true, Some(o)) => ChildOutcome::Changed(Box::new(Change {
                     reason: "Fetched",
-                    what,
-                    related: o.object_ref(&kind.ar),
+                    what: what.clone(),
+                    related: o.object_ref(&t.kind.ar),
                     object: cache::to_json(o),
                 })),
                 _ => ChildOutcome::UpToDate,
-            });
+            }));
         }
         ChildStep::Conflict { owner } => {
             let msg = if child_spec.adopt {
@@ -199,13 +260,29 @@ pub(super) async fn apply_child(
                 .unwrap_or_default()
         };
         ctx.fights
-            .before_repair(&live_uid, &what, by, &ctx.backoff, Instant::now())?;
+            .before_repair(&live_uid, what, by, &ctx.backoff, Instant::now())?;
     }
 
-    let applied = match ctx.writer.apply(&api, &name, &d.object).await {
+    let written = match live {
+        Live::Absent => match ctx.writer.create(&t.api, &t.name, &d.object).await {
+            Ok(Created::Created(o)) => {
+                ctx.created.record(created_key(ctx, d, t), Instant::now());
+                Ok(*o)
+            }
+            Ok(Created::Exists) => return Ok(Settled::Taken),
+            Err(e) => Err(e),
+        },
+        Live::Cached(_) | Live::Fetched(_) => ctx.writer.apply(&t.api, &t.name, &d.object).await,
+    };
+    let applied = match written {
         Ok(o) => o,
         Err(WriteError::NotLeader) => return Err(ReconcileError::NotLeader),
-        Err(WriteError::Api(e)) => return Err(ReconcileError::Apply { what, source: e }),
+        Err(WriteError::Api(e)) => {
+            return Err(ReconcileError::Apply {
+                what: what.clone(),
+                source: e,
+            });
+        }
     };
     ctx.applied.record(&applied, &d.hash);
     ctx.metrics
@@ -232,12 +309,12 @@ pub(super) async fn apply_child(
     } else {
         debug!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "{verb}");
     }
-    Ok(ChildOutcome::Changed(Box::new(Change {
+    Ok(Settled::Done(ChildOutcome::Changed(Box::new(Change {
         reason,
-        what,
-        related: applied.object_ref(&kind.ar),
+        what: what.clone(),
+        related: applied.object_ref(&t.kind.ar),
         object: cache::into_json(applied),
-    })))
+    }))))
 }
 
 /// What became of one desired child.

@@ -13,7 +13,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
 use super::fight::Fights;
-use super::memo::{Applied, Steady};
+use super::memo::{Applied, Created, Steady};
 use super::plan::controlled_by;
 use super::refs::RefKind;
 use super::status::StatusWrites;
@@ -123,6 +123,8 @@ pub struct RuleContext {
     pub(super) steady: Arc<Steady>,
     /// Children applied by this process, until the cache has the applied version.
     pub(super) applied: Applied,
+    /// Children created by this process in the last few seconds, by kind and name.
+    pub(super) created: Created,
     /// Whether parents' status records `ruleVersion` (see `status.rs`).
     pub(super) records_version: std::sync::atomic::AtomicBool,
 }
@@ -154,6 +156,7 @@ impl RuleContext {
             let_go: Mutex::default(),
             steady: p.steady,
             applied: Applied::default(),
+            created: Created::default(),
             records_version: std::sync::atomic::AtomicBool::new(records_version),
         }
     }

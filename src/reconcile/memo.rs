@@ -10,11 +10,16 @@
 //!   apply of it. A reconcile that runs before that apply reached the cache sees the old
 //!   object, which differs from the desired one; it must not apply it a second time.
 //!
-//! Both are only ever a shortcut to "nothing to do": a miss costs the full reconcile.
+//! - [`Created`]: the children this process created in the last few seconds, by kind and
+//!   name. A reconcile that runs before such a child reached the cache would otherwise
+//!   try to create it again (refused: the name is taken) and then read it.
+//!
+//! All are only ever a shortcut to "nothing to do": a miss costs the full reconcile.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use kube::api::DynamicObject;
@@ -154,6 +159,48 @@ impl Applied {
     }
 }
 
+/// How long after its create a child missing from the cache is taken to be on its way
+/// there (a watch event is normally milliseconds behind; past this, it was deleted).
+pub const CREATED_LAG: Duration = Duration::from_secs(10);
+
+/// Children created at most remembered (then all are forgotten: a miss costs a refused
+/// create and a read).
+const CREATED_MAX: usize = 10_000;
+
+/// Children this process created, by [`Created::key`], with when.
+#[derive(Default)]
+pub struct Created(Mutex<HashMap<String, Instant>>);
+
+impl Created {
+    /// The key of a child: its kind's position among the rule's kinds, namespace, name.
+    pub fn key(kind: usize, namespace: Option<&str>, name: &str) -> String {
+        format!("{kind}/{}/{name}", namespace.unwrap_or(""))
+    }
+
+    pub fn record(&self, key: String, now: Instant) {
+        let mut m = lock(&self.0);
+        // Most entries are never asked about (the cache is usually first): drop the old
+        // ones now and then, as the map doubles.
+        if m.len() >= 64 && m.len().is_power_of_two() {
+            m.retain(|_, at| now.saturating_duration_since(*at) < CREATED_LAG);
+        }
+        if m.len() >= CREATED_MAX {
+            m.clear();
+        }
+        m.insert(key, now);
+    }
+
+    /// Whether the child at `key`, which the cache does not hold, was created by this
+    /// process less than [`CREATED_LAG`] ago: its watch event is still to come (and
+    /// reconciles the parent again). Answers once per create: asked again, the child is
+    /// looked for anew.
+    pub fn on_its_way(&self, key: &str, now: Instant) -> bool {
+        lock(&self.0)
+            .remove(key)
+            .is_some_and(|at| now.saturating_duration_since(at) < CREATED_LAG)
+    }
+}
+
 /// A resourceVersion as a number (etcd revisions); `None` when it is not one.
 fn rv(o: &DynamicObject) -> Option<u64> {
     o.resource_version().and_then(|v| v.parse().ok())
@@ -256,5 +303,28 @@ mod tests {
         assert_eq!(s.len(), 2);
         s.retain_namespaces(|x| Ranges::none().contains(x));
         assert_eq!(s.len(), 1, "cluster-scoped parents move with their rule");
+    }
+
+    #[test]
+    fn a_created_child_is_on_its_way_once_and_only_for_a_while() {
+        let c = Created::default();
+        let t0 = Instant::now();
+        let k = Created::key(1, Some("n"), "p-a");
+        assert!(!c.on_its_way(&k, t0), "never created");
+        c.record(k.clone(), t0);
+        assert!(
+            !c.on_its_way(&Created::key(0, Some("n"), "p-a"), t0),
+            "another kind"
+        );
+        assert!(c.on_its_way(&k, t0 + Duration::from_secs(1)));
+        assert!(
+            !c.on_its_way(&k, t0 + Duration::from_secs(1)),
+            "once per create"
+        );
+        c.record(k.clone(), t0);
+        assert!(
+            !c.on_its_way(&k, t0 + CREATED_LAG),
+            "too long ago: deleted since"
+        );
     }
 }

@@ -517,6 +517,8 @@ EOF
 
 	# Audit every write request (one line each, with user and user agent): the evidence
 	# for "Rulebook makes no writes at steady state" comes from the API server itself.
+	# Reads are audited in one namespace only, where tests/cheaper.rs counts a new
+	# parent's requests.
 	cat >"$STATE_DIR/audit-policy.yaml" <<-'POLICY'
 		apiVersion: audit.k8s.io/v1
 		kind: Policy
@@ -527,6 +529,9 @@ EOF
 		    users: [system:kube-controller-manager, system:kube-scheduler, kwok]
 		  - level: Metadata
 		    verbs: [create, update, patch, delete, deletecollection]
+		  - level: Metadata
+		    verbs: [get]
+		    namespaces: [rulebook-audit-reads]
 		  - level: None
 	POLICY
 

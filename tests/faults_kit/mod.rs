@@ -361,6 +361,20 @@ impl Audit {
     /// `ns` logged since the mark, as audit events (`verb`, `userAgent`, `objectRef`,
     /// `responseStatus`, `stageTimestamp`, ...), in the order of their `stageTimestamp`.
     pub fn writes(&self, ns: &str) -> Vec<Json> {
+        self.requests(ns)
+            .into_iter()
+            .filter(|e| {
+                matches!(
+                    e["verb"].as_str(),
+                    Some("create" | "update" | "patch" | "delete" | "deletecollection")
+                )
+            })
+            .collect()
+    }
+
+    /// Every request to objects in `ns` logged since the mark: the writes, and in the one
+    /// namespace whose reads the audit policy logs (`rulebook-audit-reads`), the GETs.
+    pub fn requests(&self, ns: &str) -> Vec<Json> {
         use std::io::{Read, Seek, SeekFrom};
         let quoted = format!("\"{ns}\"");
         let mut events = Vec::new();
@@ -381,13 +395,7 @@ impl Audit {
                 text.lines()
                     .filter(|l| l.contains(&quoted))
                     .filter_map(|l| serde_json::from_str::<Json>(l).ok())
-                    .filter(|e| {
-                        e["objectRef"]["namespace"] == ns
-                            && matches!(
-                                e["verb"].as_str(),
-                                Some("create" | "update" | "patch" | "delete" | "deletecollection")
-                            )
-                    }),
+                    .filter(|e| e["objectRef"]["namespace"] == ns),
             );
         }
         events.sort_by_key(audit_time);
