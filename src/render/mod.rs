@@ -453,8 +453,21 @@ impl CompiledRule {
 
 /// A stable hash of an object (serde_json maps are ordered, so this is canonical).
 pub fn object_hash(object: &Json) -> String {
-    let bytes = serde_json::to_vec(object).unwrap_or_default();
-    hex::encode(&Sha256::digest(&bytes)[..8])
+    // The JSON text goes straight into the hash, never into a buffer of its own.
+    struct Into(Sha256);
+    impl std::io::Write for Into {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.update(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut h = Into(Sha256::new());
+    // Writing a `Value` into a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut h, object);
+    hex::encode(&h.0.finalize()[..8])
 }
 
 /// A parse error on one line: the JSONPath parser draws the position over several lines
@@ -507,4 +520,19 @@ fn truncate_display(s: &str, max: usize) -> String {
 /// Any serializable value as a template value.
 fn val<T: serde::Serialize>(x: &T) -> Value {
     Value::from(minijinja::value::Serde(x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_object_hash_is_the_sha256_of_the_json_text() {
+        // Children carry this hash: it must not change with how it is computed.
+        let o = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a", "labels": {"x": "\u{e9}\"q"}}, "data": {"n": 1.5}});
+        let text = serde_json::to_vec(&o).unwrap();
+        assert_eq!(object_hash(&o), hex::encode(&Sha256::digest(&text)[..8]));
+        assert_eq!(object_hash(&o).len(), 16);
+    }
 }
