@@ -28,7 +28,7 @@ const MAX_COMMENT_RUN: usize = 16;
 
 /// The rendered text as JSON, or `None` when it is not of the plain kind this reads.
 pub fn parse(text: &str) -> Option<Json> {
-    if text.chars().any(unusual) {
+    if has_unusual(text) {
         return None;
     }
     let mut lines = Vec::new();
@@ -62,6 +62,21 @@ pub fn parse(text: &str) -> Option<Json> {
     let value = p.block(indent, 0)?;
     // Anything left over (a line less indented than the first) is for the full parser.
     (p.at == p.lines.len() && value.is_object()).then_some(value)
+}
+
+/// Whether `text` holds an [`unusual`] character, read byte by byte: every one of them is
+/// either an ASCII byte or starts with one of three lead bytes.
+fn has_unusual(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.iter().enumerate().any(|(i, &b)| {
+        (b < b' ' && b != b'\n')
+            || b == 0x7f
+            || (matches!(b, 0xc2 | 0xe2 | 0xef)
+                && text
+                    .get(i..)
+                    .and_then(|t| t.chars().next())
+                    .is_some_and(unusual))
+    })
 }
 
 /// Characters the full parser may read differently (line breaks of YAML 1.1, non-printable
@@ -107,9 +122,14 @@ impl<'a> Parser<'a> {
         }
     }
 
-    /// A block mapping at `indent`; `first` is the first entry's text when it sits after a
-    /// sequence entry's `- ` (a compact mapping).
-    fn mapping(&mut self, indent: usize, first: Option<&'a str>, depth: usize) -> Option<Json> {
+    /// A block mapping at `indent`; `first` is the first entry's key and the text after
+    /// it when it sits after a sequence entry's `- ` (a compact mapping).
+    fn mapping(
+        &mut self,
+        indent: usize,
+        first: Option<(String, &'a str)>,
+        depth: usize,
+    ) -> Option<Json> {
         if depth > MAX_DEPTH {
             return None;
         }
@@ -117,8 +137,8 @@ impl<'a> Parser<'a> {
         let mut map = Map::new();
         let mut pending = first;
         loop {
-            let body = match pending.take() {
-                Some(b) => b,
+            let (key, rest) = match pending.take() {
+                Some(first) => first,
                 None => {
                     let Some(line) = self.lines.get(self.at) else {
                         break;
@@ -130,10 +150,9 @@ impl<'a> Parser<'a> {
                         return None;
                     }
                     self.at += 1;
-                    line.body
+                    split_key(line.body)?
                 }
             };
-            let (key, rest) = split_key(body)?;
             self.count()?;
             let value = if rest.is_empty() {
                 self.nested(indent, true, depth)?
@@ -176,8 +195,8 @@ impl<'a> Parser<'a> {
                 self.nested(indent, false, depth)?
             } else if is_entry(rest) || rest.starts_with('?') {
                 return None; // `- - x`, `- ? x`: rare, for the full parser
-            } else if split_key(rest).is_some() {
-                self.mapping(indent + gap, Some(rest), depth + 1)?
+            } else if let Some(first) = split_key(rest) {
+                self.mapping(indent + gap, Some(first), depth + 1)?
             } else {
                 let v = inline_value(rest, depth, &mut self.nodes)?;
                 if self.lines.get(self.at).is_some_and(|l| l.indent > indent) {
@@ -329,6 +348,10 @@ fn double_quoted(s: &str) -> Option<String> {
             i += 1;
         }
     }
+    if !s.contains('\\') {
+        // No escapes (most strings): the text between the quotes is the value.
+        return s.get(1..s.len().checked_sub(1)?).map(str::to_string);
+    }
     serde_json::from_str(s).ok()
 }
 
@@ -416,9 +439,11 @@ impl Cursor<'_> {
             _ => {
                 // A plain scalar runs to the end of the line (block) or to `,]}:` (flow);
                 // a `:` or `#` in it, or `[]{}` in block context, is for the full parser.
-                let len = rest
-                    .find(|c: char| in_flow && matches!(c, ',' | ']' | '}' | ':'))
-                    .unwrap_or(rest.len());
+                let len = if in_flow {
+                    rest.find([',', ']', '}', ':']).unwrap_or(rest.len())
+                } else {
+                    rest.len()
+                };
                 let word = rest[..len].trim_end_matches(' ');
                 if word.contains([':', '#', '[', ']', '{', '}', ',']) {
                     return None;

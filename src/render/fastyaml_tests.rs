@@ -310,3 +310,33 @@ fn the_full_parsers_limits_are_left_to_it() {
         "  # doc\n".repeat(10)
     )));
 }
+
+#[test]
+fn the_byte_scan_finds_exactly_the_unusual_characters() {
+    let samples = [
+        "a: b\n",
+        "tab\there",
+        "cr\r",
+        "del\u{7f}",
+        "nel\u{85}",
+        "c1\u{9f}",
+        "nbsp\u{a0}",
+        "ls\u{2028}",
+        "ps\u{2029}",
+        "euro\u{20ac}",
+        "dash\u{2013}",
+        "bom\u{feff}",
+        "fffe\u{fffe}",
+        "ffff\u{ffff}",
+        "repl\u{fffd}",
+        "e\u{e9}",
+        "emoji\u{1f600}",
+        "nul\u{0}",
+        "bell\u{7}",
+        "\u{ff5e}wide",
+        "",
+    ];
+    for s in samples {
+        assert_eq!(has_unusual(s), s.chars().any(unusual), "{s:?}");
+    }
+}
