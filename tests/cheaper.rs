@@ -121,7 +121,8 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
     cleanup_namespace(&client, &ns).await;
 }
 
-/// The one namespace whose reads the local control plane's audit policy logs.
+/// The one namespace whose reads the local control plane's audit policy logs (so this test
+/// owns it: two runs against one control plane at once would count each other).
 const READS_NS: &str = "rulebook-audit-reads";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,7 +162,8 @@ async fn a_new_parent_costs_one_request_per_child() {
                 child("b", "v1", "ConfigMap", "b.yaml", &[]),
                 child("c", "v1", "ConfigMap", "c.yaml", &[]),
             ],
-        ),
+        )
+        .replace("spec:\n  parent:", "spec:\n  resync: 2s\n  parent:"),
     );
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     // A foreign object under the name of parent "taken"'s first child.
@@ -173,7 +175,7 @@ async fn a_new_parent_costs_one_request_per_child() {
     )
     .await;
     let foreign_rv = foreign.metadata.resource_version.clone();
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
     let parents = kind_api(&client, &ns, kind, T).await;
 
     let audit = Audit::mark();
@@ -190,6 +192,15 @@ async fn a_new_parent_costs_one_request_per_child() {
     put(&parents, &parent(kind, &ns, "taken", json!({}))).await;
     wait_all_ready(&parents, &names, T).await;
     wait_ready(&parents, "taken", "False", Some("Conflict"), T).await;
+    // Settled: the parents' resyncs (every 2 s) find nothing to do, twice over on
+    // average, so any later create or read of their children would be logged by now.
+    let series = format!("rulebook_reconciles_skipped_total{{rule=\"{rule}\"}}");
+    wait_for(
+        T,
+        "resyncs of the new parents that find nothing to do",
+        || async { (op.metric(&series).await >= 2.0 * N as f64).then_some(()) },
+    )
+    .await;
 
     let ours: Vec<Json> = audit
         .requests(&ns)

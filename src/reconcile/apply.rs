@@ -148,12 +148,16 @@ pub(super) async fn apply_child(
     }
     match settle(ctx, parent, uid, d, &t, live, seen.is_some()).await? {
         Settled::Done(outcome) => Ok(outcome),
-        Settled::Taken => {
+        Settled::Taken(refusal) => {
             // The name is taken though no cache holds it (a foreign object, or one of
             // ours the cache has not seen yet): read it and plan again.
             let Some(found) = t.api.get_opt(&t.name).await.map_err(read_error)? else {
-                // Gone again already: the next reconcile tries anew.
-                return Ok(ChildOutcome::Pending);
+                // Nothing there: gone again already, or the 409 was about something
+                // else. Either way the create failed; the parent says so and retries.
+                return Err(ReconcileError::Apply {
+                    what: t.what.clone(),
+                    source: refusal,
+                });
             };
             match settle(
                 ctx,
@@ -167,7 +171,11 @@ pub(super) async fn apply_child(
             .await?
             {
                 Settled::Done(outcome) => Ok(outcome),
-                Settled::Taken => Ok(ChildOutcome::Pending),
+                // Unreachable: a fetched object is never created.
+                Settled::Taken(refusal) => Err(ReconcileError::Apply {
+                    what: t.what.clone(),
+                    source: refusal,
+                }),
             }
         }
     }
@@ -184,8 +192,9 @@ fn created_key(ctx: &RuleContext, d: &DesiredChild, t: &Target<'_>) -> String {
 /// What [`settle`] came to.
 enum Settled {
     Done(ChildOutcome),
-    /// The child looked absent, and its create found the name taken: nothing written.
-    Taken,
+    /// The child looked absent, and its create was refused with 409 (the name is taken):
+    /// nothing written.
+    Taken(kube::Error),
 }
 
 /// Plans one desired child against `live` and carries the plan out.
@@ -263,16 +272,31 @@ async fn settle(
             .before_repair(&live_uid, what, by, &ctx.backoff, Instant::now())?;
     }
 
-    let written = match live {
-        Live::Absent => match ctx.writer.create(&t.api, &t.name, &d.object).await {
+    // The write carries the ownership check to the API server: a create is refused if
+    // the name is taken; an update, if the name now belongs to another object than the
+    // one planned against (or to none).
+    let written = match (
+        live_object,
+        live_object.and_then(|o| o.metadata.uid.as_deref()),
+    ) {
+        (None, _) => match ctx.writer.create(&t.api, &t.name, &d.object).await {
             Ok(Created::Created(o)) => {
                 ctx.created.record(created_key(ctx, d, t), Instant::now());
                 Ok(*o)
             }
-            Ok(Created::Exists) => return Ok(Settled::Taken),
+            Ok(Created::Refused(e)) => return Ok(Settled::Taken(e)),
             Err(e) => Err(e),
         },
-        Live::Cached(_) | Live::Fetched(_) => ctx.writer.apply(&t.api, &t.name, &d.object).await,
+        (Some(_), Some(live_uid)) => {
+            ctx.writer
+                .apply_to(&t.api, &t.name, &d.object, live_uid)
+                .await
+        }
+        (Some(_), None) => {
+            return Err(ReconcileError::InvalidChild(format!(
+                "{what} has no uid: Rulebook cannot tell whose it is"
+            )));
+        }
     };
     let applied = match written {
         Ok(o) => o,
@@ -322,7 +346,8 @@ pub(super) enum ChildOutcome {
     /// Written (or read from the API server, for the status to see).
     Changed(Box<Change>),
     UpToDate,
-    /// Applied by this process before; the cache still has the older version. The status
-    /// would be computed from that older version: the reconcile leaves it to the next.
+    /// Applied (or created) by this process moments ago; the cache still has the older
+    /// version (or none). The status would be computed from that: the reconcile leaves it
+    /// to the next, which the object's watch event brings.
     Pending,
 }

@@ -12,9 +12,11 @@
 //!
 //! - [`Created`]: the children this process created in the last few seconds, by kind and
 //!   name. A reconcile that runs before such a child reached the cache would otherwise
-//!   try to create it again (refused: the name is taken) and then read it.
+//!   try to create it again (refused: the name is taken) and then read it; it waits for
+//!   the child's watch event instead.
 //!
-//! All are only ever a shortcut to "nothing to do": a miss costs the full reconcile.
+//! All are only ever a shortcut (to "nothing to do", or to waiting): a miss costs the
+//! full reconcile.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

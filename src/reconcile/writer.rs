@@ -38,8 +38,10 @@ pub enum Deleted {
 #[derive(Debug)]
 pub enum Created {
     Created(Box<DynamicObject>),
-    /// An object of that name exists: nothing was written.
-    Exists,
+    /// The API server refused the create with 409 — an object of that name exists (or,
+    /// rarely, something else conflicted: the caller reads the name to tell) — and wrote
+    /// nothing. The refusal, for the caller to report if the name turns out free.
+    Refused(kube::Error),
 }
 
 /// What a conditional patch found.
@@ -91,6 +93,26 @@ impl Writer {
         self.server_side_apply(api, name, body, false).await
     }
 
+    /// Server-side apply of `body` to the existing object with `uid` only: the body
+    /// carries the UID, which the API server compares with the live object's, refusing
+    /// the write (422, nothing written) when the name now belongs to another object, and
+    /// refusing to create one when the object is gone. The ownership the caller checked
+    /// on the object it read thus still holds at the moment of the write.
+    pub async fn apply_to(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        body: &Json,
+        uid: &str,
+    ) -> Result<DynamicObject, WriteError> {
+        self.check()?;
+        let body = with_metadata(body, "uid", uid);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let applied = api.patch(name, &params, &Patch::Apply(body)).await?;
+        self.metrics.write(&self.rule, "apply");
+        Ok(applied)
+    }
+
     /// Server-side apply of a child that no cache holds, as a create: the body carries
     /// [`NO_OBJECT_RESOURCE_VERSION`] as a precondition, so the API server creates the
     /// object if the name is free and answers 409 — writing nothing — if any object has
@@ -103,14 +125,17 @@ impl Writer {
         body: &Json,
     ) -> Result<Created, WriteError> {
         self.check()?;
+        let body = with_metadata(body, "resourceVersion", NO_OBJECT_RESOURCE_VERSION);
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        let patch = Patch::Apply(create_body(body));
-        match api.patch(name, &params, &patch).await {
+        match api.patch(name, &params, &Patch::Apply(body)).await {
             Ok(o) => {
                 self.metrics.write(&self.rule, "apply");
                 Ok(Created::Created(Box::new(o)))
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Created::Exists),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                debug!(name, message = %s.message, "create refused: the name is taken");
+                Ok(Created::Refused(kube::Error::Api(s)))
+            }
             Err(e) => Err(e.into()),
         }
     }
@@ -221,14 +246,19 @@ impl Writer {
 /// `metadata.uid` precondition is refused on create, and `creationTimestamp` is ignored.)
 pub const NO_OBJECT_RESOURCE_VERSION: &str = "18446744073709551615";
 
-/// [`apply_body`] of `value` with the create precondition in its metadata.
-fn create_body(value: &Json) -> Box<serde_json::value::RawValue> {
+/// [`apply_body`] of `value` with a precondition (`key: val`) in its metadata. Rendering
+/// always gives an object with metadata; should one lack it, the precondition still goes
+/// in (a `metadata` of its own), and a body that is no object or whose metadata is no
+/// object is one the API server refuses whole: never an apply without the precondition.
+fn with_metadata(value: &Json, key: &str, val: &str) -> Box<serde_json::value::RawValue> {
     let mut v = value.clone();
-    if let Some(meta) = v.get_mut("metadata").and_then(Json::as_object_mut) {
-        meta.insert(
-            "resourceVersion".to_string(),
-            Json::String(NO_OBJECT_RESOURCE_VERSION.to_string()),
-        );
+    if let Some(top) = v.as_object_mut()
+        && let Some(meta) = top
+            .entry("metadata")
+            .or_insert_with(|| Json::Object(serde_json::Map::new()))
+            .as_object_mut()
+    {
+        meta.insert(key.to_string(), Json::String(val.to_string()));
     }
     apply_body(&v)
 }
@@ -277,12 +307,17 @@ mod tests {
     #[test]
     fn a_create_carries_a_resource_version_no_object_has() {
         let v = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}});
-        let sent: Json = serde_json::from_str(create_body(&v).get()).unwrap();
+        let sent = with_metadata(&v, "resourceVersion", NO_OBJECT_RESOURCE_VERSION);
+        let sent: Json = serde_json::from_str(sent.get()).unwrap();
         assert_eq!(
             sent["metadata"]["resourceVersion"],
             NO_OBJECT_RESOURCE_VERSION
         );
         assert_eq!(sent["metadata"]["name"], "c");
+        // No metadata: the precondition goes in all the same.
+        let sent = with_metadata(&json!({"kind": "ConfigMap"}), "uid", "u");
+        let sent: Json = serde_json::from_str(sent.get()).unwrap();
+        assert_eq!(sent["metadata"]["uid"], "u");
         // Above every etcd revision (an i64), still a valid uint64 for the API server.
         let rv: u64 = NO_OBJECT_RESOURCE_VERSION.parse().unwrap();
         assert!(rv > i64::MAX as u64);
@@ -320,7 +355,11 @@ mod tests {
             w.create(&api, "c", &body).await,
             Err(WriteError::NotLeader)
         ));
+        assert!(matches!(
+            w.apply_to(&api, "c", &body, "u").await,
+            Err(WriteError::NotLeader)
+        ));
         assert!(!metrics.encode().contains("rulebook_api_writes_total{"));
-        assert_eq!(metrics.writes_refused.get(), 4, "each refusal is counted");
+        assert_eq!(metrics.writes_refused.get(), 5, "each refusal is counted");
     }
 }

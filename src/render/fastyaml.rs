@@ -349,7 +349,9 @@ fn double_quoted(s: &str) -> Option<String> {
         }
     }
     if !s.contains('\\') {
-        // No escapes (most strings): the text between the quotes is the value.
+        // No escapes (most strings): the text between the quotes is the value. (What JSON
+        // would refuse in it — control characters, a line break — `parse` has refused
+        // already, and `quoted_end` found no other quote.)
         return s.get(1..s.len().checked_sub(1)?).map(str::to_string);
     }
     serde_json::from_str(s).ok()

@@ -454,8 +454,8 @@ impl CompiledRule {
 /// A stable hash of an object (serde_json maps are ordered, so this is canonical).
 pub fn object_hash(object: &Json) -> String {
     // The JSON text goes straight into the hash, never into a buffer of its own.
-    struct Into(Sha256);
-    impl std::io::Write for Into {
+    struct HashSink(Sha256);
+    impl std::io::Write for HashSink {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
             self.0.update(bytes);
             Ok(bytes.len())
@@ -464,7 +464,7 @@ pub fn object_hash(object: &Json) -> String {
             Ok(())
         }
     }
-    let mut h = Into(Sha256::new());
+    let mut h = HashSink(Sha256::new());
     // Writing a `Value` into a sink that never fails cannot fail.
     let _ = serde_json::to_writer(&mut h, object);
     hex::encode(&h.0.finalize()[..8])

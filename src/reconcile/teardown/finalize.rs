@@ -26,7 +26,7 @@ use crate::reconcile::events::{event, event_about};
 use crate::reconcile::observe::read_stubs;
 use crate::reconcile::offload::{finalize_done_off_runtime, render_finalize_off_runtime};
 use crate::reconcile::plan::{FinalizeOutcome, FinalizeState, controlled_by};
-use crate::reconcile::writer::{Patched, WriteError};
+use crate::reconcile::writer::{Created, Patched, WriteError};
 
 /// The finalize step as the cluster shows it, and how messages name its child.
 pub(super) struct Finalizing {
@@ -199,7 +199,13 @@ pub(super) async fn start_finalize(
             });
         }
     }
-    match ctx.writer.apply(&t.api, &t.name, &desired.object).await {
+    // A create, refused if the name has been taken since the read (nothing written).
+    let created = match ctx.writer.create(&t.api, &t.name, &desired.object).await {
+        Ok(Created::Created(o)) => Ok(*o),
+        Ok(Created::Refused(_)) => return Ok(Action::requeue(STALE_RETRY)),
+        Err(e) => Err(e),
+    };
+    match created {
         Ok(created) => {
             event_about(
                 ctx,
