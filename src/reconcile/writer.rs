@@ -1,4 +1,6 @@
-//! The one writer: every API write Rulebook makes — child applies, status applies,
+//! The one writer: every API write Rulebook makes — child applies (each with a
+//! precondition: a create refused if the name is taken, or an apply to the UID that was
+//! read), status applies,
 //! deletions (pruning, teardown, and the cleanup after a rule drops a kind), patches
 //! (finalizers, orphaned children), events — goes through
 //! [`Writer`], which asks the write gate first and counts the write. (The API client
@@ -83,17 +85,8 @@ impl Writer {
         }
     }
 
-    /// Server-side apply of `body` (forced, Rulebook's field manager).
-    pub async fn apply(
-        &self,
-        api: &Api<DynamicObject>,
-        name: &str,
-        body: &Json,
-    ) -> Result<DynamicObject, WriteError> {
-        self.server_side_apply(api, name, body, false).await
-    }
-
-    /// Server-side apply of `body` to the existing object with `uid` only: the body
+    /// Server-side apply of `body` (forced, Rulebook's field manager) to the existing
+    /// object with `uid` only — there is no apply of a child without a precondition: the body
     /// carries the UID, which the API server compares with the live object's, refusing
     /// the write (422, nothing written) when the name now belongs to another object, and
     /// refusing to create one when the object is gone. The ownership the caller checked
@@ -147,26 +140,11 @@ impl Writer {
         name: &str,
         body: &Json,
     ) -> Result<DynamicObject, WriteError> {
-        self.server_side_apply(api, name, body, true).await
-    }
-
-    async fn server_side_apply(
-        &self,
-        api: &Api<DynamicObject>,
-        name: &str,
-        body: &Json,
-        status: bool,
-    ) -> Result<DynamicObject, WriteError> {
         self.check()?;
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let patch = Patch::Apply(apply_body(body));
-        let applied = if status {
-            api.patch_status(name, &params, &patch).await?
-        } else {
-            api.patch(name, &params, &patch).await?
-        };
-        let verb = if status { "apply_status" } else { "apply" };
-        self.metrics.write(&self.rule, verb);
+        let applied = api.patch_status(name, &params, &patch).await?;
+        self.metrics.write(&self.rule, "apply_status");
         Ok(applied)
     }
 
@@ -340,10 +318,6 @@ mod tests {
         let w = Writer::new(Arc::new(Closed), metrics.clone(), "r");
         let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}});
         assert!(matches!(
-            w.apply(&api, "c", &body).await,
-            Err(WriteError::NotLeader)
-        ));
-        assert!(matches!(
             w.apply_status(&api, "c", &body).await,
             Err(WriteError::NotLeader)
         ));
@@ -360,6 +334,6 @@ mod tests {
             Err(WriteError::NotLeader)
         ));
         assert!(!metrics.encode().contains("rulebook_api_writes_total{"));
-        assert_eq!(metrics.writes_refused.get(), 5, "each refusal is counted");
+        assert_eq!(metrics.writes_refused.get(), 4, "each refusal is counted");
     }
 }
