@@ -18,18 +18,15 @@ use serde_json::{Value as Json, json};
 const T: Duration = Duration::from_secs(120);
 const N: usize = 30;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_template_edit_writes_only_the_children_it_changes() {
-    let test = "a_template_edit_writes_only_the_children_it_changes";
-    let client = client().await;
-    let ns = namespace(&client, "cheaper").await;
-    let (kind, rule) = ("CheapApp", "cheapapp");
+/// A rule of `kind` with three ConfigMap children (`a`, `b`, `c`, each `v: "1"`) and a
+/// resync every 2 s.
+fn three_configmaps(rule: &str, kind: &str) -> RuleDir {
     let d = RuleDir::new();
     for c in ["a", "b", "c"] {
         d.template(&format!("{c}.yaml"), &configmap_template(c, "  v: \"1\"\n"));
     }
     d.rule(
-        "cheap.yaml",
+        &format!("{rule}.yaml"),
         &rule_text(
             rule,
             kind,
@@ -41,6 +38,16 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
         )
         .replace("spec:\n  parent:", "spec:\n  resync: 2s\n  parent:"),
     );
+    d
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_edit_writes_only_the_children_it_changes() {
+    let test = "a_template_edit_writes_only_the_children_it_changes";
+    let client = client().await;
+    let ns = namespace(&client, "cheaper").await;
+    let (kind, rule) = ("CheapApp", "cheapapp");
+    let d = three_configmaps(rule, kind);
     let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names: BTreeSet<String> = (0..N).map(|i| format!("p{i}")).collect();
@@ -148,23 +155,7 @@ async fn a_new_parent_costs_one_request_per_child() {
     )
     .await;
     let (kind, rule) = ("FreshApp", "freshapp");
-    let d = RuleDir::new();
-    for c in ["a", "b", "c"] {
-        d.template(&format!("{c}.yaml"), &configmap_template(c, "  v: \"1\"\n"));
-    }
-    d.rule(
-        "fresh.yaml",
-        &rule_text(
-            rule,
-            kind,
-            &[
-                child("a", "v1", "ConfigMap", "a.yaml", &[]),
-                child("b", "v1", "ConfigMap", "b.yaml", &[]),
-                child("c", "v1", "ConfigMap", "c.yaml", &[]),
-            ],
-        )
-        .replace("spec:\n  parent:", "spec:\n  resync: 2s\n  parent:"),
-    );
+    let d = three_configmaps(rule, kind);
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     // A foreign object under the name of parent "taken"'s first child.
     let foreign = put(
