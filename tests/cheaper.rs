@@ -41,6 +41,25 @@ fn three_configmaps(rule: &str, kind: &str) -> RuleDir {
     d
 }
 
+/// Parents `p0` … `p{N-1}` of `kind` in `ns`, created; their names.
+async fn put_parents(
+    parents: &kube::Api<kube::api::DynamicObject>,
+    kind: &str,
+    ns: &str,
+) -> BTreeSet<String> {
+    let names: BTreeSet<String> = (0..N).map(|i| format!("p{i}")).collect();
+    put_all(
+        parents,
+        names
+            .iter()
+            .map(|p| parent(kind, ns, p, json!({})))
+            .collect(),
+        8,
+    )
+    .await;
+    names
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_template_edit_writes_only_the_children_it_changes() {
     let test = "a_template_edit_writes_only_the_children_it_changes";
@@ -50,16 +69,7 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
     let d = three_configmaps(rule, kind);
     let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
     let parents = kind_api(&client, &ns, kind, T).await;
-    let names: BTreeSet<String> = (0..N).map(|i| format!("p{i}")).collect();
-    put_all(
-        &parents,
-        names
-            .iter()
-            .map(|p| parent(kind, &ns, p, json!({})))
-            .collect(),
-        8,
-    )
-    .await;
+    let names = put_parents(&parents, kind, &ns).await;
     wait_all_ready(&parents, &names, T).await;
     let v_old = status(&op).await["rules"][rule]["version"].clone();
 
@@ -170,16 +180,7 @@ async fn a_new_parent_costs_one_request_per_child() {
     let parents = kind_api(&client, &ns, kind, T).await;
 
     let audit = Audit::mark();
-    let names: BTreeSet<String> = (0..N).map(|i| format!("p{i}")).collect();
-    put_all(
-        &parents,
-        names
-            .iter()
-            .map(|p| parent(kind, &ns, p, json!({})))
-            .collect(),
-        8,
-    )
-    .await;
+    let names = put_parents(&parents, kind, &ns).await;
     put(&parents, &parent(kind, &ns, "taken", json!({}))).await;
     wait_all_ready(&parents, &names, T).await;
     wait_ready(&parents, "taken", "False", Some("Conflict"), T).await;
