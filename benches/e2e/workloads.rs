@@ -4,6 +4,27 @@
 use super::*;
 
 impl Bench {
+    /// A phase that waits for the parents to reach a state: says how it ended (`what`:
+    /// the phase's name and the word for done) and reports it between the two readings,
+    /// with its timeline. `driver`: the driver's own writes, taken out of the counts.
+    fn timed_phase(
+        &self,
+        kind: Kind,
+        (what, done): (&str, &str),
+        (from, to): (&Snap, &Snap),
+        (secs, ok, timeline): (f64, bool, Vec<(f64, usize)>),
+        driver: &[(&str, f64)],
+    ) -> Json {
+        eprintln!(
+            "bench: [{}] {what}: {} in {secs:.2} s",
+            kind.name(),
+            if ok { done } else { "TIMED OUT" }
+        );
+        let mut phase = self.phase(from, to, Some(secs), Some(ok), driver);
+        phase["timeline"] = json!(timeline);
+        phase
+    }
+
     /// Converge, update, steady state and (Rulebook) template change, in one
     /// namespace with one controller process.
     pub(crate) async fn workloads(&mut self, kind: Kind) -> Result<Json> {
@@ -43,19 +64,13 @@ impl Bench {
         let ok = cluster::wait_count(t0, n, timeout, || tracker.converged(1), &mut timeline).await;
         let secs = t0.elapsed().as_secs_f64();
         let s1 = self.snap(&p).await;
-        eprintln!(
-            "bench: [{}] converge: {} in {secs:.2} s",
-            kind.name(),
-            if ok { "converged" } else { "TIMED OUT" }
-        );
-        let mut phase = self.phase(
-            &s0,
-            &s1,
-            Some(secs),
-            Some(ok),
+        let mut phase = self.timed_phase(
+            kind,
+            ("converge", "converged"),
+            (&s0, &s1),
+            (secs, ok, timeline),
             &[("POST benches", n as f64)],
         );
-        phase["timeline"] = json!(timeline);
         phase["parents_created_seconds"] = json!(created);
         out["converge"] = phase;
         if !ok || !p.alive() {
@@ -80,19 +95,13 @@ impl Bench {
             // Writes that trail convergence count for the update, not the steady window.
             tokio::time::sleep(Duration::from_secs(5)).await;
             let s2 = self.snap(&p).await;
-            eprintln!(
-                "bench: [{}] update: {} in {secs:.2} s",
-                kind.name(),
-                if ok { "converged" } else { "TIMED OUT" }
-            );
-            let mut phase = self.phase(
-                &s1,
-                &s2,
-                Some(secs),
-                Some(ok),
+            let mut phase = self.timed_phase(
+                kind,
+                ("update", "converged"),
+                (&s1, &s2),
+                (secs, ok, timeline),
                 &[("PATCH benches", n as f64)],
             );
-            phase["timeline"] = json!(timeline);
             phase["children_checked"] = json!(self.check_children(kind, &ns, n).await);
             out["update"] = phase;
 
@@ -169,13 +178,13 @@ impl Bench {
             let secs = t0.elapsed().as_secs_f64();
             tokio::time::sleep(Duration::from_secs(5)).await;
             let s2 = self.snap(&p).await;
-            eprintln!(
-                "bench: [{}] template change: {} in {secs:.2} s",
-                kind.name(),
-                if ok { "rolled out" } else { "TIMED OUT" }
+            let mut phase = self.timed_phase(
+                kind,
+                ("template change", "rolled out"),
+                (&s, &s2),
+                (secs, ok, timeline),
+                &[],
             );
-            let mut phase = self.phase(&s, &s2, Some(secs), Some(ok), &[]);
-            phase["timeline"] = json!(timeline);
             phase["children"] = json!(n);
             phase["key"] = json!(format!("{} and parents' {}", children.key(), parents.key()));
             out["template"] = phase;
