@@ -4,8 +4,9 @@
 //! (Rulebook's labels and annotations, an owner reference, Rulebook's managedFields
 //! entry) and reports the live heap per object (a counting allocator) and the RSS
 //! growth: as kube-runtime would cache it, packed as the watch stream carries it
-//! (`rulebook::reconcile::cache::strip_child`), and lean as the store keeps it
-//! (`lean_child`). Writes `target/bench/cache_memory.json`.
+//! (`rulebook::reconcile::cache::strip_child`), and as Rulebook's child store holds it
+//! (`rulebook::reconcile::store::ChildStore`: packed as text, with its key and owner
+//! index). Writes `target/bench/cache_memory.json`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
@@ -70,7 +71,7 @@ fn child(i: usize) -> String {
 enum Form {
     Raw,
     Packed,
-    Lean,
+    Stored,
 }
 
 fn measure(n: usize, form: Form) -> (usize, usize, usize) {
@@ -78,6 +79,9 @@ fn measure(n: usize, form: Form) -> (usize, usize, usize) {
     let json_bytes = texts.iter().map(String::len).sum::<usize>() / n.max(1);
     let (rss0, live0) = (rss(), LIVE.load(Relaxed));
     let mut cache: Vec<Arc<DynamicObject>> = Vec::with_capacity(n);
+    let store = rulebook::reconcile::store::ChildStore::new(&kube::api::ApiResource::erase::<
+        k8s_openapi::api::core::v1::ConfigMap,
+    >(&()));
     for t in &texts {
         let Ok(mut o) = serde_json::from_str::<DynamicObject>(t) else {
             continue;
@@ -85,14 +89,16 @@ fn measure(n: usize, form: Form) -> (usize, usize, usize) {
         if form != Form::Raw {
             rulebook::reconcile::cache::strip_child(&mut o);
         }
-        if form == Form::Lean {
-            o = rulebook::reconcile::cache::lean_child(&o);
+        if form == Form::Stored {
+            store.observe(&kube::runtime::watcher::Event::Apply(o));
+        } else {
+            cache.push(Arc::new(o));
         }
-        cache.push(Arc::new(o));
     }
     let live = (LIVE.load(Relaxed) - live0) / n.max(1);
     let grown = rss().saturating_sub(rss0) / n.max(1);
     drop(cache);
+    drop(store);
     (json_bytes, live, grown)
 }
 
@@ -106,7 +112,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(9000);
     // Smallest first: RSS growth is measured on a fresh heap, which the later runs reuse.
-    let (json, lean_live, lean_rss) = measure(n, Form::Lean);
+    let (json, stored_live, stored_rss) = measure(n, Form::Stored);
     let (_, packed_live, packed_rss) = measure(n, Form::Packed);
     let (_, raw_live, raw_rss) = measure(n, Form::Raw);
     println!("cache_memory: {n} ConfigMap children of {json} JSON bytes each");
@@ -117,13 +123,13 @@ fn main() {
         "  packed (the watch stream):   {packed_live} B live heap per object ({packed_rss} B RSS growth)"
     );
     println!(
-        "  lean (Rulebook's store):     {lean_live} B live heap per object ({lean_rss} B RSS growth)"
+        "  stored (Rulebook's store):   {stored_live} B live heap per object ({stored_rss} B RSS growth)"
     );
     let out = serde_json::json!({
         "objects": n, "json_bytes_per_object": json,
         "raw": {"live_heap_per_object": raw_live, "rss_growth_per_object": raw_rss},
         "packed": {"live_heap_per_object": packed_live, "rss_growth_per_object": packed_rss},
-        "lean": {"live_heap_per_object": lean_live, "rss_growth_per_object": lean_rss},
+        "stored": {"live_heap_per_object": stored_live, "rss_growth_per_object": stored_rss},
     });
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     if std::fs::create_dir_all(&dir).is_ok() {

@@ -347,7 +347,7 @@ impl RuleRunner {
                 (Some(ns), true) => Api::namespaced_with(watch_client.clone(), ns, ar),
                 _ => Api::all_with(watch_client.clone(), ar),
             };
-            let store = Arc::new(crate::reconcile::store::ChildStore::default());
+            let store = Arc::new(crate::reconcile::store::ChildStore::new(ar));
             let filler = store.clone();
             let cache_id = self.budget.cache_id();
             cache_ids.push(cache_id);

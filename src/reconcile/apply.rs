@@ -89,15 +89,15 @@ pub(super) async fn look_up_uncached(
 
 async fn look_up(ctx: &RuleContext, namespace: Option<&str>, d: &DesiredChild) -> Lookup {
     let t = target(ctx, namespace, d);
-    match t.kind.store.get(&t.oref) {
-        Some(o) if is_stub(&o) => Some(t.api.get_opt(&t.name).await),
+    match t.kind.store.is_stub(&t.oref) {
+        Some(true) => Some(t.api.get_opt(&t.name).await),
         _ => None,
     }
 }
 
 /// Applies one desired child when the plan says so. `lookup` is what
 /// [`look_up_uncached`] found for it; `seen` the child as the reconcile observed it, if
-/// it did (reused while the cache still holds that version, rather than unpacked again).
+/// it did (reused while the cache still holds that version).
 pub(super) async fn apply_child(
     ctx: &RuleContext,
     parent: &DynamicObject,
@@ -122,7 +122,7 @@ pub(super) async fn apply_child(
             {
                 o.clone()
             }
-            _ => super::cache::unpack(raw),
+            _ => raw,
         });
     let read_error = |source| ReconcileError::Read {
         what: t.what.clone(),

@@ -10,23 +10,17 @@
 //! a reconcile reads it. Nothing else reads cached content: kube-runtime uses only the
 //! metadata.
 //!
-//! Children, most of what is cached, are leaner still in the store ([`lean_child`]):
-//! their labels, annotations, ownerReferences and managedFields move into the same
-//! string. Each of those maps and lists is a separate allocation in typed metadata (a
-//! B-tree node of labels is ~500 bytes however few they are), and together they were
-//! about half of a cached ConfigMap. The watch stream still carries the typed form (the
-//! owner index and kube-runtime's owner mapping read it once per event), and a
-//! reconcile reads a child through [`unpack`], which restores them.
-
-use std::collections::BTreeMap;
-use std::sync::Arc;
+//! Children, most of what is cached, are leaner still in their store ([`Packed`]): the
+//! metadata is packed too, as JSON text in the same allocation as the content. Typed
+//! metadata is a struct of ~350 bytes, mostly empty fields, and each of its strings, maps
+//! and lists is an allocation of its own (a B-tree node of labels is ~500 bytes however
+//! few they are). The watch stream still carries the typed form (the owner index and
+//! kube-runtime's owner mapping read it once per event), and a reconcile reads a child
+//! through [`Packed::unpack`], which restores it.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    FieldsV1, ManagedFieldsEntry, OwnerReference,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use kube::api::{DynamicObject, TypeMeta};
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json};
 
 use crate::meta::FIELD_MANAGER;
@@ -84,93 +78,64 @@ fn pack_content(o: &mut DynamicObject) {
     }
 }
 
-/// How the packed text of a lean child starts: the moved metadata comes first.
-const MOVED: &str = "{\"metadata\":";
-
-/// The metadata a lean child keeps in its packed text.
-#[derive(Default, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Moved {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    labels: Option<BTreeMap<String, String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    annotations: Option<BTreeMap<String, String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    owner_references: Option<Vec<OwnerReference>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    managed_fields: Option<Vec<ManagedFieldsEntry>>,
+/// A child as its store holds it (see the module comment): its metadata and its packed
+/// content as JSON text, one after the other in one allocation. A typed `ObjectMeta`
+/// is a struct of about 350 bytes of mostly empty fields, with every name, UID and
+/// label in an allocation of its own; as text, a child's metadata costs what it says.
+pub struct Packed {
+    text: Box<str>,
+    /// Where the metadata ends and the content begins; no content marks a stub.
+    split: u32,
 }
 
-fn is_lean(o: &DynamicObject) -> bool {
-    matches!(&o.data, Json::String(text) if text.starts_with(MOVED))
-}
+impl Packed {
+    /// The store's form of a packed child ([`strip_child`]); `None` only for an object
+    /// too large to be one (4 GiB).
+    pub fn new(o: &DynamicObject) -> Option<Packed> {
+        let mut text = serde_json::to_string(&o.metadata).ok()?;
+        let split = u32::try_from(text.len()).ok()?;
+        match &o.data {
+            Json::Null => {}
+            Json::String(content) => text.push_str(content),
+            other => text.push_str(&other.to_string()),
+        }
+        u32::try_from(text.len()).ok()?;
+        Some(Packed {
+            text: text.into_boxed_str(),
+            split,
+        })
+    }
 
-/// The store's form of a packed child (see the module comment): the same object with its
-/// labels, annotations, ownerReferences and managedFields moved into the packed text. A
-/// child cached without content (a stub) or already lean is cloned as it is.
-pub fn lean_child(o: &DynamicObject) -> DynamicObject {
-    let Json::String(content) = &o.data else {
-        return o.clone();
-    };
-    let Some(rest) = content.strip_prefix('{') else {
-        return o.clone();
-    };
-    if content.starts_with(MOVED) {
-        return o.clone();
+    /// Whether the child was cached without its content (over the cache budget).
+    pub fn is_stub(&self) -> bool {
+        self.text.len() == self.split as usize
     }
-    let m = &o.metadata;
-    let moved = Moved {
-        labels: m.labels.clone(),
-        annotations: m.annotations.clone(),
-        owner_references: m.owner_references.clone(),
-        managed_fields: m.managed_fields.clone(),
-    };
-    let Ok(head) = serde_json::to_string(&moved) else {
-        return o.clone();
-    };
-    let mut text = String::with_capacity(MOVED.len() + head.len() + content.len() + 1);
-    text.push_str(MOVED);
-    text.push_str(&head);
-    if !rest.trim_start().starts_with('}') {
-        text.push(',');
-    }
-    text.push_str(rest);
-    let mut metadata = o.metadata.clone();
-    metadata.labels = None;
-    metadata.annotations = None;
-    metadata.owner_references = None;
-    metadata.managed_fields = None;
-    DynamicObject {
-        types: o.types.clone(),
-        metadata,
-        data: Json::String(text),
-    }
-}
 
-/// The moved metadata of a lean child, read without parsing the content after it.
-fn moved(o: &DynamicObject) -> Option<Moved> {
-    let Json::String(text) = &o.data else {
-        return None;
-    };
-    let head = text.strip_prefix(MOVED)?;
-    Moved::deserialize(&mut serde_json::Deserializer::from_str(head)).ok()
-}
-
-/// A cached child as reconciles read it: a lean child with its typed metadata restored
-/// (its content stays packed); any other object as it is. A lean child whose moved
-/// metadata cannot be read (it was written by [`lean_child`], so only a bug) comes back
-/// with none, which no check takes for a child of any parent.
-pub fn unpack(o: Arc<DynamicObject>) -> Arc<DynamicObject> {
-    if !is_lean(&o) {
-        return o;
+    /// The child as reconciles read it: typed metadata, content still packed. `None`
+    /// only if the metadata written by [`Packed::new`] does not read back (a bug), which
+    /// every caller treats as a child not cached.
+    pub fn unpack(&self, types: Option<&TypeMeta>) -> Option<DynamicObject> {
+        let (meta, content) = self.text.split_at(self.split as usize);
+        let metadata: ObjectMeta = serde_json::from_str(meta).ok()?;
+        Some(DynamicObject {
+            types: types.cloned(),
+            metadata,
+            data: if content.is_empty() {
+                Json::Null
+            } else {
+                Json::String(content.to_owned())
+            },
+        })
     }
-    let m = moved(&o).unwrap_or_default();
-    let mut full = (*o).clone();
-    full.metadata.labels = m.labels;
-    full.metadata.annotations = m.annotations;
-    full.metadata.owner_references = m.owner_references;
-    full.metadata.managed_fields = m.managed_fields;
-    Arc::new(full)
+
+    /// The bytes this form holds.
+    pub fn len(&self) -> usize {
+        self.text.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty()
+    }
 }
 
 /// [`to_json`], with `apiVersion` and `kind` from `ar` where the object has none (the
@@ -192,13 +157,11 @@ pub fn to_json_as(o: &DynamicObject, ar: &kube::api::ApiResource) -> Option<Json
 /// depth, and the full parse only for the rare deep object.
 pub fn readable(o: &DynamicObject) -> bool {
     let shallow = |text: &str| super::wire::nesting_depth(text) < 100;
-    let moved = moved(o).and_then(|m| m.managed_fields).unwrap_or_default();
     let mut packed = std::iter::once(&o.data).chain(
         o.metadata
             .managed_fields
             .iter()
             .flatten()
-            .chain(&moved)
             .filter_map(|e| e.fields_v1.as_ref().map(|FieldsV1(f)| f)),
     );
     packed.all(|v| match v {
@@ -226,22 +189,13 @@ pub fn into_json(o: DynamicObject) -> Option<Json> {
     assemble(o.types.as_ref(), &o.metadata, content)
 }
 
-fn assemble(types: Option<&TypeMeta>, metadata: &ObjectMeta, mut content: Json) -> Option<Json> {
+fn assemble(types: Option<&TypeMeta>, metadata: &ObjectMeta, content: Json) -> Option<Json> {
     let mut out = Map::new();
     if let Some(t) = types {
         out.insert("apiVersion".into(), Json::String(t.api_version.clone()));
         out.insert("kind".into(), Json::String(t.kind.clone()));
     }
     let mut meta = serde_json::to_value(metadata).ok()?;
-    // A lean child's moved metadata.
-    if let (Some(Json::Object(moved)), Some(typed)) = (
-        content.as_object_mut().and_then(|c| c.remove("metadata")),
-        meta.as_object_mut(),
-    ) {
-        for (k, v) in moved {
-            typed.entry(k).or_insert(v);
-        }
-    }
     if let Some(entries) = meta.get_mut("managedFields").and_then(Json::as_array_mut) {
         for e in entries {
             if let Some(f) = e.get_mut("fieldsV1")
@@ -334,42 +288,42 @@ mod tests {
         assert_eq!(back["data"], json!({"k": "v", "z": "w"}));
     }
 
-    #[test]
-    fn a_lean_child_reads_back_and_unpacks_as_the_packed_one() {
-        let mut packed: DynamicObject = serde_json::from_value(child()).unwrap();
-        strip_child(&mut packed);
-        let lean = lean_child(&packed);
-        assert!(lean.metadata.labels.is_none() && lean.metadata.managed_fields.is_none());
-        assert!(lean.metadata.owner_references.is_none() && is_lean(&lean));
-        assert_eq!(lean.metadata.name, packed.metadata.name);
-        assert_eq!(to_json(&lean), to_json(&packed));
-        // Leaning twice changes nothing; unpacking restores the typed metadata.
-        assert_eq!(lean_child(&lean).data, lean.data);
-        let back = unpack(Arc::new(lean.clone()));
-        assert_eq!(back.metadata, packed.metadata);
-        assert_eq!(to_json(&back), to_json(&packed));
-        assert!(readable(&lean) && readable(&back));
-        // An object with empty content, and one that is not lean, unpack as they are.
-        packed.data = Json::String("{}".into());
-        let empty = lean_child(&packed);
-        assert_eq!(to_json(&empty), to_json(&packed));
-        assert_eq!(unpack(Arc::new(empty)).metadata, packed.metadata);
-        let plain = Arc::new(packed.clone());
-        assert!(Arc::ptr_eq(&unpack(plain.clone()), &plain));
+    fn unpacked(o: &DynamicObject) -> DynamicObject {
+        Packed::new(o).unwrap().unpack(o.types.as_ref()).unwrap()
     }
 
     #[test]
-    fn a_stub_stays_as_it_is() {
+    fn a_stored_child_unpacks_as_the_packed_one() {
+        let mut packed: DynamicObject = serde_json::from_value(child()).unwrap();
+        strip_child(&mut packed);
+        let stored = Packed::new(&packed).unwrap();
+        assert!(!stored.is_stub());
+        let back = stored.unpack(packed.types.as_ref()).unwrap();
+        assert_eq!(back.metadata, packed.metadata);
+        assert_eq!(back.data, packed.data);
+        assert_eq!(to_json(&back), to_json(&packed));
+        assert!(readable(&back));
+        // Content that is not packed is packed; empty content stays empty content.
+        let plain: DynamicObject = serde_json::from_value(child()).unwrap();
+        assert_eq!(to_json(&unpacked(&plain)), to_json(&plain));
+        packed.data = Json::String("{}".into());
+        assert_eq!(unpacked(&packed).data, packed.data);
+    }
+
+    #[test]
+    fn a_stub_stays_a_stub() {
         let mut o: DynamicObject = serde_json::from_value(child()).unwrap();
         strip_child(&mut o);
         o.data = Json::Null;
-        let lean = lean_child(&o);
-        assert_eq!(lean.metadata, o.metadata);
-        assert!(lean.data.is_null());
+        let stored = Packed::new(&o).unwrap();
+        assert!(stored.is_stub());
+        let back = stored.unpack(None).unwrap();
+        assert_eq!(back.metadata, o.metadata);
+        assert!(back.data.is_null());
     }
 
     #[test]
-    fn a_lean_child_with_a_too_deep_fieldset_is_not_readable() {
+    fn a_stored_child_with_a_too_deep_fieldset_is_not_readable() {
         let mut o: DynamicObject = serde_json::from_value(child()).unwrap();
         strip_child(&mut o);
         let deep = format!(
@@ -386,8 +340,8 @@ mod tests {
             e.fields_v1 = Some(FieldsV1(Json::String(deep)));
         }
         assert!(!readable(&o));
-        let lean = lean_child(&o);
-        assert!(!readable(&lean));
-        assert_eq!(readable(&lean), to_json(&lean).is_some());
+        let back = unpacked(&o);
+        assert!(!readable(&back));
+        assert_eq!(readable(&back), to_json(&back).is_some());
     }
 }

@@ -32,9 +32,9 @@ pub struct ChildKind {
 
 impl ChildKind {
     /// The cached child at `oref` as reconciles read it (unpacked: see
-    /// [`super::cache::lean_child`]).
+    /// [`super::cache::Packed`]).
     pub fn cached(&self, oref: &ObjectRef<DynamicObject>) -> Option<Arc<DynamicObject>> {
-        self.store.get(oref).map(super::cache::unpack)
+        self.store.get(oref)
     }
 
     pub fn api(&self, client: &Client, namespace: Option<&str>) -> Api<DynamicObject> {
@@ -195,14 +195,13 @@ impl RuleContext {
     ) -> Vec<(usize, Arc<DynamicObject>)> {
         let mut out = Vec::new();
         for (k, kind) in self.kinds.iter().enumerate() {
-            for lean in kind.store.owned_by(uid) {
+            for o in kind.store.owned_by(uid) {
                 if self.parent.namespaced
                     && kind.namespaced
-                    && lean.metadata.namespace.as_deref() != parent_ns
+                    && o.metadata.namespace.as_deref() != parent_ns
                 {
                     continue;
                 }
-                let o = super::cache::unpack(lean);
                 if o.labels().get(labels::OWNER).map(String::as_str) == Some(uid)
                     && controlled_by(&o, uid)
                 {

@@ -7,24 +7,25 @@
 //! about 0.6 KB per cached object, and children are most of what Rulebook caches. Here the
 //! key is `namespace/name` in one shared string (the object map and the owner index hold
 //! the same allocation), each owner's UID is held once for all its children, and the value
-//! is the child in its lean form ([`super::cache::lean_child`]). A relist replaces the
-//! objects and the index together, when it completes. Nothing else needs the store:
-//! kube-runtime's controller maps children to parents from the watch stream itself.
+//! is the child packed as text ([`super::cache::Packed`]; the kind's `apiVersion` and
+//! `kind` are held once, by the store). A relist replaces the objects and the index
+//! together, when it completes. Nothing else needs the store: kube-runtime's controller
+//! maps children to parents from the watch stream itself.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use kube::ResourceExt;
-use kube::api::DynamicObject;
+use kube::api::{ApiResource, DynamicObject, TypeMeta};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
 
-use super::cache::lean_child;
+use super::cache::Packed;
 use crate::meta::labels;
 
 struct Entry {
-    object: Arc<DynamicObject>,
+    object: Packed,
     owner: Option<Arc<str>>,
 }
 
@@ -38,6 +39,7 @@ impl Maps {
     fn insert(&mut self, o: &DynamicObject) {
         let Some(key) = key_of(o) else { return };
         self.remove(&key);
+        let Some(object) = Packed::new(o) else { return };
         let owner = o.labels().get(labels::OWNER).map(|owner| {
             let shared: Arc<str> = match self.by_owner.get_key_value(owner.as_str()) {
                 Some((shared, _)) => shared.clone(),
@@ -49,7 +51,6 @@ impl Maps {
                 .insert(key.clone());
             shared
         });
-        let object = Arc::new(lean_child(o));
         self.objects.insert(key, Entry { object, owner });
     }
 
@@ -67,8 +68,9 @@ impl Maps {
     }
 }
 
-#[derive(Default)]
 pub struct ChildStore {
+    /// The `apiVersion` and `kind` of every object of the store.
+    types: TypeMeta,
     live: RwLock<Maps>,
     /// A relist in progress: it replaces `live` when it completes.
     relist: Mutex<Option<Maps>>,
@@ -94,6 +96,19 @@ fn key_of(o: &DynamicObject) -> Option<Arc<str>> {
 }
 
 impl ChildStore {
+    /// The (empty) store of the children of kind `ar`.
+    pub fn new(ar: &ApiResource) -> ChildStore {
+        ChildStore {
+            types: TypeMeta {
+                api_version: ar.api_version.clone(),
+                kind: ar.kind.clone(),
+            },
+            live: RwLock::default(),
+            relist: Mutex::default(),
+            listed: AtomicBool::default(),
+        }
+    }
+
     /// Follows one watch event, as kube-runtime's store does: a relist replaces the
     /// contents when it is complete, not before.
     pub fn observe(&self, event: &Event<DynamicObject>) {
@@ -121,9 +136,9 @@ impl ChildStore {
         }
     }
 
-    /// The cached child at `oref`, in its lean form. (The key is built in a buffer each
-    /// thread reuses: lookups are on every reconcile's path.)
-    pub fn get(&self, oref: &ObjectRef<DynamicObject>) -> Option<Arc<DynamicObject>> {
+    /// `f` of the cached child at `oref`. (The key is built in a buffer each thread
+    /// reuses: lookups are on every reconcile's path.)
+    fn with<T>(&self, oref: &ObjectRef<DynamicObject>, f: impl FnOnce(&Packed) -> T) -> Option<T> {
         thread_local! {
             static KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
         }
@@ -133,18 +148,32 @@ impl ChildStore {
             read(&self.live)
                 .objects
                 .get(k.as_str())
-                .map(|e| e.object.clone())
+                .map(|e| f(&e.object))
         })
     }
 
-    /// The cached children labelled as owned by `uid`, in their lean form.
+    /// The cached child at `oref`, unpacked (typed metadata, packed content).
+    pub fn get(&self, oref: &ObjectRef<DynamicObject>) -> Option<Arc<DynamicObject>> {
+        self.with(oref, |p| p.unpack(Some(&self.types)))
+            .flatten()
+            .map(Arc::new)
+    }
+
+    /// Whether the child at `oref` is cached without its content (a stub), without
+    /// unpacking it; `None` when it is not cached.
+    pub fn is_stub(&self, oref: &ObjectRef<DynamicObject>) -> Option<bool> {
+        self.with(oref, Packed::is_stub)
+    }
+
+    /// The cached children labelled as owned by `uid`, unpacked.
     pub fn owned_by(&self, uid: &str) -> Vec<Arc<DynamicObject>> {
         let maps = read(&self.live);
         let Some(keys) = maps.by_owner.get(uid) else {
             return Vec::new();
         };
         keys.iter()
-            .filter_map(|k| maps.objects.get(k).map(|e| e.object.clone()))
+            .filter_map(|k| maps.objects.get(k)?.object.unpack(Some(&self.types)))
+            .map(Arc::new)
             .collect()
     }
 
@@ -177,7 +206,6 @@ fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::api::ApiResource;
     use serde_json::json;
 
     fn obj(ns: &str, name: &str, rv: &str) -> DynamicObject {
@@ -192,9 +220,12 @@ mod tests {
         o
     }
 
+    fn ar() -> ApiResource {
+        ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&())
+    }
+
     fn oref(ns: &str, name: &str) -> ObjectRef<DynamicObject> {
-        let ar = ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
-        ObjectRef::new_with(name, ar).within(ns)
+        ObjectRef::new_with(name, ar()).within(ns)
     }
 
     fn rv(s: &ChildStore, ns: &str, name: &str) -> Option<String> {
@@ -203,7 +234,7 @@ mod tests {
 
     #[test]
     fn follows_applies_deletes_and_relists_and_keeps_children_lean() {
-        let s = ChildStore::default();
+        let s = ChildStore::new(&ar());
         assert!(!s.listed());
         s.observe(&Event::Init);
         s.observe(&Event::InitApply(obj("a", "x", "1")));
@@ -218,10 +249,14 @@ mod tests {
         s.observe(&Event::Apply(obj("a", "x", "3")));
         assert_eq!(rv(&s, "a", "x").as_deref(), Some("3"));
         assert_eq!(rv(&s, "b", "x").as_deref(), Some("2"));
-        // Stored lean; unpacked, the labels are back.
-        let cached = s.get(&oref("a", "x")).unwrap();
-        assert!(cached.metadata.labels.is_none());
-        let full = super::super::cache::unpack(cached);
+        // Stored packed; read back, the labels are there and the kind is the store's.
+        let full = s.get(&oref("a", "x")).unwrap();
+        assert_eq!(
+            full.types.as_ref().map(|t| t.kind.as_str()),
+            Some("ConfigMap")
+        );
+        assert_eq!(s.is_stub(&oref("a", "x")), Some(false));
+        assert_eq!(s.is_stub(&oref("a", "nothing")), None);
         assert_eq!(
             full.metadata
                 .labels
@@ -256,7 +291,7 @@ mod tests {
 
     #[test]
     fn indexes_children_by_owner_through_applies_deletes_and_relists() {
-        let s = ChildStore::default();
+        let s = ChildStore::new(&ar());
         s.observe(&Event::Apply(owned("ns", "a", "u1")));
         s.observe(&Event::Apply(owned("ns", "b", "u1")));
         s.observe(&Event::Apply(owned("ns", "c", "u2")));
