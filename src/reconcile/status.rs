@@ -29,7 +29,7 @@ use crate::render::status::ConditionState;
 /// ([`StatusWrites::observe`]); the status itself is held as compact JSON text.
 #[derive(Default)]
 pub struct StatusWrites {
-    written: Mutex<HashMap<String, StatusWrite>>,
+    written: Mutex<Written>,
     /// UIDs of parents deleted since the last reconcile: their per-parent memory goes.
     gone: Mutex<Vec<String>>,
 }
@@ -48,6 +48,30 @@ struct StatusWrite {
 const STATUS_WRITE_KEEP: Duration = Duration::from_secs(30);
 /// How long one is remembered at most (its watch event may never come: parent deleted).
 const STATUS_WRITE_MAX: Duration = Duration::from_secs(600);
+/// How often the writes no longer needed are swept, at most.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// The writes, and when they were last swept. A sweep runs on the way of any use once
+/// [`SWEEP_EVERY`] has passed: every resync reconcile reads the table, so a converged
+/// operator holds none of them for long.
+#[derive(Default)]
+struct Written {
+    map: HashMap<String, StatusWrite>,
+    swept: Option<Instant>,
+}
+
+impl Written {
+    fn sweep_if_due(&mut self) -> &mut HashMap<String, StatusWrite> {
+        if self.swept.is_none_or(|t| t.elapsed() >= SWEEP_EVERY) {
+            self.map.retain(|_, w| {
+                let age = w.at.elapsed();
+                age < STATUS_WRITE_MAX && !(w.seen && age > STATUS_WRITE_KEEP)
+            });
+            self.swept = Some(Instant::now());
+        }
+        &mut self.map
+    }
+}
 
 impl StatusWrites {
     /// Notes writes the cache now holds; forgets those of deleted parents.
@@ -60,7 +84,8 @@ impl StatusWrites {
             _ => return,
         };
         let Some(uid) = o.uid() else { return };
-        let mut written = lock(&self.written);
+        let mut table = lock(&self.written);
+        let written = table.sweep_if_due();
         if deleted {
             written.remove(&uid);
             lock(&self.gone).push(uid);
@@ -72,8 +97,7 @@ impl StatusWrites {
     }
 
     pub(super) fn record(&self, uid: String, rv: u64, identity: Option<u64>, status: &Json) {
-        let mut written = lock(&self.written);
-        written.insert(
+        lock(&self.written).sweep_if_due().insert(
             uid,
             StatusWrite {
                 rv,
@@ -83,21 +107,14 @@ impl StatusWrites {
                 seen: false,
             },
         );
-        // Amortised clean-up: a sweep whenever the map has grown by half since the last.
-        if written.len().is_power_of_two() && written.len() >= 64 {
-            written.retain(|_, w| {
-                let age = w.at.elapsed();
-                age < STATUS_WRITE_MAX && !(w.seen && age > STATUS_WRITE_KEEP)
-            });
-        }
     }
 
     /// The status of the last write of this parent if the cached parent predates it.
     /// resourceVersions are compared as numbers (etcd revisions); a parent whose
     /// resourceVersion is not a number is taken as it is cached.
     pub(super) fn newer_than(&self, uid: &str, cached: &DynamicObject) -> Option<Json> {
-        let written = lock(&self.written);
-        let w = written.get(uid)?;
+        let mut table = lock(&self.written);
+        let w = table.sweep_if_due().get(uid)?;
         match resource_version(cached) {
             Some(seen) if seen < w.rv => serde_json::from_str(&w.status).ok(),
             _ => None,
@@ -112,6 +129,7 @@ impl StatusWrites {
     pub(super) fn latest_rv(&self, uid: &str, cached: &DynamicObject) -> Option<u64> {
         let seen = resource_version(cached);
         let written = lock(&self.written)
+            .sweep_if_due()
             .get(uid)
             .filter(|w| w.identity.is_some() && w.identity == super::memo::identity(cached))
             .map(|w| w.rv);
@@ -127,7 +145,7 @@ impl StatusWrites {
     }
 
     pub fn len(&self) -> usize {
-        lock(&self.written).len()
+        lock(&self.written).map.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -456,5 +474,29 @@ mod tests {
         // A deleted parent is forgotten.
         w.observe(&Event::Delete(parent_at("15")));
         assert!(w.is_empty());
+    }
+
+    #[test]
+    fn writes_the_cache_has_are_swept_on_the_way_of_any_read() {
+        let w = StatusWrites::default();
+        w.record("u1".into(), 10, None, &json!({}));
+        w.record("u2".into(), 10, None, &json!({}));
+        {
+            let mut t = lock(&w.written);
+            let long_ago = Instant::now()
+                .checked_sub(STATUS_WRITE_KEEP + Duration::from_secs(1))
+                .unwrap();
+            t.map.values_mut().for_each(|w| w.at = long_ago);
+            t.map.get_mut("u1").unwrap().seen = true;
+            // Not yet due: nothing goes.
+            t.swept = Some(Instant::now());
+        }
+        assert_eq!(w.latest_rv("u3", &parent_at("1")), Some(1));
+        assert_eq!(w.len(), 2);
+        lock(&w.written).swept = Instant::now().checked_sub(SWEEP_EVERY);
+        // A reconcile's read sweeps: the write the cache has goes, the one it has not stays.
+        assert_eq!(w.latest_rv("u3", &parent_at("1")), Some(1));
+        assert_eq!(w.len(), 1);
+        assert!(w.newer_than("u2", &parent_at("9")).is_some());
     }
 }
