@@ -7,11 +7,15 @@
 //! event costs O(N) (the benchmark's profile showed the sweep as the hottest function of
 //! the reconciler at 1,000 parents), and the cache holds a full Event object per parent.
 //! This one keeps, per event key, only the Event's name, its count and when it was last
-//! seen; sweeps when the cache has doubled since the last sweep; and holds at most
+//! seen, under a 128-bit keyed digest of the key (the key's strings — reason, action,
+//! the object's apiVersion, kind, namespace and name — were most of an entry); sweeps
+//! when the cache has doubled since the last sweep or a series window has passed since
+//! it (so a quiet operator holds none); and holds at most
 //! [`MAX_KEYS`] keys (past that, it forgets them all: the next repeat creates a new
 //! Event instead of patching a series, which loses nothing a person reads).
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
 
 use jiff::{SignedDuration, Timestamp};
@@ -55,26 +59,39 @@ struct Seen {
 
 #[derive(Default)]
 struct Cache {
-    seen: HashMap<Key, Seen>,
-    /// The cache's size after the last sweep.
+    seen: HashMap<u128, Seen>,
+    /// Two independently keyed hashers (random per process, so no one can make two keys
+    /// collide on purpose) for the key's 128-bit digest.
+    digest: (RandomState, RandomState),
+    /// The cache's size after the last sweep, and when it was.
     swept_at: usize,
+    swept: Option<Timestamp>,
 }
 
 impl Cache {
+    fn digest(&self, key: &Key) -> u128 {
+        (u128::from(self.digest.0.hash_one(key)) << 64) | u128::from(self.digest.1.hash_one(key))
+    }
+
     /// The same event seen within the series window, if any.
     fn repeat_of(&self, key: &Key, now: Timestamp) -> Option<Seen> {
         self.seen
-            .get(key)
+            .get(&self.digest(key))
             .filter(|s| s.last + SERIES_WINDOW > now && !s.name.is_empty())
             .cloned()
     }
 
     fn remember(&mut self, key: Key, seen: Seen, now: Timestamp) {
-        self.seen.insert(key, seen);
-        // Amortised: a sweep once the cache has doubled since the last one.
-        if self.seen.len() >= 2 * self.swept_at.max(64) {
+        let digest = self.digest(&key);
+        self.seen.insert(digest, seen);
+        // Amortised: a sweep once the cache has doubled since the last one, or a series
+        // window after it.
+        if self.seen.len() >= 2 * self.swept_at.max(64)
+            || self.swept.is_none_or(|t| t + SERIES_WINDOW <= now)
+        {
             self.seen.retain(|_, s| s.last + SERIES_WINDOW > now);
             self.swept_at = self.seen.len();
+            self.swept = Some(now);
         }
         if self.seen.len() > MAX_KEYS {
             self.seen.clear();
@@ -267,11 +284,12 @@ mod tests {
             c.remember(key(&format!("new-{i}")), seen(later), later);
         }
         assert!(c.seen.len() < 200, "{} keys", c.seen.len());
-        assert!(
-            c.seen
-                .keys()
-                .any(|k| k.regarding.3.as_deref() == Some("new-99"))
-        );
+        assert!(c.repeat_of(&key("new-99"), later).is_some());
+        assert!(c.repeat_of(&key("old-99"), later).is_none());
+        // A quiet cache is swept by the next event a series window on, however small.
+        let quiet = later + SERIES_WINDOW;
+        c.remember(key("alone"), seen(quiet), quiet);
+        assert_eq!(c.seen.len(), 1);
         for i in 0..MAX_KEYS + 10 {
             c.remember(key(&format!("k-{i}")), seen(later), later);
             assert!(c.seen.len() <= MAX_KEYS);
