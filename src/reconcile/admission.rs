@@ -50,25 +50,50 @@ pub struct CacheBudget {
 
 #[derive(Default)]
 struct State {
-    /// (cache id, namespace, name) → bytes of content held.
-    held: HashMap<(u64, String, String), usize>,
-    by_namespace: HashMap<String, usize>,
+    /// (cache id, digest of namespace and name) → what the object's content holds. A
+    /// 64-bit digest under a per-process random key, rather than the two strings: this
+    /// map has an entry for every cached child. (Two objects of one cache whose digests
+    /// collided would share one count; no one can make that happen on purpose.)
+    held: HashMap<(u64, u64), Held>,
+    digest: std::hash::RandomState,
+    /// Bytes held per namespace; its keys are shared with `held`.
+    by_namespace: HashMap<Arc<str>, usize>,
     total: usize,
     announced: HashMap<String, Instant>,
     next_cache: u64,
 }
 
+struct Held {
+    namespace: Arc<str>,
+    bytes: usize,
+}
+
 impl State {
-    fn forget(&mut self, key: &(u64, String, String)) {
-        if let Some(bytes) = self.held.remove(key) {
+    fn key(&self, cache: u64, ns: &str, name: &str) -> (u64, u64) {
+        use std::hash::BuildHasher;
+        (cache, self.digest.hash_one((ns, name)))
+    }
+
+    fn forget(&mut self, key: &(u64, u64)) {
+        if let Some(Held { namespace, bytes }) = self.held.remove(key) {
             self.total = self.total.saturating_sub(bytes);
-            if let Some(ns) = self.by_namespace.get_mut(&key.1) {
+            if let Some(ns) = self.by_namespace.get_mut(&namespace) {
                 *ns = ns.saturating_sub(bytes);
                 if *ns == 0 {
-                    self.by_namespace.remove(&key.1);
+                    self.by_namespace.remove(&namespace);
                 }
             }
         }
+    }
+
+    fn hold(&mut self, key: (u64, u64), ns: &str, bytes: usize) {
+        let namespace = match self.by_namespace.get_key_value(ns) {
+            Some((shared, _)) => shared.clone(),
+            None => Arc::from(ns),
+        };
+        *self.by_namespace.entry(namespace.clone()).or_insert(0) += bytes;
+        self.held.insert(key, Held { namespace, bytes });
+        self.total += bytes;
     }
 }
 
@@ -112,15 +137,16 @@ impl CacheBudget {
             }
             Event::InitDone => Admitted::AsIs,
             Event::Delete(o) => {
-                s.forget(&(cache, o.namespace().unwrap_or_default(), o.name_any()));
+                let key = s.key(cache, o.namespace().as_deref().unwrap_or(""), &o.name_any());
+                s.forget(&key);
                 Admitted::AsIs
             }
             Event::Apply(o) | Event::InitApply(o) => {
                 let ns = o.namespace().unwrap_or_default();
-                let key = (cache, ns.clone(), o.name_any());
+                let key = s.key(cache, &ns, &o.name_any());
                 s.forget(&key);
                 let bytes = o.data.as_str().map_or(0, str::len);
-                let ns_held = s.by_namespace.get(&ns).copied().unwrap_or(0);
+                let ns_held = s.by_namespace.get(ns.as_str()).copied().unwrap_or(0);
                 if bytes == 0 {
                     Admitted::AsIs
                 } else if ns_held + bytes > self.limits.per_namespace
@@ -141,9 +167,7 @@ impl CacheBudget {
                     }
                     Admitted::Stubbed { announce }
                 } else {
-                    s.held.insert(key, bytes);
-                    *s.by_namespace.entry(ns).or_insert(0) += bytes;
-                    s.total += bytes;
+                    s.hold(key, &ns, bytes);
                     Admitted::AsIs
                 }
             }
