@@ -5,12 +5,14 @@
 //! `runner.rs` runs one rule (resolve its kinds, build its caches and controller),
 //! `streams.rs` holds the pass-throughs its watch streams go through, `dropped.rs` cleans
 //! up after a rule drops a kind of child, `released.rs` releases the finalizers of a
-//! removed rule's parents, `permissions.rs` checks a rule's RBAC first.
+//! removed rule's parents, `permissions.rs` checks a rule's RBAC first, `resync.rs`
+//! spreads a rule's resyncs over its period.
 
 mod dropped;
 mod permissions;
 mod refstream;
 mod released;
+mod resync;
 mod runner;
 pub mod sharded;
 mod status;

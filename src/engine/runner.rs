@@ -18,7 +18,7 @@ use tracing::warn;
 
 use super::EngineConfig;
 use super::status::{EngineStatus, RuleState};
-use super::streams::{CacheSync, LIST_PAGE_SIZE, admission, packed, parent_changed, relisted};
+use super::streams::{CacheSync, ChangedFilter, LIST_PAGE_SIZE, admission, packed, relisted};
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::admission::CacheBudget;
@@ -334,7 +334,10 @@ impl RuleRunner {
             })
             .map(relisted(relisted_tx.clone()))
             .applied_objects()
-            .predicate_filter(parent_changed, Default::default());
+            .filter({
+                let mut changed = ChangedFilter::new();
+                move |r| futures::future::ready(r.as_ref().map_or(true, |o| changed.changed(o)))
+            });
         let mut controller =
             Controller::for_stream_with(parent_stream, parent_reader.clone(), r.parent.clone())
                 .with_config(ControllerConfig::default().concurrency(self.config.concurrency));
@@ -429,6 +432,13 @@ impl RuleRunner {
         }
         drop(relisted_tx);
         controller = controller.reconcile_all_on(relisted_rx);
+        if let Some(every) = self.rule.resync {
+            controller = controller.reconcile_on(super::resync::sweep(
+                parent_reader.clone(),
+                r.parent.clone(),
+                every,
+            ));
+        }
         let counting = count_cached(
             self.metrics.clone(),
             &name,

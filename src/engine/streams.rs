@@ -153,3 +153,85 @@ pub(super) fn parent_changed(o: &DynamicObject) -> Option<u64> {
     m.deletion_timestamp.is_some().hash(&mut h);
     Some(h.finish())
 }
+
+/// kube-runtime's `predicate_filter` with [`parent_changed`], at a smaller cost per
+/// parent: its cache keys every object by its name, namespace and UID as three strings;
+/// this one by a keyed 64-bit digest of the UID (random per process, so no one can make
+/// two parents collide on purpose). As there, an entry not seen for [`CHANGED_TTL`] is
+/// forgotten (the next event of that parent passes) and the table is swept as often.
+pub(super) struct ChangedFilter {
+    seen: std::collections::HashMap<u64, (u64, std::time::Instant)>,
+    digest: std::hash::RandomState,
+    swept: std::time::Instant,
+}
+
+/// kube-runtime's default predicate TTL.
+const CHANGED_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
+impl ChangedFilter {
+    pub(super) fn new() -> ChangedFilter {
+        ChangedFilter {
+            seen: Default::default(),
+            digest: Default::default(),
+            swept: std::time::Instant::now(),
+        }
+    }
+
+    /// Whether `o` passes: the first version seen of a parent, or one that changed in
+    /// what [`parent_changed`] covers.
+    pub(super) fn changed(&mut self, o: &DynamicObject) -> bool {
+        self.changed_at(o, std::time::Instant::now())
+    }
+
+    fn changed_at(&mut self, o: &DynamicObject, now: std::time::Instant) -> bool {
+        use std::hash::BuildHasher;
+        if now.duration_since(self.swept) >= CHANGED_TTL {
+            self.seen
+                .retain(|_, (_, at)| now.duration_since(*at) < CHANGED_TTL);
+            self.swept = now;
+        }
+        let (Some(value), Some(uid)) = (parent_changed(o), o.metadata.uid.as_deref()) else {
+            return true;
+        };
+        let key = self.digest.hash_one(uid);
+        let fresh = self
+            .seen
+            .get(&key)
+            .is_some_and(|(v, at)| *v == value && now.duration_since(*at) < CHANGED_TTL);
+        self.seen.insert(key, (value, now));
+        !fresh
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::time::{Duration, Instant};
+
+    fn parent(uid: &str, generation: i64, status: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "example.com/v1", "kind": "App",
+            "metadata": {"name": "p", "namespace": "n", "uid": uid, "generation": generation},
+            "status": {"phase": status}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_parent_passes_when_new_or_changed_not_for_its_status_and_after_the_ttl() {
+        let t0 = Instant::now();
+        let mut f = ChangedFilter::new();
+        assert!(f.changed_at(&parent("u1", 1, "a"), t0));
+        // Status only: filtered out.
+        assert!(!f.changed_at(&parent("u1", 1, "b"), t0));
+        // A new generation passes, as does another parent (same name, new UID).
+        assert!(f.changed_at(&parent("u1", 2, "b"), t0));
+        assert!(f.changed_at(&parent("u2", 2, "b"), t0));
+        assert!(!f.changed_at(&parent("u2", 2, "c"), t0));
+        // Unseen for the TTL: passes again, and the sweep forgets the rest.
+        let later = t0 + CHANGED_TTL + Duration::from_secs(1);
+        assert!(f.changed_at(&parent("u1", 2, "b"), later));
+        assert_eq!(f.seen.len(), 1);
+    }
+}

@@ -374,10 +374,7 @@ async fn reconcile_inner(
             } else {
                 ctx.steady.forget(&uid);
             }
-            Ok(match rule.resync {
-                Some(every) => Action::requeue(every),
-                None => Action::await_change(),
-            })
+            Ok(settled())
         }
     };
 
@@ -404,10 +401,13 @@ fn skip_if_steady(
         .reconciles_skipped
         .get_or_create(&metrics::rule(&ctx.rule.name))
         .inc();
-    Some(match ctx.rule.resync {
-        Some(every) => Action::requeue(every),
-        None => Action::await_change(),
-    })
+    Some(settled())
+}
+
+/// What a reconcile that went through asks of kube-runtime: nothing until a change. A
+/// rule's resync is the engine's sweep (`engine::resync`), not a requeue per parent.
+fn settled() -> Action {
+    Action::await_change()
 }
 
 /// Whether the parent carries `rulebook.dev/paused: "true"`.
@@ -441,10 +441,7 @@ async fn reference_missing(
         message,
     );
     write_status(ctx, parent, parent_json, None, &state).await?;
-    Ok(match ctx.rule.resync {
-        Some(every) => Action::requeue(every),
-        None => Action::await_change(),
-    })
+    Ok(settled())
 }
 
 /// A render or status evaluation failed: `Ready=False` with the failure's reason on this
