@@ -3,7 +3,8 @@
 //! exactly those N children (plus at most one status write per parent, for
 //! `status.ruleVersion`), and the resyncs of unchanged parents stop after observing; a
 //! new parent costs one request per child (a create, no read first), and a foreign object
-//! of a child's name is read only after its create was refused.
+//! of a child's name is read only after its create was refused; a child kind no rule
+//! reads past its metadata is cached without its content.
 
 mod common;
 mod faults_kit;
@@ -25,20 +26,22 @@ fn three_configmaps(rule: &str, kind: &str) -> RuleDir {
     for c in ["a", "b", "c"] {
         d.template(&format!("{c}.yaml"), &configmap_template(c, "  v: \"1\"\n"));
     }
-    d.rule(
-        &format!("{rule}.yaml"),
-        &rule_text(
-            rule,
-            kind,
-            &[
-                child("a", "v1", "ConfigMap", "a.yaml", &[]),
-                child("b", "v1", "ConfigMap", "b.yaml", &[]),
-                child("c", "v1", "ConfigMap", "c.yaml", &[]),
-            ],
-        )
-        .replace("spec:\n  parent:", "spec:\n  resync: 2s\n  parent:"),
-    );
+    d.rule(&format!("{rule}.yaml"), &three_configmaps_rule(rule, kind));
     d
+}
+
+/// The rule of [`three_configmaps`].
+fn three_configmaps_rule(rule: &str, kind: &str) -> String {
+    rule_text(
+        rule,
+        kind,
+        &[
+            child("a", "v1", "ConfigMap", "a.yaml", &[]),
+            child("b", "v1", "ConfigMap", "b.yaml", &[]),
+            child("c", "v1", "ConfigMap", "c.yaml", &[]),
+        ],
+    )
+    .replace("spec:\n  parent:", "spec:\n  resync: 2s\n  parent:")
 }
 
 /// Parents `p0` … `p{N-1}` of `kind` in `ns`, created; their names.
@@ -262,5 +265,82 @@ async fn a_new_parent_costs_one_request_per_child() {
         others.is_empty(),
         "{test}: requests other than one create per child: {others:?}"
     );
+    cleanup_namespace(&client, &ns).await;
+}
+
+/// The child caches' content gauge at exactly `bytes`, waited for.
+async fn wait_content_bytes(op: &Operator, bytes: usize, what: &str) {
+    wait_for(T, what, || async {
+        let held = op.metric("rulebook_cache_content_bytes").await;
+        (held == bytes as f64).then_some(())
+    })
+    .await
+}
+
+/// Every parent's `status.<field>` at `want(name)`, waited for.
+async fn wait_status_field(
+    parents: &kube::Api<kube::api::DynamicObject>,
+    names: &BTreeSet<String>,
+    field: &str,
+    want: impl Fn(&str) -> String,
+) {
+    wait_for(T, &format!("status.{field} on every parent"), || async {
+        for p in names {
+            let o = get_json(parents, p).await?;
+            (o["status"][field].as_str()? == want(p)).then_some(())?;
+        }
+        Some(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_kind_no_rule_reads_is_cached_without_its_content() {
+    let test = "a_child_kind_no_rule_reads_is_cached_without_its_content";
+    let client = client().await;
+    let ns = namespace(&client, "cheaper-content").await;
+    let (kind, rule) = ("LeanApp", "leanapp");
+    let d = three_configmaps(rule, kind);
+    let base = three_configmaps_rule(rule, kind);
+    // Status reads the children's metadata only: their kind is cached without content.
+    d.rule(
+        &format!("{rule}.yaml"),
+        &format!("{base}  status:\n    name: \"$.children.a.metadata.name\"\n"),
+    );
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let names = put_parents(&parents, kind, &ns).await;
+    wait_all_ready(&parents, &names, T).await;
+    wait_status_field(&parents, &names, "name", |p| format!("{p}-a")).await;
+    // `{}` per child: two bytes each.
+    wait_content_bytes(&op, 2 * 3 * N, "metadata-only children").await;
+
+    // Status now reads a child's data: the rule restarts, its cache keeps the content,
+    // and the status shows the value.
+    let v_old = status(&op).await["rules"][rule]["version"].clone();
+    d.rule(
+        &format!("{rule}.yaml"),
+        &format!(
+            "{base}  status:\n    name: \"$.children.a.metadata.name\"\n    value: \"$.children.a.data.v\"\n"
+        ),
+    );
+    wait_for(T, "the operator to run the edited rule", || async {
+        let v = status(&op).await["rules"][rule]["version"].clone();
+        (v != v_old && v.is_string()).then_some(())
+    })
+    .await;
+    wait_status_field(&parents, &names, "value", |_| "1".to_string()).await;
+    // What the cache holds of each child: everything but apiVersion, kind and metadata.
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    let mut one = get_json(&cms, "p0-a").await.expect("p0-a");
+    if let Some(m) = one.as_object_mut() {
+        for k in ["apiVersion", "kind", "metadata"] {
+            m.remove(k);
+        }
+    }
+    let content = one.to_string().len();
+    eprintln!("{test}: {content} bytes of content per child once read");
+    assert!(content > 2, "{test}: the children have no content: {one}");
+    wait_content_bytes(&op, content * 3 * N, "children cached with their content").await;
     cleanup_namespace(&client, &ns).await;
 }

@@ -351,6 +351,9 @@ impl RuleRunner {
                 _ => Api::all_with(watch_client.clone(), ar),
             };
             let store = Arc::new(crate::reconcile::store::ChildStore::new(ar));
+            // Whether any child of this kind is read past its metadata.
+            let read = (r.kind_of_child.iter().enumerate())
+                .any(|(c, &k)| k == i && self.rule.reads_child_content(c));
             let filler = store.clone();
             let cache_id = self.budget.cache_id();
             cache_ids.push(cache_id);
@@ -372,6 +375,11 @@ impl RuleRunner {
             .map(packed)
             .filter(in_shard())
             .modify(crate::reconcile::cache::strip_child)
+            .modify(move |o| {
+                if !read {
+                    crate::reconcile::cache::without_content(o);
+                }
+            })
             .map(admit)
             .map(synced.observer(i + 1))
             .map(move |event| {

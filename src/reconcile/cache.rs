@@ -66,6 +66,15 @@ pub fn strip_child(o: &mut DynamicObject) {
     pack_content(o);
 }
 
+/// A child of a kind whose content no rule reads ([`crate::render::CompiledRule::reads_child_content`])
+/// keeps only its metadata: its content becomes `{}`, which is not a stub (a stub is read
+/// from the API server when a reconcile needs it). Drift is told from managedFields.
+pub fn without_content(o: &mut DynamicObject) {
+    if !o.data.is_null() {
+        o.data = Json::String("{}".to_string());
+    }
+}
+
 fn drop_last_applied(o: &mut DynamicObject) {
     if let Some(a) = o.metadata.annotations.as_mut() {
         a.remove("kubectl.kubernetes.io/last-applied-configuration");

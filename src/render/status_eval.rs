@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use jsonpath_rust::parser::model::JpQuery;
 use minijinja::value::Value;
 use serde_json::{Map, Value as Json};
 
@@ -109,6 +110,37 @@ impl CompiledRule {
             })
             .collect();
         Ok(StatusReport { fields, readiness })
+    }
+
+    /// Whether anything the rule evaluates may read more of the live child `child` (its
+    /// index in `spec.children`) than its metadata: a template or expression that names
+    /// `children`, its `readyWhen`, the finalize step (which reads its finalize child), or
+    /// a status JSONPath into it past `metadata` (one that may start anywhere counts).
+    /// When no child of a kind is read so, its cache keeps metadata only: drift is told
+    /// from managedFields, never from values.
+    pub fn reads_child_content(&self, child: usize) -> bool {
+        let programs = self.compiled.borrow_dependent();
+        let Some(spec) = self.rule.spec.children.get(child) else {
+            return true;
+        };
+        if self.reads_children
+            || programs
+                .children
+                .get(child)
+                .is_none_or(|c| c.ready_when.is_some())
+            || self.rule.spec.finalize_child() == Some(child)
+        {
+            return true;
+        }
+        programs.status.iter().any(|(_, p)| match p {
+            StatusProgram::JsonPath { query, root, .. } => match root {
+                Some("children") => path_reads_content(query, &spec.name.value),
+                Some(_) => false,
+                None => true,
+            },
+            // Expressions that name `children` set `reads_children`.
+            StatusProgram::Expr(_) | StatusProgram::Value(_) | StatusProgram::Cases(_) => false,
+        })
     }
 
     /// Whether the status stage evaluates an expression (a status field, `readyWhen`,
@@ -232,4 +264,133 @@ fn to_json(v: Value) -> Option<Json> {
         return None;
     }
     serde_json::to_value(&v).ok()
+}
+
+/// Whether a JSONPath that starts at `children` may read child `name` past its metadata:
+/// only `$.children.<name or another selector>.metadata…` does not.
+fn path_reads_content(q: &JpQuery, name: &str) -> bool {
+    use jsonpath_rust::parser::model::{Segment, Selector};
+    let one = |s: &Segment| -> Option<Selector> {
+        match s {
+            Segment::Selector(sel) => Some(sel.clone()),
+            Segment::Selectors(sels) if sels.len() == 1 => Some(sels[0].clone()),
+            _ => None,
+        }
+    };
+    let mut segments = q.segments.iter();
+    if !matches!(segments.next().and_then(one), Some(Selector::Name(c)) if c == "children") {
+        return true;
+    }
+    match segments.next().and_then(one) {
+        // Another child.
+        Some(Selector::Name(n)) if n != name => false,
+        // This child, or any: past metadata?
+        _ => !matches!(
+            segments.next().and_then(one),
+            Some(Selector::Name(m)) if m == "metadata"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::render::{CompiledRule, Limits};
+    use crate::rules::Sources;
+    use std::sync::Arc;
+
+    /// `extra`: lines for the `web` child; `spec`: lines at the level of `children`.
+    fn compile(status: &str, extra: &str, spec: &str, template: &str) -> Arc<CompiledRule> {
+        let rule = format!(
+            "apiVersion: rulebook.dev/v1alpha1
+kind: Rule
+metadata:
+  name: r
+spec:
+  parent:
+    apiVersion: test.rulebook.dev/v1
+    kind: P
+{spec}  children:
+    - name: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: t.yaml
+    - name: web
+      apiVersion: apps/v1
+      kind: Deployment
+      template: t.yaml
+{extra}  status:
+{status}"
+        );
+        let sources = Sources {
+            rule_files: vec![("rules/r.yaml".to_string(), rule)],
+            templates: [(
+                "t.yaml".to_string(),
+                ("templates/t.yaml".to_string(), template.to_string()),
+            )]
+            .into(),
+        };
+        let set =
+            crate::render::compile(&sources, &Limits::default()).unwrap_or_else(|d| panic!("{d}"));
+        set.rules.values().next().unwrap().clone()
+    }
+
+    const T: &str =
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name }}\n";
+
+    fn reads(status: &str) -> (bool, bool) {
+        let r = compile(status, "", "", T);
+        (r.reads_child_content(0), r.reads_child_content(1))
+    }
+
+    #[test]
+    fn only_what_the_rule_may_read_past_metadata_is_content_read() {
+        // Metadata only, by any spelling.
+        assert_eq!(
+            reads(
+                "    a: \"$.children.config.metadata.name\"\n    b: \"$['children']['web']['metadata']['uid']\"\n"
+            ),
+            (false, false)
+        );
+        // Past metadata: that child only.
+        assert_eq!(
+            reads("    a: \"$.children.web.status.readyReplicas\"\n"),
+            (false, true)
+        );
+        assert_eq!(reads("    a: \"$.children.config.data\"\n"), (true, false));
+        // The whole child, any child, or a path that may start anywhere: all of them.
+        assert_eq!(reads("    a: \"$.children.config\"\n"), (true, false));
+        assert_eq!(reads("    a: \"$.children.*.status\"\n"), (true, true));
+        assert_eq!(reads("    a: \"$..status\"\n"), (true, true));
+        // The parent only.
+        assert_eq!(reads("    a: \"$.parent.spec.x\"\n"), (false, false));
+        // An expression or template that names `children`: everything.
+        assert_eq!(
+            reads("    a:\n      expr: \"children.config.metadata.name\"\n"),
+            (true, true)
+        );
+        let t = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ children.web.metadata.name | default('x') }}\n";
+        let r = compile("    a: \"$.parent.spec.x\"\n", "", "", t);
+        assert!(r.reads_child_content(0) && r.reads_child_content(1));
+    }
+
+    #[test]
+    fn ready_when_and_the_finalize_child_read_content() {
+        let status = "    a: \"$.parent.spec.x\"\n";
+        let r = compile(
+            status,
+            "      readyWhen: \"child.status.ready | default(false)\"\n",
+            "",
+            T,
+        );
+        assert!(!r.reads_child_content(0) && r.reads_child_content(1));
+        let r = compile(
+            status,
+            "",
+            "  deletion:\n    finalize:\n      child: config\n      doneWhen: \"true\"\n",
+            T,
+        );
+        assert!(r.reads_child_content(0) && !r.reads_child_content(1));
+        // Out of range: read, to be safe.
+        assert!(r.reads_child_content(7));
+    }
 }
