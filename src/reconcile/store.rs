@@ -12,7 +12,7 @@
 //! together, when it completes. Nothing else needs the store: kube-runtime's controller
 //! maps children to parents from the watch stream itself.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -32,7 +32,9 @@ struct Entry {
 #[derive(Default)]
 struct Maps {
     objects: HashMap<Arc<str>, Entry>,
-    by_owner: HashMap<Arc<str>, HashSet<Arc<str>>>,
+    /// Owner UID → the keys of its children: a plain list, as an owner has a few children
+    /// of a kind (a hash set of three keys costs twice the memory); `forEach` bounds it.
+    by_owner: HashMap<Arc<str>, Vec<Arc<str>>>,
 }
 
 impl Maps {
@@ -45,10 +47,11 @@ impl Maps {
                 Some((shared, _)) => shared.clone(),
                 None => Arc::from(owner.as_str()),
             };
+            // `remove` above took `key` out of every list.
             self.by_owner
                 .entry(shared.clone())
                 .or_default()
-                .insert(key.clone());
+                .push(key.clone());
             shared
         });
         self.objects.insert(key, Entry { object, owner });
@@ -60,7 +63,7 @@ impl Maps {
         }) = self.objects.remove(key)
             && let Some(set) = self.by_owner.get_mut(&owner)
         {
-            set.remove(key);
+            set.retain(|k| &**k != key);
             if set.is_empty() {
                 self.by_owner.remove(&owner);
             }
