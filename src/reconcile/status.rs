@@ -44,8 +44,9 @@ struct StatusWrite {
     seen: bool,
 }
 
-/// How long a status write is remembered after the cache has it.
-const STATUS_WRITE_KEEP: Duration = Duration::from_secs(30);
+/// How long a status write is remembered after the cache has it: longer than a reconcile
+/// that started on the parent before the watch delivered the write takes.
+const STATUS_WRITE_KEEP: Duration = Duration::from_secs(10);
 /// How long one is remembered at most (its watch event may never come: parent deleted).
 const STATUS_WRITE_MAX: Duration = Duration::from_secs(600);
 /// How often the writes no longer needed are swept, at most.
