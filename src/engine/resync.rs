@@ -7,8 +7,10 @@
 //! about 0.9 KB per parent (heaptrack, 3,000-parent converge). The sweep holds the
 //! period's parents as one `namespace/name` string each, and the scheduler holds a parent
 //! only from the moment its turn comes until its reconcile starts. A parent is still
-//! reconciled at least once per period; one created mid-period joins the next one (its
-//! creation reconciled it already).
+//! reconciled at least once per period; one created less than a period before a period
+//! starts waits for the next one (its creation reconciled it, and during a large
+//! converge it may not even have settled yet: a 10,000-parent converge made 15 % more
+//! reconciles when every parent listed was swept).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -81,9 +83,19 @@ pub fn sweep(
     every: Duration,
 ) -> impl Stream<Item = ObjectRef<DynamicObject>> + Send + 'static {
     let plan = Plan::new(Instant::now(), every);
-    futures::stream::unfold((plan, store, ar), |(mut plan, store, ar)| async move {
+    futures::stream::unfold((plan, store, ar), move |(mut plan, store, ar)| async move {
         loop {
-            let parents = || store.state().iter().filter_map(|o| key(o)).collect();
+            let parents = || {
+                let cutoff = jiff::Timestamp::now()
+                    .checked_sub(jiff::SignedDuration::try_from(every).unwrap_or_default())
+                    .unwrap_or_default();
+                store
+                    .state()
+                    .iter()
+                    .filter(|o| created_before(o, cutoff))
+                    .filter_map(|o| key(o))
+                    .collect()
+            };
             match plan.step(Instant::now(), parents) {
                 Step::Wait(at) => {
                     tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
@@ -96,6 +108,15 @@ pub fn sweep(
             }
         }
     })
+}
+
+/// Whether the parent was created before `cutoff` (by the API server's clock); one
+/// without a creation time counts as old.
+fn created_before(o: &DynamicObject, cutoff: jiff::Timestamp) -> bool {
+    o.metadata
+        .creation_timestamp
+        .as_ref()
+        .is_none_or(|t| t.0 < cutoff)
 }
 
 fn key(o: &DynamicObject) -> Option<Box<str>> {
@@ -153,6 +174,23 @@ mod tests {
             Ok("a/x")
         );
         assert_eq!(at(&mut p, t0 + s(1000), &[]), Err(t0 + s(1030)));
+    }
+
+    #[test]
+    fn a_parent_younger_than_a_period_waits_for_the_next() {
+        let o = |created: Option<&str>| -> DynamicObject {
+            let mut o = DynamicObject::new(
+                "p",
+                &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            );
+            o.metadata.creation_timestamp = created
+                .map(|t| k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t.parse().unwrap()));
+            o
+        };
+        let cutoff: jiff::Timestamp = "2026-11-25T12:00:00Z".parse().unwrap();
+        assert!(created_before(&o(Some("2026-11-25T11:59:59Z")), cutoff));
+        assert!(!created_before(&o(Some("2026-11-25T12:00:01Z")), cutoff));
+        assert!(created_before(&o(None), cutoff));
     }
 
     #[test]
