@@ -110,7 +110,10 @@ impl Cfg {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map(Duration::from_secs),
-            rulebook_bin: target_dir.join("release/rulebook"),
+            // Another launcher of the same binary (scripts/heap-profile.sh wraps it).
+            rulebook_bin: std::env::var_os("BENCH_RULEBOOK_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| target_dir.join("release/rulebook")),
             reference_bin: target_dir.join("release/examples/bench-reference"),
             target_dir,
             kro_bin: cache.join("kro").join(&kro_version).join("bin/controller"),
