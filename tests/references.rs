@@ -662,6 +662,20 @@ async fn a_tenant_gets_a_namespace_and_its_contents() {
             .then_some(())
     })
     .await;
+    // A namespaced child's event wakes its cluster-scoped parent: the rule has no resync,
+    // so only the deletion's event can bring the LimitRange back.
+    let limits = api(&client, Some(&ns), "v1", "LimitRange", "limitranges");
+    let before = uid_of(
+        &get_json(&limits, "tenant-defaults")
+            .await
+            .expect("the LimitRange"),
+    );
+    remove(&limits, "tenant-defaults").await;
+    wait_for(T, "the deleted LimitRange to be recreated", || async {
+        let o = get_json(&limits, "tenant-defaults").await?;
+        (uid_of(&o) != before).then_some(())
+    })
+    .await;
 
     remove(&tenants, &name).await;
     wait_for(T, "the tenant's namespace to be gone", || async {

@@ -18,7 +18,9 @@ use tracing::warn;
 
 use super::EngineConfig;
 use super::status::{EngineStatus, RuleState};
-use super::streams::{CacheSync, ChangedFilter, LIST_PAGE_SIZE, admission, packed, relisted};
+use super::streams::{
+    CacheSync, ChangedFilter, LIST_PAGE_SIZE, admission, owners_of, packed, relisted,
+};
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::admission::CacheBudget;
@@ -390,7 +392,11 @@ impl RuleRunner {
             })
             .map(relisted(relisted_tx.clone()))
             .touched_objects();
-            controller = controller.owns_stream_with(stream, ar.clone());
+            controller = controller.watches_stream_with(
+                stream,
+                owners_of(r.parent.clone(), r.parent_namespaced),
+                ar.clone(),
+            );
             kinds.push(ChildKind {
                 ar: ar.clone(),
                 namespaced: *namespaced,

@@ -154,6 +154,43 @@ pub(super) fn parent_changed(o: &DynamicObject) -> Option<u64> {
     Some(h.finish())
 }
 
+/// The parents a child's event wakes: kube-runtime's owner mapping (every ownerReference
+/// of the parent's kind), except that a cluster-scoped parent is referred to without a
+/// namespace. kube-runtime's `owns` gives every owner the child's namespace; its store
+/// still finds a cluster-scoped parent (it retries without the namespace), but its
+/// scheduler keys by the reference, so a Tenant woken by a child and by its own watch was
+/// two entries, which may reconcile at the same time — the one that ran on the older view
+/// can then write its status last. (Seen once under load: a Tenant left "not ready:
+/// quota" after its ResourceQuota got its status.)
+pub(super) fn owners_of(
+    parent: ApiResource,
+    parent_namespaced: bool,
+) -> impl Fn(DynamicObject) -> Vec<kube::runtime::reflector::ObjectRef<DynamicObject>>
++ Send
++ Sync
++ 'static {
+    move |o: DynamicObject| {
+        let ns = o
+            .metadata
+            .namespace
+            .as_deref()
+            .filter(|_| parent_namespaced);
+        o.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|r| r.api_version == parent.api_version && r.kind == parent.kind)
+            .map(|r| {
+                let p = kube::runtime::reflector::ObjectRef::new_with(&r.name, parent.clone());
+                match ns {
+                    Some(ns) => p.within(ns),
+                    None => p,
+                }
+            })
+            .collect()
+    }
+}
+
 /// kube-runtime's `predicate_filter` with [`parent_changed`], at a smaller cost per
 /// parent: its cache keys every object by its name, namespace and UID as three strings;
 /// this one by a keyed 64-bit digest of the UID (random per process, so no one can make
@@ -216,6 +253,35 @@ mod tests {
             "status": {"phase": status}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_child_wakes_its_parents_with_the_parent_kinds_scope() {
+        let child: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "q", "namespace": "team", "ownerReferences": [
+                {"apiVersion": "xyz.com/v1", "kind": "Tenant", "name": "t", "uid": "u1", "controller": true},
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "u2"}
+            ]}
+        }))
+        .unwrap();
+        let tenant = ApiResource {
+            group: "xyz.com".into(),
+            version: "v1".into(),
+            api_version: "xyz.com/v1".into(),
+            kind: "Tenant".into(),
+            plural: "tenants".into(),
+        };
+        // Cluster-scoped parent: no namespace, so the store finds it.
+        let refs = owners_of(tenant.clone(), false)(child.clone());
+        assert_eq!(refs.len(), 1);
+        assert_eq!(
+            (refs[0].name.as_str(), refs[0].namespace.as_deref()),
+            ("t", None)
+        );
+        // Namespaced parent: the child's namespace, as kube-runtime does.
+        let refs = owners_of(tenant, true)(child);
+        assert_eq!(refs[0].namespace.as_deref(), Some("team"));
     }
 
     #[test]
