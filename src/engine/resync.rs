@@ -53,12 +53,13 @@ impl Plan {
         if now < self.next {
             return Step::Wait(self.next);
         }
+        // A process that fell behind by a period (suspended, starved) starts a period
+        // afresh rather than catching up in a burst.
+        if now > self.next + self.every {
+            self.due.clear();
+            self.next = now;
+        }
         if self.due.is_empty() {
-            // A process that fell behind (suspended, starved) starts afresh rather than
-            // catching up in a burst.
-            if now > self.next + self.every {
-                self.next = now;
-            }
             self.due = parents();
             if self.due.is_empty() {
                 self.next += self.every;
@@ -174,6 +175,9 @@ mod tests {
             Ok("a/x")
         );
         assert_eq!(at(&mut p, t0 + s(1000), &[]), Err(t0 + s(1030)));
+        // Also in the middle of a period: what was left of it is dropped.
+        assert_eq!(at(&mut p, t0 + s(2000), &["b/y"]).as_deref(), Ok("b/y"));
+        assert_eq!(at(&mut p, t0 + s(2000), &[]), Err(t0 + s(2060)));
     }
 
     #[test]
