@@ -187,8 +187,11 @@ async fn no_writes_at_steady_state_with_resync() {
         "Rulebook wrote at steady state: {:?}",
         &writes[..writes.len().min(20)]
     );
+    // The resync sweeps every parent once per 30 s period, but a parent younger than a
+    // period waits for the next one: the window, which starts some 20 s after the parents
+    // were created, holds at least two sweeps of each (three or four, mostly).
     assert!(
-        reconciles >= (PARENTS * 3) as f64,
+        reconciles >= (PARENTS * 2) as f64,
         "the resync ran ({reconciles} reconciles in the window): the window proves nothing otherwise"
     );
     assert!(all_ready().await.is_some(), "every parent still Ready");
