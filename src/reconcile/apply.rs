@@ -263,7 +263,7 @@ async fn settle(
         // Someone else keeps changing fields Rulebook manages: repair, but not in a hot loop.
         let by = || {
             live_object
-                .and_then(cache::to_json)
+                .and_then(cache::to_json_with_managed_fields)
                 .as_ref()
                 .map(other_managers)
                 .unwrap_or_default()

@@ -161,9 +161,9 @@ pub fn to_json_as(o: &DynamicObject, ar: &kube::api::ApiResource) -> Option<Json
     Some(j)
 }
 
-/// Whether [`to_json`] can read the object (its packed content and fieldset are not
-/// nested beyond serde_json's limit), without building the tree: a scan of the nesting
-/// depth, and the full parse only for the rare deep object.
+/// Whether [`to_json_with_managed_fields`] can read the object (its packed content and
+/// field sets are not nested beyond serde_json's limit), without building the tree: a
+/// scan of the nesting depth, and the full parse only for the rare deep object.
 pub fn readable(o: &DynamicObject) -> bool {
     let shallow = |text: &str| super::wire::nesting_depth(text) < 100;
     let mut packed = std::iter::once(&o.data).chain(
@@ -179,13 +179,26 @@ pub fn readable(o: &DynamicObject) -> bool {
     })
 }
 
-/// The object as JSON, whether cached (packed) or as the API server returned it.
+/// The object as templates, expressions and status paths see it, whether cached
+/// (packed) or as the API server returned it: everything but `metadata.managedFields`,
+/// which is the API server's bookkeeping (as `kubectl get` leaves it out) and, for an
+/// object Rulebook applied, a field set as large as the object itself.
 pub fn to_json(o: &DynamicObject) -> Option<Json> {
     let content = match &o.data {
         Json::String(text) => serde_json::from_str(text).ok()?,
         other => other.clone(),
     };
-    assemble(o.types.as_ref(), &o.metadata, content)
+    assemble(o.types.as_ref(), &o.metadata, content, Fields::Without)
+}
+
+/// [`to_json`] with `metadata.managedFields` (each `fieldsV1` as JSON again): for the
+/// drift check's report of who else changed an object.
+pub fn to_json_with_managed_fields(o: &DynamicObject) -> Option<Json> {
+    let content = match &o.data {
+        Json::String(text) => serde_json::from_str(text).ok()?,
+        other => other.clone(),
+    };
+    assemble(o.types.as_ref(), &o.metadata, content, Fields::With)
 }
 
 /// [`to_json`] of an object no one else holds (an API server's response to a write): its
@@ -195,25 +208,43 @@ pub fn into_json(o: DynamicObject) -> Option<Json> {
         Json::String(text) => serde_json::from_str(&text).ok()?,
         other => other,
     };
-    assemble(o.types.as_ref(), &o.metadata, content)
+    assemble(o.types.as_ref(), &o.metadata, content, Fields::Without)
 }
 
-fn assemble(types: Option<&TypeMeta>, metadata: &ObjectMeta, content: Json) -> Option<Json> {
+/// Whether [`assemble`] writes `metadata.managedFields`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fields {
+    With,
+    Without,
+}
+
+fn assemble(
+    types: Option<&TypeMeta>,
+    metadata: &ObjectMeta,
+    content: Json,
+    fields: Fields,
+) -> Option<Json> {
     let mut out = Map::new();
     if let Some(t) = types {
         out.insert("apiVersion".into(), Json::String(t.api_version.clone()));
         out.insert("kind".into(), Json::String(t.kind.clone()));
     }
-    let mut meta = serde_json::to_value(metadata).ok()?;
-    if let Some(entries) = meta.get_mut("managedFields").and_then(Json::as_array_mut) {
-        for e in entries {
-            if let Some(f) = e.get_mut("fieldsV1")
-                && let Json::String(text) = f
-            {
-                *f = serde_json::from_str(text).ok()?;
+    let meta = match fields {
+        Fields::With => {
+            let mut meta = serde_json::to_value(metadata).ok()?;
+            if let Some(entries) = meta.get_mut("managedFields").and_then(Json::as_array_mut) {
+                for e in entries {
+                    if let Some(f) = e.get_mut("fieldsV1")
+                        && let Json::String(text) = f
+                    {
+                        *f = serde_json::from_str(text).ok()?;
+                    }
+                }
             }
+            meta
         }
-    }
+        Fields::Without => serde_json::to_value(WithoutManagedFields(metadata)).ok()?,
+    };
     out.insert("metadata".into(), meta);
     if let Json::Object(fields) = content {
         for (k, v) in fields {
@@ -223,6 +254,58 @@ fn assemble(types: Option<&TypeMeta>, metadata: &ObjectMeta, content: Json) -> O
         }
     }
     Some(Json::Object(out))
+}
+
+/// Object metadata as the API server writes it, less `managedFields`: written field by
+/// field, so that the field sets are neither copied nor turned into JSON.
+struct WithoutManagedFields<'a>(&'a ObjectMeta);
+
+impl serde::Serialize for WithoutManagedFields<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        // Every field named (no `..`), so that a field k8s-openapi adds is not left out
+        // unnoticed.
+        let ObjectMeta {
+            annotations,
+            creation_timestamp,
+            deletion_grace_period_seconds,
+            deletion_timestamp,
+            finalizers,
+            generate_name,
+            generation,
+            labels,
+            managed_fields: _,
+            name,
+            namespace,
+            owner_references,
+            resource_version,
+            self_link,
+            uid,
+        } = self.0;
+        let mut map = s.serialize_map(None)?;
+        macro_rules! field {
+            ($name:literal, $value:expr) => {
+                if let Some(v) = $value {
+                    map.serialize_entry($name, v)?;
+                }
+            };
+        }
+        field!("annotations", annotations);
+        field!("creationTimestamp", creation_timestamp);
+        field!("deletionGracePeriodSeconds", deletion_grace_period_seconds);
+        field!("deletionTimestamp", deletion_timestamp);
+        field!("finalizers", finalizers);
+        field!("generateName", generate_name);
+        field!("generation", generation);
+        field!("labels", labels);
+        field!("name", name);
+        field!("namespace", namespace);
+        field!("ownerReferences", owner_references);
+        field!("resourceVersion", resource_version);
+        field!("selfLink", self_link);
+        field!("uid", uid);
+        map.end()
+    }
 }
 
 #[cfg(test)]
@@ -255,18 +338,45 @@ mod tests {
         assert!(o.data.is_string());
         // Packing twice (a re-delivered object) changes nothing.
         strip_child(&mut o);
-        let back = to_json(&o).unwrap();
+        let back = to_json_with_managed_fields(&o).unwrap();
         let mut want = child();
         want["metadata"]["annotations"] = json!({"x": "y"});
         want["metadata"]["managedFields"][1] =
             json!({"manager": "kubectl-edit", "operation": "Update"});
         assert_eq!(back, want);
+        // What rules see: the same less managedFields.
+        let mut want = want;
+        want["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
+        assert_eq!(to_json(&o).unwrap(), want);
     }
 
     #[test]
     fn an_unpacked_object_reads_as_serde_would_write_it() {
-        let o: DynamicObject = serde_json::from_value(child()).unwrap();
-        assert_eq!(to_json(&o).unwrap(), serde_json::to_value(&o).unwrap());
+        let mut full = child();
+        // Every metadata field, so that the field-by-field writer is checked against
+        // serde's for each.
+        full["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
+        full["metadata"]["deletionTimestamp"] = json!("2026-01-02T00:00:00Z");
+        full["metadata"]["deletionGracePeriodSeconds"] = json!(30);
+        full["metadata"]["finalizers"] = json!(["f"]);
+        full["metadata"]["generateName"] = json!("c-");
+        full["metadata"]["generation"] = json!(3);
+        full["metadata"]["selfLink"] = json!("/x");
+        full["metadata"]["ownerReferences"] = json!([{"apiVersion": "x/v1", "kind": "P", "name": "p", "uid": "pu", "controller": true}]);
+        let o: DynamicObject = serde_json::from_value(full).unwrap();
+        let serde = serde_json::to_value(&o).unwrap();
+        assert_eq!(to_json_with_managed_fields(&o).unwrap(), serde);
+        let mut want = serde;
+        want["metadata"]
+            .as_object_mut()
+            .unwrap()
+            .remove("managedFields");
+        assert_eq!(want["metadata"].as_object().unwrap().len(), 14);
+        assert_eq!(to_json(&o).unwrap(), want);
+        assert_eq!(into_json(o).unwrap(), want);
     }
 
     #[test]
@@ -351,6 +461,9 @@ mod tests {
         assert!(!readable(&o));
         let back = unpacked(&o);
         assert!(!readable(&back));
-        assert_eq!(readable(&back), to_json(&back).is_some());
+        assert_eq!(
+            readable(&back),
+            to_json_with_managed_fields(&back).is_some()
+        );
     }
 }

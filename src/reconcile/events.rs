@@ -71,21 +71,28 @@ pub(super) struct Change {
     pub object: Option<Json>,
 }
 
-/// The live children after this reconcile's applies and prunes.
-pub(super) fn observed_after(observed: &Observed, changes: &[Change]) -> Observed {
+/// The live children after this reconcile's applies and prunes. The applied objects are
+/// taken out of `changes` (the events need only their names), so nothing is copied but an
+/// applied object that replaces more than one observed one.
+pub(super) fn observed_after(observed: Observed, changes: &mut [Change]) -> Observed {
     let key_of = |c: &Change| Some((c.related.kind.clone()?, c.related.name.clone()?));
-    let applied: HashMap<(String, String), &Json> = changes
-        .iter()
-        .filter_map(|c| Some((key_of(c)?, c.object.as_ref()?)))
-        .collect();
     let pruned: HashSet<(String, String)> = changes
         .iter()
         .filter(|c| c.object.is_none())
         .filter_map(key_of)
         .collect();
+    let mut applied: HashMap<(String, String), Json> = HashMap::new();
+    for c in changes.iter_mut() {
+        if let Some(key) = key_of(c)
+            && let Some(object) = c.object.take()
+        {
+            applied.insert(key, object);
+        }
+    }
+    let Observed { children, refs } = observed;
     let mut objects: Vec<Json> = Vec::new();
     let mut seen = HashSet::new();
-    for o in observed.children.values().flatten() {
+    for o in children.into_values().flatten() {
         let key = (
             o["kind"].as_str().unwrap_or("").to_string(),
             o["metadata"]["name"].as_str().unwrap_or("").to_string(),
@@ -93,20 +100,17 @@ pub(super) fn observed_after(observed: &Observed, changes: &[Change]) -> Observe
         if pruned.contains(&key) {
             continue;
         }
-        objects.push(
-            applied
-                .get(&key)
-                .map_or_else(|| o.clone(), |fresh| (*fresh).clone()),
-        );
+        objects.push(applied.get(&key).cloned().unwrap_or(o));
         seen.insert(key);
     }
-    for (key, fresh) in &applied {
-        if !seen.contains(key) {
-            objects.push((*fresh).clone());
-        }
-    }
+    objects.extend(
+        applied
+            .into_iter()
+            .filter(|(key, _)| !seen.contains(key))
+            .map(|(_, fresh)| fresh),
+    );
     let mut after = Observed::from_objects(objects);
-    after.refs = observed.refs.clone();
+    after.refs = refs;
     after
 }
 

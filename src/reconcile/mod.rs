@@ -334,7 +334,7 @@ async fn reconcile_inner(
     let observed = if changes.is_empty() {
         observed
     } else {
-        observed_after(&observed, &changes)
+        observed_after(observed, &mut changes)
     };
     let secrets = observed.secret_values();
     let (report, parent_json) =

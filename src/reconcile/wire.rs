@@ -326,7 +326,7 @@ mod tests {
         let real: Wire<true> = serde_json::from_str(&child("u1", "u1")).unwrap();
         let packed = real.into_packed();
         assert!(!is_stub(&packed));
-        let back = super::super::cache::to_json(&packed).unwrap();
+        let back = super::super::cache::to_json_with_managed_fields(&packed).unwrap();
         assert_eq!(back["data"], json!({"k": "v"}));
         assert_eq!(
             back["metadata"]["managedFields"][0]["fieldsV1"],

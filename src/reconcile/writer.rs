@@ -229,16 +229,62 @@ pub const NO_OBJECT_RESOURCE_VERSION: &str = "18446744073709551615";
 /// in (a `metadata` of its own), and a body that is no object or whose metadata is no
 /// object is one the API server refuses whole: never an apply without the precondition.
 fn with_metadata(value: &Json, key: &str, val: &str) -> Box<serde_json::value::RawValue> {
-    let mut v = value.clone();
-    if let Some(top) = v.as_object_mut()
-        && let Some(meta) = top
-            .entry("metadata")
-            .or_insert_with(|| Json::Object(serde_json::Map::new()))
-            .as_object_mut()
-    {
-        meta.insert(key.to_string(), Json::String(val.to_string()));
+    raw_body(serde_json::to_string(&WithMetadata { value, key, val }).unwrap_or_default())
+}
+
+/// `value` as JSON with `key: val` in its metadata, written without copying `value`.
+struct WithMetadata<'a> {
+    value: &'a Json,
+    key: &'a str,
+    val: &'a str,
+}
+
+impl serde::Serialize for WithMetadata<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let Json::Object(top) = self.value else {
+            return self.value.serialize(s);
+        };
+        let precondition = (self.key, self.val);
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in top {
+            match (k.as_str(), v) {
+                ("metadata", Json::Object(meta)) => {
+                    map.serialize_entry(k, &MetaWith { meta, precondition })?
+                }
+                _ => map.serialize_entry(k, v)?,
+            }
+        }
+        if !top.contains_key("metadata") {
+            map.serialize_entry(
+                "metadata",
+                &MetaWith {
+                    meta: &serde_json::Map::new(),
+                    precondition,
+                },
+            )?;
+        }
+        map.end()
     }
-    apply_body(&v)
+}
+
+/// A metadata object with one key set (replacing the key if it is there).
+struct MetaWith<'a> {
+    meta: &'a serde_json::Map<String, Json>,
+    precondition: (&'a str, &'a str),
+}
+
+impl serde::Serialize for MetaWith<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let (key, val) = self.precondition;
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in self.meta.iter().filter(|(k, _)| k.as_str() != key) {
+            map.serialize_entry(k, v)?;
+        }
+        map.serialize_entry(key, val)?;
+        map.end()
+    }
 }
 
 /// A server-side apply body. The API server reads apply patches with its YAML reader,
@@ -246,7 +292,11 @@ fn with_metadata(value: &Json, key: &str, val: &str) -> Box<serde_json::value::R
 /// breaks — characters JSON leaves unescaped — so they are sent as `\uXXXX` escapes,
 /// which mean the same character to both readers.
 pub fn apply_body(value: &Json) -> Box<serde_json::value::RawValue> {
-    let text = value.to_string();
+    raw_body(value.to_string())
+}
+
+/// [`apply_body`] of a JSON text.
+fn raw_body(text: String) -> Box<serde_json::value::RawValue> {
     let safe = crate::render::yaml_safe(&text).into_owned();
     match serde_json::value::RawValue::from_string(safe) {
         Ok(raw) => raw,
@@ -296,6 +346,19 @@ mod tests {
         let sent = with_metadata(&json!({"kind": "ConfigMap"}), "uid", "u");
         let sent: Json = serde_json::from_str(sent.get()).unwrap();
         assert_eq!(sent["metadata"]["uid"], "u");
+        // A key already there is replaced, not repeated; the rest is as it was.
+        let v = json!({"kind": "ConfigMap", "metadata": {"uid": "old", "labels": {"a": "b"}}, "data": {"k": "v"}});
+        let sent = with_metadata(&v, "uid", "u");
+        assert_eq!(sent.get().matches("\"uid\"").count(), 1, "{}", sent.get());
+        let sent: Json = serde_json::from_str(sent.get()).unwrap();
+        assert_eq!(
+            sent,
+            json!({"kind": "ConfigMap", "metadata": {"uid": "u", "labels": {"a": "b"}}, "data": {"k": "v"}})
+        );
+        // Metadata that is no object is sent as it is (and refused whole by the API server).
+        let v = json!({"kind": "ConfigMap", "metadata": "x"});
+        let sent: Json = serde_json::from_str(with_metadata(&v, "uid", "u").get()).unwrap();
+        assert_eq!(sent, v);
         // Above every etcd revision (an i64), still a valid uint64 for the API server.
         let rv: u64 = NO_OBJECT_RESOURCE_VERSION.parse().unwrap();
         assert!(rv > i64::MAX as u64);

@@ -179,9 +179,13 @@ pub struct Observed {
 
 impl Observed {
     /// Groups live objects by their `rulebook.dev/child` label, ordered by index then name.
+    /// Their `metadata.managedFields` is dropped: rules never see it (docs/rules.md).
     pub fn from_objects(objects: impl IntoIterator<Item = Json>) -> Observed {
         let mut children: BTreeMap<String, Vec<Json>> = BTreeMap::new();
-        for o in objects {
+        for mut o in objects {
+            if let Some(Json::Object(meta)) = o.get_mut("metadata") {
+                meta.remove("managedFields");
+            }
             let Some(name) = o
                 .at(&["metadata", "labels"])
                 .and_then(|l| l.get(labels::CHILD))

@@ -538,9 +538,14 @@ async fn diff_parent(
 }
 
 /// `o` as JSON with its apiVersion and kind (items of a list come without them).
+/// The object as the operator's reconcile gives it to a rule: with its `apiVersion` and
+/// `kind`, without `metadata.managedFields`.
 fn typed(o: &DynamicObject, ar: &ApiResource) -> Option<Json> {
     let mut j = serde_json::to_value(o).ok()?;
     let map = j.as_object_mut()?;
+    if let Some(Json::Object(meta)) = map.get_mut("metadata") {
+        meta.remove("managedFields");
+    }
     map.insert("apiVersion".into(), Json::from(ar.api_version.clone()));
     map.insert("kind".into(), Json::from(ar.kind.clone()));
     Some(j)
