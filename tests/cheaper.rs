@@ -4,7 +4,8 @@
 //! `status.ruleVersion`), and the resyncs of unchanged parents stop after observing; a
 //! new parent costs one request per child (a create, no read first), and a foreign object
 //! of a child's name is read only after its create was refused; a child kind no rule
-//! reads past its metadata is cached without its content.
+//! reads past its metadata is cached without its content; the reconcile a parent's own
+//! writes bring stops early when the render does not read the live children.
 
 mod common;
 mod faults_kit;
@@ -342,5 +343,66 @@ async fn a_child_kind_no_rule_reads_is_cached_without_its_content() {
     eprintln!("{test}: {content} bytes of content per child once read");
     assert!(content > 2, "{test}: the children have no content: {one}");
     wait_content_bytes(&op, content * 3 * N, "children cached with their content").await;
+    cleanup_namespace(&client, &ns).await;
+}
+
+/// A parent's first reconcile creates its children and writes its status; their watch
+/// events bring a second reconcile. When no template or expression reads the live
+/// children, that second reconcile has the inputs the first one left (the children as
+/// applied, the parent as its status write left it) and stops after observing: each
+/// parent is rendered once, not twice. (Without a resync every reconcile here is brought
+/// by a watch event; without the shortcut, every parent is reconciled in full at least
+/// twice and few reconciles are skipped.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconcile_a_parents_own_writes_bring_stops_early() {
+    let test = "the_reconcile_a_parents_own_writes_bring_stops_early";
+    let client = client().await;
+    let ns = namespace(&client, "cheaper-after").await;
+    let (kind, rule) = ("OnceApp", "onceapp");
+    let d = RuleDir::new();
+    for c in ["a", "b", "c"] {
+        d.template(&format!("{c}.yaml"), &configmap_template(c, "  v: \"1\"\n"));
+    }
+    let children: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|c| child(c, "v1", "ConfigMap", &format!("{c}.yaml"), &[]))
+        .collect();
+    // The status reads a child (from the children as the first reconcile left them).
+    d.rule(
+        &format!("{rule}.yaml"),
+        &format!(
+            "{}  status:\n    name: \"$.children.a.metadata.name\"\n",
+            rule_text(rule, kind, &children)
+        ),
+    );
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let names = put_parents(&parents, kind, &ns).await;
+    wait_all_ready(&parents, &names, T).await;
+    wait_status_field(&parents, &names, "name", |p| format!("{p}-a")).await;
+    let skipped = format!("rulebook_reconciles_skipped_total{{rule=\"{rule}\"}}");
+    let ok = format!("rulebook_reconciles_total{{rule=\"{rule}\",result=\"ok\"}}");
+    // Most parents' second reconcile is skipped (one whose cache had caught up with only
+    // some of its children by then is reconciled in full, and waits for the rest).
+    wait_for(T, "the second reconciles to stop early", || async {
+        (op.metric_opt(&skipped).await.unwrap_or(0.0) >= (N * 4 / 5) as f64).then_some(())
+    })
+    .await;
+    let (ok, skipped) = (op.metric(&ok).await, op.metric(&skipped).await);
+    let full = ok - skipped;
+    eprintln!("{test}: {N} parents: {ok} reconciles, {skipped} skipped, {full} in full");
+    assert!(
+        full < (2 * N) as f64,
+        "{test}: {full} reconciles in full for {N} parents: the second ones did not stop early"
+    );
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    for p in &names {
+        for c in ["a", "b", "c"] {
+            assert!(
+                get_json(&cms, &format!("{p}-{c}")).await.is_some(),
+                "{test}: {p}-{c} missing"
+            );
+        }
+    }
     cleanup_namespace(&client, &ns).await;
 }

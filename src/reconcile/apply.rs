@@ -233,6 +233,7 @@ async fn settle(
                     what: what.clone(),
                     related: o.object_ref(&t.kind.ar),
                     object: cache::to_json(o),
+                    cached_as: Some((ctx.kind_of_child[d.child], o.uid(), o.resource_version())),
                 })),
                 _ => ChildOutcome::UpToDate,
             }));
@@ -337,6 +338,11 @@ async fn settle(
         reason,
         what: what.clone(),
         related: applied.object_ref(&t.kind.ar),
+        cached_as: Some((
+            ctx.kind_of_child[d.child],
+            applied.uid(),
+            applied.resource_version(),
+        )),
         object: cache::into_json(applied),
     }))))
 }

@@ -345,7 +345,6 @@ mod tests {
             json!({"manager": "kubectl-edit", "operation": "Update"});
         assert_eq!(back, want);
         // What rules see: the same less managedFields.
-        let mut want = want;
         want["metadata"]
             .as_object_mut()
             .unwrap()

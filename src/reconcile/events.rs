@@ -10,6 +10,7 @@ use kube::{Resource, ResourceExt};
 use serde_json::Value as Json;
 
 use super::context::{RuleContext, lock};
+use super::memo;
 use crate::meta::FIELD_MANAGER;
 use crate::meta::JsonAt;
 use crate::render::Observed;
@@ -69,6 +70,29 @@ pub(super) struct Change {
     pub related: k8s_openapi::api::core::v1::ObjectReference,
     /// The object as the API server returned it (applies only).
     pub object: Option<Json>,
+    /// The child as the caches will hold it once this write reaches them: its kind (index
+    /// in the rule context), UID and resourceVersion (applies and reads only).
+    pub cached_as: Option<memo::ChildKey>,
+}
+
+/// [`memo::observed`] of the children as this reconcile left them — `live` (as it read
+/// them) less what it pruned or rewrote, plus what it applied — which is what the caches
+/// hold once its writes reach them. Call before [`observed_after`] takes the objects.
+pub(super) fn children_after(
+    live: Vec<memo::ChildKey>,
+    changes: &[Change],
+    refs: &std::collections::BTreeMap<String, Json>,
+) -> u64 {
+    let touched: HashSet<&str> = changes
+        .iter()
+        .filter_map(|c| c.related.uid.as_deref())
+        .collect();
+    let mut kids: Vec<memo::ChildKey> = live
+        .into_iter()
+        .filter(|(_, uid, _)| uid.as_deref().is_none_or(|u| !touched.contains(u)))
+        .collect();
+    kids.extend(changes.iter().filter_map(|c| c.cached_as.clone()));
+    memo::observed_of(kids, refs)
 }
 
 /// The live children after this reconcile's applies and prunes. The applied objects are
@@ -196,5 +220,67 @@ mod tests {
         ]}});
         assert_eq!(other_managers(&live), "field manager kubectl-edit");
         assert_eq!(other_managers(&json!({})), "another client");
+    }
+
+    fn object(kind: &str, name: &str, uid: &str, rv: &str) -> std::sync::Arc<DynamicObject> {
+        std::sync::Arc::new(
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": kind,
+                "metadata": {"name": name, "namespace": "n", "uid": uid, "resourceVersion": rv}}))
+            .unwrap(),
+        )
+    }
+
+    fn change(kind: Option<usize>, o: &DynamicObject, applied: bool) -> Change {
+        let ar = kube::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+        Change {
+            reason: if applied { "Updated" } else { "Pruned" },
+            what: String::new(),
+            related: o.object_ref(&ar),
+            object: applied.then(|| json!({})),
+            cached_as: kind.map(|k| (k, o.uid(), o.resource_version())),
+        }
+    }
+
+    #[test]
+    fn the_children_after_a_reconcile_are_those_the_caches_catch_up_to() {
+        let refs = std::collections::BTreeMap::new();
+        let before = vec![
+            (0, object("ConfigMap", "a", "u1", "1")),
+            (1, object("Service", "b", "u2", "1")),
+            (2, object("Secret", "c", "u3", "1")),
+        ];
+        // b updated (same UID, new version), c pruned, d created.
+        let b = object("Service", "b", "u2", "5");
+        let d = object("Secret", "d", "u4", "7");
+        let changes = vec![
+            change(Some(1), &b, true),
+            change(None, &before[2].1, false),
+            change(Some(2), &d, true),
+        ];
+        let after = children_after(memo::keys(&before), &changes, &refs);
+        let caught_up = vec![(0, before[0].1.clone()), (1, b.clone()), (2, d.clone())];
+        assert_eq!(after, memo::observed(&caught_up, &refs));
+        // A cache still behind on any of them differs.
+        for behind in [
+            vec![
+                (0, before[0].1.clone()),
+                (1, before[1].1.clone()),
+                (2, d.clone()),
+            ],
+            vec![(0, before[0].1.clone()), (1, b.clone())],
+            vec![
+                (0, before[0].1.clone()),
+                (1, b.clone()),
+                (2, d),
+                (2, before[2].1.clone()),
+            ],
+        ] {
+            assert_ne!(after, memo::observed(&behind, &refs));
+        }
+        // Nothing changed: the children as read.
+        assert_eq!(
+            children_after(memo::keys(&before), &[], &refs),
+            memo::observed(&before, &refs)
+        );
     }
 }

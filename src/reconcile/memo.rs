@@ -5,7 +5,10 @@
 //!   referenced objects' UIDs and resourceVersions). A reconcile whose inputs have the
 //!   same fingerprint would render the same children, find them up to date and compute
 //!   the same status, so it stops after observing: a resync of an unchanged parent costs
-//!   a hash of a few strings, not a render.
+//!   a hash of a few strings, not a render. A reconcile that wrote marks the inputs its
+//!   writes will leave (the children as applied, the parent as its status write left
+//!   it) when its render does not read the live children: the reconcile those writes'
+//!   watch events bring stops early too.
 //! - [`Applied`]: per child, the resourceVersion and desired hash of Rulebook's last
 //!   apply of it. A reconcile that runs before that apply reached the cache sees the old
 //!   object, which differs from the desired one; it must not apply it a second time.
@@ -36,11 +39,27 @@ pub fn observed(
     children: &[(usize, Arc<DynamicObject>)],
     refs: &std::collections::BTreeMap<String, Json>,
 ) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let mut kids: Vec<(usize, Option<String>, Option<String>)> = children
+    observed_of(keys(children), refs)
+}
+
+/// A child as [`observed`] counts it: its kind (index in the rule context), UID and
+/// resourceVersion.
+pub type ChildKey = (usize, Option<String>, Option<String>);
+
+/// The [`ChildKey`]s of `children`.
+pub fn keys(children: &[(usize, Arc<DynamicObject>)]) -> Vec<ChildKey> {
+    children
         .iter()
         .map(|(k, o)| (*k, o.uid(), o.resource_version()))
-        .collect();
+        .collect()
+}
+
+/// [`observed`] of children given by their keys.
+pub fn observed_of(
+    mut kids: Vec<ChildKey>,
+    refs: &std::collections::BTreeMap<String, Json>,
+) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
     kids.sort();
     kids.hash(&mut h);
     for (name, v) in refs {

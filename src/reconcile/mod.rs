@@ -57,7 +57,7 @@ use crate::meta::JsonAt;
 use crate::metrics::{self, ResultLabels};
 use crate::render::Observed;
 use apply::{ChildOutcome, apply_child, look_up_uncached};
-use events::{event, observed_after, report_changes};
+use events::{children_after, event, observed_after, report_changes};
 use observe::{Confined, confine_to_rendered_namespaces, read_stubs, unreadable_parent};
 use offload::{render_off_runtime, status_off_runtime, targets_off_runtime};
 use plan::plan_prunes;
@@ -244,7 +244,8 @@ async fn reconcile_inner(
     {
         return Ok(done);
     }
-    let seen = memo::observed(&live_children, &observed.refs);
+    let live_keys = memo::keys(&live_children);
+    let seen = memo::observed_of(live_keys.clone(), &observed.refs);
     let inputs = |ctx: &RuleContext| {
         let rv = ctx.status_writes.latest_rv(&uid, parent);
         memo::fingerprint(parent, rv, seen)
@@ -331,6 +332,11 @@ async fn reconcile_inner(
     // 5. Status, from the children as this reconcile left them: what was just applied
     //    replaces the cached copy, what was just pruned is gone. (Waiting for the caches
     //    would cost a second reconcile and a second status write.)
+    // What the caches will hold once this reconcile's writes reach them: when the render
+    // does not depend on the live children, a reconcile over exactly that is one with
+    // nothing to do (the same render, children as applied, the same status).
+    let after = (!changes.is_empty() && !rule.renders_from_live_children())
+        .then(|| children_after(live_keys, &changes, &observed.refs));
     let observed = if changes.is_empty() {
         observed
     } else {
@@ -368,11 +374,16 @@ async fn reconcile_inner(
             write_status(ctx, parent, &parent_json, fields.as_ref(), &ready).await?;
             // No child written: the same inputs (with the parent as its status write left
             // it) give the same outcome, so the next reconcile of them can stop early.
-            if changes.is_empty() {
-                ctx.steady
-                    .mark(&uid, parent.metadata.namespace.as_deref(), inputs(ctx));
-            } else {
-                ctx.steady.forget(&uid);
+            let ns = parent.metadata.namespace.as_deref();
+            match after {
+                _ if changes.is_empty() => ctx.steady.mark(&uid, ns, inputs(ctx)),
+                // The reconcile its own writes bring stops early too.
+                Some(children) => {
+                    let rv = ctx.status_writes.latest_rv(&uid, parent);
+                    ctx.steady
+                        .mark(&uid, ns, memo::fingerprint(parent, rv, children));
+                }
+                None => ctx.steady.forget(&uid),
             }
             Ok(settled())
         }

@@ -132,5 +132,6 @@ async fn let_go_of(
         what,
         related: obj.object_ref(&kind.ar),
         object: None,
+        cached_as: None,
     }))
 }

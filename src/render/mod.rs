@@ -425,6 +425,12 @@ impl CompiledRule {
         &self.limits
     }
 
+    /// Whether the desired children depend on the live ones: a template or expression
+    /// names `children`, or readiness (`ready()`, `waitFor`) decides what is rendered.
+    pub fn renders_from_live_children(&self) -> bool {
+        self.reads_children || self.uses_ready
+    }
+
     /// A fresh render budget for one parent, from this rule's limits.
     pub fn budget(&self) -> ParentBudget {
         ParentBudget::new(&self.limits)
