@@ -96,8 +96,11 @@ pub fn fingerprint(parent: &DynamicObject, parent_rv: Option<u64>, observed: u64
 /// annotations, finalizers and deletion — `None` for kinds without a generation (any
 /// change of theirs counts).
 pub fn identity(o: &DynamicObject) -> Option<u64> {
-    use kube::Resource;
-    let m = o.meta();
+    identity_of(&o.metadata)
+}
+
+/// [`identity`] of an object's metadata.
+pub fn identity_of(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Option<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     m.generation?.hash(&mut h);
     m.labels.hash(&mut h);

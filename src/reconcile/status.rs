@@ -380,8 +380,9 @@ async fn apply_status(
         .apply_status(&api, &parent.name_any(), &body)
         .await
     {
-        Ok(o) => {
-            let st = o.data.get("status").cloned().unwrap_or(Json::Null);
+        Ok(applied) => {
+            let st = applied.status;
+            let meta = applied.metadata.into_meta();
             if desired.get(STATUS_RULE_VERSION).is_some()
                 && st.get(STATUS_RULE_VERSION).is_none()
                 && ctx.records_version.swap(false, Ordering::Relaxed)
@@ -390,9 +391,13 @@ async fn apply_status(
                 // Rulebook's): recording it would write the status at every reconcile.
                 warn!(rule = %ctx.rule.name, "the parent kind's status schema has no ruleVersion; the rule version is not recorded on parents");
             }
-            if let Some(rv) = resource_version(&o) {
+            if let Some(rv) = meta
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse::<u64>().ok())
+            {
                 ctx.status_writes
-                    .record(uid, rv, super::memo::identity(&o), &st);
+                    .record(uid, rv, super::memo::identity_of(&meta), &st);
             }
             Ok(())
         }

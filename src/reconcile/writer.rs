@@ -36,6 +36,43 @@ pub enum Deleted {
     Gone,
 }
 
+/// What a status apply answers, as far as Rulebook reads it: the metadata that tells
+/// whether the parent changed in a way worth a reconcile (`memo::identity`), its
+/// resourceVersion, and the status. The spec and managedFields are skipped unread.
+#[derive(Debug, serde::Deserialize)]
+pub struct StatusApplied {
+    pub metadata: AppliedMeta,
+    #[serde(default)]
+    pub status: Json,
+}
+
+/// The part of [`StatusApplied`]'s metadata Rulebook reads.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedMeta {
+    pub resource_version: Option<String>,
+    pub generation: Option<i64>,
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
+    pub annotations: Option<std::collections::BTreeMap<String, String>>,
+    pub finalizers: Option<Vec<String>>,
+    pub deletion_timestamp: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
+impl AppliedMeta {
+    /// As object metadata (the fields read, the rest empty).
+    pub fn into_meta(self) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            resource_version: self.resource_version,
+            generation: self.generation,
+            labels: self.labels,
+            annotations: self.annotations,
+            finalizers: self.finalizers,
+            deletion_timestamp: self.deletion_timestamp,
+            ..Default::default()
+        }
+    }
+}
+
 /// What a create found.
 #[derive(Debug)]
 pub enum Created {
@@ -133,17 +170,23 @@ impl Writer {
         }
     }
 
-    /// Server-side apply of a parent's status subresource.
+    /// Server-side apply of a parent's status subresource. The answer is read for what
+    /// the caller keeps of it (see [`StatusApplied`]), not as a whole object.
     pub async fn apply_status(
         &self,
         api: &Api<DynamicObject>,
         name: &str,
         body: &Json,
-    ) -> Result<DynamicObject, WriteError> {
+    ) -> Result<StatusApplied, WriteError> {
         self.check()?;
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let patch = Patch::Apply(apply_body(body));
-        let applied = api.patch_status(name, &params, &patch).await?;
+        // As `Api::patch_status` builds it, with another type to read the answer into.
+        let mut req = kube::core::Request::new(api.resource_url())
+            .patch_subresource("status", name, &params, &patch)
+            .map_err(kube::Error::BuildRequest)?;
+        req.extensions_mut().insert("patch_status");
+        let applied: StatusApplied = api.clone().into_client().request(req).await?;
         self.metrics.write(&self.rule, "apply_status");
         Ok(applied)
     }
@@ -362,6 +405,35 @@ mod tests {
         // Above every etcd revision (an i64), still a valid uint64 for the API server.
         let rv: u64 = NO_OBJECT_RESOURCE_VERSION.parse().unwrap();
         assert!(rv > i64::MAX as u64);
+    }
+
+    #[test]
+    fn a_status_answer_reads_as_the_whole_object_would() {
+        let answer = json!({
+            "apiVersion": "x.dev/v1", "kind": "P",
+            "metadata": {"name": "p", "namespace": "n", "uid": "u", "resourceVersion": "42",
+                "generation": 3, "labels": {"a": "b"},
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}", "c": "d"},
+                "finalizers": ["rulebook.dev/finalize"],
+                "managedFields": [{"manager": "rulebook", "operation": "Apply",
+                    "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:x": {}}}}]},
+            "spec": {"big": "x".repeat(1000)},
+            "status": {"x": 1}
+        })
+        .to_string();
+        let lean: StatusApplied = serde_json::from_str(&answer).unwrap();
+        let whole: DynamicObject = serde_json::from_str(&answer).unwrap();
+        assert_eq!(lean.status, whole.data["status"]);
+        let meta = lean.metadata.into_meta();
+        assert_eq!(meta.resource_version.as_deref(), Some("42"));
+        assert!(super::super::memo::identity_of(&meta).is_some());
+        assert_eq!(
+            super::super::memo::identity_of(&meta),
+            super::super::memo::identity(&whole)
+        );
+        // No status yet: null, as the whole object's missing field reads.
+        let lean: StatusApplied = serde_json::from_str(r#"{"metadata": {}}"#).unwrap();
+        assert!(lean.status.is_null());
     }
 
     #[tokio::test]
