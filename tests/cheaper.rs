@@ -5,7 +5,8 @@
 //! new parent costs one request per child (a create, no read first), and a foreign object
 //! of a child's name is read only after its create was refused; a child kind no rule
 //! reads past its metadata is cached without its content; the reconcile a parent's own
-//! writes bring stops early when the render does not read the live children.
+//! writes bring stops early when the render does not read the live children (nor the
+//! parent's status, which those writes change).
 
 mod common;
 mod faults_kit;
@@ -404,5 +405,52 @@ async fn the_reconcile_a_parents_own_writes_bring_stops_early() {
             );
         }
     }
+    cleanup_namespace(&client, &ns).await;
+}
+
+/// The shortcut above must not apply when the render reads the parent's status, which
+/// the first reconcile's status write changes: child `b` is rendered only once the status
+/// names child `a`, so the reconcile that status write brings must render again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_that_waits_on_the_parents_status_is_created() {
+    let test = "a_child_that_waits_on_the_parents_status_is_created";
+    let client = client().await;
+    let ns = namespace(&client, "cheaper-status").await;
+    let (kind, rule) = ("StatusApp", "statusapp");
+    let d = RuleDir::new();
+    for c in ["a", "b"] {
+        d.template(&format!("{c}.yaml"), &configmap_template(c, "  v: \"1\"\n"));
+    }
+    let children = [
+        child("a", "v1", "ConfigMap", "a.yaml", &[]),
+        child(
+            "b",
+            "v1",
+            "ConfigMap",
+            "b.yaml",
+            &["includeWhen: \"parent.status.name is defined\""],
+        ),
+    ];
+    d.rule(
+        &format!("{rule}.yaml"),
+        &format!(
+            "{}  status:\n    name: \"$.children.a.metadata.name\"\n",
+            rule_text(rule, kind, &children)
+        ),
+    );
+    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let names = put_parents(&parents, kind, &ns).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    wait_for(T, &format!("{test}: every parent's child b"), || async {
+        let mut missing = 0;
+        for p in &names {
+            if get_json(&cms, &format!("{p}-b")).await.is_none() {
+                missing += 1;
+            }
+        }
+        (missing == 0).then_some(())
+    })
+    .await;
     cleanup_namespace(&client, &ns).await;
 }

@@ -95,17 +95,29 @@ pub(super) fn children_after(
     memo::observed_of(kids, refs)
 }
 
+/// An object's apiVersion, kind, namespace ("" for none) and name.
+type ObjectKey = (String, String, String, String);
+
 /// The live children after this reconcile's applies and prunes. The applied objects are
 /// taken out of `changes` (the events need only their names), so nothing is copied but an
 /// applied object that replaces more than one observed one.
 pub(super) fn observed_after(observed: Observed, changes: &mut [Change]) -> Observed {
-    let key_of = |c: &Change| Some((c.related.kind.clone()?, c.related.name.clone()?));
-    let pruned: HashSet<(String, String)> = changes
+    // apiVersion, kind, namespace and name: a cluster-scoped parent may have children of
+    // one name in several namespaces.
+    let key_of = |c: &Change| {
+        Some((
+            c.related.api_version.clone()?,
+            c.related.kind.clone()?,
+            c.related.namespace.clone().unwrap_or_default(),
+            c.related.name.clone()?,
+        ))
+    };
+    let pruned: HashSet<ObjectKey> = changes
         .iter()
         .filter(|c| c.object.is_none())
         .filter_map(key_of)
         .collect();
-    let mut applied: HashMap<(String, String), Json> = HashMap::new();
+    let mut applied: HashMap<ObjectKey, Json> = HashMap::new();
     for c in changes.iter_mut() {
         if let Some(key) = key_of(c)
             && let Some(object) = c.object.take()
@@ -118,7 +130,12 @@ pub(super) fn observed_after(observed: Observed, changes: &mut [Change]) -> Obse
     let mut seen = HashSet::new();
     for o in children.into_values().flatten() {
         let key = (
+            o["apiVersion"].as_str().unwrap_or("").to_string(),
             o["kind"].as_str().unwrap_or("").to_string(),
+            o["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
             o["metadata"]["name"].as_str().unwrap_or("").to_string(),
         );
         if pruned.contains(&key) {

@@ -201,6 +201,15 @@ async fn reconcile_inner(
     let Some(mut parent_json) = cache::to_json(parent) else {
         return unreadable_parent(ctx, parent).await;
     };
+    if rule.reads_parent_status()
+        && let Some(status) = ctx.status_writes.newer_than(&uid, parent)
+        && let Some(p) = parent_json.as_object_mut()
+    {
+        // The cache predates this process's last status write, and the rule reads the
+        // status: the parent as this process knows it (the status watch event does not
+        // bring a reconcile of its own, and the steady check already counts that write).
+        p.insert("status".into(), status);
+    }
     let mut observed = Observed::from_objects(
         live_children
             .iter()
@@ -332,10 +341,11 @@ async fn reconcile_inner(
     // 5. Status, from the children as this reconcile left them: what was just applied
     //    replaces the cached copy, what was just pruned is gone. (Waiting for the caches
     //    would cost a second reconcile and a second status write.)
-    // What the caches will hold once this reconcile's writes reach them: when the render
-    // does not depend on the live children, a reconcile over exactly that is one with
-    // nothing to do (the same render, children as applied, the same status).
-    let after = (!changes.is_empty() && !rule.renders_from_live_children())
+    // What the caches will hold once this reconcile's writes reach them: when nothing the
+    // rule evaluates depends on the live children or the parent's status, a reconcile
+    // over exactly that is one with nothing to do (the same render, children as
+    // applied, the same status).
+    let after = (!changes.is_empty() && !rule.depends_on_own_writes())
         .then(|| children_after(live_keys, &changes, &observed.refs));
     let observed = if changes.is_empty() {
         observed

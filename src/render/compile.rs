@@ -29,6 +29,9 @@ impl CompiledRule {
         // and status contexts leave the live children out (converting them is most of the
         // cost of building a context).
         let mut reads_children = false;
+        // Whether any template or expression may read the parent's status (which the
+        // reconcile itself writes): see `CompiledRule::depends_on_own_writes`.
+        let mut reads_parent_status = false;
         let diag = |line: u64, col: u64, key: &str, msg: String| {
             Diagnostic::new(file, line, col, format!("rule '{name}': {key}: {msg}"))
         };
@@ -114,11 +117,13 @@ impl CompiledRule {
         for (t, path) in &used {
             let Ok(tmpl) = env.get_template(t) else {
                 reads_children = true; // not inspected: assume it does
+                reads_parent_status = true;
                 continue;
             };
             let source = tmpl.source();
             let vars = tmpl.undeclared_variables(false);
             reads_children |= vars.contains("children");
+            reads_parent_status |= may_read_parent_status(&tmpl.undeclared_variables(true));
             for var in vars {
                 if !allowed.contains(&var) {
                     let line = Regex::new(&format!(r"\b{}\b", regex::escape(&var)))
@@ -190,6 +195,7 @@ impl CompiledRule {
 
         let uses_ready_in_exprs = std::cell::Cell::new(false);
         let children_in_exprs = std::cell::Cell::new(false);
+        let status_in_exprs = std::cell::Cell::new(false);
         let compiled = Compiled::try_new(env, |env| {
             let diags = std::cell::RefCell::new(Vec::new());
             let expr_vars = allowed_vars(env, &[]);
@@ -205,6 +211,9 @@ impl CompiledRule {
                         let vars = expr.undeclared_variables(false);
                         if vars.contains("children") {
                             children_in_exprs.set(true);
+                        }
+                        if may_read_parent_status(&expr.undeclared_variables(true)) {
+                            status_in_exprs.set(true);
                         }
                         for var in vars {
                             if !allowed.contains(&var) {
@@ -492,6 +501,7 @@ impl CompiledRule {
                 limits: limits.clone(),
                 uses_ready: uses_ready || uses_ready_in_exprs.get(),
                 reads_children: reads_children || children_in_exprs.get(),
+                reads_parent_status: reads_parent_status || status_in_exprs.get(),
             }),
             Ok(_) => Err(diags),
             Err(mut more) => {
@@ -533,4 +543,51 @@ fn is_singular(q: &JpQuery) -> bool {
         }
         Segment::Descendant(_) => false,
     })
+}
+
+/// Whether a template or expression whose undeclared variables (minijinja's nested form:
+/// `parent.spec.x` for a chain of attribute lookups, `parent` alone for any other use of
+/// it) are `vars` may read the parent's `status`: any use of `parent` but a lookup under
+/// `metadata`, `spec`, `apiVersion` or `kind` counts (`parent["status"]`, `parent.get(...)`,
+/// `parent | tojson`, `{% set p = parent %}` all do).
+fn may_read_parent_status(vars: &std::collections::HashSet<String>) -> bool {
+    vars.iter().any(|v| {
+        let mut parts = v.split('.');
+        parts.next() == Some("parent")
+            && !matches!(
+                parts.next(),
+                Some("metadata" | "spec" | "apiVersion" | "kind")
+            )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_read_parent_status;
+
+    #[test]
+    fn what_may_read_the_parents_status() {
+        let env = minijinja::Environment::new();
+        let reads = |src: &str| {
+            let e = env.compile_expression(src).unwrap();
+            may_read_parent_status(&e.undeclared_variables(true))
+        };
+        for no in [
+            "parent.metadata.name",
+            "parent.spec.replicas > 1 and parent.kind == 'X'",
+            "children.a is defined",
+            "parent.metadata.labels['tier']",
+        ] {
+            assert!(!reads(no), "{no}");
+        }
+        for yes in [
+            "parent.status.ready",
+            "parent['status']",
+            "parent | tojson",
+            "parent.metadata.name ~ parent.status.x",
+            "parent.items()",
+        ] {
+            assert!(reads(yes), "{yes}");
+        }
+    }
 }

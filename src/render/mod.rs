@@ -112,6 +112,8 @@ pub struct CompiledRule {
     uses_ready: bool,
     /// Whether a template or expression names `children` (else contexts leave them out).
     reads_children: bool,
+    /// Whether a template or expression may read the parent's `status`.
+    reads_parent_status: bool,
     /// `rule` in templates and expressions: its name and version.
     rule_value: Value,
 }
@@ -425,10 +427,17 @@ impl CompiledRule {
         &self.limits
     }
 
-    /// Whether the desired children depend on the live ones: a template or expression
-    /// names `children`, or readiness (`ready()`, `waitFor`) decides what is rendered.
-    pub fn renders_from_live_children(&self) -> bool {
-        self.reads_children || self.uses_ready
+    /// Whether a template or expression may read the parent's `status`.
+    pub fn reads_parent_status(&self) -> bool {
+        self.reads_parent_status
+    }
+
+    /// Whether what a reconcile computes may depend on its own writes: a template or
+    /// expression names `children`, readiness (`ready()`, `waitFor`) decides what is
+    /// rendered, or a template or expression may read the parent's `status` (which the
+    /// status write changes).
+    pub fn depends_on_own_writes(&self) -> bool {
+        self.reads_children || self.uses_ready || self.reads_parent_status
     }
 
     /// A fresh render budget for one parent, from this rule's limits.
