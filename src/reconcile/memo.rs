@@ -181,6 +181,23 @@ impl Applied {
             None => false,
         }
     }
+
+    /// Forgets the entries of `children` that the cache has caught up with: a reconcile
+    /// that stops early never plans them, which is where [`Applied::ahead_of_cache`]
+    /// would.
+    pub fn forget_caught_up(&self, children: &[(usize, Arc<DynamicObject>)]) {
+        let mut m = lock(&self.0);
+        if m.is_empty() {
+            return;
+        }
+        for (_, o) in children {
+            if let (Some(uid), Some(seen)) = (o.metadata.uid.as_deref(), rv(o))
+                && m.get(uid).is_some_and(|(written, _)| seen >= *written)
+            {
+                m.remove(uid);
+            }
+        }
+    }
 }
 
 /// How long after its create a child missing from the cache is taken to be on its way
@@ -279,6 +296,12 @@ mod tests {
         assert!(!a.ahead_of_cache(&obj("u", "9"), "h3"));
         // The cache has caught up: the plan decides again, and the entry is gone.
         assert!(!a.ahead_of_cache(&obj("u", "10"), "h2"));
+        assert!(!a.ahead_of_cache(&obj("u", "9"), "h2"));
+        // A reconcile that stops early forgets only what the cache has caught up with.
+        a.record(&obj("u", "10"), "h2");
+        a.forget_caught_up(&[(0, Arc::new(obj("u", "9")))]);
+        assert!(a.ahead_of_cache(&obj("u", "9"), "h2"));
+        a.forget_caught_up(&[(0, Arc::new(obj("u", "10")))]);
         assert!(!a.ahead_of_cache(&obj("u", "9"), "h2"));
     }
 

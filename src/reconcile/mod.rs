@@ -418,6 +418,7 @@ fn skip_if_steady(
     if !ctx.steady.holds(uid, inputs) {
         return None;
     }
+    ctx.applied.forget_caught_up(live_children);
     ctx.metrics
         .reconciles_skipped
         .get_or_create(&metrics::rule(&ctx.rule.name))
