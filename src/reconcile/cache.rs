@@ -184,21 +184,21 @@ pub fn readable(o: &DynamicObject) -> bool {
 /// which is the API server's bookkeeping (as `kubectl get` leaves it out) and, for an
 /// object Rulebook applied, a field set as large as the object itself.
 pub fn to_json(o: &DynamicObject) -> Option<Json> {
-    let content = match &o.data {
-        Json::String(text) => serde_json::from_str(text).ok()?,
-        other => other.clone(),
-    };
-    assemble(o.types.as_ref(), &o.metadata, content, Fields::Without)
+    json_of(o, Fields::Without)
 }
 
 /// [`to_json`] with `metadata.managedFields` (each `fieldsV1` as JSON again): for the
 /// drift check's report of who else changed an object.
 pub fn to_json_with_managed_fields(o: &DynamicObject) -> Option<Json> {
+    json_of(o, Fields::With)
+}
+
+fn json_of(o: &DynamicObject, fields: Fields) -> Option<Json> {
     let content = match &o.data {
         Json::String(text) => serde_json::from_str(text).ok()?,
         other => other.clone(),
     };
-    assemble(o.types.as_ref(), &o.metadata, content, Fields::With)
+    assemble(o.types.as_ref(), &o.metadata, content, fields)
 }
 
 /// [`to_json`] of an object no one else holds (an API server's response to a write): its
