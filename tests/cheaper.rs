@@ -347,6 +347,29 @@ async fn a_child_kind_no_rule_reads_is_cached_without_its_content() {
     cleanup_namespace(&client, &ns).await;
 }
 
+/// A rule of `kind` with a ConfigMap child per entry of `children` (its name and, if any,
+/// one more key as a YAML line), each `v: "1"`, and the status field `name` read from
+/// child `a`; no resync.
+fn named_in_status(rule: &str, kind: &str, children: &[(&str, Option<&str>)]) -> RuleDir {
+    let d = RuleDir::new();
+    let entries: Vec<String> = children
+        .iter()
+        .map(|(c, extra)| {
+            d.template(&format!("{c}.yaml"), &configmap_template(c, "  v: \"1\"\n"));
+            let extra: Vec<&str> = extra.iter().copied().collect();
+            child(c, "v1", "ConfigMap", &format!("{c}.yaml"), &extra)
+        })
+        .collect();
+    d.rule(
+        &format!("{rule}.yaml"),
+        &format!(
+            "{}  status:\n    name: \"$.children.a.metadata.name\"\n",
+            rule_text(rule, kind, &entries)
+        ),
+    );
+    d
+}
+
 /// A parent's first reconcile creates its children and writes its status; their watch
 /// events bring a second reconcile. When no template or expression reads the live
 /// children, that second reconcile has the inputs the first one left (the children as
@@ -360,22 +383,8 @@ async fn the_reconcile_a_parents_own_writes_bring_stops_early() {
     let client = client().await;
     let ns = namespace(&client, "cheaper-after").await;
     let (kind, rule) = ("OnceApp", "onceapp");
-    let d = RuleDir::new();
-    for c in ["a", "b", "c"] {
-        d.template(&format!("{c}.yaml"), &configmap_template(c, "  v: \"1\"\n"));
-    }
-    let children: Vec<String> = ["a", "b", "c"]
-        .iter()
-        .map(|c| child(c, "v1", "ConfigMap", &format!("{c}.yaml"), &[]))
-        .collect();
     // The status reads a child (from the children as the first reconcile left them).
-    d.rule(
-        &format!("{rule}.yaml"),
-        &format!(
-            "{}  status:\n    name: \"$.children.a.metadata.name\"\n",
-            rule_text(rule, kind, &children)
-        ),
-    );
+    let d = named_in_status(rule, kind, &[("a", None), ("b", None), ("c", None)]);
     let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names = put_parents(&parents, kind, &ns).await;
@@ -417,26 +426,13 @@ async fn a_child_that_waits_on_the_parents_status_is_created() {
     let client = client().await;
     let ns = namespace(&client, "cheaper-status").await;
     let (kind, rule) = ("StatusApp", "statusapp");
-    let d = RuleDir::new();
-    for c in ["a", "b"] {
-        d.template(&format!("{c}.yaml"), &configmap_template(c, "  v: \"1\"\n"));
-    }
-    let children = [
-        child("a", "v1", "ConfigMap", "a.yaml", &[]),
-        child(
-            "b",
-            "v1",
-            "ConfigMap",
-            "b.yaml",
-            &["includeWhen: \"parent.status.name is defined\""],
-        ),
-    ];
-    d.rule(
-        &format!("{rule}.yaml"),
-        &format!(
-            "{}  status:\n    name: \"$.children.a.metadata.name\"\n",
-            rule_text(rule, kind, &children)
-        ),
+    let d = named_in_status(
+        rule,
+        kind,
+        &[
+            ("a", None),
+            ("b", Some("includeWhen: \"parent.status.name is defined\"")),
+        ],
     );
     let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
     let parents = kind_api(&client, &ns, kind, T).await;
