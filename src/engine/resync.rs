@@ -1,5 +1,6 @@
 //! Resyncs as one sweep per rule: every `resync`, each cached parent is reconciled once,
-//! one after another at an even pace over the period.
+//! spread evenly over the period in small batches, one batch per tick (a second, or a
+//! sixtieth of a shorter period).
 //!
 //! Before, every reconcile ended by asking kube-runtime's scheduler to come back after
 //! `resync`, so the scheduler held an entry per parent at all times: two copies of the
@@ -11,6 +12,11 @@
 //! starts waits for the next one (its creation reconciled it, and during a large
 //! converge it may not even have settled yet: a 10,000-parent converge made 15 % more
 //! reconciles when every parent listed was swept).
+//!
+//! Why ticks: paced one parent at a time, 1,000 parents at a 60 s resync woke the process
+//! every 60 ms, and each wake (a timer, a parked worker unparked, the controller's queue)
+//! cost more than the reconcile it brought, which at steady state stops at a lookup. At
+//! one wake per tick the parents due by then are handed over back to back.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -28,6 +34,10 @@ struct Plan {
     /// When the next one is due; the next period's start while `due` is empty.
     next: Instant,
     gap: Duration,
+    /// Waits end on a tick counted from `anchor`, so parents due within one tick are
+    /// handed over at one wake.
+    anchor: Instant,
+    tick: Duration,
 }
 
 enum Step {
@@ -45,13 +55,25 @@ impl Plan {
             due: VecDeque::new(),
             next: now + every,
             gap: Duration::ZERO,
+            anchor: now,
+            tick: (every / 60).min(Duration::from_secs(1)),
         }
+    }
+
+    /// The first tick at or after `t`.
+    fn tick_at_or_after(&self, t: Instant) -> Instant {
+        let since = t.saturating_duration_since(self.anchor).as_nanos();
+        let tick = self.tick.as_nanos().max(1);
+        u64::try_from(since.div_ceil(tick) * tick)
+            .ok()
+            .and_then(|n| self.anchor.checked_add(Duration::from_nanos(n)))
+            .unwrap_or(t)
     }
 
     /// What to do at `now`; `parents` lists the parents when a period starts.
     fn step(&mut self, now: Instant, parents: impl FnOnce() -> VecDeque<Box<str>>) -> Step {
         if now < self.next {
-            return Step::Wait(self.next);
+            return Step::Wait(self.tick_at_or_after(self.next));
         }
         // A process that fell behind by a period (suspended, starved) starts a period
         // afresh rather than catching up in a burst.
@@ -178,6 +200,33 @@ mod tests {
         // Also in the middle of a period: what was left of it is dropped.
         assert_eq!(at(&mut p, t0 + s(2000), &["b/y"]).as_deref(), Ok("b/y"));
         assert_eq!(at(&mut p, t0 + s(2000), &[]), Err(t0 + s(2060)));
+    }
+
+    #[test]
+    fn parents_due_within_a_tick_are_handed_over_at_one_wake() {
+        let t0 = Instant::now();
+        let mut p = Plan::new(t0, Duration::from_secs(60));
+        let names: Vec<String> = (0..1000).map(|i| format!("ns/p{i}")).collect();
+        let all: Vec<&str> = names.iter().map(String::as_str).collect();
+        let mut now = t0 + Duration::from_secs(60);
+        let (mut wakes, mut handed) = (0, Vec::new());
+        while handed.len() < all.len() {
+            match p.step(now, || keys(&all)) {
+                Step::Resync(k) => handed.push(k),
+                Step::Wait(at) => {
+                    assert!(at > now, "a wait ends later than it starts");
+                    wakes += 1;
+                    now = at;
+                }
+            }
+        }
+        // Every parent once, in order, over one period at one wake per second: 1,000
+        // parents 60 ms apart would otherwise be 1,000 wakes.
+        assert_eq!(handed.iter().map(|k| &**k).collect::<Vec<_>>(), all);
+        assert!(wakes <= 60, "{wakes} wakes");
+        assert!(now <= t0 + Duration::from_secs(120), "within the period");
+        // Waits end on whole ticks from the start.
+        assert_eq!((now - t0).subsec_nanos(), 0);
     }
 
     #[test]
