@@ -74,9 +74,18 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
     let d = three_configmaps(rule, kind);
     let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
     let parents = kind_api(&client, &ns, kind, T).await;
+    let at_creation = Audit::mark();
     let names = put_parents(&parents, kind, &ns).await;
     wait_all_ready(&parents, &names, T).await;
     let v_old = status(&op).await["rules"][rule]["version"].clone();
+    // A new parent's children are reported on it (`Created`): the rollout below is
+    // what goes without Events, not everything.
+    let created = at_creation
+        .writes(&ns)
+        .iter()
+        .filter(|e| e["objectRef"]["resource"] == "events" && e["verb"] == "create")
+        .count();
+    assert!(created >= N, "{test}: {created} Events for {N} new parents");
 
     let audit = Audit::mark();
     let from = jiff::Timestamp::now();
@@ -131,9 +140,23 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
         "{test}: {edited} applies of the edited child, {statuses} status writes, {} other writes, for {N} parents",
         others.len()
     );
+    // Nor an Event per parent: a rule rollout is reported once, not on every parent.
+    let events: Vec<String> = audit
+        .writes(&ns)
+        .into_iter()
+        .filter(|e| {
+            e["userAgent"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("rulebook/"))
+                && e["objectRef"]["resource"] == "events"
+                && audit_time(e).is_some_and(|t| t >= from)
+        })
+        .map(|e| describe_audit(&e))
+        .collect();
     assert_eq!(edited, N, "{test}: one apply per edited child");
     assert!(statuses <= N, "{test}: {statuses} status writes");
     assert!(others.is_empty(), "{test}: other writes: {others:#?}");
+    assert!(events.is_empty(), "{test}: Events: {events:#?}");
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     assert_eq!(
         get_json(&cms, "p0-b").await.unwrap()["data"]["v"],

@@ -382,3 +382,29 @@ fn parallel_teardown_is_one_wave_and_the_finalizer_goes_last() {
         TeardownStep::RemoveFinalizer
     );
 }
+
+#[test]
+fn a_reconcile_brought_only_by_a_rule_change_is_a_rollout() {
+    use rulebook::reconcile::plan::is_rule_rollout;
+    let parent = |status: Json| json!({"metadata": {"generation": 3}, "status": status});
+    let v1 = json!({"ruleVersion": "v1", "observedGeneration": 3});
+    // The parent is as it was; the rule moved from v1 to v2.
+    assert!(is_rule_rollout(&parent(v1.clone()), Some(3), "v2"));
+    // The same rule: its changes come from elsewhere (a child, a reference, a repair).
+    assert!(!is_rule_rollout(&parent(v1.clone()), Some(3), "v1"));
+    // The parent changed too (a generation its status has not observed): the tenant's.
+    assert!(!is_rule_rollout(&parent(v1), Some(4), "v2"));
+    // Nothing recorded yet (a new parent) or no status at all.
+    assert!(!is_rule_rollout(
+        &parent(json!({"observedGeneration": 3})),
+        Some(3),
+        "v2"
+    ));
+    assert!(!is_rule_rollout(&json!({"metadata": {}}), Some(3), "v2"));
+    // A version without the generation it was recorded for.
+    assert!(!is_rule_rollout(
+        &parent(json!({"ruleVersion": "v1"})),
+        Some(3),
+        "v2"
+    ));
+}

@@ -155,10 +155,30 @@ pub(super) fn observed_after(observed: Observed, changes: &mut [Change]) -> Obse
     after
 }
 
+/// What brought a reconcile's changes, as far as their Events go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Cause {
+    /// The parent, a child or a referenced object (or nothing known): every change is
+    /// reported on the parent.
+    Inputs,
+    /// Only the rule changed ([`super::status::rule_rollout_only`]): only repairs are.
+    RuleRollout,
+}
+
 /// One Normal event per kind of change in a reconcile (not one per child: events are
 /// writes too), naming every child it concerns.
-pub(super) fn report_changes(ctx: &RuleContext, parent: &DynamicObject, changes: &[Change]) {
+pub(super) fn report_changes(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    changes: &[Change],
+    cause: Cause,
+) {
     for reason in ["Created", "Updated", "Repaired", "Pruned", "Orphaned"] {
+        // A rollout's own changes go unreported per parent; a repair undoes someone
+        // else's change, and is reported whatever brought the reconcile.
+        if cause == Cause::RuleRollout && reason != "Repaired" {
+            continue;
+        }
         let these: Vec<&Change> = changes.iter().filter(|c| c.reason == reason).collect();
         let Some(first) = these.first() else { continue };
         let verb = match reason {

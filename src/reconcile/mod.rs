@@ -57,7 +57,7 @@ use crate::meta::JsonAt;
 use crate::metrics::{self, ResultLabels};
 use crate::render::Observed;
 use apply::{ChildOutcome, apply_child, look_up_uncached};
-use events::{children_after, event, observed_after, report_changes};
+use events::{Cause, children_after, event, observed_after, report_changes};
 use observe::{Confined, confine_to_rendered_namespaces, read_stubs, unreadable_parent};
 use offload::{render_off_runtime, status_off_runtime, targets_off_runtime};
 use plan::plan_prunes;
@@ -210,6 +210,11 @@ async fn reconcile_inner(
         // bring a reconcile of its own, and the steady check already counts that write).
         p.insert("status".into(), status);
     }
+    let cause = if status::rule_rollout_only(ctx, parent, &parent_json) {
+        Cause::RuleRollout
+    } else {
+        Cause::Inputs
+    };
     let mut observed = Observed::from_objects(
         live_children
             .iter()
@@ -333,7 +338,7 @@ async fn reconcile_inner(
     // would be computed from it. Its watch event brings the parent back (or, should it
     // be lost, the requeue).
     if pending && failure.is_none() {
-        report_changes(ctx, parent, &changes);
+        report_changes(ctx, parent, &changes, cause);
         ctx.steady.forget(&uid);
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
@@ -400,7 +405,7 @@ async fn reconcile_inner(
     };
 
     // 6. Events: one per kind of change.
-    report_changes(ctx, parent, &changes);
+    report_changes(ctx, parent, &changes, cause);
     result
 }
 

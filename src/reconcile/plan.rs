@@ -1,6 +1,7 @@
 //! The decisions of a reconcile, as pure functions of what it observed: for each desired
 //! child whether to apply it (and why), leave it, or refuse it; which owned children to
-//! prune; whether the parent's status needs a write; the next step of a parent's
+//! prune; whether the parent's status needs a write; whether its changes are only a rule
+//! rollout's (reported once, not per parent); the next step of a parent's
 //! teardown. No API calls, no locks, no clock:
 //! the stages in `apply.rs`, `prune.rs` and `status.rs` carry the plan out, and
 //! `tests/plan.rs` specifies it with objects built in code.
@@ -15,7 +16,7 @@ use serde_json::{Map, Value as Json};
 
 use super::cache;
 use super::drift::{Drift, drift};
-use crate::meta::{FIELD_MANAGER, labels};
+use crate::meta::{FIELD_MANAGER, STATUS_RULE_VERSION, labels};
 use crate::render::DesiredChild;
 use crate::render::status::{self, ConditionState};
 use crate::rules::DeletionOrder;
@@ -137,6 +138,21 @@ pub fn plan_status(
     } else {
         Some(desired)
     }
+}
+
+/// Whether a reconcile of `parent` (as JSON, with its status) at `generation` runs only
+/// because the rule changed: the status records a rule version other than `rule_version`
+/// for the generation the parent has now. Its changes are then a rule rollout's, which
+/// the rule's change reports once (the operator's log, `/status`), not with a Normal
+/// Event on every parent: at 10,000 parents a one-line template edit would otherwise
+/// create 10,000 Events. Repairs (someone else changed a child) are reported anyway.
+pub fn is_rule_rollout(parent: &Json, generation: Option<i64>, rule_version: &str) -> bool {
+    let Some(status) = parent.get("status") else {
+        return false;
+    };
+    let recorded = status.get(STATUS_RULE_VERSION).and_then(Json::as_str);
+    let observed = status.get("observedGeneration").and_then(Json::as_i64);
+    recorded.is_some_and(|v| v != rule_version) && observed.is_some() && observed == generation
 }
 
 /// The reason of the `Paused` condition Rulebook sets while a parent carries

@@ -231,6 +231,18 @@ pub(super) async fn write_status(
     Ok(true)
 }
 
+/// Whether this reconcile's one new input is the rule itself
+/// ([`super::plan::is_rule_rollout`]). Without `ruleVersion` in the status (a kind whose
+/// schema Rulebook did not write) that cannot be told: `false`.
+pub(super) fn rule_rollout_only(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    parent_json: &Json,
+) -> bool {
+    records_version(ctx)
+        && super::plan::is_rule_rollout(parent_json, parent.metadata.generation, &ctx.rule.version)
+}
+
 /// Whether the parent's status has `ruleVersion`: its kind is the rule's own CRD, whose
 /// schema Rulebook wrote (another kind's schema might prune the field, and every
 /// reconcile would then write it again; a write whose response lacks it turns it off).

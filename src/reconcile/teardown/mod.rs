@@ -30,7 +30,7 @@ use tracing::info;
 
 use super::context::{RuleContext, lock};
 use super::error::ReconcileError;
-use super::events::{event, report_changes};
+use super::events::{Cause, event, report_changes};
 use super::plan::{FinalizeOutcome, Owned, TeardownStep, plan_teardown};
 use super::prune::{child_rule, leave_child};
 use super::status::write_deleting;
@@ -252,7 +252,7 @@ pub(super) async fn teardown(
                     }
                 }
             }
-            report_changes(ctx, parent, &changes);
+            report_changes(ctx, parent, &changes, Cause::Inputs);
             if let Some(e) = failure {
                 return Err(e);
             }
