@@ -387,24 +387,43 @@ fn parallel_teardown_is_one_wave_and_the_finalizer_goes_last() {
 fn a_reconcile_brought_only_by_a_rule_change_is_a_rollout() {
     use rulebook::reconcile::plan::is_rule_rollout;
     let parent = |status: Json| json!({"metadata": {"generation": 3}, "status": status});
-    let v1 = json!({"ruleVersion": "v1", "observedGeneration": 3});
-    // The parent is as it was; the rule moved from v1 to v2.
+    let ready = |reason: &str, generation: i64| {
+        json!([{"type": "Ready", "status": "True", "reason": reason, "message": "",
+                "lastTransitionTime": "2026-11-25T00:00:00Z", "observedGeneration": generation}])
+    };
+    let v1 = json!({"ruleVersion": "v1", "observedGeneration": 3, "conditions": ready("Ready", 3)});
+    // The parent is as it was when v1 went through; the rule moved from v1 to v2.
     assert!(is_rule_rollout(&parent(v1.clone()), Some(3), "v2"));
+    let waiting = json!({"ruleVersion": "v1", "observedGeneration": 3, "conditions": ready("ChildrenNotReady", 3)});
+    assert!(is_rule_rollout(&parent(waiting), Some(3), "v2"));
     // The same rule: its changes come from elsewhere (a child, a reference, a repair).
     assert!(!is_rule_rollout(&parent(v1.clone()), Some(3), "v1"));
     // The parent changed too (a generation its status has not observed): the tenant's.
     assert!(!is_rule_rollout(&parent(v1), Some(4), "v2"));
+    // A failed reconcile observed generation 3 but applied nothing of it (its status
+    // keeps v1): the tenant's change at 3 is still to be reported.
+    let failed = json!({"ruleVersion": "v1", "observedGeneration": 3, "conditions": ready("RenderFailed", 3)});
+    assert!(!is_rule_rollout(&parent(failed), Some(3), "v2"));
+    let older =
+        json!({"ruleVersion": "v1", "observedGeneration": 3, "conditions": ready("Ready", 2)});
+    assert!(!is_rule_rollout(&parent(older), Some(3), "v2"));
     // Nothing recorded yet (a new parent) or no status at all.
     assert!(!is_rule_rollout(
-        &parent(json!({"observedGeneration": 3})),
+        &parent(json!({"observedGeneration": 3, "conditions": ready("Ready", 3)})),
         Some(3),
         "v2"
     ));
     assert!(!is_rule_rollout(&json!({"metadata": {}}), Some(3), "v2"));
-    // A version without the generation it was recorded for.
-    assert!(!is_rule_rollout(
-        &parent(json!({"ruleVersion": "v1"})),
-        Some(3),
-        "v2"
-    ));
+}
+
+#[test]
+fn a_rollout_reports_everything_on_the_parent_but_its_updates() {
+    use rulebook::reconcile::plan::reported_on_parent;
+    for reason in ["Created", "Updated", "Repaired", "Pruned", "Orphaned"] {
+        assert!(reported_on_parent(reason, false), "{reason}, not a rollout");
+    }
+    assert!(!reported_on_parent("Updated", true));
+    for reason in ["Created", "Repaired", "Pruned", "Orphaned"] {
+        assert!(reported_on_parent(reason, true), "{reason} in a rollout");
+    }
 }

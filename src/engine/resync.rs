@@ -208,18 +208,30 @@ mod tests {
         let mut p = Plan::new(t0, Duration::from_secs(60));
         let names: Vec<String> = (0..1000).map(|i| format!("ns/p{i}")).collect();
         let all: Vec<&str> = names.iter().map(String::as_str).collect();
-        let mut now = t0 + Duration::from_secs(60);
-        let (mut wakes, mut handed) = (0, Vec::new());
+        let start = t0 + Duration::from_secs(60);
+        let mut now = start;
+        let (mut wakes, mut handed, mut batch, mut largest) = (0, Vec::new(), 0, 0);
         while handed.len() < all.len() {
             match p.step(now, || keys(&all)) {
-                Step::Resync(k) => handed.push(k),
+                Step::Resync(k) => {
+                    // Never later than a tick after its turn (60 ms apart from the start).
+                    let due = start + Duration::from_millis(60) * handed.len() as u32;
+                    assert!(now <= due + Duration::from_secs(1), "{k} handed over late");
+                    handed.push(k);
+                    batch += 1;
+                }
                 Step::Wait(at) => {
                     assert!(at > now, "a wait ends later than it starts");
                     wakes += 1;
                     now = at;
+                    largest = largest.max(batch);
+                    batch = 0;
                 }
             }
         }
+        // Still spread over the period: a tick's worth (1 s / 60 ms) at a time.
+        let largest = largest.max(batch);
+        assert!(largest <= 17, "{largest} parents at one wake");
         // Every parent once, in order, over one period at one wake per second: 1,000
         // parents 60 ms apart would otherwise be 1,000 wakes.
         assert_eq!(handed.iter().map(|k| &**k).collect::<Vec<_>>(), all);

@@ -161,7 +161,8 @@ pub(super) enum Cause {
     /// The parent, a child or a referenced object (or nothing known): every change is
     /// reported on the parent.
     Inputs,
-    /// Only the rule changed ([`super::status::rule_rollout_only`]): only repairs are.
+    /// Only the rule changed ([`super::status::rule_rollout_only`]): its `Updated`
+    /// children are not ([`super::plan::reported_on_parent`]).
     RuleRollout,
 }
 
@@ -174,9 +175,7 @@ pub(super) fn report_changes(
     cause: Cause,
 ) {
     for reason in ["Created", "Updated", "Repaired", "Pruned", "Orphaned"] {
-        // A rollout's own changes go unreported per parent; a repair undoes someone
-        // else's change, and is reported whatever brought the reconcile.
-        if cause == Cause::RuleRollout && reason != "Repaired" {
+        if !super::plan::reported_on_parent(reason, cause == Cause::RuleRollout) {
             continue;
         }
         let these: Vec<&Change> = changes.iter().filter(|c| c.reason == reason).collect();

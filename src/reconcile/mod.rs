@@ -210,7 +210,7 @@ async fn reconcile_inner(
         // bring a reconcile of its own, and the steady check already counts that write).
         p.insert("status".into(), status);
     }
-    let cause = if status::rule_rollout_only(ctx, parent, &parent_json) {
+    let cause = if status::rule_rollout_only(ctx, parent, &uid, &parent_json) {
         Cause::RuleRollout
     } else {
         Cause::Inputs

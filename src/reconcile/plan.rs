@@ -141,18 +141,37 @@ pub fn plan_status(
 }
 
 /// Whether a reconcile of `parent` (as JSON, with its status) at `generation` runs only
-/// because the rule changed: the status records a rule version other than `rule_version`
-/// for the generation the parent has now. Its changes are then a rule rollout's, which
-/// the rule's change reports once (the operator's log, `/status`), not with a Normal
-/// Event on every parent: at 10,000 parents a one-line template edit would otherwise
-/// create 10,000 Events. Repairs (someone else changed a child) are reported anyway.
+/// because the rule changed: the status records a rule version other than `rule_version`,
+/// written by a reconcile that went through (its `Ready` condition has reason `Ready` or
+/// `ChildrenNotReady`) for the generation the parent has now. A failed reconcile keeps the
+/// old version but observes the new generation, so its status never counts: the tenant's
+/// change it could not apply is still to be reported.
 pub fn is_rule_rollout(parent: &Json, generation: Option<i64>, rule_version: &str) -> bool {
     let Some(status) = parent.get("status") else {
         return false;
     };
     let recorded = status.get(STATUS_RULE_VERSION).and_then(Json::as_str);
     let observed = status.get("observedGeneration").and_then(Json::as_i64);
-    recorded.is_some_and(|v| v != rule_version) && observed.is_some() && observed == generation
+    let completed = status::conditions_of(parent).iter().any(|c| {
+        c.type_ == "Ready"
+            && matches!(c.reason.as_str(), "Ready" | "ChildrenNotReady")
+            && c.observed_generation.is_some()
+            && c.observed_generation == generation
+    });
+    recorded.is_some_and(|v| v != rule_version)
+        && observed.is_some()
+        && observed == generation
+        && completed
+}
+
+/// Whether a change of kind `reason` is reported with a Normal Event on the parent,
+/// given what brought the reconcile. A rule rollout's `Updated` children (a template
+/// edit: at 10,000 parents, 10,000 Events) are reported once, by the rule's change (the
+/// operator's log and `/status`), not on every parent; what a tenant needs to see on
+/// its parent — a child created, pruned, orphaned or repaired — is reported whatever
+/// brought it.
+pub fn reported_on_parent(reason: &str, rollout: bool) -> bool {
+    !(rollout && reason == "Updated")
 }
 
 /// The reason of the `Paused` condition Rulebook sets while a parent carries

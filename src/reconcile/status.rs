@@ -234,13 +234,26 @@ pub(super) async fn write_status(
 /// Whether this reconcile's one new input is the rule itself
 /// ([`super::plan::is_rule_rollout`]). Without `ruleVersion` in the status (a kind whose
 /// schema Rulebook did not write) that cannot be told: `false`.
+///
+/// The status it reads is the newest this process knows: its own last write when the
+/// cache predates it (a reconcile between a rollout's status write and its watch event
+/// is not one of the rollout's).
 pub(super) fn rule_rollout_only(
     ctx: &RuleContext,
     parent: &DynamicObject,
+    uid: &str,
     parent_json: &Json,
 ) -> bool {
-    records_version(ctx)
-        && super::plan::is_rule_rollout(parent_json, parent.metadata.generation, &ctx.rule.version)
+    if !records_version(ctx) {
+        return false;
+    }
+    let generation = parent.metadata.generation;
+    match ctx.status_writes.newer_than(uid, parent) {
+        Some(status) => {
+            super::plan::is_rule_rollout(&json!({"status": status}), generation, &ctx.rule.version)
+        }
+        None => super::plan::is_rule_rollout(parent_json, generation, &ctx.rule.version),
+    }
 }
 
 /// Whether the parent's status has `ruleVersion`: its kind is the rule's own CRD, whose
