@@ -84,11 +84,7 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
         .writes(&ns)
         .iter()
         .filter(|e| {
-            e["objectRef"]["resource"] == "events"
-                && e["verb"] == "create"
-                && e["userAgent"]
-                    .as_str()
-                    .is_some_and(|a| a.starts_with("rulebook/"))
+            e["objectRef"]["resource"] == "events" && e["verb"] == "create" && by_rulebook(e)
         })
         .count();
     assert!(created >= N, "{test}: {created} Events for {N} new parents");
@@ -152,9 +148,7 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
         .writes(&ns)
         .into_iter()
         .filter(|e| {
-            e["userAgent"]
-                .as_str()
-                .is_some_and(|a| a.starts_with("rulebook/"))
+            by_rulebook(e)
                 && e["objectRef"]["resource"] == "events"
                 && audit_time(e).is_some_and(|t| t >= from)
         })
@@ -232,12 +226,7 @@ async fn a_new_parent_costs_one_request_per_child() {
     let ours: Vec<Json> = audit
         .requests(&ns)
         .into_iter()
-        .filter(|e| {
-            e["userAgent"]
-                .as_str()
-                .is_some_and(|a| a.starts_with("rulebook/"))
-                && e["objectRef"]["resource"] == "configmaps"
-        })
+        .filter(|e| by_rulebook(e) && e["objectRef"]["resource"] == "configmaps")
         .collect();
     let name = |e: &Json| e["objectRef"]["name"].as_str().unwrap_or("").to_string();
     let of = |prefix: &str| -> Vec<String> {
@@ -479,4 +468,11 @@ async fn a_child_that_waits_on_the_parents_status_is_created() {
     })
     .await;
     cleanup_namespace(&client, &ns).await;
+}
+
+/// Whether an audit event is a request of Rulebook's (its user agent).
+fn by_rulebook(e: &Json) -> bool {
+    e["userAgent"]
+        .as_str()
+        .is_some_and(|a| a.starts_with("rulebook/"))
 }

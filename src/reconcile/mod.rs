@@ -201,20 +201,22 @@ async fn reconcile_inner(
     let Some(mut parent_json) = cache::to_json(parent) else {
         return unreadable_parent(ctx, parent).await;
     };
-    if rule.reads_parent_status()
-        && let Some(status) = ctx.status_writes.newer_than(&uid, parent)
-        && let Some(p) = parent_json.as_object_mut()
-    {
-        // The cache predates this process's last status write, and the rule reads the
-        // status: the parent as this process knows it (the status watch event does not
-        // bring a reconcile of its own, and the steady check already counts that write).
-        p.insert("status".into(), status);
-    }
-    let cause = if status::rule_rollout_only(ctx, parent, &uid, &parent_json) {
+    // The status this process last wrote, when the cache predates it.
+    let written = ctx.status_writes.newer_than(&uid, parent);
+    let cause = if status::rule_rollout_only(ctx, parent, written.as_ref(), &parent_json) {
         Cause::RuleRollout
     } else {
         Cause::Inputs
     };
+    if rule.reads_parent_status()
+        && let Some(status) = written
+        && let Some(p) = parent_json.as_object_mut()
+    {
+        // The rule reads the status: the parent as this process knows it (the status
+        // watch event does not bring a reconcile of its own, and the steady check
+        // already counts that write).
+        p.insert("status".into(), status);
+    }
     let mut observed = Observed::from_objects(
         live_children
             .iter()

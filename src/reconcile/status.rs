@@ -235,20 +235,20 @@ pub(super) async fn write_status(
 /// ([`super::plan::is_rule_rollout`]). Without `ruleVersion` in the status (a kind whose
 /// schema Rulebook did not write) that cannot be told: `false`.
 ///
-/// The status it reads is the newest this process knows: its own last write when the
-/// cache predates it (a reconcile between a rollout's status write and its watch event
-/// is not one of the rollout's).
+/// The status it reads is the newest this process knows: `written`, its own last write,
+/// when the cache predates it (a reconcile between a rollout's status write and its
+/// watch event is not one of the rollout's).
 pub(super) fn rule_rollout_only(
     ctx: &RuleContext,
     parent: &DynamicObject,
-    uid: &str,
+    written: Option<&Json>,
     parent_json: &Json,
 ) -> bool {
     if !records_version(ctx) {
         return false;
     }
     let generation = parent.metadata.generation;
-    match ctx.status_writes.newer_than(uid, parent) {
+    match written {
         Some(status) => {
             super::plan::is_rule_rollout(&json!({"status": status}), generation, &ctx.rule.version)
         }
