@@ -3,7 +3,10 @@
 //! leader election or shard membership ([`shards`]), and signals — and owns no logic of
 //! its own beyond that order.
 
+mod client;
 mod shards;
+
+pub use client::gated_client;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,7 +16,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use axum::http::header as http_header;
-use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tracing::{error, info, warn};
@@ -21,7 +23,7 @@ use tracing::{error, info, warn};
 use crate::engine::{Engine, EngineConfig};
 use crate::http::{self, AppState, RuleSetState};
 use crate::metrics::{Metrics, ReloadLabel};
-use crate::reconcile::gate::{GateLayer, LeaseGate, WriteGate};
+use crate::reconcile::gate::{LeaseGate, WriteGate};
 use crate::reload::{ChangeWatcher, Reload, RuleSource};
 use crate::render::Limits;
 use crate::render::RuleSet;
@@ -112,18 +114,6 @@ pub fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
         Ok(directive) => filter.add_directive(directive),
         Err(_) => filter,
     }
-}
-
-/// The client every reconcile, event and cleanup uses: its writes pass the write gate.
-/// (`rulebook diff` builds one on a gate that never opens: only reads and dry runs pass.)
-pub fn gated_client(
-    config: Config,
-    gate: Arc<dyn WriteGate>,
-    metrics: Arc<Metrics>,
-) -> Result<Client> {
-    Ok(ClientBuilder::try_from(config)?
-        .with_layer(&GateLayer::new(gate, metrics))
-        .build())
 }
 
 pub async fn run(args: Settings) -> Result<()> {

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use anyhow::Result;
 use kube::Client;
-use kube::client::ClientBuilder;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -19,7 +18,6 @@ use crate::engine::sharded::{SelectorLayer, Sharding, server_filters};
 use crate::engine::{Engine, resolve_kind};
 use crate::members::{Membership, ParentKinds, ShardStatus, Share};
 use crate::metrics::{Metrics, ModeLabel};
-use crate::reconcile::gate::GateLayer;
 use crate::reconcile::shard_gate::ShardGate;
 use crate::render::RuleSet;
 use crate::shard::{Ranges, fnv1a};
@@ -228,9 +226,9 @@ impl Shards {
     }
 
     fn sharding(&self, ranges: &Ranges) -> Result<Sharding> {
-        let builder = ClientBuilder::try_from(self.config.clone())?
-            // Its requests are reads, but the layer keeps it honest should that change.
-            .with_layer(&GateLayer::new(self.gate.clone(), self.metrics.clone()));
+        // Its requests are reads, but the gate keeps it honest should that change.
+        let builder =
+            super::client::gated_builder(&self.config, self.gate.clone(), self.metrics.clone())?;
         let watch_client = match (self.server_side, ranges.selector()) {
             (true, Some(selector)) => builder.with_layer(&SelectorLayer::new(&selector)).build(),
             _ => builder.build(),

@@ -27,6 +27,7 @@ pub mod error;
 mod events;
 mod fight;
 pub mod gate;
+pub mod gate_body;
 pub mod memo;
 mod observe;
 mod offload;
