@@ -114,7 +114,9 @@ impl Cfg {
             rulebook_bin: std::env::var_os("BENCH_RULEBOOK_BIN")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| target_dir.join("release/rulebook")),
-            reference_bin: target_dir.join("release/examples/bench-reference"),
+            reference_bin: std::env::var_os("BENCH_REFERENCE_BIN")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| target_dir.join("release/examples/bench-reference")),
             target_dir,
             kro_bin: cache.join("kro").join(&kro_version).join("bin/controller"),
             kro_dir: cache.join("kro").join(kro_version),

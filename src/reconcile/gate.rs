@@ -105,18 +105,32 @@ pub struct WriteRefused;
 /// Whether a request changes something. Reads, and reviews that only ask the API server
 /// a question (SelfSubjectAccessReview) or dry-run, pass a closed gate.
 pub fn is_write<B>(req: &Request<B>) -> bool {
-    if matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS) {
+    is_write_to(req.method(), req.uri().path(), req.uri().query())
+}
+
+/// [`is_write`] by parts: `path` is the API path, without any prefix of the cluster URL.
+pub fn is_write_to(method: &Method, path: &str, query: Option<&str>) -> bool {
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
         return false;
     }
-    let path = req.uri().path();
     if path.starts_with("/apis/authorization.k8s.io/") {
         return false;
     }
-    let dry_run = req
-        .uri()
-        .query()
-        .is_some_and(|q| q.split('&').any(|kv| kv == "dryRun=All"));
+    let dry_run = query.is_some_and(|q| q.split('&').any(|kv| kv == "dryRun=All"));
     !dry_run
+}
+
+/// Whether `e` is, or was caused by, a refusal of the gate (at any of its checks in the
+/// client): such a failure means "not the leader (any more)", not an API error.
+pub fn was_refused(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if c.is::<WriteRefused>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// A layer for the API client that refuses writes while the gate is closed.

@@ -12,7 +12,10 @@
 //! its first frame right after it has encoded the head into its write buffer and before
 //! it flushes either, on the connection task, on the same poll. A closed gate fails that
 //! frame; hyper then drops the connection with the head unsent. What remains is the time
-//! between this check and the write call on the socket, in one poll of one task.
+//! between this check and the last byte on the socket: the same poll of the same task
+//! for a request the socket buffer takes at once; a body of hundreds of KB may need more
+//! polls, and a stop between them lets the rest go out. (An empty write body is sent
+//! chunked rather than with `content-length: 0`, so that hyper asks it for a frame.)
 //!
 //! [`LastCheckLayer`] sits at the bottom of the API client's stack (built in
 //! `operator::client`), below the retry layer, so a retried write is checked again too.
@@ -24,7 +27,7 @@ use std::task::{Context, Poll};
 use http::Request;
 use http_body::{Body, Frame, SizeHint};
 
-use super::gate::{WriteGate, WriteRefused, is_write};
+use super::gate::{WriteGate, WriteRefused, is_write_to};
 use crate::metrics::Metrics;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -77,14 +80,14 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> S::Future {
-        let check = is_write(&req).then(|| {
-            let path = req.uri().path();
-            let path = path.strip_prefix(&self.layer.base_path).unwrap_or(path);
-            Check {
-                gate: self.layer.gate.clone(),
-                metrics: self.layer.metrics.clone(),
-                path: path.to_string(),
-            }
+        // The API path as the gates above saw it: the cluster URL's prefix taken off
+        // first, or an access review would count as a write (and name no namespace).
+        let full = req.uri().path();
+        let path = full.strip_prefix(&self.layer.base_path).unwrap_or(full);
+        let check = is_write_to(req.method(), path, req.uri().query()).then(|| Check {
+            gate: self.layer.gate.clone(),
+            metrics: self.layer.metrics.clone(),
+            path: path.to_string(),
         });
         self.inner.call(req.map(|inner| CheckedBody {
             inner,
@@ -151,7 +154,8 @@ where
         match self.state {
             State::Unchecked(_) => false,
             State::Passed => self.inner.is_end_stream(),
-            State::Refused => true,
+            // Still an error to ask (hyper does not ask again).
+            State::Refused => false,
         }
     }
 
@@ -268,10 +272,18 @@ mod tests {
             "/k8s/c1/api/v1/namespaces/b/configmaps/x",
             "{}",
         );
+        let review = request(
+            http::Method::POST,
+            "/k8s/c1/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            "{}",
+        );
         let a = svc.ready().await.unwrap().call(a).await.unwrap();
         let b = svc.ready().await.unwrap().call(b).await.unwrap();
+        let review = svc.ready().await.unwrap().call(review).await.unwrap();
         assert!(a.collect().await.is_ok());
         assert!(b.collect().await.is_err());
+        // A question to the API server, not a write: no check, whatever the gate says.
+        assert!(review.collect().await.is_ok());
         assert_eq!(metrics.writes_refused.get(), 1);
     }
 
@@ -336,7 +348,11 @@ mod tests {
             String::from_utf8_lossy(&received[..n])
         );
         let answer = sending.await.unwrap();
-        assert!(answer.is_err(), "the write was answered: {answer:?}");
+        let Err(failure) = answer else {
+            panic!("the write was answered: {answer:?}");
+        };
+        // What the writer turns into `NotLeader`.
+        assert!(crate::reconcile::gate::was_refused(&failure), "{failure:?}");
         assert_eq!(metrics.writes_refused.get(), 1);
     }
 }

@@ -25,7 +25,19 @@ pub enum WriteError {
     #[error("writes are paused (not the leader)")]
     NotLeader,
     #[error(transparent)]
-    Api(#[from] kube::Error),
+    Api(kube::Error),
+}
+
+impl From<kube::Error> for WriteError {
+    /// A write the gate refused in the client (it lapsed after [`Writer`]'s own check)
+    /// is a `NotLeader` like any other, not an API failure with hyper's wording.
+    fn from(e: kube::Error) -> WriteError {
+        if super::gate::was_refused(&e) {
+            WriteError::NotLeader
+        } else {
+            WriteError::Api(e)
+        }
+    }
 }
 
 /// What a delete found.
@@ -353,6 +365,14 @@ fn raw_body(text: String) -> Box<serde_json::value::RawValue> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_refusal_in_the_client_is_not_leader_and_other_failures_stay_api_errors() {
+        let refused = kube::Error::Service(Box::new(super::super::gate::WriteRefused));
+        assert!(matches!(WriteError::from(refused), WriteError::NotLeader));
+        let io = kube::Error::Service(Box::new(std::io::Error::other("connection reset")));
+        assert!(matches!(WriteError::from(io), WriteError::Api(_)));
+    }
 
     #[test]
     fn apply_bodies_escape_what_a_yaml_reader_would_change() {
