@@ -900,6 +900,9 @@ async fn stalled_leader_never_writes() {
         || async { (op_a.metric("rulebook_leader").await == 0.0).then(|| resumed.elapsed()) },
     )
     .await;
+    // Writes op-a's gate stopped (in the writer, in the client, or at the body as hyper
+    // sent them): for the log, the audit log below is the check.
+    let refused = op_a.metric("rulebook_writes_refused_total").await;
     // Two lease durations in which op-a must stay a standby and op-b the leader; any
     // child op-a put back to rev 0 is noted.
     let mut reverted_seen = 0;
@@ -941,8 +944,8 @@ async fn stalled_leader_never_writes() {
         .count();
     eprintln!(
         "{test}: op-a stopped with {ready_at_stop}/{N} parents Ready; op-b led {:.1} s later; \
-         op-a resumed after {:.1} s stopped and reported standby {:.2} s after SIGCONT; \
-         writes in the audit log: op-a {} in all, {} more than 1 s after SIGSTOP ({} of them lease \
+         op-a resumed after {:.1} s stopped and reported standby {:.2} s after SIGCONT \
+         (its gate refused {refused} write(s)); writes in the audit log: op-a {} in all, {} more than 1 s after SIGSTOP ({} of them lease \
          requests), op-b {by_b}; children seen reverted to rev 0 after the resume: {reverted_seen}",
         took_over.as_secs_f64(),
         (resumed - stopped_at).as_secs_f64(),
