@@ -152,16 +152,17 @@ pub fn is_rule_rollout(parent: &Json, generation: Option<i64>, rule_version: &st
     };
     let recorded = status.get(STATUS_RULE_VERSION).and_then(Json::as_str);
     let observed = status.get("observedGeneration").and_then(Json::as_i64);
-    let completed = status::conditions_of(parent).iter().any(|c| {
-        c.type_ == "Ready"
-            && matches!(c.reason.as_str(), "Ready" | "ChildrenNotReady")
-            && c.observed_generation.is_some()
-            && c.observed_generation == generation
-    });
+    // The conditions are parsed only when the version and generation say it may be one:
+    // this runs on every reconcile that gets past the first steady check.
     recorded.is_some_and(|v| v != rule_version)
         && observed.is_some()
         && observed == generation
-        && completed
+        && status::conditions_of(parent).iter().any(|c| {
+            c.type_ == "Ready"
+                && matches!(c.reason.as_str(), "Ready" | "ChildrenNotReady")
+                && c.observed_generation.is_some()
+                && c.observed_generation == generation
+        })
 }
 
 /// Whether a change of kind `reason` is reported with a Normal Event on the parent,
