@@ -69,6 +69,7 @@ pub struct Metrics {
     pub unreadable_objects: Family<RuleLabel, Counter>,
     /// Write requests the write gate refused because leadership had lapsed.
     pub writes_refused: Counter,
+    pub events_dropped: Counter,
     pub cached_objects: Family<CacheLabels, Gauge>,
     pub shard_mode: Family<ModeLabel, Gauge>,
     pub shard_share: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -182,6 +183,12 @@ impl Metrics {
             "Write requests refused by the write gate (not the leader, or leadership lapsed)",
             writes_refused.clone(),
         );
+        let events_dropped = Counter::default();
+        registry.register(
+            "events_dropped",
+            "Events not sent because the event outbox was full (a slow or throttled API server)",
+            events_dropped.clone(),
+        );
         let cached_objects = Family::<CacheLabels, Gauge>::default();
         registry.register(
             "cached_objects",
@@ -209,6 +216,7 @@ impl Metrics {
             cache_stubbed,
             unreadable_objects,
             writes_refused,
+            events_dropped,
             reconciles,
             reconcile_duration,
             in_flight,

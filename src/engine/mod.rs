@@ -30,6 +30,7 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
 use crate::reconcile::admission::{CacheBudget, CacheLimits};
+use crate::reconcile::recorder::{Outbox, QUEUED_EVENTS, Recorder, SENDING_EVENTS};
 use crate::render::{CompiledRule, RuleSet};
 use dropped::{dropped_kinds, prune_dropped_kinds};
 use released::release_removed_rule;
@@ -97,19 +98,26 @@ pub struct Engine {
     /// so the parents it kept cost a hash lookup, not a render. Exact fingerprints of
     /// the inputs: a miss costs only a full reconcile.
     steady: BTreeMap<String, (String, Arc<crate::reconcile::memo::Steady>)>,
+    recorder: Recorder,
 }
 
 /// How long a stopping rule may take to finish its in-flight reconciles.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The event recorder of this instance.
-fn recorder(client: &Client, config: &EngineConfig) -> crate::reconcile::recorder::Recorder {
-    crate::reconcile::recorder::Recorder::new(
+/// The event recorder of this instance: one dedup cache and one bounded outbox for
+/// every rule.
+fn recorder(client: &Client, config: &EngineConfig, metrics: &Metrics) -> Recorder {
+    Recorder::new(
         client.clone(),
         kube::runtime::events::Reporter {
             controller: config.reporter.clone(),
             instance: config.instance.clone(),
         },
+        Outbox::new(
+            QUEUED_EVENTS,
+            SENDING_EVENTS,
+            metrics.events_dropped.clone(),
+        ),
     )
 }
 
@@ -121,7 +129,9 @@ impl Engine {
         gate: Arc<dyn WriteGate>,
     ) -> Engine {
         let budget = Arc::new(CacheBudget::new(config.cache.clone(), metrics.clone()));
+        let recorder = recorder(&client, &config, &metrics);
         Engine {
+            recorder,
             client,
             config,
             metrics,
@@ -204,7 +214,7 @@ impl Engine {
                 of,
                 self.metrics.clone(),
                 self.gate.clone(),
-                recorder(&self.client, &self.config),
+                self.recorder.clone(),
             ));
             if let Some(previous) = self.releases.insert(key, task) {
                 previous.abort();
@@ -259,6 +269,7 @@ impl Engine {
             gate: self.gate.clone(),
             status: self.status.clone(),
             budget: self.budget.clone(),
+            recorder: self.recorder.clone(),
         };
         let span = info_span!("rule", rule = %name);
         let task = tokio::spawn(runner.run(stopped).instrument(span));

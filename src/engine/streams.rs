@@ -52,20 +52,19 @@ pub(super) fn admission(
             warn!(rule = %rule, namespace = %ns, "cache budget reached: children in this namespace are cached without content and read on demand");
             let reference = o.object_ref(&ar);
             let limits = budget.limits().clone();
-            let recorder = recorder.clone();
-            tokio::spawn(async move {
-                let ev = kube::runtime::events::Event {
-                    type_: kube::runtime::events::EventType::Warning,
-                    reason: "CacheBudgetExceeded".into(),
-                    note: Some(format!(
-                        "Objects with Rulebook's labels in this namespace exceed the cache budget ({} MiB per namespace, {} MiB in all); Rulebook reads them from the API server when it needs them",
-                        limits.per_namespace >> 20,
-                        limits.total >> 20
-                    )),
-                    action: "Cache".into(),
-                    secondary: None,
-                };
-                if let Err(e) = recorder.publish(&ev, &reference).await {
+            let ev = kube::runtime::events::Event {
+                type_: kube::runtime::events::EventType::Warning,
+                reason: "CacheBudgetExceeded".into(),
+                note: Some(format!(
+                    "Objects with Rulebook's labels in this namespace exceed the cache budget ({} MiB per namespace, {} MiB in all); Rulebook reads them from the API server when it needs them",
+                    limits.per_namespace >> 20,
+                    limits.total >> 20
+                )),
+                action: "Cache".into(),
+                secondary: None,
+            };
+            recorder.post(ev, reference, |sent| {
+                if let Err(e) = sent {
                     tracing::debug!(error = %e, "cannot publish the cache budget event");
                 }
             });

@@ -13,8 +13,17 @@
 //! it (so a quiet operator holds none); and holds at most
 //! [`MAX_KEYS`] keys (past that, it forgets them all: the next repeat creates a new
 //! Event instead of patching a series, which loses nothing a person reads).
+//!
+//! Events are sent in the background through one bounded outbox per process, as
+//! client-go's broadcaster does: at most [`QUEUED_EVENTS`] wait or are in flight and
+//! [`SENDING_EVENTS`] requests go at once; past that an event is dropped and counted
+//! (`rulebook_events_dropped_total`). A reconcile never waits for an event, and a slow
+//! or throttled API server cannot make the events that tenants' parents cause pile up
+//! in memory, or take more than two of the API server's concurrent requests from the
+//! writes that converge parents.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
 
@@ -25,12 +34,55 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
+use prometheus_client::metrics::counter::Counter;
 use serde_json::json;
+use tokio::sync::Semaphore;
 
 /// How long a published event can still become a series (kube-runtime's figure).
 const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
 /// Keys remembered at most.
 pub const MAX_KEYS: usize = 20_000;
+/// Events waiting or in flight at most (client-go's broadcaster queues 1,000).
+pub const QUEUED_EVENTS: usize = 1000;
+/// Event requests in flight at once.
+pub const SENDING_EVENTS: usize = 2;
+
+/// Where events wait for a sender: bounded, first come first served, dropping (and
+/// counting) what does not fit.
+#[derive(Clone)]
+pub struct Outbox {
+    queued: Arc<Semaphore>,
+    sending: Arc<Semaphore>,
+    dropped: Counter,
+}
+
+impl Outbox {
+    pub fn new(queued: usize, sending: usize, dropped: Counter) -> Outbox {
+        Outbox {
+            queued: Arc::new(Semaphore::new(queued)),
+            sending: Arc::new(Semaphore::new(sending)),
+            dropped,
+        }
+    }
+
+    /// Runs `send` in the background once a sender is free (in the order posted); false,
+    /// with `send` dropped unrun and counted, when the outbox is full.
+    pub fn post(&self, send: impl Future<Output = ()> + Send + 'static) -> bool {
+        let Ok(slot) = self.queued.clone().try_acquire_owned() else {
+            self.dropped.inc();
+            return false;
+        };
+        let sending = self.sending.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            // The semaphore is never closed, so the permit always comes.
+            if let Ok(_sender) = sending.acquire_owned().await {
+                send.await;
+            }
+        });
+        true
+    }
+}
 
 /// An object reference as a key: apiVersion, kind, namespace, name.
 type RefKey = (
@@ -100,12 +152,14 @@ impl Cache {
     }
 }
 
-/// Publishes events for Rulebook's parents; cheap to clone (one shared cache).
+/// Publishes events for Rulebook's parents; cheap to clone (one shared cache and
+/// outbox).
 #[derive(Clone)]
 pub struct Recorder {
     client: Client,
     reporter: Reporter,
     cache: Arc<Mutex<Cache>>,
+    outbox: Outbox,
 }
 
 fn reference_key(r: &ObjectReference) -> RefKey {
@@ -125,12 +179,27 @@ fn type_name(t: EventType) -> &'static str {
 }
 
 impl Recorder {
-    pub fn new(client: Client, reporter: Reporter) -> Recorder {
+    pub fn new(client: Client, reporter: Reporter, outbox: Outbox) -> Recorder {
         Recorder {
             client,
             reporter,
             cache: Arc::default(),
+            outbox,
         }
+    }
+
+    /// [`Recorder::publish`] in the background, through the outbox; `done` gets its
+    /// result. False (`done` not called) when the outbox is full and the event dropped.
+    pub fn post(
+        &self,
+        ev: Event,
+        regarding: ObjectReference,
+        done: impl FnOnce(Result<(), kube::Error>) + Send + 'static,
+    ) -> bool {
+        let recorder = self.clone();
+        self.outbox.post(async move {
+            done(recorder.publish(&ev, &regarding).await);
+        })
     }
 
     /// Creates the event, or patches the series of the same event published within the
@@ -253,6 +322,53 @@ mod tests {
             count: 1,
             last: at,
         }
+    }
+
+    /// The outbox holds what it may, runs it in order at the set concurrency, and drops
+    /// and counts the rest.
+    #[tokio::test]
+    async fn the_outbox_is_bounded_ordered_and_counts_what_it_drops() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let dropped = Counter::default();
+        let outbox = Outbox::new(3, 1, dropped.clone());
+        let (open, gate) = tokio::sync::watch::channel(false);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut posted = Vec::new();
+        for i in 0..5 {
+            let (order, running, most, done) = (
+                order.clone(),
+                running.clone(),
+                most.clone(),
+                done_tx.clone(),
+            );
+            let mut gate = gate.clone();
+            posted.push(outbox.post(async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                let _ = gate.wait_for(|open| *open).await;
+                order.lock().unwrap_or_else(|p| p.into_inner()).push(i);
+                running.fetch_sub(1, Ordering::SeqCst);
+                let _ = done.send(i);
+            }));
+        }
+        assert_eq!(posted, [true, true, true, false, false]);
+        assert_eq!(dropped.get(), 2);
+        let _ = open.send(true);
+        for _ in 0..3 {
+            assert!(done_rx.recv().await.is_some());
+        }
+        assert_eq!(*order.lock().unwrap_or_else(|p| p.into_inner()), [0, 1, 2]);
+        assert_eq!(most.load(Ordering::SeqCst), 1);
+        // Sent events free their places.
+        let (done, mut again) = tokio::sync::mpsc::unbounded_channel();
+        assert!(outbox.post(async move {
+            let _ = done.send(());
+        }));
+        assert!(again.recv().await.is_some());
+        assert_eq!(dropped.get(), 2);
     }
 
     #[test]

@@ -254,20 +254,17 @@ impl Writer {
         }
     }
 
-    /// Publishes an event in the background: an event is a record for people, and the
-    /// reconcile need not wait for its round trip.
+    /// Publishes an event in the background, through the recorder's bounded outbox: an
+    /// event is a record for people, and the reconcile need not wait for its round trip.
     pub fn publish(&self, recorder: &Recorder, event: Event, about: ObjectReference) {
         if !self.gate.may_write() {
             return;
         }
-        let recorder = recorder.clone();
         let metrics = self.metrics.clone();
         let rule = self.rule.clone();
-        tokio::spawn(async move {
-            match recorder.publish(&event, &about).await {
-                Ok(()) => metrics.write(&rule, "event"),
-                Err(e) => debug!(error = %e, "cannot publish event"),
-            }
+        recorder.post(event, about, move |sent| match sent {
+            Ok(()) => metrics.write(&rule, "event"),
+            Err(e) => debug!(error = %e, "cannot publish event"),
         });
     }
 }
