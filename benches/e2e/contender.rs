@@ -194,7 +194,7 @@ impl Bench {
             kind,
             binary: match kind {
                 Kind::Rulebook => &self.cfg.rulebook_bin,
-                Kind::Reference => &self.cfg.reference_bin,
+                Kind::Reference | Kind::ReferenceEvents => &self.cfg.reference_bin,
                 Kind::Kro => &self.cfg.kro_bin,
             },
             kubeconfig: &self.cfg.kubeconfig,

@@ -14,6 +14,8 @@ use anyhow::{Context, Result, bail};
 pub enum Kind {
     Rulebook,
     Reference,
+    /// The reference with `--events`: the Events Rulebook writes, written by hand.
+    ReferenceEvents,
     Kro,
 }
 
@@ -22,6 +24,7 @@ impl Kind {
         match self {
             Kind::Rulebook => "rulebook",
             Kind::Reference => "reference",
+            Kind::ReferenceEvents => "reference-events",
             Kind::Kro => "kro",
         }
     }
@@ -29,6 +32,7 @@ impl Kind {
         match self {
             Kind::Rulebook => "Rulebook",
             Kind::Reference => "reference (kube-rs)",
+            Kind::ReferenceEvents => "reference with Events (kube-rs)",
             Kind::Kro => "kro",
         }
     }
@@ -36,6 +40,7 @@ impl Kind {
         match s.trim() {
             "rulebook" => Some(Kind::Rulebook),
             "reference" => Some(Kind::Reference),
+            "reference-events" => Some(Kind::ReferenceEvents),
             "kro" => Some(Kind::Kro),
             _ => None,
         }
@@ -44,7 +49,7 @@ impl Kind {
     pub fn user_agent(self) -> &'static str {
         match self {
             Kind::Rulebook => "rulebook/",
-            Kind::Reference => "bench-reference/",
+            Kind::Reference | Kind::ReferenceEvents => "bench-reference/",
             Kind::Kro => "kro/",
         }
     }
@@ -111,7 +116,10 @@ impl Proc {
                 metrics_url = format!("http://127.0.0.1:{port}/metrics");
                 ready_url = format!("http://127.0.0.1:{port}/readyz");
             }
-            Kind::Reference => {
+            Kind::Reference | Kind::ReferenceEvents => {
+                if l.kind == Kind::ReferenceEvents {
+                    cmd.arg("--events");
+                }
                 cmd.arg("--kubeconfig")
                     .arg(l.kubeconfig)
                     .arg("--namespace")
@@ -273,7 +281,7 @@ pub fn parse_counters(kind: Kind, text: &str) -> (BTreeMap<String, f64>, Option<
                     *reconciles.get_or_insert(0.0) += value(line);
                 }
             }
-            Kind::Reference => {
+            Kind::Reference | Kind::ReferenceEvents => {
                 if line.starts_with("reference_api_writes_total{") {
                     if let Some(v) = label(line, "verb") {
                         *writes.entry(v).or_insert(0.0) += value(line);

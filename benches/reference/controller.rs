@@ -11,7 +11,9 @@
 //!   at steady state;
 //! * one status apply when the status changed, computed from the apply responses (a
 //!   child that was just applied exists, so the parent is Ready in the same reconcile);
-//! * no events, no reads outside the watch caches;
+//! * no events unless `--events` (then, like Rulebook, one Normal event on the parent
+//!   per reconcile that created or updated children, sent in the background through a
+//!   bounded outbox: 1,000 queued, 2 in flight), no reads outside the watch caches;
 //! * no second write of the same thing when a reconcile runs before the watch event of
 //!   its own last write reached the cache (the written resourceVersion is remembered).
 //!
@@ -34,6 +36,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -45,6 +49,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
 
 const MANAGER: &str = "bench-reference";
 const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
@@ -100,6 +105,7 @@ struct Args {
     concurrency: u16,
     metrics_addr: SocketAddr,
     requeue: Duration,
+    events: bool,
 }
 
 fn args() -> Args {
@@ -109,6 +115,7 @@ fn args() -> Args {
         concurrency: 4,
         metrics_addr: "127.0.0.1:8081".parse().expect("addr"),
         requeue: Duration::from_secs(60),
+        events: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -132,6 +139,7 @@ fn args() -> Args {
                         .unwrap_or_else(|_| usage("--requeue-seconds")),
                 )
             }
+            "--events" => a.events = true,
             _ => usage(&format!("unknown flag {flag}")),
         }
     }
@@ -141,7 +149,7 @@ fn args() -> Args {
 fn usage(msg: &str) -> ! {
     eprintln!(
         "bench-reference: {msg}\nusage: bench-reference [--kubeconfig PATH] [--namespace NS] \
-         [--concurrency N] [--metrics-addr ADDR] [--requeue-seconds S]"
+         [--concurrency N] [--metrics-addr ADDR] [--requeue-seconds S] [--events]"
     );
     std::process::exit(2)
 }
@@ -150,6 +158,7 @@ fn usage(msg: &str) -> ! {
 struct Counters {
     apply: AtomicU64,
     apply_status: AtomicU64,
+    events: AtomicU64,
     reconciles: AtomicU64,
     errors: AtomicU64,
     ready: AtomicBool,
@@ -167,6 +176,8 @@ struct Ctx {
     /// reads an older cached object skips a write it already made (the "expectations"
     /// pattern of kube-controller-manager's controllers).
     expected: Mutex<HashMap<String, (String, u64)>>,
+    /// With `--events`: places in the event outbox, and senders.
+    events: Option<(Arc<Semaphore>, Arc<Semaphore>)>,
 }
 
 impl Ctx {
@@ -241,7 +252,8 @@ fn desired(b: &Bench, ns: &str, uid: &str) -> [(Json, String); 3] {
     })
 }
 
-/// Applies `obj` unless the cached child is controlled by `uid` and carries `hash`.
+/// Applies `obj` unless the cached child is controlled by `uid` and carries `hash`;
+/// `Created` or `Updated` when it applied.
 async fn ensure<K>(
     ctx: &Ctx,
     store: &Store<K>,
@@ -249,7 +261,7 @@ async fn ensure<K>(
     uid: &str,
     obj: &Json,
     hash: &str,
-) -> Result<(), Error>
+) -> Result<Option<&'static str>, Error>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
@@ -267,12 +279,12 @@ where
             && o.annotations().get(DESIRED_HASH).map(String::as_str) == Some(hash)
     });
     if up_to_date {
-        return Ok(());
+        return Ok(None);
     }
     let key = format!("{}/{ns}/{name}", K::kind(&()));
     let cached_rv = current.as_ref().and_then(|o| o.resource_version());
     if ctx.already_written(&key, hash, cached_rv.as_deref()) {
-        return Ok(());
+        return Ok(None);
     }
     let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
     let applied = api
@@ -284,7 +296,71 @@ where
         .await?;
     ctx.counters.apply.fetch_add(1, Ordering::Relaxed);
     ctx.wrote(key, hash.to_string(), applied.resource_version().as_deref());
-    Ok(())
+    Ok(Some(if current.is_some() {
+        "Updated"
+    } else {
+        "Created"
+    }))
+}
+
+/// With `--events`, posts one Normal event on the parent naming the children applied
+/// (a reason per kind of change, as Rulebook does), sent in the background.
+fn post_events(ctx: &Ctx, b: &Bench, applied: &[(Option<&'static str>, &Json)]) {
+    let Some((queued, sending)) = &ctx.events else {
+        return;
+    };
+    for reason in ["Created", "Updated"] {
+        let names: Vec<String> = applied
+            .iter()
+            .filter(|(r, _)| *r == Some(reason))
+            .map(|(_, o)| {
+                format!(
+                    "{} {}",
+                    o["kind"].as_str().unwrap_or_default(),
+                    o["metadata"]["name"].as_str().unwrap_or_default()
+                )
+            })
+            .collect();
+        if names.is_empty() {
+            continue;
+        }
+        let Ok(slot) = queued.clone().try_acquire_owned() else {
+            continue; // the outbox is full: dropped
+        };
+        let now = jiff::Timestamp::now();
+        let event = K8sEvent {
+            metadata: ObjectMeta {
+                name: Some(format!("{}.{:x}", b.name_any(), now.as_nanosecond())),
+                namespace: b.namespace(),
+                ..Default::default()
+            },
+            event_time: Some(MicroTime(now)),
+            reporting_controller: Some(MANAGER.into()),
+            reporting_instance: Some(MANAGER.into()),
+            action: Some("Apply".into()),
+            reason: Some(reason.into()),
+            type_: Some("Normal".into()),
+            note: Some(format!("{}: {}", names.join(", "), reason.to_lowercase())),
+            regarding: Some(b.object_ref(&())),
+            ..Default::default()
+        };
+        let (sending, client, counters) =
+            (sending.clone(), ctx.client.clone(), ctx.counters.clone());
+        let ns = b.namespace().unwrap_or_default();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let Ok(_sender) = sending.acquire_owned().await else {
+                return;
+            };
+            let api: Api<K8sEvent> = Api::namespaced(client, &ns);
+            match api.create(&Default::default(), &event).await {
+                Ok(_) => {
+                    counters.events.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => eprintln!("bench-reference: cannot publish event: {e}"),
+            }
+        });
+    }
 }
 
 fn now() -> String {
@@ -301,9 +377,21 @@ async fn reconcile(b: Arc<Bench>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let ns = b.namespace().ok_or(Error::Invalid("no namespace"))?;
     let uid = b.uid().ok_or(Error::Invalid("no uid"))?;
     let [cm, svc, secret] = desired(&b, &ns, &uid);
-    ensure(&ctx, &ctx.configmaps, &ns, &uid, &cm.0, &cm.1).await?;
-    ensure(&ctx, &ctx.services, &ns, &uid, &svc.0, &svc.1).await?;
-    ensure(&ctx, &ctx.secrets, &ns, &uid, &secret.0, &secret.1).await?;
+    let applied = [
+        (
+            ensure(&ctx, &ctx.configmaps, &ns, &uid, &cm.0, &cm.1).await?,
+            &cm.0,
+        ),
+        (
+            ensure(&ctx, &ctx.services, &ns, &uid, &svc.0, &svc.1).await?,
+            &svc.0,
+        ),
+        (
+            ensure(&ctx, &ctx.secrets, &ns, &uid, &secret.0, &secret.1).await?,
+            &secret.0,
+        ),
+    ];
+    post_events(&ctx, &b, &applied);
 
     // Every child exists now (applied above or found in the cache): the parent is Ready.
     let generation = b.meta().generation;
@@ -399,10 +487,12 @@ async fn serve(listener: tokio::net::TcpListener, counters: Arc<Counters>) -> an
                     format!(
                         "reference_api_writes_total{{verb=\"apply\"}} {}\n\
                          reference_api_writes_total{{verb=\"apply_status\"}} {}\n\
+                         reference_api_writes_total{{verb=\"event\"}} {}\n\
                          reference_reconciles_total {}\n\
                          reference_reconcile_errors_total {}\n",
                         c.apply.load(Ordering::Relaxed),
                         c.apply_status.load(Ordering::Relaxed),
+                        c.events.load(Ordering::Relaxed),
                         c.reconciles.load(Ordering::Relaxed),
                         c.errors.load(Ordering::Relaxed),
                     )
@@ -505,6 +595,9 @@ async fn main() -> anyhow::Result<()> {
         counters,
         requeue: args.requeue,
         expected: Mutex::default(),
+        events: args
+            .events
+            .then(|| (Arc::new(Semaphore::new(1000)), Arc::new(Semaphore::new(2)))),
     });
     Controller::for_stream(parent_stream, parents)
         .owns_stream(cm_stream)
