@@ -98,26 +98,23 @@ pub struct Engine {
     /// so the parents it kept cost a hash lookup, not a render. Exact fingerprints of
     /// the inputs: a miss costs only a full reconcile.
     steady: BTreeMap<String, (String, Arc<crate::reconcile::memo::Steady>)>,
-    recorder: Recorder,
+    /// Where every rule's events wait to be sent (bounded, for the whole process).
+    outbox: Outbox,
 }
 
 /// How long a stopping rule may take to finish its in-flight reconciles.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The event recorder of this instance: one dedup cache and one bounded outbox for
-/// every rule.
-fn recorder(client: &Client, config: &EngineConfig, metrics: &Metrics) -> Recorder {
+/// An event recorder: its own series cache (a rule run's, as before a restart or a
+/// reload), sending through the process's one bounded outbox.
+fn recorder(client: &Client, config: &EngineConfig, outbox: &Outbox) -> Recorder {
     Recorder::new(
         client.clone(),
         kube::runtime::events::Reporter {
             controller: config.reporter.clone(),
             instance: config.instance.clone(),
         },
-        Outbox::new(
-            QUEUED_EVENTS,
-            SENDING_EVENTS,
-            metrics.events_dropped.clone(),
-        ),
+        outbox.clone(),
     )
 }
 
@@ -129,9 +126,13 @@ impl Engine {
         gate: Arc<dyn WriteGate>,
     ) -> Engine {
         let budget = Arc::new(CacheBudget::new(config.cache.clone(), metrics.clone()));
-        let recorder = recorder(&client, &config, &metrics);
+        let outbox = Outbox::new(
+            QUEUED_EVENTS,
+            SENDING_EVENTS,
+            metrics.events_dropped.clone(),
+        );
         Engine {
-            recorder,
+            outbox,
             client,
             config,
             metrics,
@@ -214,7 +215,7 @@ impl Engine {
                 of,
                 self.metrics.clone(),
                 self.gate.clone(),
-                self.recorder.clone(),
+                recorder(&self.client, &self.config, &self.outbox),
             ));
             if let Some(previous) = self.releases.insert(key, task) {
                 previous.abort();
@@ -269,7 +270,7 @@ impl Engine {
             gate: self.gate.clone(),
             status: self.status.clone(),
             budget: self.budget.clone(),
-            recorder: self.recorder.clone(),
+            outbox: self.outbox.clone(),
         };
         let span = info_span!("rule", rule = %name);
         let task = tokio::spawn(runner.run(stopped).instrument(span));

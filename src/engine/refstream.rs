@@ -73,7 +73,7 @@ impl RuleRunner {
             cache_id,
             self.rule.name.clone(),
             ar.clone(),
-            self.recorder.clone(),
+            super::recorder(&self.client, &self.config, &self.outbox),
         );
         let stream = watcher(api, wc)
             .default_backoff()

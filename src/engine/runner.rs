@@ -57,8 +57,8 @@ pub(super) struct RuleRunner {
     pub(super) budget: Arc<CacheBudget>,
     /// What this rule version's reconciles found steady (kept across restarts).
     pub(super) steady: Arc<crate::reconcile::memo::Steady>,
-    /// The process's event recorder (one outbox for every rule).
-    pub(super) recorder: crate::reconcile::recorder::Recorder,
+    /// The process's event outbox (one for every rule).
+    pub(super) outbox: crate::reconcile::recorder::Outbox,
 }
 
 struct Resolved {
@@ -346,7 +346,7 @@ impl RuleRunner {
             Controller::for_stream_with(parent_stream, parent_reader.clone(), r.parent.clone())
                 .with_config(ControllerConfig::default().concurrency(self.config.concurrency));
         let child_selector = labels::child_selector(&name);
-        let recorder = self.recorder.clone();
+        let recorder = super::recorder(&self.client, &self.config, &self.outbox);
         let mut kinds = Vec::new();
         let mut cache_ids = Vec::new();
         for (i, (ar, namespaced)) in r.kinds.iter().enumerate() {

@@ -41,14 +41,14 @@ pub(super) fn event_about(
     if !ctx.writer.may_write() {
         return; // events are writes too
     }
-    if type_ == EventType::Warning {
-        let key = parent.uid().unwrap_or_default();
+    let warned = (type_ == EventType::Warning).then(|| parent.uid().unwrap_or_default());
+    if let Some(key) = &warned {
         let text = format!("{reason}:{note}");
         let mut last = lock(&ctx.last_warning);
-        if last.get(&key) == Some(&text) {
+        if last.get(key) == Some(&text) {
             return; // the same warning again says nothing new
         }
-        last.insert(key, text);
+        last.insert(key.clone(), text);
     }
     let reference = parent.object_ref(&ctx.parent.ar);
     let ev = Event {
@@ -58,7 +58,12 @@ pub(super) fn event_about(
         action: action.to_string(),
         secondary: related,
     };
-    ctx.writer.publish(&ctx.recorder, ev, reference);
+    if !ctx.writer.publish(&ctx.recorder, ev, reference)
+        && let Some(key) = warned
+    {
+        // Not queued (the outbox was full): the next failure may record it after all.
+        lock(&ctx.last_warning).remove(&key);
+    }
 }
 
 /// What one apply or prune did, for the reconcile's events and its status.

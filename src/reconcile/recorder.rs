@@ -14,13 +14,15 @@
 //! [`MAX_KEYS`] keys (past that, it forgets them all: the next repeat creates a new
 //! Event instead of patching a series, which loses nothing a person reads).
 //!
-//! Events are sent in the background through one bounded outbox per process, as
-//! client-go's broadcaster does: at most [`QUEUED_EVENTS`] wait or are in flight and
-//! [`SENDING_EVENTS`] requests go at once; past that an event is dropped and counted
-//! (`rulebook_events_dropped_total`). A reconcile never waits for an event, and a slow
-//! or throttled API server cannot make the events that tenants' parents cause pile up
-//! in memory, or take more than two of the API server's concurrent requests from the
-//! writes that converge parents.
+//! Events are sent in the background through one bounded outbox per process, like
+//! client-go's broadcaster queue: at most [`QUEUED_EVENTS`] wait or are in flight and
+//! [`SENDING_EVENTS`] requests go at once, each given [`SEND_TIMEOUT`]; past that an
+//! event is dropped and counted (`rulebook_events_dropped_total`). A reconcile never
+//! waits for an event, and a slow or throttled API server cannot make the events that
+//! tenants' parents cause pile up in memory, or take more than two of the API server's
+//! concurrent requests from the writes that converge parents. (client-go also limits
+//! events per object; this outbox does not.) Each rule run has its own series cache, as
+//! before the outbox; only the outbox is shared.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -46,6 +48,9 @@ pub const MAX_KEYS: usize = 20_000;
 pub const QUEUED_EVENTS: usize = 1000;
 /// Event requests in flight at once.
 pub const SENDING_EVENTS: usize = 2;
+/// How long one event's request may take before its sender moves on (a hung request
+/// must not hold a sender for the client's whole read timeout).
+pub const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Where events wait for a sender: bounded, first come first served, dropping (and
 /// counting) what does not fit.
@@ -65,8 +70,9 @@ impl Outbox {
         }
     }
 
-    /// Runs `send` in the background once a sender is free (in the order posted); false,
-    /// with `send` dropped unrun and counted, when the outbox is full.
+    /// Runs `send` in the background once a sender is free (senders are handed out
+    /// first come, first served, but two sends may finish in either order); false, with
+    /// `send` dropped unrun and counted, when the outbox is full.
     pub fn post(&self, send: impl Future<Output = ()> + Send + 'static) -> bool {
         let Ok(slot) = self.queued.clone().try_acquire_owned() else {
             self.dropped.inc();
@@ -152,6 +158,15 @@ impl Cache {
     }
 }
 
+/// Why an event posted to the outbox was not sent.
+#[derive(Debug, thiserror::Error)]
+pub enum Unsent {
+    #[error("{0}")]
+    Api(#[from] kube::Error),
+    #[error("no answer within {}s", SEND_TIMEOUT.as_secs())]
+    TimedOut,
+}
+
 /// Publishes events for Rulebook's parents; cheap to clone (one shared cache and
 /// outbox).
 #[derive(Clone)]
@@ -188,17 +203,23 @@ impl Recorder {
         }
     }
 
-    /// [`Recorder::publish`] in the background, through the outbox; `done` gets its
-    /// result. False (`done` not called) when the outbox is full and the event dropped.
+    /// [`Recorder::publish`] in the background, through the outbox, within
+    /// [`SEND_TIMEOUT`]; `done` gets its result. False (`done` not called) when the
+    /// outbox is full and the event dropped.
     pub fn post(
         &self,
         ev: Event,
         regarding: ObjectReference,
-        done: impl FnOnce(Result<(), kube::Error>) + Send + 'static,
+        done: impl FnOnce(Result<(), Unsent>) + Send + 'static,
     ) -> bool {
         let recorder = self.clone();
         self.outbox.post(async move {
-            done(recorder.publish(&ev, &regarding).await);
+            let sent = tokio::time::timeout(SEND_TIMEOUT, recorder.publish(&ev, &regarding));
+            done(match sent.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(Unsent::Api(e)),
+                Err(_) => Err(Unsent::TimedOut),
+            });
         })
     }
 
@@ -223,7 +244,8 @@ impl Recorder {
             .clone()
             .unwrap_or_else(|| "default".to_string());
         let events: Api<K8sEvent> = Api::namespaced(self.client.clone(), &namespace);
-        let seen = match repeat {
+        // A series whose Event is gone (deleted, or its namespace recreated) starts over.
+        let repeat = match repeat {
             Some(mut seen) => {
                 seen.count += 1;
                 seen.last = now;
@@ -231,11 +253,19 @@ impl Recorder {
                     count: seen.count,
                     last_observed_time: MicroTime(now),
                 }});
-                events
+                match events
                     .patch(&seen.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
-                seen
+                    .await
+                {
+                    Ok(_) => Some(seen),
+                    Err(kube::Error::Api(s)) if s.code == 404 => None,
+                    Err(e) => return Err(e),
+                }
             }
+            None => None,
+        };
+        let seen = match repeat {
+            Some(seen) => seen,
             None => {
                 let event = self.event(ev, regarding, &namespace, now);
                 let created = events.create(&PostParams::default(), &event).await?;

@@ -256,16 +256,17 @@ impl Writer {
 
     /// Publishes an event in the background, through the recorder's bounded outbox: an
     /// event is a record for people, and the reconcile need not wait for its round trip.
-    pub fn publish(&self, recorder: &Recorder, event: Event, about: ObjectReference) {
+    /// False when it was not even queued (not the writer, or the outbox full).
+    pub fn publish(&self, recorder: &Recorder, event: Event, about: ObjectReference) -> bool {
         if !self.gate.may_write() {
-            return;
+            return false;
         }
         let metrics = self.metrics.clone();
         let rule = self.rule.clone();
         recorder.post(event, about, move |sent| match sent {
             Ok(()) => metrics.write(&rule, "event"),
             Err(e) => debug!(error = %e, "cannot publish event"),
-        });
+        })
     }
 }
 
