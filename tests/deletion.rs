@@ -184,12 +184,25 @@ async fn finalize_job_then_reverse_waves_and_orphan() {
         !deletes.iter().any(|e| e["objectRef"]["name"] == "db1-data"),
         "{test}: the orphaned PVC was deleted"
     );
-    let reasons: Vec<String> = events_for(&client, &ns, "db1")
-        .await
-        .iter()
-        .filter_map(|e| e["reason"].as_str().map(String::from))
-        .collect();
-    for r in ["Finalizing", "Finalized", "Orphaned"] {
+    // Events are sent in the background: wait for them a while before asking.
+    let reasons = || async {
+        events_for(&client, &ns, "db1")
+            .await
+            .iter()
+            .filter_map(|e| e["reason"].as_str().map(String::from))
+            .collect::<Vec<String>>()
+    };
+    let wanted = ["Finalizing", "Finalized", "Orphaned"];
+    poll_for(T, || async {
+        let got = reasons().await;
+        wanted
+            .iter()
+            .all(|r| got.iter().any(|x| x == r))
+            .then_some(())
+    })
+    .await;
+    let reasons = reasons().await;
+    for r in wanted {
         assert!(
             reasons.iter().any(|x| x == r),
             "{test}: no {r} event: {reasons:?}"
@@ -355,10 +368,16 @@ async fn removing_the_rule_releases_its_finalizers() {
         list(&parents, None).await.is_empty().then_some(())
     })
     .await;
-    let released = events_for(&client, &ns, "r0")
-        .await
-        .into_iter()
-        .any(|e| e["reason"] == "FinalizerReleased");
+    // Events are sent in the background: wait for it a while before asking.
+    let released = poll_for(T, || async {
+        events_for(&client, &ns, "r0")
+            .await
+            .into_iter()
+            .any(|e| e["reason"] == "FinalizerReleased")
+            .then_some(())
+    })
+    .await
+    .is_some();
     assert!(released, "{test}: no FinalizerReleased event on r0");
     eprintln!(
         "{test}: rule file removed → finalizers of 3 parents released {:.1} s later; the parents could be deleted",
