@@ -314,11 +314,8 @@ fn post_events(ctx: &Ctx, b: &Bench, applied: &[(Option<&'static str>, &Json)]) 
             .iter()
             .filter(|(r, _)| *r == Some(reason))
             .map(|(_, o)| {
-                format!(
-                    "{} {}",
-                    o["kind"].as_str().unwrap_or_default(),
-                    o["metadata"]["name"].as_str().unwrap_or_default()
-                )
+                let field = |v: &Json| v.as_str().unwrap_or_default().to_string();
+                format!("{} {}", field(&o["kind"]), field(&o["metadata"]["name"]))
             })
             .collect();
         if names.is_empty() {
@@ -354,9 +351,7 @@ fn post_events(ctx: &Ctx, b: &Bench, applied: &[(Option<&'static str>, &Json)]) 
             };
             let api: Api<K8sEvent> = Api::namespaced(client, &ns);
             match api.create(&Default::default(), &event).await {
-                Ok(_) => {
-                    counters.events.fetch_add(1, Ordering::Relaxed);
-                }
+                Ok(_) => _ = counters.events.fetch_add(1, Ordering::Relaxed),
                 Err(e) => eprintln!("bench-reference: cannot publish event: {e}"),
             }
         });
