@@ -167,8 +167,8 @@ pub enum Unsent {
     TimedOut,
 }
 
-/// Publishes events for Rulebook's parents; cheap to clone (one shared cache and
-/// outbox).
+/// Publishes events for Rulebook's parents; cheap to clone (clones share its series
+/// cache and the process's outbox).
 #[derive(Clone)]
 pub struct Recorder {
     client: Client,
