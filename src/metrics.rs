@@ -37,6 +37,12 @@ pub struct ModeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DroppedLabel {
+    /// `outbox_full` or `namespace_share`.
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {
     pub result: String,
 }
@@ -69,7 +75,7 @@ pub struct Metrics {
     pub unreadable_objects: Family<RuleLabel, Counter>,
     /// Write requests the write gate refused because leadership had lapsed.
     pub writes_refused: Counter,
-    pub events_dropped: Counter,
+    pub events_dropped: Family<DroppedLabel, Counter>,
     pub cached_objects: Family<CacheLabels, Gauge>,
     pub shard_mode: Family<ModeLabel, Gauge>,
     pub shard_share: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -183,10 +189,10 @@ impl Metrics {
             "Write requests refused by the write gate (not the leader, or leadership lapsed)",
             writes_refused.clone(),
         );
-        let events_dropped = Counter::default();
+        let events_dropped = Family::<DroppedLabel, Counter>::default();
         registry.register(
             "events_dropped",
-            "Events not sent because the event outbox was full (a slow or throttled API server)",
+            "Events not sent because the event outbox (outbox_full: a slow or throttled API server) or one namespace's share of it (namespace_share) was full",
             events_dropped.clone(),
         );
         let cached_objects = Family::<CacheLabels, Gauge>::default();

@@ -8,8 +8,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::events::{Event, EventType, Reporter};
-use prometheus_client::metrics::counter::Counter;
-use rulebook::reconcile::recorder::{Outbox, Recorder};
+use prometheus_client::metrics::family::Family;
+use rulebook::reconcile::outbox::{Outbox, OutboxLimits};
+use rulebook::reconcile::recorder::Recorder;
 
 async fn events(api: &Api<K8sEvent>) -> Vec<K8sEvent> {
     api.list(&ListParams::default())
@@ -28,7 +29,7 @@ async fn a_series_whose_event_is_gone_starts_a_new_event() {
             controller: "rulebook-test".into(),
             instance: None,
         },
-        Outbox::new(10, 2, Counter::default()),
+        Outbox::new(OutboxLimits::DEFAULT, Family::default()),
     );
     let about = ObjectReference {
         api_version: Some("v1".into()),

@@ -30,7 +30,8 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
 use crate::reconcile::admission::{CacheBudget, CacheLimits};
-use crate::reconcile::recorder::{Outbox, QUEUED_EVENTS, Recorder, SENDING_EVENTS};
+use crate::reconcile::outbox::{Outbox, OutboxLimits};
+use crate::reconcile::recorder::Recorder;
 use crate::render::{CompiledRule, RuleSet};
 use dropped::{dropped_kinds, prune_dropped_kinds};
 use released::release_removed_rule;
@@ -126,11 +127,7 @@ impl Engine {
         gate: Arc<dyn WriteGate>,
     ) -> Engine {
         let budget = Arc::new(CacheBudget::new(config.cache.clone(), metrics.clone()));
-        let outbox = Outbox::new(
-            QUEUED_EVENTS,
-            SENDING_EVENTS,
-            metrics.events_dropped.clone(),
-        );
+        let outbox = Outbox::new(OutboxLimits::DEFAULT, metrics.events_dropped.clone());
         Engine {
             outbox,
             client,

@@ -133,7 +133,7 @@ pub async fn release_parents(
                                 action: "Release".into(),
                                 secondary: None,
                             };
-                            writer.publish(recorder, ev, obj.object_ref(&ar));
+                            writer.publish(recorder, ev, obj.object_ref(&ar), || ());
                         }
                         out.released.push(what);
                         break;

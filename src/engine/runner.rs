@@ -58,7 +58,7 @@ pub(super) struct RuleRunner {
     /// What this rule version's reconciles found steady (kept across restarts).
     pub(super) steady: Arc<crate::reconcile::memo::Steady>,
     /// The process's event outbox (one for every rule).
-    pub(super) outbox: crate::reconcile::recorder::Outbox,
+    pub(super) outbox: crate::reconcile::outbox::Outbox,
 }
 
 struct Resolved {

@@ -114,7 +114,8 @@ pub struct RuleContext {
     pub paused: Arc<Paused>,
     pub(super) failures: Mutex<HashMap<String, u32>>,
     pub(super) hash_only: Mutex<HashSet<String>>,
-    pub(super) last_warning: Mutex<HashMap<String, String>>,
+    /// The last warning recorded per parent (UID), shared with the sends in flight.
+    pub(super) last_warning: Arc<Mutex<HashMap<String, String>>>,
     pub(super) fights: Fights,
     /// Per parent being torn down: the children this process has deleted or orphaned,
     /// so each is let go once even before the caches show it going.
@@ -151,7 +152,7 @@ impl RuleContext {
             paused: p.paused,
             failures: Mutex::default(),
             hash_only: Mutex::default(),
-            last_warning: Mutex::default(),
+            last_warning: Arc::default(),
             fights: Fights::default(),
             let_go: Mutex::default(),
             steady: p.steady,

@@ -41,14 +41,14 @@ pub(super) fn event_about(
     if !ctx.writer.may_write() {
         return; // events are writes too
     }
-    let warned = (type_ == EventType::Warning).then(|| parent.uid().unwrap_or_default());
-    if let Some(key) = &warned {
-        let text = format!("{reason}:{note}");
+    let warned = (type_ == EventType::Warning)
+        .then(|| (parent.uid().unwrap_or_default(), format!("{reason}:{note}")));
+    if let Some((key, text)) = &warned {
         let mut last = lock(&ctx.last_warning);
-        if last.get(key) == Some(&text) {
+        if last.get(key) == Some(text) {
             return; // the same warning again says nothing new
         }
-        last.insert(key.clone(), text);
+        last.insert(key.clone(), text.clone());
     }
     let reference = parent.object_ref(&ctx.parent.ar);
     let ev = Event {
@@ -58,12 +58,17 @@ pub(super) fn event_about(
         action: action.to_string(),
         secondary: related,
     };
-    if !ctx.writer.publish(&ctx.recorder, ev, reference)
-        && let Some(key) = warned
-    {
-        // Not queued (the outbox was full): the next failure may record it after all.
-        lock(&ctx.last_warning).remove(&key);
-    }
+    // Not sent (the outbox full, or the request failed): the next failure may record it
+    // after all, unless another warning has taken its place meanwhile.
+    let last_warning = ctx.last_warning.clone();
+    ctx.writer.publish(&ctx.recorder, ev, reference, move || {
+        if let Some((key, text)) = warned {
+            let mut last = lock(&last_warning);
+            if last.get(&key) == Some(&text) {
+                last.remove(&key);
+            }
+        }
+    });
 }
 
 /// What one apply or prune did, for the reconcile's events and its status.

@@ -31,6 +31,7 @@ pub mod gate_body;
 pub mod memo;
 mod observe;
 mod offload;
+pub mod outbox;
 pub mod plan;
 mod prune;
 pub mod recorder;

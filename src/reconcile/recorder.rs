@@ -14,18 +14,11 @@
 //! [`MAX_KEYS`] keys (past that, it forgets them all: the next repeat creates a new
 //! Event instead of patching a series, which loses nothing a person reads).
 //!
-//! Events are sent in the background through one bounded outbox per process, like
-//! client-go's broadcaster queue: at most [`QUEUED_EVENTS`] wait or are in flight and
-//! [`SENDING_EVENTS`] requests go at once, each given [`SEND_TIMEOUT`]; past that an
-//! event is dropped and counted (`rulebook_events_dropped_total`). A reconcile never
-//! waits for an event, and a slow or throttled API server cannot make the events that
-//! tenants' parents cause pile up in memory, or take more than two of the API server's
-//! concurrent requests from the writes that converge parents. (client-go also limits
-//! events per object; this outbox does not.) Each rule run has its own series cache, as
+//! Events are sent in the background through one bounded [`Outbox`] per process (see
+//! `outbox.rs`), each given [`SEND_TIMEOUT`]. Each rule run has its own series cache, as
 //! before the outbox; only the outbox is shared.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex};
 
@@ -36,59 +29,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
-use prometheus_client::metrics::counter::Counter;
 use serde_json::json;
-use tokio::sync::Semaphore;
+
+use super::outbox::Outbox;
 
 /// How long a published event can still become a series (kube-runtime's figure).
 const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
 /// Keys remembered at most.
 pub const MAX_KEYS: usize = 20_000;
-/// Events waiting or in flight at most (client-go's broadcaster queues 1,000).
-pub const QUEUED_EVENTS: usize = 1000;
-/// Event requests in flight at once.
-pub const SENDING_EVENTS: usize = 2;
 /// How long one event's request may take before its sender moves on (a hung request
 /// must not hold a sender for the client's whole read timeout).
 pub const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
-
-/// Where events wait for a sender: bounded, first come first served, dropping (and
-/// counting) what does not fit.
-#[derive(Clone)]
-pub struct Outbox {
-    queued: Arc<Semaphore>,
-    sending: Arc<Semaphore>,
-    dropped: Counter,
-}
-
-impl Outbox {
-    pub fn new(queued: usize, sending: usize, dropped: Counter) -> Outbox {
-        Outbox {
-            queued: Arc::new(Semaphore::new(queued)),
-            sending: Arc::new(Semaphore::new(sending)),
-            dropped,
-        }
-    }
-
-    /// Runs `send` in the background once a sender is free (senders are handed out
-    /// first come, first served, but two sends may finish in either order); false, with
-    /// `send` dropped unrun and counted, when the outbox is full.
-    pub fn post(&self, send: impl Future<Output = ()> + Send + 'static) -> bool {
-        let Ok(slot) = self.queued.clone().try_acquire_owned() else {
-            self.dropped.inc();
-            return false;
-        };
-        let sending = self.sending.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            // The semaphore is never closed, so the permit always comes.
-            if let Ok(_sender) = sending.acquire_owned().await {
-                send.await;
-            }
-        });
-        true
-    }
-}
 
 /// An object reference as a key: apiVersion, kind, namespace, name.
 type RefKey = (
@@ -205,7 +156,7 @@ impl Recorder {
 
     /// [`Recorder::publish`] in the background, through the outbox, within
     /// [`SEND_TIMEOUT`]; `done` gets its result. False (`done` not called) when the
-    /// outbox is full and the event dropped.
+    /// outbox, or the namespace's share of it, is full and the event dropped.
     pub fn post(
         &self,
         ev: Event,
@@ -213,14 +164,17 @@ impl Recorder {
         done: impl FnOnce(Result<(), Unsent>) + Send + 'static,
     ) -> bool {
         let recorder = self.clone();
-        self.outbox.post(async move {
-            let sent = tokio::time::timeout(SEND_TIMEOUT, recorder.publish(&ev, &regarding));
-            done(match sent.await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(Unsent::Api(e)),
-                Err(_) => Err(Unsent::TimedOut),
-            });
-        })
+        let namespace = regarding.namespace.clone().unwrap_or_default();
+        self.outbox
+            .post(&namespace, async move {
+                let sent = tokio::time::timeout(SEND_TIMEOUT, recorder.publish(&ev, &regarding));
+                done(match sent.await {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(Unsent::Api(e)),
+                    Err(_) => Err(Unsent::TimedOut),
+                });
+            })
+            .is_ok()
     }
 
     /// Creates the event, or patches the series of the same event published within the
@@ -352,53 +306,6 @@ mod tests {
             count: 1,
             last: at,
         }
-    }
-
-    /// The outbox holds what it may, runs it in order at the set concurrency, and drops
-    /// and counts the rest.
-    #[tokio::test]
-    async fn the_outbox_is_bounded_ordered_and_counts_what_it_drops() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let dropped = Counter::default();
-        let outbox = Outbox::new(3, 1, dropped.clone());
-        let (open, gate) = tokio::sync::watch::channel(false);
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let running = Arc::new(AtomicUsize::new(0));
-        let most = Arc::new(AtomicUsize::new(0));
-        let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut posted = Vec::new();
-        for i in 0..5 {
-            let (order, running, most, done) = (
-                order.clone(),
-                running.clone(),
-                most.clone(),
-                done_tx.clone(),
-            );
-            let mut gate = gate.clone();
-            posted.push(outbox.post(async move {
-                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
-                most.fetch_max(now, Ordering::SeqCst);
-                let _ = gate.wait_for(|open| *open).await;
-                order.lock().unwrap_or_else(|p| p.into_inner()).push(i);
-                running.fetch_sub(1, Ordering::SeqCst);
-                let _ = done.send(i);
-            }));
-        }
-        assert_eq!(posted, [true, true, true, false, false]);
-        assert_eq!(dropped.get(), 2);
-        let _ = open.send(true);
-        for _ in 0..3 {
-            assert!(done_rx.recv().await.is_some());
-        }
-        assert_eq!(*order.lock().unwrap_or_else(|p| p.into_inner()), [0, 1, 2]);
-        assert_eq!(most.load(Ordering::SeqCst), 1);
-        // Sent events free their places.
-        let (done, mut again) = tokio::sync::mpsc::unbounded_channel();
-        assert!(outbox.post(async move {
-            let _ = done.send(());
-        }));
-        assert!(again.recv().await.is_some());
-        assert_eq!(dropped.get(), 2);
     }
 
     #[test]

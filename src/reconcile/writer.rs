@@ -256,17 +256,31 @@ impl Writer {
 
     /// Publishes an event in the background, through the recorder's bounded outbox: an
     /// event is a record for people, and the reconcile need not wait for its round trip.
-    /// False when it was not even queued (not the writer, or the outbox full).
-    pub fn publish(&self, recorder: &Recorder, event: Event, about: ObjectReference) -> bool {
+    /// `unsent` runs when it is not sent after all: not the writer, the outbox full, or
+    /// the request failed.
+    pub fn publish(
+        &self,
+        recorder: &Recorder,
+        event: Event,
+        about: ObjectReference,
+        unsent: impl FnOnce() + Clone + Send + 'static,
+    ) {
         if !self.gate.may_write() {
-            return false;
+            return unsent();
         }
         let metrics = self.metrics.clone();
         let rule = self.rule.clone();
-        recorder.post(event, about, move |sent| match sent {
+        let failed = unsent.clone();
+        let queued = recorder.post(event, about, move |sent| match sent {
             Ok(()) => metrics.write(&rule, "event"),
-            Err(e) => debug!(error = %e, "cannot publish event"),
-        })
+            Err(e) => {
+                debug!(error = %e, "cannot publish event");
+                failed();
+            }
+        });
+        if !queued {
+            unsent();
+        }
     }
 }
 
