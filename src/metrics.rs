@@ -38,9 +38,12 @@ pub struct ModeLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DroppedLabel {
-    /// `outbox_full` or `namespace_share`.
+    /// One of [`EVENTS_DROPPED_REASONS`].
     pub reason: String,
 }
+
+/// Why an event was dropped unsent (the event outbox's `Dropped`).
+pub const EVENTS_DROPPED_REASONS: [&str; 2] = ["outbox_full", "namespace_share"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {
@@ -190,6 +193,12 @@ impl Metrics {
             writes_refused.clone(),
         );
         let events_dropped = Family::<DroppedLabel, Counter>::default();
+        // Both series exist from the start, at 0, so the first drop is an increase.
+        for reason in EVENTS_DROPPED_REASONS {
+            let _series = events_dropped.get_or_create(&DroppedLabel {
+                reason: reason.to_string(),
+            });
+        }
         registry.register(
             "events_dropped",
             "Events not sent because the event outbox (outbox_full: a slow or throttled API server) or one namespace's share of it (namespace_share) was full",

@@ -114,8 +114,9 @@ pub struct RuleContext {
     pub paused: Arc<Paused>,
     pub(super) failures: Mutex<HashMap<String, u32>>,
     pub(super) hash_only: Mutex<HashSet<String>>,
-    /// The last warning recorded per parent (UID), shared with the sends in flight.
-    pub(super) last_warning: Arc<Mutex<HashMap<String, String>>>,
+    /// The last warning recorded per parent (UID): a digest of its text and its number
+    /// (`events.rs`), shared with the sends in flight.
+    pub(super) last_warning: Arc<Mutex<HashMap<String, (u64, u64)>>>,
     pub(super) fights: Fights,
     /// Per parent being torn down: the children this process has deleted or orphaned,
     /// so each is let go once even before the caches show it going.

@@ -3,6 +3,9 @@
 //! for the status it writes next.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use kube::api::DynamicObject;
 use kube::runtime::events::{Event, EventType};
@@ -41,14 +44,22 @@ pub(super) fn event_about(
     if !ctx.writer.may_write() {
         return; // events are writes too
     }
-    let warned = (type_ == EventType::Warning)
-        .then(|| (parent.uid().unwrap_or_default(), format!("{reason}:{note}")));
-    if let Some((key, text)) = &warned {
+    // A warning is remembered by a digest of its text (a note may run to kilobytes) and
+    // a number of its own, so a send that failed forgets only its own warning, not the
+    // same text recorded again since.
+    let warned = (type_ == EventType::Warning).then(|| {
+        (
+            parent.uid().unwrap_or_default(),
+            warning_digest(reason, &note),
+            WARNINGS.fetch_add(1, Ordering::Relaxed),
+        )
+    });
+    if let Some((key, digest, number)) = &warned {
         let mut last = lock(&ctx.last_warning);
-        if last.get(key) == Some(text) {
+        if last.get(key).is_some_and(|(d, _)| d == digest) {
             return; // the same warning again says nothing new
         }
-        last.insert(key.clone(), text.clone());
+        last.insert(key.clone(), (*digest, *number));
     }
     let reference = parent.object_ref(&ctx.parent.ar);
     let ev = Event {
@@ -58,17 +69,26 @@ pub(super) fn event_about(
         action: action.to_string(),
         secondary: related,
     };
-    // Not sent (the outbox full, or the request failed): the next failure may record it
-    // after all, unless another warning has taken its place meanwhile.
+    // Not sent (the outbox full, or the request failed in a way that may pass next
+    // time): the next failure may record it after all.
     let last_warning = ctx.last_warning.clone();
     ctx.writer.publish(&ctx.recorder, ev, reference, move || {
-        if let Some((key, text)) = warned {
+        if let Some((key, _, number)) = warned {
             let mut last = lock(&last_warning);
-            if last.get(&key) == Some(&text) {
+            if last.get(&key).is_some_and(|(_, n)| *n == number) {
                 last.remove(&key);
             }
         }
     });
+}
+
+/// Numbers the warnings recorded (see [`event_about`]).
+static WARNINGS: AtomicU64 = AtomicU64::new(0);
+
+/// A warning's reason and note as a 64-bit digest, keyed per process.
+fn warning_digest(reason: &str, note: &str) -> u64 {
+    static KEY: OnceLock<RandomState> = OnceLock::new();
+    KEY.get_or_init(RandomState::new).hash_one((reason, note))
 }
 
 /// What one apply or prune did, for the reconcile's events and its status.

@@ -10,15 +10,20 @@
 //! full, a namespace with [`QUEUED_PER_NAMESPACE`] events waiting may add no more, and
 //! the namespaces take turns, so one tenant's burst (a thousand parents failing at once)
 //! neither crowds out another namespace's events (half the outbox stays for the others,
-//! a hundred each) nor holds them back for long. A busy namespace of one platform team
+//! a hundred each) nor holds them back for long: another namespace's next event is
+//! taken after at most one more of the first's (two may be in flight already). The
+//! share is per namespace, the unit of tenancy Kubernetes gives; a tenant with several
+//! namespaces has a share in each. A busy namespace of one platform team
 //! (a thousand parents created at once) may still use the first half.
 //! (client-go limits events per object for the same purpose; here the series cache and
 //! the once-per-warning rule already keep one object's repeats down.)
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
+use futures::FutureExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
@@ -66,24 +71,33 @@ impl Queues {
     /// The next event to send: the first of the namespace whose turn it is, which then
     /// goes to the back of the line if it has more.
     fn next(&mut self) -> Option<Pending> {
-        let namespace = self.turns.pop_front()?;
-        let queue = self.by_namespace.get_mut(&namespace)?;
-        let send = queue.pop_front();
-        if queue.is_empty() {
-            self.by_namespace.remove(&namespace);
-        } else {
-            self.turns.push_back(namespace);
+        while let Some(namespace) = self.turns.pop_front() {
+            // A namespace has a turn exactly while its queue holds events; one without
+            // would be skipped rather than end the sender with events still waiting.
+            let Some(queue) = self.by_namespace.get_mut(&namespace) else {
+                continue;
+            };
+            let Some(send) = queue.pop_front() else {
+                self.by_namespace.remove(&namespace);
+                continue;
+            };
+            if queue.is_empty() {
+                self.by_namespace.remove(&namespace);
+            } else {
+                self.turns.push_back(namespace);
+            }
+            self.waiting = self.waiting.saturating_sub(1);
+            return Some(send);
         }
-        self.waiting = self.waiting.saturating_sub(1);
-        send
+        None
     }
 }
 
 /// Where events wait for a sender: bounded in all and per namespace, served a namespace
-/// at a time in turn, dropping (and counting) what does not fit. A tenant whose parents
-/// fail in bulk fills its own queue, not the outbox, and waits its turn like everyone
-/// else: another namespace's next event goes out after at most one of its events per
-/// namespace ahead of it.
+/// at a time in turn, dropping (and counting) what does not fit. A namespace whose
+/// parents fail in bulk fills its own queue, not the outbox, and waits its turn like
+/// everyone else: an event is taken to be sent after at most one event of each other
+/// namespace with events waiting ahead of it.
 #[derive(Clone)]
 pub struct Outbox {
     queues: Arc<Mutex<Queues>>,
@@ -200,9 +214,10 @@ impl Outbox {
                 given_back: false,
             };
             tokio::spawn(async move {
-                // Each event is taken, and the lock released, before its send runs.
+                // Each event is taken, and the lock released, before its send runs. A
+                // send that panics loses its own event, not the sender.
                 while let Some(send) = sender.next() {
-                    send.await;
+                    let _ = AssertUnwindSafe(send).catch_unwind().await;
                 }
             });
         }
@@ -213,6 +228,22 @@ impl Outbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_metric_knows_every_reason() {
+        for reason in [Dropped::OutboxFull, Dropped::NamespaceShare] {
+            assert!(crate::metrics::EVENTS_DROPPED_REASONS.contains(&reason.as_str()));
+        }
+    }
+
+    /// `f`'s output, or a failed test if it takes more than five seconds (a stranded
+    /// event would hang the test instead).
+    async fn within<T>(f: impl Future<Output = T>) -> T {
+        match tokio::time::timeout(std::time::Duration::from_secs(5), f).await {
+            Ok(out) => out,
+            Err(_) => panic!("nothing after 5 s: an event is stranded"),
+        }
+    }
 
     fn count(dropped: &Family<DroppedLabel, Counter>, reason: Dropped) -> u64 {
         dropped
@@ -264,7 +295,7 @@ mod tests {
         assert_eq!(count(&dropped, Dropped::OutboxFull), 2);
         let _ = open.send(true);
         for _ in 0..3 {
-            assert!(done_rx.recv().await.is_some());
+            assert!(within(done_rx.recv()).await.is_some());
         }
         assert_eq!(*order.lock().unwrap_or_else(|p| p.into_inner()), [0, 1, 2]);
         assert_eq!(most.load(Ordering::SeqCst), 1);
@@ -277,7 +308,7 @@ mod tests {
                 })
                 .is_ok()
         );
-        assert!(again.recv().await.is_some());
+        assert!(within(again.recv()).await.is_some());
         assert_eq!(count(&dropped, Dropped::OutboxFull), 2);
     }
 
@@ -323,8 +354,51 @@ mod tests {
         let _ = open.send(true);
         let mut order = Vec::new();
         for _ in 0..7 {
-            order.extend(sent.recv().await);
+            order.extend(within(sent.recv()).await);
         }
         assert_eq!(order, ["h0", "h1", "q0", "t0", "h2", "t1", "h3"]);
+    }
+
+    /// With two senders and many namespaces, every event posted is sent, and once all
+    /// are the outbox holds nothing and its senders are gone.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_senders_send_everything_and_leave_nothing_behind() {
+        let outbox = Outbox::new(OutboxLimits::DEFAULT, Family::default());
+        let (sent_tx, mut sent) = tokio::sync::mpsc::unbounded_channel();
+        let namespaces = ["a", "b", "c", "d", ""];
+        for i in 0..200 {
+            let sent = sent_tx.clone();
+            let posted = outbox.post(namespaces[i % namespaces.len()], async move {
+                tokio::task::yield_now().await;
+                let _ = sent.send(i);
+            });
+            assert!(posted.is_ok());
+            if i % 7 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        let mut got = Vec::new();
+        for _ in 0..200 {
+            got.extend(within(sent.recv()).await);
+        }
+        got.sort_unstable();
+        assert_eq!(got, (0..200).collect::<Vec<_>>());
+        // The last sender leaves once it finds nothing more to send.
+        within(async {
+            while outbox
+                .queues
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .senders
+                > 0
+            {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        let queues = outbox.queues.lock().unwrap_or_else(|p| p.into_inner());
+        assert_eq!(queues.waiting, 0);
+        assert!(queues.by_namespace.is_empty());
+        assert!(queues.turns.is_empty());
     }
 }

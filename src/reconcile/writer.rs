@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use super::recorder::Recorder;
+use super::recorder::{Recorder, Unsent};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::events::Event;
@@ -256,8 +256,10 @@ impl Writer {
 
     /// Publishes an event in the background, through the recorder's bounded outbox: an
     /// event is a record for people, and the reconcile need not wait for its round trip.
-    /// `unsent` runs when it is not sent after all: not the writer, the outbox full, or
-    /// the request failed.
+    /// `unsent` runs when it is not sent after all and sending it again may work: not
+    /// the writer, the outbox full, no answer in time, a transport error, or a 429 or 5xx
+    /// answer. Not after a 4xx: an event the API server refuses (a quota on Events in the
+    /// namespace, say) would be refused again.
     pub fn publish(
         &self,
         recorder: &Recorder,
@@ -275,7 +277,11 @@ impl Writer {
             Ok(()) => metrics.write(&rule, "event"),
             Err(e) => {
                 debug!(error = %e, "cannot publish event");
-                failed();
+                let refused = matches!(&e, Unsent::Api(kube::Error::Api(s))
+                    if s.code < 500 && s.code != 429);
+                if !refused {
+                    failed();
+                }
             }
         });
         if !queued {
