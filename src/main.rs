@@ -48,13 +48,20 @@ fn main() -> anyhow::Result<()> {
 /// `RUST_LOG`-style filtering (default `info`; client libraries never log response
 /// bodies: [`rulebook::operator::log_filter`]), text or JSON lines on stderr.
 fn init_logging(format: &str) {
-    let filter = rulebook::operator::log_filter(std::env::var("RUST_LOG").ok().as_deref());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{Layer, fmt};
+    let rust_log = std::env::var("RUST_LOG").ok();
+    let filter = rulebook::operator::log_filter(rust_log.as_deref());
+    let registry = tracing_subscriber::registry();
     if format == "json" {
-        builder.json().with_current_span(true).init();
+        let layer = fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_writer(std::io::stderr);
+        registry.with(layer.with_filter(filter)).init();
     } else {
-        builder.init();
+        let layer = fmt::layer().with_writer(std::io::stderr);
+        registry.with(layer.with_filter(filter)).init();
     }
 }

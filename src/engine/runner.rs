@@ -499,9 +499,11 @@ impl RuleRunner {
             .run(reconcile::reconcile, reconcile::error_policy, ctx)
             .for_each(|res| {
                 if let Err(kube::runtime::controller::Error::QueueError(e)) = &res {
-                    // A watch failed (API server down, kind deleted): report it; the watcher retries.
-                    warn!(rule = %name, error = %e, "watch error");
+                    // A watch failed (API server down, kind deleted): report it; the watcher
+                    // retries. Logged as summarised: a decode error's own text can quote a
+                    // field of a tenant's object.
                     let summary = super::status::watch_error_summary(e);
+                    warn!(rule = %name, error = %summary, "watch error");
                     status.update(&name, |s| {
                         s.message = Some(format!("watch error: {summary}"))
                     });

@@ -118,8 +118,8 @@ impl EngineStatus {
 }
 
 /// A watch error as `/status` shows it: what failed and the API server's answer (code,
-/// reason, message). A response that could not be decoded is not quoted: serde's
-/// message can cite a field of a tenant's object (the log has it in full).
+/// reason, message), on `/status` and in the log. A response that could not be decoded
+/// is not quoted: serde's message can cite a field of a tenant's object.
 pub fn watch_error_summary(e: &watcher::Error) -> String {
     let (what, err) = match e {
         watcher::Error::InitialListFailed(err) => ("listing failed", err),
@@ -133,7 +133,7 @@ pub fn watch_error_summary(e: &watcher::Error) -> String {
     match err {
         kube::Error::Api(s) => format!("{what}: {}", api_status(s)),
         kube::Error::SerdeError(_) => {
-            format!("{what}: cannot decode the API server's answer (details in the log)")
+            format!("{what}: cannot decode the API server's answer")
         }
         other => format!("{what}: {other}"),
     }
@@ -166,7 +166,7 @@ mod tests {
         let summary = watch_error_summary(&watcher::Error::InitialListFailed(decode));
         assert_eq!(
             summary,
-            "listing failed: cannot decode the API server's answer (details in the log)"
+            "listing failed: cannot decode the API server's answer"
         );
         let forbidden = kube::core::Status::failure("mywebs is forbidden", "Forbidden")
             .with_code(403)

@@ -103,17 +103,25 @@ pub async fn client_config(kubeconfig: Option<&PathBuf>, identity: &str) -> Resu
 
 /// The log filter: `RUST_LOG` (default `info`), with kube-client's body logging always off.
 /// kube-client logs a whole response body at WARN when it cannot decode it — a LIST page
-/// holds every tenant's objects, Secret values among them — and other bodies at TRACE;
-/// neither may reach the log, whatever `RUST_LOG` asks for.
-pub fn log_filter(rust_log: Option<&str>) -> tracing_subscriber::EnvFilter {
+/// holds every tenant's objects, Secret values among them — an API error's whole status at
+/// DEBUG, and other bodies at TRACE; none of it may reach the log, whatever `RUST_LOG`
+/// asks for. A directive in `RUST_LOG` cannot undo it: `RUST_LOG`'s filter and this one
+/// must both let an event through, so a span directive (`[rule]=trace`), which an
+/// `EnvFilter` weighs before its target directives, turns on nothing of kube-client's
+/// below ERROR either.
+pub fn log_filter<S>(rust_log: Option<&str>) -> impl tracing_subscriber::layer::Filter<S> + use<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::filter::{FilterExt, filter_fn};
     let filter = rust_log
         .and_then(|v| EnvFilter::try_new(v).ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
-    match "kube_client::client=error".parse() {
-        Ok(directive) => filter.add_directive(directive),
-        Err(_) => filter,
-    }
+    let no_bodies = filter_fn(|meta| {
+        !(meta.target().starts_with("kube_client::client") && *meta.level() > tracing::Level::ERROR)
+    });
+    filter.and(no_bodies)
 }
 
 pub async fn run(args: Settings) -> Result<()> {
@@ -422,6 +430,8 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::sync::Mutex;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
 
     #[derive(Clone, Default)]
     struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -445,15 +455,22 @@ mod tests {
             Some("info"),
             Some("trace"),
             Some("info,kube=trace,kube_client=trace"),
+            // Span directives, which an EnvFilter weighs before target directives.
+            Some("[rule]=trace"),
+            Some("info,[{rule=app}]=trace"),
         ] {
             let out = Captured::default();
             let writer = out.clone();
-            let subscriber = tracing_subscriber::fmt()
-                .with_env_filter(log_filter(rust_log))
-                .with_writer(move || writer.clone())
-                .finish();
+            let subscriber = tracing_subscriber::registry().with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(move || writer.clone())
+                    .with_filter(log_filter(rust_log)),
+            );
             tracing::subscriber::with_default(subscriber, || {
+                let span = tracing::info_span!("rule", rule = "app");
+                let _inside = span.enter();
                 tracing::warn!(target: "kube_client::client", "BODY-OF-A-LIST tenant-password");
+                tracing::debug!(target: "kube_client::client", "Unsuccessful: BODY-OF-A-STATUS");
                 tracing::trace!(target: "kube_client::client", "Status from BODY-OF-A-STATUS");
                 tracing::error!(target: "rulebook", "an error of ours");
             });

@@ -104,21 +104,24 @@ impl ReconcileError {
         }
     }
 
-    /// This failure with the `secrets` taken out of its message (as the parent's
-    /// condition, its event and the logs would show it); itself when none is in it.
+    /// This failure with the `secrets` taken out of its message, as the parent's
+    /// condition, its event and the logs show it. The whole message is cleaned before
+    /// the condition shortens it (a value across the cut would keep its start), and the
+    /// failure keeps no other text (an API error's `Display` prints its whole status, the
+    /// causes too); only one without secrets to look for, a fight (whose message names
+    /// fields and managers, and whose backoff must survive) and `NotLeader` stay as they are.
     pub fn redacted(self, secrets: &[String]) -> ReconcileError {
-        // A fight's message names fields and managers, and its backoff must survive.
-        if secrets.is_empty() || matches!(self, ReconcileError::Fight { .. }) {
-            return self;
-        }
-        let state = self.condition();
-        let message = crate::render::redact(&state.message, secrets);
-        if message == state.message {
+        if secrets.is_empty()
+            || matches!(
+                self,
+                ReconcileError::Fight { .. } | ReconcileError::NotLeader
+            )
+        {
             return self;
         }
         ReconcileError::Redacted {
             reason: self.reason(),
-            message,
+            message: crate::render::redact(&self.message(), secrets),
         }
     }
 
@@ -138,14 +141,18 @@ impl ReconcileError {
         }
     }
 
-    /// The `Ready=False` condition this failure sets on its parent.
-    pub fn condition(&self) -> ConditionState {
-        let message = match self {
+    /// The message of the condition, whole.
+    fn message(&self) -> String {
+        match self {
             ReconcileError::Apply { what, source } => format!("{what}: {}", describe(source)),
             ReconcileError::NotLeader => "writes are paused".to_string(),
             other => other.to_string(),
-        };
-        ConditionState::new(false, self.reason().as_str(), &message)
+        }
+    }
+
+    /// The `Ready=False` condition this failure sets on its parent.
+    pub fn condition(&self) -> ConditionState {
+        ConditionState::new(false, self.reason().as_str(), &self.message())
     }
 }
 
@@ -172,8 +179,21 @@ mod tests {
         assert_eq!(clean.reason(), Reason::Conflict);
         assert_eq!(clean.result_label(), "conflict");
         assert_eq!(clean.condition().message, "Invalid value: \"[redacted]\"");
-        let untouched = ReconcileError::Conflict("taken".into()).redacted(&["hunter22".into()]);
+        let untouched = ReconcileError::Conflict("taken".into()).redacted(&[]);
         assert!(matches!(untouched, ReconcileError::Conflict(_)));
+    }
+
+    /// A value past the condition's 1,024 bytes, or across the cut, is taken out all
+    /// the same, and the redacted failure's own text (the logs) keeps none of it.
+    #[test]
+    fn a_secret_across_or_past_the_cut_is_taken_out() {
+        let secret = "s3cr3t-value-0123456789".to_string();
+        for at in [1014, 1100] {
+            let message = format!("{}{secret} and more", "x".repeat(at));
+            let clean = ReconcileError::Conflict(message).redacted(std::slice::from_ref(&secret));
+            assert!(!clean.to_string().contains("s3cr3t"), "at {at}");
+            assert!(!clean.condition().message.contains("s3cr3t"), "at {at}");
+        }
     }
 
     #[test]

@@ -234,6 +234,19 @@ impl Operator {
         ns: Option<&str>,
         extra: &[&str],
     ) -> Operator {
+        let log = std::env::var("RULEBOOK_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into());
+        Operator::start_logging(kubeconfig, rules, templates, ns, extra, &log).await
+    }
+
+    /// Like [`Operator::start_as`], logging as `rust_log` says (`RUST_LOG`).
+    pub async fn start_logging(
+        kubeconfig: &Path,
+        rules: &Path,
+        templates: &Path,
+        ns: Option<&str>,
+        extra: &[&str],
+        rust_log: &str,
+    ) -> Operator {
         let metrics_port = free_port();
         let log = std::env::temp_dir().join(format!("{}.log", unique("rulebook-op")));
         let log_file = std::fs::File::create(&log).expect("log file");
@@ -251,10 +264,7 @@ impl Operator {
             cmd.arg("--namespace").arg(ns);
         }
         cmd.args(extra)
-            .env(
-                "RUST_LOG",
-                std::env::var("RULEBOOK_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
-            )
+            .env("RUST_LOG", rust_log)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("log"))
             .stderr(log_file);

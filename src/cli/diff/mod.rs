@@ -32,6 +32,7 @@ use crate::metrics::Metrics;
 use crate::reconcile::gate::LeaseGate;
 use crate::reconcile::plan::{controlled_by, may_adopt, owner_description};
 use crate::reconcile::writer::apply_body;
+use crate::render::redact as redact_secrets;
 use crate::render::{CompiledRule, Observed, Scope};
 use crate::rules::DeletionPolicy;
 use compare::{normalize, redact, status_diff};
@@ -404,13 +405,19 @@ async fn diff_parent(
             (observed, desired) = render(&live);
         }
     }
+    // Error lines go to CI logs: Secret values the parent's objects hold (references,
+    // children as they are and as they would be) are taken out, as the operator takes
+    // them out of conditions and events.
     let desired = match desired {
         Ok(desired) => desired,
         Err(e) => {
-            d.error = Some(e.to_string());
+            d.error = Some(redact_secrets(&e.to_string(), &observed.secret_values()));
             return d;
         }
     };
+    let secrets = crate::render::secret_values_in(
+        observed.objects().chain(desired.iter().map(|c| &c.object)),
+    );
     let mut wanted = BTreeSet::new();
     for child in &desired {
         let (ar, namespaced) = &kinds.children[kinds.of_child[child.child]];
@@ -468,6 +475,7 @@ async fn diff_parent(
         {
             Ok(o) => o,
             Err(e) => {
+                let e = redact_secrets(&e.to_string(), &secrets);
                 d.error = Some(format!("dry-run apply of {} {child_name}: {e}", ar.kind));
                 return d;
             }
@@ -532,7 +540,7 @@ async fn diff_parent(
     }
     match status_diff(rule, &parent_json, &observed, &desired, &d.parent) {
         Ok(s) => d.status = s,
-        Err(e) => d.error = d.error.take().or(Some(e)),
+        Err(e) => d.error = d.error.take().or(Some(redact_secrets(&e, &secrets))),
     }
     d
 }

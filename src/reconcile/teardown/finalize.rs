@@ -127,6 +127,8 @@ pub(super) async fn finalize_state(
         f.state = FinalizeState::Failed;
         return Ok(f);
     };
+    // A Secret finalize child's values stay out of the event a failing doneWhen records.
+    let secrets = crate::render::secret_values_in(std::iter::once(&child_json));
     f.state = match finalize_done_off_runtime(ctx, parent_json.clone(), child_json).await? {
         Ok(true) => FinalizeState::Done,
         Ok(false) => match timeout.checked_sub(since(created)) {
@@ -134,7 +136,8 @@ pub(super) async fn finalize_state(
             _ => FinalizeState::TimedOut,
         },
         Err(e) => {
-            failed(ctx, parent, format!("{}: doneWhen: {e}", f.what));
+            let message = crate::render::redact(&e.to_string(), &secrets);
+            failed(ctx, parent, format!("{}: doneWhen: {message}", f.what));
             FinalizeState::Failed
         }
     };
