@@ -17,6 +17,8 @@ pub const STATUS_RULE_VERSION: &str = "ruleVersion";
 
 /// Labels and annotations Rulebook puts on every child.
 pub mod labels {
+    /// The prefix of Rulebook's own label and annotation keys.
+    pub const PREFIX: &str = "rulebook.dev/";
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
     pub const MANAGED_BY_VALUE: &str = "rulebook";
     pub const RULE: &str = "rulebook.dev/rule";

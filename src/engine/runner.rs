@@ -23,7 +23,7 @@ use super::streams::{
 };
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
-use crate::reconcile::admission::CacheBudget;
+use crate::reconcile::admission::{CacheBudget, CacheKind};
 use crate::reconcile::refs::{RefIndex, RefKind};
 use crate::reconcile::wire::Wire;
 use crate::reconcile::writer::Writer;
@@ -359,7 +359,7 @@ impl RuleRunner {
             let read = (r.kind_of_child.iter().enumerate())
                 .any(|(c, &k)| k == i && self.rule.reads_child_content(c));
             let filler = store.clone();
-            let cache_id = self.budget.cache_id();
+            let cache_id = self.budget.cache_id(CacheKind::Children);
             cache_ids.push(cache_id);
             let admit = admission(
                 self.budget.clone(),
@@ -407,7 +407,7 @@ impl RuleRunner {
         }
         let mut refs = Vec::new();
         for (i, ((ar, namespaced), index)) in r.refs.iter().zip(&ref_indexes).enumerate() {
-            let cache_id = self.budget.cache_id();
+            let cache_id = self.budget.cache_id(CacheKind::References);
             cache_ids.push(cache_id);
             let (stream, store) = self.reference_stream(
                 i,

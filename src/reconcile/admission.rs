@@ -9,15 +9,23 @@
 //! operator under [`CacheBudget::total`]. Past that an object is cached as a stub
 //! (metadata only; a reconcile reads it from the API server when it needs it), counted
 //! in a metric, and announced once per namespace in a while by a Warning Event on it.
+//!
+//! An object's metadata counts as well as its content — a tenant's object may carry
+//! 256 KiB of annotations, or thousands of labels, owner references or field managers —
+//! and a stub keeps only the metadata Rulebook reads of a cached object before it reads
+//! the object itself ([`slim`]): Rulebook's own labels and annotations and the controller
+//! reference (a reference's stub also keeps its labels, which selectors match).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
 
+use crate::meta::labels;
 use crate::metrics::{self, Metrics};
 
 /// Bounds on cached child content.
@@ -36,6 +44,76 @@ impl Default for CacheLimits {
             total: 256 << 20,
         }
     }
+}
+
+/// What a cache holds: what its stubs keep of their metadata ([`slim`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheKind {
+    Children,
+    References,
+}
+
+/// A Rulebook annotation a stub keeps is at most this long (Rulebook's own are short;
+/// anyone may set one on their objects).
+const KEPT_ANNOTATION_BYTES: usize = 256;
+
+/// Bytes an object's metadata holds, about as many as its JSON text has.
+pub fn metadata_bytes(m: &ObjectMeta) -> usize {
+    let len = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+    let map = |m: &Option<std::collections::BTreeMap<String, String>>| {
+        m.iter()
+            .flatten()
+            .map(|(k, v)| k.len() + v.len() + 6)
+            .sum::<usize>()
+    };
+    len(&m.name)
+        + len(&m.namespace)
+        + len(&m.uid)
+        + len(&m.resource_version)
+        + len(&m.generate_name)
+        + map(&m.labels)
+        + map(&m.annotations)
+        + m.finalizers
+            .iter()
+            .flatten()
+            .map(|f| f.len() + 3)
+            .sum::<usize>()
+        + (m.owner_references.iter().flatten())
+            .map(|r| r.api_version.len() + r.kind.len() + r.name.len() + r.uid.len() + 80)
+            .sum::<usize>()
+        + (m.managed_fields.iter().flatten())
+            .map(|e| {
+                len(&e.manager)
+                    + len(&e.operation)
+                    + len(&e.api_version)
+                    + len(&e.subresource)
+                    + e.fields_v1.as_ref().map_or(0, |f| match &f.0 {
+                        serde_json::Value::String(s) => s.len(),
+                        other => other.to_string().len(),
+                    })
+                    + 100
+            })
+            .sum::<usize>()
+}
+
+/// A stub's metadata: Rulebook's own labels (a reference's stub keeps every label) and
+/// annotations, the controller reference, no managedFields. A reconcile reads a stub
+/// from the API server before it reads more of it.
+pub fn slim(m: &mut ObjectMeta, kind: CacheKind) {
+    let ours = |k: &str| k.starts_with(labels::PREFIX) || k == labels::MANAGED_BY;
+    if kind == CacheKind::Children
+        && let Some(l) = m.labels.as_mut()
+    {
+        l.retain(|k, _| ours(k));
+    }
+    if let Some(a) = m.annotations.as_mut() {
+        a.retain(|k, v| ours(k) && v.len() <= KEPT_ANNOTATION_BYTES);
+    }
+    if let Some(r) = m.owner_references.as_mut() {
+        r.retain(|r| r.controller == Some(true));
+        r.truncate(1);
+    }
+    m.managed_fields = None;
 }
 
 /// How often the budget event is repeated for one namespace.
@@ -61,6 +139,7 @@ struct State {
     total: usize,
     announced: HashMap<String, Instant>,
     next_cache: u64,
+    kinds: HashMap<u64, CacheKind>,
 }
 
 struct Held {
@@ -115,11 +194,13 @@ impl CacheBudget {
         }
     }
 
-    /// A new cache's id (one per watched child kind of a running rule).
-    pub fn cache_id(&self) -> u64 {
+    /// A new cache's id (one per watched child kind or reference of a running rule).
+    pub fn cache_id(&self, kind: CacheKind) -> u64 {
         let mut s = lock(&self.state);
         s.next_cache += 1;
-        s.next_cache
+        let id = s.next_cache;
+        s.kinds.insert(id, kind);
+        id
     }
 
     /// Follows one watch event of cache `cache`: counts the content it brings, or turns
@@ -145,30 +226,38 @@ impl CacheBudget {
                 let ns = o.namespace().unwrap_or_default();
                 let key = s.key(cache, &ns, &o.name_any());
                 s.forget(&key);
-                let bytes = o.data.as_str().map_or(0, str::len);
+                let kind = s.kinds.get(&cache).copied().unwrap_or(CacheKind::Children);
                 let ns_held = s.by_namespace.get(ns.as_str()).copied().unwrap_or(0);
-                if bytes == 0 {
+                if o.data.is_null() {
+                    // Cached without content already (it cannot be a child).
+                    slim(&mut o.metadata, kind);
+                    s.hold(key, &ns, metadata_bytes(&o.metadata));
                     Admitted::AsIs
-                } else if ns_held + bytes > self.limits.per_namespace
-                    || s.total + bytes > self.limits.total
-                {
-                    o.data = serde_json::Value::Null;
-                    self.metrics
-                        .cache_stubbed
-                        .get_or_create(&metrics::rule(rule))
-                        .inc();
-                    let now = Instant::now();
-                    let announce = s
-                        .announced
-                        .get(&ns)
-                        .is_none_or(|t| now.duration_since(*t) > ANNOUNCE_EVERY);
-                    if announce {
-                        s.announced.insert(ns, now);
-                    }
-                    Admitted::Stubbed { announce }
                 } else {
-                    s.hold(key, &ns, bytes);
-                    Admitted::AsIs
+                    let bytes = o.data.as_str().map_or(0, str::len) + metadata_bytes(&o.metadata);
+                    if ns_held + bytes > self.limits.per_namespace
+                        || s.total + bytes > self.limits.total
+                    {
+                        o.data = serde_json::Value::Null;
+                        slim(&mut o.metadata, kind);
+                        s.hold(key, &ns, metadata_bytes(&o.metadata));
+                        self.metrics
+                            .cache_stubbed
+                            .get_or_create(&metrics::rule(rule))
+                            .inc();
+                        let now = Instant::now();
+                        let announce = s
+                            .announced
+                            .get(&ns)
+                            .is_none_or(|t| now.duration_since(*t) > ANNOUNCE_EVERY);
+                        if announce {
+                            s.announced.insert(ns, now);
+                        }
+                        Admitted::Stubbed { announce }
+                    } else {
+                        s.hold(key, &ns, bytes);
+                        Admitted::AsIs
+                    }
                 }
             }
         };
@@ -179,6 +268,7 @@ impl CacheBudget {
     /// Forgets everything cache `cache` held (its rule stopped).
     pub fn drop_cache(&self, cache: u64) {
         let mut s = lock(&self.state);
+        s.kinds.remove(&cache);
         let keys: Vec<_> = s.held.keys().filter(|k| k.0 == cache).cloned().collect();
         for k in keys {
             s.forget(&k);
@@ -223,7 +313,7 @@ mod tests {
     #[test]
     fn a_namespace_over_its_budget_gets_stubs_and_others_do_not() {
         let b = budget(1000, 10_000);
-        let c = b.cache_id();
+        let c = b.cache_id(CacheKind::Children);
         for i in 0..3 {
             let mut e = Event::Apply(cm("tenant", &format!("c{i}"), 300));
             assert_eq!(b.admit(c, "r", &mut e), Admitted::AsIs);
@@ -257,7 +347,7 @@ mod tests {
     #[test]
     fn the_total_bounds_all_namespaces_and_a_relist_counts_afresh() {
         let b = budget(1000, 1000);
-        let c = b.cache_id();
+        let c = b.cache_id(CacheKind::Children);
         for i in 0..3 {
             let mut e = Event::Apply(cm(&format!("ns{i}"), "c", 300));
             assert_eq!(b.admit(c, "r", &mut e), Admitted::AsIs);
@@ -269,5 +359,72 @@ mod tests {
         assert_eq!(b.admit(c, "r", &mut e), Admitted::AsIs);
         b.drop_cache(c);
         assert_eq!(lock(&b.state).total, 0);
+    }
+
+    fn heavy(ns: &str, name: &str, content: Option<usize>) -> DynamicObject {
+        let mut labels: serde_json::Map<String, serde_json::Value> = (0..1000)
+            .map(|i| (format!("tenant/l{i}"), json!("v")))
+            .collect();
+        labels.insert(labels::OWNER.into(), json!("uid-p"));
+        labels.insert(labels::MANAGED_BY.into(), json!("rulebook"));
+        let mut o: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": ns, "labels": labels,
+                "annotations": {"tenant/blob": "x".repeat(200_000),
+                                labels::DESIRED_HASH: "abc",
+                                "rulebook.dev/forged": "y".repeat(10_000)},
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "P", "name": "p", "uid": "uid-p", "controller": true},
+                    {"apiVersion": "v1", "kind": "P", "name": "q", "uid": "uid-q"}],
+                "managedFields": [{"manager": "tenant", "operation": "Update"}]}
+        }))
+        .unwrap();
+        o.data = content.map_or(serde_json::Value::Null, |n| {
+            serde_json::Value::String("x".repeat(n))
+        });
+        o
+    }
+
+    /// Metadata counts as well as content, and a stub keeps only what Rulebook reads
+    /// of it before reading the object itself: a tenant's object with 200 KB of
+    /// annotations and a thousand labels neither passes the budget nor stays in memory.
+    #[test]
+    fn metadata_counts_and_a_stub_keeps_only_rulebooks_metadata() {
+        let b = budget(100_000, 1_000_000);
+        let children = b.cache_id(CacheKind::Children);
+        let mut e = Event::Apply(heavy("tenant", "a", Some(300)));
+        assert_eq!(
+            b.admit(children, "r", &mut e),
+            Admitted::Stubbed { announce: true }
+        );
+        let Event::Apply(o) = &e else { unreachable!() };
+        assert!(o.data.is_null());
+        let m = &o.metadata;
+        let labels_kept: Vec<&String> = m.labels.iter().flatten().map(|(k, _)| k).collect();
+        assert_eq!(labels_kept, [labels::MANAGED_BY, labels::OWNER]);
+        let annotations: Vec<&String> = m.annotations.iter().flatten().map(|(k, _)| k).collect();
+        assert_eq!(annotations, [labels::DESIRED_HASH]);
+        assert_eq!(m.owner_references.as_ref().map(Vec::len), Some(1));
+        assert!(m.managed_fields.is_none());
+        assert!(metadata_bytes(m) < 500, "{}", metadata_bytes(m));
+        // What the stub holds is counted, not what it arrived with.
+        assert!(lock(&b.state).total < 500);
+        // An object that cannot be a child (no content) is slimmed the same way.
+        let mut e = Event::Apply(heavy("tenant", "b", None));
+        assert_eq!(b.admit(children, "r", &mut e), Admitted::AsIs);
+        let Event::Apply(o) = &e else { unreachable!() };
+        assert!(metadata_bytes(&o.metadata) < 500);
+        // A reference's stub keeps its labels: selectors match on them.
+        let references = b.cache_id(CacheKind::References);
+        let mut e = Event::Apply(heavy("tenant", "c", None));
+        b.admit(references, "r", &mut e);
+        let Event::Apply(o) = &e else { unreachable!() };
+        assert_eq!(o.metadata.labels.as_ref().map(|l| l.len()), Some(1002));
+        assert!(
+            o.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.len() == 1)
+        );
     }
 }
