@@ -153,9 +153,10 @@ pub(super) fn parent_changed(o: &DynamicObject) -> Option<u64> {
     Some(h.finish())
 }
 
-/// The parents a child's event wakes: kube-runtime's owner mapping (every ownerReference
-/// of the parent's kind), except that a cluster-scoped parent is referred to without a
-/// namespace. kube-runtime's `owns` gives every owner the child's namespace; its store
+/// The parents a child's event wakes: kube-runtime's owner mapping, but only the
+/// controller reference (Rulebook's child is its controller's alone, and an object with
+/// thousands of ownerReferences must not wake thousands of parents per event), and a
+/// cluster-scoped parent is referred to without a namespace. kube-runtime's `owns` gives every owner the child's namespace; its store
 /// still finds a cluster-scoped parent (it retries without the namespace), but its
 /// scheduler keys by the reference, so a Tenant woken by a child and by its own watch was
 /// two entries, which may reconcile at the same time — the one that ran on the older view
@@ -178,7 +179,11 @@ pub(super) fn owners_of(
             .owner_references
             .iter()
             .flatten()
-            .filter(|r| r.api_version == parent.api_version && r.kind == parent.kind)
+            .filter(|r| {
+                r.controller == Some(true)
+                    && r.api_version == parent.api_version
+                    && r.kind == parent.kind
+            })
             .map(|r| {
                 let p = kube::runtime::reflector::ObjectRef::new_with(&r.name, parent.clone());
                 match ns {
@@ -255,12 +260,14 @@ mod tests {
     }
 
     #[test]
-    fn a_child_wakes_its_parents_with_the_parent_kinds_scope() {
+    fn a_child_wakes_its_controller_with_the_parent_kinds_scope() {
         let child: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "ResourceQuota",
             "metadata": {"name": "q", "namespace": "team", "ownerReferences": [
                 {"apiVersion": "xyz.com/v1", "kind": "Tenant", "name": "t", "uid": "u1", "controller": true},
-                {"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "u2"}
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "other", "uid": "u2"},
+                // Of the parent's kind, but not the controller: woken by nothing here.
+                {"apiVersion": "xyz.com/v1", "kind": "Tenant", "name": "t2", "uid": "u3"}
             ]}
         }))
         .unwrap();

@@ -95,6 +95,9 @@ impl Paused {
     pub fn count(&self) -> usize {
         lock(&self.0).len()
     }
+    fn retain(&self, keep: impl Fn(&str) -> bool) {
+        lock(&self.0).retain(|uid| keep(uid));
+    }
 }
 
 /// Everything one rule's reconciles share.
@@ -262,10 +265,31 @@ impl RuleContext {
                 let_go.remove(uid);
             }
         }
+        if self.status_writes.take_relisted() {
+            self.forget_unlisted();
+        }
         let mut hash_only = lock(&self.hash_only);
         if hash_only.len() > HASH_ONLY_MAX {
             hash_only.clear();
         }
+    }
+
+    /// Forgets what is remembered of parents the parent cache no longer holds after a
+    /// listing: those deleted while the watch was down, or while this rule's controller
+    /// was stopped (a lost lease, a share that moved, a rule change), sent no deletion.
+    fn forget_unlisted(&self) {
+        let live: HashSet<String> = self
+            .parent_store
+            .state()
+            .iter()
+            .filter_map(|o| o.uid())
+            .collect();
+        let keep = |uid: &str| live.contains(uid);
+        lock(&self.failures).retain(|uid, _| keep(uid));
+        lock(&self.last_warning).retain(|uid, _| keep(uid));
+        lock(&self.let_go).retain(|uid, _| keep(uid));
+        self.paused.retain(keep);
+        self.steady.retain_uids(keep);
     }
 }
 

@@ -132,6 +132,10 @@ impl Steady {
     pub fn forget(&self, uid: &str) {
         lock(&self.0).remove(uid);
     }
+    /// Keeps only the parents `keep` says exist.
+    pub fn retain_uids(&self, keep: impl Fn(&str) -> bool) {
+        lock(&self.0).retain(|uid, _| keep(uid));
+    }
     /// Keeps only the parents whose namespace hash `keep` holds (and every
     /// cluster-scoped one: such a rule moves whole, and runs here only when it is ours).
     pub fn retain_namespaces(&self, keep: impl Fn(u64) -> bool) {

@@ -32,6 +32,9 @@ pub struct StatusWrites {
     written: Mutex<Written>,
     /// UIDs of parents deleted since the last reconcile: their per-parent memory goes.
     gone: Mutex<Vec<String>>,
+    /// Whether the parents were listed again since the last reconcile: parents deleted
+    /// while the watch was down (or before a restart of the rule) brought no deletion.
+    relisted: std::sync::atomic::AtomicBool,
 }
 
 struct StatusWrite {
@@ -82,6 +85,11 @@ impl StatusWrites {
             // Not `InitApply`: the cache holds a relisted object only from `InitDone` on.
             Event::Apply(o) => (o, false),
             Event::Delete(o) => (o, true),
+            Event::InitDone => {
+                self.relisted
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                return;
+            }
             _ => return,
         };
         let Some(uid) = o.uid() else { return };
@@ -143,6 +151,12 @@ impl StatusWrites {
     /// UIDs of the parents deleted since the last call.
     pub fn take_gone(&self) -> Vec<String> {
         std::mem::take(&mut *lock(&self.gone))
+    }
+
+    /// Whether the parents were listed again since the last call.
+    pub fn take_relisted(&self) -> bool {
+        self.relisted
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn len(&self) -> usize {
@@ -450,6 +464,25 @@ mod tests {
             "status": {"phase": "cached"}
         }))
         .unwrap()
+    }
+
+    /// A deletion is reported once, and so is a new listing of the parents (after which
+    /// the rule forgets parents the listing no longer has: their deletion may have been
+    /// missed).
+    #[test]
+    fn deletions_and_listings_are_reported_once() {
+        use kube::runtime::watcher::Event;
+        let w = StatusWrites::default();
+        assert!(!w.take_relisted());
+        w.observe(&Event::Delete(parent_at("5")));
+        w.observe(&Event::Init);
+        w.observe(&Event::InitApply(parent_at("6")));
+        assert!(!w.take_relisted(), "not before the listing is complete");
+        w.observe(&Event::InitDone);
+        assert_eq!(w.take_gone(), ["u1"]);
+        assert!(w.take_gone().is_empty());
+        assert!(w.take_relisted());
+        assert!(!w.take_relisted());
     }
 
     #[test]

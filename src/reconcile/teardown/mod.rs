@@ -19,6 +19,7 @@
 
 mod finalize;
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, ListParams};
@@ -152,7 +153,14 @@ pub(super) async fn teardown(
     }
     let finalizing = finalize_state(ctx, parent, parent_json.as_ref(), &owned).await?;
     let states: Vec<Owned> = {
-        let let_go = lock(&ctx.let_go);
+        let mut let_go = lock(&ctx.let_go);
+        // Only the children still owned need remembering: a child let go that is gone
+        // is forgotten, so objects a tenant keeps creating under a parent being torn
+        // down do not pile up here.
+        if let Some(mine) = let_go.get_mut(uid) {
+            let still: HashSet<String> = owned.iter().filter_map(|(_, o)| o.uid()).collect();
+            mine.retain(|child| still.contains(child));
+        }
         let mine = let_go.get(uid);
         owned
             .iter()
