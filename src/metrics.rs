@@ -27,7 +27,7 @@ pub struct VerbLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CacheLabels {
     pub rule: String,
-    /// `parents` or `children`.
+    /// `parents`, `children` or `references`.
     pub cache: String,
 }
 
@@ -73,7 +73,7 @@ pub struct Metrics {
     /// Bytes of child content the caches hold (all rules).
     pub cache_content_bytes: Gauge,
     /// Child objects cached without their content (over the cache budget), by rule.
-    pub cache_stubbed: Family<RuleLabel, Counter>,
+    pub cache_stubbed: Family<CacheLabels, Counter>,
     /// Objects decoded as unreadable (nested too deep) by rule.
     pub unreadable_objects: Family<RuleLabel, Counter>,
     /// Write requests the write gate refused because leadership had lapsed.
@@ -174,7 +174,7 @@ impl Metrics {
             "Bytes of child content held by the caches (bounded by the cache budget)",
             cache_content_bytes.clone(),
         );
-        let cache_stubbed = Family::<RuleLabel, Counter>::default();
+        let cache_stubbed = Family::<CacheLabels, Counter>::default();
         registry.register(
             "cache_stubbed_objects",
             "Children cached without content because their namespace or the operator is over the cache budget",

@@ -986,10 +986,11 @@ async fn stalled_leader_never_writes() {
     cleanup_namespace(&client, &ns).await;
 }
 
-/// Children over the cache budget (`--cache-namespace-mib 1`, six children of ~300 KB)
-/// are cached as metadata only, announced by a `CacheBudgetExceeded` event and a metric,
-/// and read from the API server when a reconcile needs them: every parent still
-/// converges, its status reads its child's content, and a change still reaches every child.
+/// Parents and children over the cache budget (`--cache-namespace-mib 1`, six parents
+/// and six children of ~300 KB) are cached as metadata only, announced by a
+/// `CacheBudgetExceeded` event and a metric, and read from the API server when a
+/// reconcile needs them: every parent still converges, its status reads its child's
+/// content, and a change still reaches every child.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn children_over_the_cache_budget_are_read_on_demand() {
     let client = client().await;
@@ -1037,11 +1038,15 @@ async fn children_over_the_cache_budget_are_read_on_demand() {
         (all.len() == names.len() && all.iter().all(|o| rev_of(o) == "1")).then_some(())
     })
     .await;
-    let stubbed_series = format!("rulebook_cache_stubbed_objects_total{{rule=\"{rule}\"}}");
-    let stubbed = op.metric(&stubbed_series).await; // fails when it is not exported
+    let stubbed_series = |cache: &str| {
+        format!("rulebook_cache_stubbed_objects_total{{rule=\"{rule}\",cache=\"{cache}\"}}")
+    };
+    // Each fails when its series is not exported.
+    let stubbed = op.metric(&stubbed_series("children")).await;
+    let parents_stubbed = op.metric(&stubbed_series("parents")).await;
     assert!(
-        stubbed >= 1.0,
-        "some children were cached without content: {stubbed}"
+        stubbed >= 1.0 && parents_stubbed >= 1.0,
+        "some children ({stubbed}) and parents ({parents_stubbed}) were cached without content"
     );
     let held = op.metric("rulebook_cache_content_bytes").await;
     assert!(
@@ -1072,6 +1077,6 @@ async fn children_over_the_cache_budget_are_read_on_demand() {
     )
     .await;
     eprintln!(
-        "children_over_the_cache_budget_are_read_on_demand: 6 children of 300 KB with a 1 MiB budget: {stubbed} cached without content, {held} bytes held; every parent converged and followed a change"
+        "children_over_the_cache_budget_are_read_on_demand: 6 parents and 6 children of 300 KB each with a 1 MiB budget: cached without content {parents_stubbed} times (parents) and {stubbed} times (children), {held} bytes held; every parent converged and followed a change"
     );
 }

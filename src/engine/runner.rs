@@ -287,11 +287,23 @@ impl RuleRunner {
         // then kube-runtime holds the reconciler back, and a graceful shutdown would wait
         // for a store that may never fill (see the end of this function).
         let parents_listed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let recorder = super::recorder(&self.client, &self.config, &self.outbox);
+        // Parents count against the cache budget too: a tenant's parents of any size or
+        // number are cached as stubs past it, and each reconcile reads its parent then.
+        let parent_cache = self.budget.cache_id(CacheKind::Parents);
+        let admit_parents = admission(
+            self.budget.clone(),
+            parent_cache,
+            name.clone(),
+            r.parent.clone(),
+            recorder.clone(),
+        );
         let parent_stream = watcher(parent_api, parent_wc)
             .default_backoff()
             .map(packed)
             .filter(in_shard())
             .modify(crate::reconcile::cache::strip_parent)
+            .map(admit_parents)
             .map(synced.observer(0))
             .map({
                 let listed = parents_listed.clone();
@@ -346,9 +358,8 @@ impl RuleRunner {
             Controller::for_stream_with(parent_stream, parent_reader.clone(), r.parent.clone())
                 .with_config(ControllerConfig::default().concurrency(self.config.concurrency));
         let child_selector = labels::child_selector(&name);
-        let recorder = super::recorder(&self.client, &self.config, &self.outbox);
         let mut kinds = Vec::new();
-        let mut cache_ids = Vec::new();
+        let mut cache_ids = vec![parent_cache];
         for (i, (ar, namespaced)) in r.kinds.iter().enumerate() {
             let api: Api<Wire<true>> = match (ns, namespaced) {
                 (Some(ns), true) => Api::namespaced_with(watch_client.clone(), ns, ar),

@@ -32,8 +32,9 @@ pub(super) fn packed<const CHILD: bool>(
     })
 }
 
-/// A pass-through for one child cache's events that keeps it within the cache budget,
-/// announcing (once per namespace in a while) the objects cached without content.
+/// A pass-through for one cache's events (parents, children or references) that keeps
+/// it within the cache budget, announcing (once per namespace in a while) the objects
+/// cached without content.
 pub(super) fn admission(
     budget: Arc<CacheBudget>,
     cache_id: u64,
@@ -49,14 +50,14 @@ pub(super) fn admission(
             && let watcher::Event::Apply(o) | watcher::Event::InitApply(o) = e
         {
             let ns = o.namespace().unwrap_or_default();
-            warn!(rule = %rule, namespace = %ns, "cache budget reached: children in this namespace are cached without content and read on demand");
+            warn!(rule = %rule, namespace = %ns, kind = %ar.kind, "cache budget reached: objects in this namespace are cached without content and read on demand");
             let reference = o.object_ref(&ar);
             let limits = budget.limits().clone();
             let ev = kube::runtime::events::Event {
                 type_: kube::runtime::events::EventType::Warning,
                 reason: "CacheBudgetExceeded".into(),
                 note: Some(format!(
-                    "Objects with Rulebook's labels in this namespace exceed the cache budget ({} MiB per namespace, {} MiB in all); Rulebook reads them from the API server when it needs them",
+                    "Objects Rulebook watches in this namespace exceed the cache budget ({} MiB per namespace, {} MiB in all); Rulebook reads them from the API server when it needs them",
                     limits.per_namespace >> 20,
                     limits.total >> 20
                 )),

@@ -1,20 +1,22 @@
-//! What the child caches may hold: a bound on cached child content, per namespace and in
-//! total, so that no tenant can grow the operator's memory by creating objects that carry
-//! Rulebook's labels.
+//! What the caches may hold: a bound on cached content, per namespace and in total, so
+//! that no tenant can grow the operator's memory by creating objects that carry
+//! Rulebook's labels, or parents (or referenced objects) of any size.
 //!
 //! Child caches select on public labels, which anyone may set in their own namespace.
 //! Objects that cannot be children arrive without content already ([`super::wire`]);
-//! objects that look like children (owner label = controller reference UID) keep their
-//! content while their namespace stays under [`CacheBudget::per_namespace`] and the
-//! operator under [`CacheBudget::total`]. Past that an object is cached as a stub
-//! (metadata only; a reconcile reads it from the API server when it needs it), counted
-//! in a metric, and announced once per namespace in a while by a Warning Event on it.
+//! objects that look like children (owner label = controller reference UID), parents and
+//! referenced objects keep their content while their namespace stays under
+//! [`CacheLimits::per_namespace`] and the operator under [`CacheLimits::total`]. Past that
+//! an object is cached as a stub (metadata only; a reconcile reads it from the API
+//! server when it needs it), counted in a metric, and announced once per namespace in a
+//! while by a Warning Event on it.
 //!
-//! An object's metadata beyond [`METADATA_ALLOWANCE`] counts as well as its content —
-//! a tenant's object may carry 256 KiB of annotations, or thousands of labels, owner
-//! references or field managers — and a stub keeps only the metadata Rulebook reads of a cached object before it reads
-//! the object itself ([`slim`]): Rulebook's own labels and annotations and the controller
-//! reference (a reference's stub also keeps its labels, which selectors match).
+//! An object's metadata beyond [`METADATA_ALLOWANCE`] counts as well as its content — a
+//! tenant's object may carry 256 KiB of annotations, or thousands of labels, owner
+//! references or field managers — and a stub keeps only the metadata Rulebook reads of
+//! a cached object before it reads the object itself ([`slim`]): Rulebook's own labels
+//! and annotations and the controller reference (a parent's or a reference's stub also
+//! keeps its labels, which selectors match).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,7 +28,7 @@ use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
 
 use crate::meta::labels;
-use crate::metrics::{self, Metrics};
+use crate::metrics::{CacheLabels, Metrics};
 
 /// Bounds on cached child content.
 #[derive(Clone, Debug)]
@@ -49,8 +51,20 @@ impl Default for CacheLimits {
 /// What a cache holds: what its stubs keep of their metadata ([`slim`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheKind {
+    Parents,
     Children,
     References,
+}
+
+impl CacheKind {
+    /// The `cache` label of `rulebook_cache_stubbed_objects_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheKind::Parents => "parents",
+            CacheKind::Children => "children",
+            CacheKind::References => "references",
+        }
+    }
 }
 
 /// Metadata an object may hold without it counting against the budget: what an
@@ -103,9 +117,9 @@ pub fn metadata_bytes(m: &ObjectMeta) -> usize {
             .sum::<usize>()
 }
 
-/// A stub's metadata: Rulebook's own labels (a reference's stub keeps every label) and
-/// annotations, the controller reference, no managedFields. A reconcile reads a stub
-/// from the API server before it reads more of it.
+/// A stub's metadata: Rulebook's own labels (a parent's or a reference's stub keeps every
+/// label: selectors match on them) and annotations, the controller reference, no
+/// managedFields. A reconcile reads a stub from the API server before it reads more of it.
 pub fn slim(m: &mut ObjectMeta, kind: CacheKind) {
     let ours = |k: &str| k.starts_with(labels::PREFIX) || k == labels::MANAGED_BY;
     if kind == CacheKind::Children
@@ -251,7 +265,10 @@ impl CacheBudget {
                         s.hold(key, &ns, counted(&o.metadata));
                         self.metrics
                             .cache_stubbed
-                            .get_or_create(&metrics::rule(rule))
+                            .get_or_create(&CacheLabels {
+                                rule: rule.to_string(),
+                                cache: kind.as_str().to_string(),
+                            })
                             .inc();
                         let now = Instant::now();
                         let announce = s

@@ -95,7 +95,13 @@ pub async fn reconcile(
             ctx.parent.ar.clone(),
         ))
         .unwrap_or(parent);
-    let result = reconcile_inner(&parent, &ctx).await;
+    let uid = parent.uid();
+    // A parent cached without content (over the cache budget) is read whole first.
+    let result = match observe::read_stub_parent(&ctx, parent).await {
+        Ok(Some(parent)) => reconcile_inner(&parent, &ctx).await,
+        Ok(None) => Ok(Action::await_change()), // gone, or replaced
+        Err(e) => Err(e),
+    };
     gauge.dec();
     ctx.metrics
         .reconcile_duration
@@ -113,7 +119,7 @@ pub async fn reconcile(
         })
         .inc();
     if result.is_ok()
-        && let Some(uid) = parent.uid()
+        && let Some(uid) = uid
     {
         ctx.note_success(&uid);
     }

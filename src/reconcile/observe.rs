@@ -48,6 +48,30 @@ pub(super) async fn read_stubs(ctx: &RuleContext, live: Live) -> Result<Live, Re
     Ok(out)
 }
 
+/// The parent to reconcile: itself, or, when it is cached without content (over the
+/// cache budget), as the API server holds it; `None` when it is gone or was replaced.
+pub(super) async fn read_stub_parent(
+    ctx: &RuleContext,
+    parent: Arc<DynamicObject>,
+) -> Result<Option<Arc<DynamicObject>>, ReconcileError> {
+    if !is_stub(&parent) {
+        return Ok(Some(parent));
+    }
+    let api = ctx.parent_api(&parent);
+    match api.get_opt(&parent.name_any()).await {
+        Ok(Some(mut full)) if full.uid() == parent.uid() => {
+            // As the cache would hold it.
+            cache::strip_parent(&mut full);
+            Ok(Some(Arc::new(full)))
+        }
+        Ok(_) => Ok(None),
+        Err(e) => Err(ReconcileError::Read {
+            what: "the parent".into(),
+            source: e,
+        }),
+    }
+}
+
 /// The result of [`confine_to_rendered_namespaces`].
 pub(super) enum Confined {
     /// Nothing to take away: the render stands.
