@@ -185,7 +185,14 @@ fn b64encode(state: &State, value: Value) -> Result<String, Error> {
 fn b64decode(value: &str) -> Result<String, Error> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(value.trim())
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("b64decode: {e}")))?;
+        // Not the decoder's own message: it names the offending byte, which may be a
+        // Secret's.
+        .map_err(|_| {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                "b64decode: the value is not valid base64",
+            )
+        })?;
     String::from_utf8(bytes).map_err(|_| {
         Error::new(
             ErrorKind::InvalidOperation,
