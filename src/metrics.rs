@@ -32,6 +32,12 @@ pub struct CacheLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheKindLabel {
+    /// `parents`, `children` or `references`.
+    pub cache: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModeLabel {
     pub mode: String,
 }
@@ -70,8 +76,9 @@ pub struct Metrics {
     pub reloads: Family<ReloadLabel, Counter>,
     pub ruleset_valid: Gauge,
     pub leader: Gauge,
-    /// Bytes of child content the caches hold (all rules).
-    pub cache_content_bytes: Gauge,
+    /// Bytes the cache budget counts (content, and metadata beyond the allowance), by
+    /// cache: parents, children, references (all rules).
+    pub cache_content_bytes: Family<CacheKindLabel, Gauge>,
     /// Child objects cached without their content (over the cache budget), by rule.
     pub cache_stubbed: Family<CacheLabels, Counter>,
     /// Objects decoded as unreadable (nested too deep) by rule.
@@ -168,10 +175,10 @@ impl Metrics {
             "1 while this process holds the leader lease (or runs without leader election)",
             leader.clone(),
         );
-        let cache_content_bytes = Gauge::default();
+        let cache_content_bytes = Family::<CacheKindLabel, Gauge>::default();
         registry.register(
             "cache_content_bytes",
-            "Bytes of child content held by the caches (bounded by the cache budget)",
+            "Bytes the cache budget counts (content, and metadata beyond 4 KiB per object), by cache: parents, children, references",
             cache_content_bytes.clone(),
         );
         let cache_stubbed = Family::<CacheLabels, Counter>::default();

@@ -300,7 +300,9 @@ async fn a_new_parent_costs_one_request_per_child() {
 /// The child caches' content gauge at exactly `bytes`, waited for.
 async fn wait_content_bytes(op: &Operator, bytes: usize, what: &str) {
     wait_for(T, what, || async {
-        let held = op.metric("rulebook_cache_content_bytes").await;
+        let held = op
+            .metric("rulebook_cache_content_bytes{cache=\"children\"}")
+            .await;
         (held == bytes as f64).then_some(())
     })
     .await

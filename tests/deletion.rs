@@ -603,3 +603,79 @@ async fn dropping_the_deletion_steps_removes_the_finalizer() {
     drop(op);
     cleanup_namespace(&client, &ns).await;
 }
+
+/// A child orphaned while it is cached as a stub (over the cache budget: a stub keeps only
+/// its controller reference) keeps every other owner's reference: the orphaning patch is
+/// built from the object as the API server holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphaned_stub_keeps_its_other_owners() {
+    let test = "an_orphaned_stub_keeps_its_other_owners";
+    let client = client().await;
+    let ns = namespace(&client, "deletion-stub").await;
+    let (kind, rule) = ("DelStub", "delstub");
+    let d = RuleDir::new();
+    d.template("cm.yaml", &configmap_template("cm", "  k: v\n"));
+    d.rule("r.yaml", &orphan_rule(rule, kind));
+    // No budget: every parent and child with content is cached as a stub.
+    let op = Operator::start(
+        &d.rules,
+        &d.templates,
+        Some(&ns),
+        &["--install-crds", "--cache-namespace-mib", "0"],
+    )
+    .await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    put(&parents, &parent(kind, &ns, "s0", json!({}))).await;
+    let names: BTreeSet<String> = ["s0".to_string()].into();
+    wait_all_ready(&parents, &names, T).await;
+    let series =
+        format!("rulebook_cache_stubbed_objects_total{{rule=\"{rule}\",cache=\"children\"}}");
+    wait_for(T, "the child to be cached as a stub", || async {
+        (op.metric_opt(&series).await? >= 1.0).then_some(())
+    })
+    .await;
+    // Another owner of the child, as a tenant's controller might add.
+    let anchor = put(
+        &cms,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "anchor", "namespace": ns}}),
+    )
+    .await;
+    let anchor_uid = anchor.metadata.uid.clone().unwrap_or_default();
+    let child = get_json(&cms, "s0-cm").await.expect("s0-cm");
+    let mut refs = child["metadata"]["ownerReferences"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    refs.push(
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "anchor", "uid": anchor_uid}),
+    );
+    merge(
+        &cms,
+        "s0-cm",
+        json!({"metadata": {"ownerReferences": refs}}),
+    )
+    .await;
+
+    remove(&parents, "s0").await;
+    wait_for(T, "the parent to be gone", || async {
+        get_json(&parents, "s0").await.is_none().then_some(())
+    })
+    .await;
+    let child = get_json(&cms, "s0-cm").await.expect("the orphaned child");
+    let owners: Vec<String> = child["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["uid"].as_str().map(String::from))
+        .collect();
+    eprintln!("{test}: the orphaned child's owners: {owners:?}");
+    assert_eq!(
+        owners,
+        [anchor_uid],
+        "{test}: the orphaned child lost its other owner, or kept the parent"
+    );
+    drop(op);
+    cleanup_namespace(&client, &ns).await;
+}

@@ -1048,7 +1048,11 @@ async fn children_over_the_cache_budget_are_read_on_demand() {
         stubbed >= 1.0 && parents_stubbed >= 1.0,
         "some children ({stubbed}) and parents ({parents_stubbed}) were cached without content"
     );
-    let held = op.metric("rulebook_cache_content_bytes").await;
+    let mut held = 0.0;
+    for cache in ["parents", "children", "references"] {
+        let series = format!("rulebook_cache_content_bytes{{cache=\"{cache}\"}}");
+        held += op.metric(&series).await;
+    }
     assert!(
         held <= (1 << 20) as f64,
         "content held {held} > 1 MiB budget"

@@ -101,10 +101,11 @@ pub struct RunArgs {
     /// Check each rule's permissions (SelfSubjectAccessReview) before starting it.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub check_permissions: bool,
-    /// MiB of child content cached per namespace; children beyond it are read on demand.
+    /// MiB of content (parents, children, referenced objects) cached per namespace; objects
+    /// beyond it are read on demand.
     #[arg(long, default_value_t = 32)]
     pub cache_namespace_mib: usize,
-    /// MiB of child content cached in all.
+    /// MiB of content (parents, children, referenced objects) cached in all.
     #[arg(long, default_value_t = 256)]
     pub cache_total_mib: usize,
     /// `namespace`: replicas share the parents by the hash of their namespace, each

@@ -118,9 +118,12 @@ where
     let filter = rust_log
         .and_then(|v| EnvFilter::try_new(v).ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
+    // It hints no level of its own (`TRACE`), so `RUST_LOG`'s hint stays the combined
+    // filter's and callsites above that level stay disabled for free.
     let no_bodies = filter_fn(|meta| {
         !(meta.target().starts_with("kube_client::client") && *meta.level() > tracing::Level::ERROR)
-    });
+    })
+    .with_max_level_hint(tracing::level_filters::LevelFilter::TRACE);
     filter.and(no_bodies)
 }
 

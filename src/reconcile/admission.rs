@@ -28,7 +28,7 @@ use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
 
 use crate::meta::labels;
-use crate::metrics::{CacheLabels, Metrics};
+use crate::metrics::{CacheKindLabel, CacheLabels, Metrics};
 
 /// Bounds on cached child content.
 #[derive(Clone, Debug)]
@@ -51,9 +51,9 @@ impl Default for CacheLimits {
 /// What a cache holds: what its stubs keep of their metadata ([`slim`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheKind {
-    Parents,
-    Children,
-    References,
+    Parents = 0,
+    Children = 1,
+    References = 2,
 }
 
 impl CacheKind {
@@ -108,27 +108,51 @@ pub fn metadata_bytes(m: &ObjectMeta) -> usize {
                     + len(&e.operation)
                     + len(&e.api_version)
                     + len(&e.subresource)
-                    + e.fields_v1.as_ref().map_or(0, |f| match &f.0 {
-                        serde_json::Value::String(s) => s.len(),
-                        other => other.to_string().len(),
-                    })
+                    // Rulebook's own field set follows the content it applied, which
+                    // counts already; another manager's is kept by no cache.
+                    + if super::cache::is_own_apply(e) {
+                        0
+                    } else {
+                        e.fields_v1.as_ref().map_or(0, |f| match &f.0 {
+                            serde_json::Value::String(s) => s.len(),
+                            other => other.to_string().len(),
+                        })
+                    }
                     + 100
             })
             .sum::<usize>()
 }
 
-/// A stub's metadata: Rulebook's own labels (a parent's or a reference's stub keeps every
-/// label: selectors match on them) and annotations, the controller reference, no
-/// managedFields. A reconcile reads a stub from the API server before it reads more of it.
+/// On a parent's stub, in memory only: a digest of the labels and annotations it dropped,
+/// so that a change to them still passes the parent watch's filter of unchanged parents.
+pub const DROPPED_METADATA: &str = "rulebook.dev/stubbed-metadata";
+
+/// A stub's metadata: Rulebook's own labels (a reference's stub keeps every label:
+/// selectors match on them) and annotations, the controller reference, no managedFields;
+/// a parent's stub also a digest of the labels and annotations it dropped
+/// ([`DROPPED_METADATA`]). A reconcile reads a stub from the API server before it reads
+/// more of it.
 pub fn slim(m: &mut ObjectMeta, kind: CacheKind) {
     let ours = |k: &str| k.starts_with(labels::PREFIX) || k == labels::MANAGED_BY;
-    if kind == CacheKind::Children
+    let dropped = (kind == CacheKind::Parents).then(|| {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        m.labels.hash(&mut h);
+        m.annotations.hash(&mut h);
+        format!("{:016x}", h.finish())
+    });
+    if kind != CacheKind::References
         && let Some(l) = m.labels.as_mut()
     {
         l.retain(|k, _| ours(k));
     }
     if let Some(a) = m.annotations.as_mut() {
         a.retain(|k, v| ours(k) && v.len() <= KEPT_ANNOTATION_BYTES);
+    }
+    if let Some(digest) = dropped {
+        m.annotations
+            .get_or_insert_default()
+            .insert(DROPPED_METADATA.to_string(), digest);
     }
     if let Some(r) = m.owner_references.as_mut() {
         r.retain(|r| r.controller == Some(true));
@@ -158,6 +182,8 @@ struct State {
     /// Bytes held per namespace; its keys are shared with `held`.
     by_namespace: HashMap<Arc<str>, usize>,
     total: usize,
+    /// Bytes held per [`CacheKind`] (its discriminant).
+    by_kind: [usize; 3],
     announced: HashMap<String, Instant>,
     next_cache: u64,
     kinds: HashMap<u64, CacheKind>,
@@ -166,6 +192,7 @@ struct State {
 struct Held {
     namespace: Arc<str>,
     bytes: usize,
+    kind: CacheKind,
 }
 
 impl State {
@@ -175,8 +202,15 @@ impl State {
     }
 
     fn forget(&mut self, key: &(u64, u64)) {
-        if let Some(Held { namespace, bytes }) = self.held.remove(key) {
+        if let Some(Held {
+            namespace,
+            bytes,
+            kind,
+        }) = self.held.remove(key)
+        {
             self.total = self.total.saturating_sub(bytes);
+            let of_kind = &mut self.by_kind[kind as usize];
+            *of_kind = of_kind.saturating_sub(bytes);
             if let Some(ns) = self.by_namespace.get_mut(&namespace) {
                 *ns = ns.saturating_sub(bytes);
                 if *ns == 0 {
@@ -186,14 +220,22 @@ impl State {
         }
     }
 
-    fn hold(&mut self, key: (u64, u64), ns: &str, bytes: usize) {
+    fn hold(&mut self, key: (u64, u64), ns: &str, bytes: usize, kind: CacheKind) {
         let namespace = match self.by_namespace.get_key_value(ns) {
             Some((shared, _)) => shared.clone(),
             None => Arc::from(ns),
         };
         *self.by_namespace.entry(namespace.clone()).or_insert(0) += bytes;
-        self.held.insert(key, Held { namespace, bytes });
+        self.held.insert(
+            key,
+            Held {
+                namespace,
+                bytes,
+                kind,
+            },
+        );
         self.total += bytes;
+        self.by_kind[kind as usize] += bytes;
     }
 }
 
@@ -253,7 +295,7 @@ impl CacheBudget {
                 if o.data.is_null() {
                     // Cached without content already (it cannot be a child).
                     slim(&mut o.metadata, kind);
-                    s.hold(key, &ns, counted(&o.metadata));
+                    s.hold(key, &ns, counted(&o.metadata), kind);
                     Admitted::AsIs
                 } else {
                     let bytes = o.data.as_str().map_or(0, str::len) + counted(&o.metadata);
@@ -262,7 +304,7 @@ impl CacheBudget {
                     {
                         o.data = serde_json::Value::Null;
                         slim(&mut o.metadata, kind);
-                        s.hold(key, &ns, counted(&o.metadata));
+                        s.hold(key, &ns, counted(&o.metadata), kind);
                         self.metrics
                             .cache_stubbed
                             .get_or_create(&CacheLabels {
@@ -280,13 +322,13 @@ impl CacheBudget {
                         }
                         Admitted::Stubbed { announce }
                     } else {
-                        s.hold(key, &ns, bytes);
+                        s.hold(key, &ns, bytes, kind);
                         Admitted::AsIs
                     }
                 }
             }
         };
-        self.metrics.cache_content_bytes.set(s.total as i64);
+        self.publish(&s);
         result
     }
 
@@ -298,7 +340,24 @@ impl CacheBudget {
         for k in keys {
             s.forget(&k);
         }
-        self.metrics.cache_content_bytes.set(s.total as i64);
+        self.publish(&s);
+    }
+
+    /// The bytes held, by cache, as the metric shows them.
+    fn publish(&self, s: &State) {
+        for kind in [
+            CacheKind::Parents,
+            CacheKind::Children,
+            CacheKind::References,
+        ] {
+            let held = i64::try_from(s.by_kind[kind as usize]).unwrap_or(i64::MAX);
+            self.metrics
+                .cache_content_bytes
+                .get_or_create(&CacheKindLabel {
+                    cache: kind.as_str().to_string(),
+                })
+                .set(held);
+        }
     }
 
     pub fn limits(&self) -> &CacheLimits {
@@ -452,5 +511,50 @@ mod tests {
                 .as_ref()
                 .is_some_and(|a| a.len() == 1)
         );
+    }
+
+    /// A parent's stub keeps no labels or annotations of the tenant's, only a digest of
+    /// them, which changes when they do (the parent watch's filter of unchanged parents
+    /// hashes the annotations), and the bytes held are shown by cache.
+    #[test]
+    fn a_parents_stub_keeps_a_digest_of_what_it_dropped() {
+        let b = budget(1000, 1_000_000);
+        let parents = b.cache_id(CacheKind::Parents);
+        let digest = |note: &str| {
+            let mut o = heavy("tenant", "p", Some(2000));
+            if let Some(a) = o.metadata.annotations.as_mut() {
+                a.insert("tenant/note".into(), note.into());
+            }
+            let mut e = Event::Apply(o);
+            assert!(matches!(
+                b.admit(parents, "r", &mut e),
+                Admitted::Stubbed { .. }
+            ));
+            let Event::Apply(o) = e else { unreachable!() };
+            let m = o.metadata;
+            let labels_kept: Vec<String> = m.labels.into_iter().flatten().map(|(k, _)| k).collect();
+            assert_eq!(labels_kept, [labels::MANAGED_BY, labels::OWNER]);
+            let annotations = m.annotations.unwrap_or_default();
+            assert!(annotations.keys().all(|k| k.starts_with(labels::PREFIX)));
+            annotations.get(DROPPED_METADATA).cloned()
+        };
+        let (one, two) = (digest("a"), digest("b"));
+        assert!(one.is_some() && two.is_some() && one != two);
+        assert_eq!(digest("a"), one);
+        let held = |cache: &str| {
+            b.metrics
+                .cache_content_bytes
+                .get_or_create(&CacheKindLabel {
+                    cache: cache.into(),
+                })
+                .get()
+        };
+        let mut e = Event::Apply(cm("tenant", "small", 10));
+        assert_eq!(b.admit(parents, "r", &mut e), Admitted::AsIs);
+        assert_eq!(held("children"), 0);
+        assert!(held("parents") >= 10);
+        let s = lock(&b.state);
+        assert!(s.total > 0);
+        assert_eq!(s.by_kind[CacheKind::Parents as usize], s.total);
     }
 }

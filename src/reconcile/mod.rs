@@ -96,12 +96,7 @@ pub async fn reconcile(
         ))
         .unwrap_or(parent);
     let uid = parent.uid();
-    // A parent cached without content (over the cache budget) is read whole first.
-    let result = match observe::read_stub_parent(&ctx, parent).await {
-        Ok(Some(parent)) => reconcile_inner(&parent, &ctx).await,
-        Ok(None) => Ok(Action::await_change()), // gone, or replaced
-        Err(e) => Err(e),
-    };
+    let result = reconcile_inner(parent, &ctx).await;
     gauge.dec();
     ctx.metrics
         .reconcile_duration
@@ -158,7 +153,7 @@ pub fn error_policy(
 }
 
 async fn reconcile_inner(
-    parent: &DynamicObject,
+    parent: Arc<DynamicObject>,
     ctx: &RuleContext,
 ) -> Result<Action, ReconcileError> {
     if !ctx.writer.may_write() {
@@ -173,6 +168,11 @@ async fn reconcile_inner(
         debug!(rule = %ctx.rule.name, parent = %parent.name_any(), "child caches not listed yet; deferred");
         return Ok(Action::await_change());
     }
+    // A parent cached without content (over the cache budget) is read whole first.
+    let Some(parent) = observe::read_stub_parent(ctx, parent).await? else {
+        return Ok(Action::await_change()); // gone, or replaced
+    };
+    let parent: &DynamicObject = &parent;
     // 0. Deletion: a parent being deleted is torn down (or left to the garbage collector
     //    when it does not carry Rulebook's finalizer); others carry the finalizer exactly
     //    when the rule needs it.
@@ -396,12 +396,17 @@ async fn reconcile_inner(
                 "Reconcile",
                 state.message.clone(),
             );
-            write_status(ctx, parent, &parent_json, fields.as_ref(), &state).await?;
+            // The API server's refusal of a status may quote a value from a Secret.
+            write_status(ctx, parent, &parent_json, fields.as_ref(), &state)
+                .await
+                .map_err(|e| e.redacted(&secrets))?;
             Err(err)
         }
         None => {
             let ready = report.readiness.condition();
-            write_status(ctx, parent, &parent_json, fields.as_ref(), &ready).await?;
+            write_status(ctx, parent, &parent_json, fields.as_ref(), &ready)
+                .await
+                .map_err(|e| e.redacted(&secrets))?;
             // No child written: the same inputs (with the parent as its status write left
             // it) give the same outcome, so the next reconcile of them can stop early.
             let ns = parent.metadata.namespace.as_deref();

@@ -57,10 +57,16 @@ pub(super) async fn read_stub_parent(
     if !is_stub(&parent) {
         return Ok(Some(parent));
     }
-    let api = ctx.parent_api(&parent);
+    // Decoded as the parent watch decodes it (a parent nested too deeply still gets its
+    // `InvalidParent` condition), and kept as the cache would keep it.
+    let api: kube::Api<super::wire::Wire<false>> = match (ctx.parent.namespaced, parent.namespace())
+    {
+        (true, Some(ns)) => kube::Api::namespaced_with(ctx.client.clone(), &ns, &ctx.parent.ar),
+        _ => kube::Api::all_with(ctx.client.clone(), &ctx.parent.ar),
+    };
     match api.get_opt(&parent.name_any()).await {
-        Ok(Some(mut full)) if full.uid() == parent.uid() => {
-            // As the cache would hold it.
+        Ok(Some(wire)) if wire.metadata.uid == parent.uid() => {
+            let mut full = wire.into_packed();
             cache::strip_parent(&mut full);
             Ok(Some(Arc::new(full)))
         }

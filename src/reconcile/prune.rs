@@ -105,7 +105,23 @@ async fn let_go_of(
             .await
             .map(|d| d == Deleted::Deleted)
     } else {
-        let body = orphan_patch(obj, &parent.uid().unwrap_or_default());
+        // A stub keeps only the controller reference and Rulebook's own metadata: the
+        // patch is built from the object as the API server holds it, or it would remove
+        // every other owner's reference with Rulebook's.
+        let fresh;
+        let from = if super::wire::is_stub(obj) {
+            match api.get_opt(&name).await {
+                Ok(Some(o)) if o.uid() == obj.uid() => {
+                    fresh = o;
+                    &fresh
+                }
+                Ok(_) => return Ok(None), // gone, or replaced
+                Err(e) => return Err(ReconcileError::Prune { what, source: e }),
+            }
+        } else {
+            obj
+        };
+        let body = orphan_patch(from, &parent.uid().unwrap_or_default());
         ctx.writer
             .merge_patch(&api, &name, &body)
             .await
