@@ -466,7 +466,7 @@ impl RuleRunner {
                 every,
             ));
         }
-        let counting = count_cached(
+        let counting = super::status::count_cached(
             self.metrics.clone(),
             &name,
             parent_reader.clone(),
@@ -548,31 +548,6 @@ impl RuleRunner {
             self.budget.drop_cache(id);
         }
     }
-}
-
-/// Keeps `rulebook_cached_objects` current (every 2 s) while the rule runs.
-fn count_cached(
-    metrics: Arc<Metrics>,
-    rule: &str,
-    parents: reflector::Store<kube::api::DynamicObject>,
-    children: Vec<Arc<crate::reconcile::store::ChildStore>>,
-) -> tokio::task::JoinHandle<()> {
-    let label = |cache: &str| metrics::CacheLabels {
-        rule: rule.to_string(),
-        cache: cache.to_string(),
-    };
-    let (p, c) = (label("parents"), label("children"));
-    tokio::spawn(async move {
-        loop {
-            metrics
-                .cached_objects
-                .get_or_create(&p)
-                .set(parents.len() as i64);
-            let n: usize = children.iter().map(|s| s.len()).sum();
-            metrics.cached_objects.get_or_create(&c).set(n as i64);
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
-    })
 }
 
 /// A kind's API resource and whether it is namespaced, from discovery.

@@ -149,6 +149,31 @@ fn api_status(s: &kube::core::Status) -> String {
     }
 }
 
+/// Keeps `rulebook_cached_objects` current (every 2 s) while the rule runs.
+pub(super) fn count_cached(
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    rule: &str,
+    parents: kube::runtime::reflector::Store<kube::api::DynamicObject>,
+    children: Vec<std::sync::Arc<crate::reconcile::store::ChildStore>>,
+) -> tokio::task::JoinHandle<()> {
+    let label = |cache: &str| crate::metrics::CacheLabels {
+        rule: rule.to_string(),
+        cache: cache.to_string(),
+    };
+    let (p, c) = (label("parents"), label("children"));
+    tokio::spawn(async move {
+        loop {
+            metrics
+                .cached_objects
+                .get_or_create(&p)
+                .set(parents.len() as i64);
+            let n: usize = children.iter().map(|s| s.len()).sum();
+            metrics.cached_objects.get_or_create(&c).set(n as i64);
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
