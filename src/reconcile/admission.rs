@@ -15,8 +15,8 @@
 //! tenant's object may carry 256 KiB of annotations, or thousands of labels, owner
 //! references or field managers — and a stub keeps only the metadata Rulebook reads of
 //! a cached object before it reads the object itself ([`slim`]): Rulebook's own labels
-//! and annotations and the controller reference (a parent's or a reference's stub also
-//! keeps its labels, which selectors match).
+//! and annotations and the controller reference (a reference's stub also keeps its
+//! labels, which selectors match; a parent's a digest of those it drops).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -6,15 +6,17 @@
 //! (`rulebook_events_dropped_total{reason}`). A reconcile never waits for an event, and a
 //! slow or throttled API server cannot make the events that tenants' parents cause pile
 //! up in memory, or take more than two of the API server's concurrent requests from the
-//! writes that converge parents. Parents' authors are tenants: once the outbox is half
-//! full, a namespace with [`QUEUED_PER_NAMESPACE`] events waiting may add no more, and
-//! the namespaces take turns, so one tenant's burst (a thousand parents failing at once)
-//! neither crowds out another namespace's events (half the outbox stays for the others,
-//! a hundred each) nor holds them back for long: another namespace's next event is
-//! taken after at most one more of the first's (two may be in flight already). The
-//! share is per namespace, the unit of tenancy Kubernetes gives; a tenant with several
-//! namespaces has a share in each. A busy namespace of one platform team
-//! (a thousand parents created at once) may still use the first half.
+//! writes that converge parents. Parents' authors are tenants: once three quarters of
+//! the outbox wait, a namespace with [`QUEUED_PER_NAMESPACE`] events waiting may add no
+//! more, and the namespaces take turns, so one tenant's burst (a thousand parents
+//! failing at once) neither crowds out another namespace's events (a quarter of the
+//! outbox stays for the others, a hundred each) nor holds them back for long: another
+//! namespace's next event is taken after at most one more of the first's (two may be in
+//! flight already). The share is per namespace, the unit of tenancy Kubernetes gives; a
+//! tenant with several namespaces has a share in each. A busy namespace alone (500
+//! parents failing at once, each with its Warning) still fits: a dropped Warning is
+//! recorded again on the parent's next failure, so drops would make persistently
+//! failing parents write again.
 //! (client-go limits events per object for the same purpose; here the series cache and
 //! the once-per-warning rule already keep one object's repeats down.)
 
@@ -31,7 +33,7 @@ use crate::metrics::DroppedLabel;
 
 /// Events waiting at most (client-go's broadcaster queues 1,000).
 pub const QUEUED_EVENTS: usize = 1000;
-/// Events waiting from one namespace at most, once the outbox is half full.
+/// Events waiting from one namespace at most, once three quarters of the outbox wait.
 pub const QUEUED_PER_NAMESPACE: usize = 100;
 /// Event requests in flight at once.
 pub const SENDING_EVENTS: usize = 2;
@@ -41,7 +43,7 @@ pub const SENDING_EVENTS: usize = 2;
 pub enum Dropped {
     /// The outbox held [`QUEUED_EVENTS`] already.
     OutboxFull,
-    /// The outbox was half full and the event's namespace held its share of it.
+    /// Three quarters of the outbox waited and the event's namespace held its share.
     NamespaceShare,
 }
 
@@ -110,7 +112,7 @@ pub struct Outbox {
 pub struct OutboxLimits {
     /// Events waiting, in all.
     pub queued: usize,
-    /// Events waiting from one namespace, once half of `queued` wait.
+    /// Events waiting from one namespace, once three quarters of `queued` wait.
     pub per_namespace: usize,
     /// Requests in flight at once.
     pub sending: usize,
@@ -174,7 +176,7 @@ impl Outbox {
             let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
             let full = if queues.waiting >= self.limits.queued {
                 Some(Dropped::OutboxFull)
-            } else if queues.waiting >= self.limits.queued / 2
+            } else if queues.waiting >= self.limits.queued - self.limits.queued / 4
                 && queues
                     .by_namespace
                     .get(namespace)
@@ -312,7 +314,7 @@ mod tests {
         assert_eq!(count(&dropped, Dropped::OutboxFull), 2);
     }
 
-    /// Past half the outbox, a namespace fills its own share, not the outbox, and the
+    /// Past three quarters of the outbox, a namespace fills its own share, not the outbox, and the
     /// namespaces take turns: another namespace's event is posted and goes out after at
     /// most one more of the first's.
     #[tokio::test]
@@ -320,7 +322,7 @@ mod tests {
         let dropped = Family::<DroppedLabel, Counter>::default();
         let outbox = Outbox::new(
             OutboxLimits {
-                queued: 6,
+                queued: 8,
                 per_namespace: 2,
                 sending: 1,
             },
@@ -338,25 +340,28 @@ mod tests {
         // The sender takes the first event and waits in it; the rest wait in the outbox.
         assert!(post("hostile", "h0").is_ok());
         tokio::task::yield_now().await;
-        // Below half the outbox (3) a namespace may exceed its share (2); then not.
-        let burst: Vec<_> = ["h1", "h2", "h3", "h4", "h5"]
+        // Below three quarters of the outbox (6) a namespace may exceed its share (2);
+        // then not.
+        let burst: Vec<_> = ["h1", "h2", "h3", "h4", "h5", "h6", "h7"]
             .into_iter()
             .map(|name| post("hostile", name))
             .collect();
-        let share = Err(Dropped::NamespaceShare);
-        assert_eq!(burst, [Ok(()), Ok(()), Ok(()), share, share]);
+        let (ok, share) = (Ok(()), Err(Dropped::NamespaceShare));
+        assert_eq!(burst, [ok, ok, ok, ok, ok, ok, share]);
         assert!(post("quiet", "q0").is_ok());
         assert!(post("third", "t0").is_ok());
-        assert!(post("third", "t1").is_ok());
-        assert_eq!(post("third", "t2"), Err(Dropped::OutboxFull));
-        assert_eq!(count(&dropped, Dropped::NamespaceShare), 2);
+        assert_eq!(post("third", "t1"), Err(Dropped::OutboxFull));
+        assert_eq!(count(&dropped, Dropped::NamespaceShare), 1);
         assert_eq!(count(&dropped, Dropped::OutboxFull), 1);
         let _ = open.send(true);
         let mut order = Vec::new();
-        for _ in 0..7 {
+        for _ in 0..9 {
             order.extend(within(sent.recv()).await);
         }
-        assert_eq!(order, ["h0", "h1", "q0", "t0", "h2", "t1", "h3"]);
+        assert_eq!(
+            order,
+            ["h0", "h1", "q0", "t0", "h2", "h3", "h4", "h5", "h6"]
+        );
     }
 
     /// With two senders and many namespaces, every event posted is sent, and once all
