@@ -168,6 +168,14 @@ impl RuleContext {
 
     /// The API of the parent's kind, where `parent` lives.
     pub fn parent_api(&self, parent: &DynamicObject) -> Api<DynamicObject> {
+        self.parent_api_as(parent)
+    }
+
+    /// [`RuleContext::parent_api`], decoding into `K` (the watch's own form, say).
+    pub fn parent_api_as<K>(&self, parent: &DynamicObject) -> Api<K>
+    where
+        K: kube::Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>,
+    {
         match (self.parent.namespaced, parent.namespace()) {
             (true, Some(ns)) => Api::namespaced_with(self.client.clone(), &ns, &self.parent.ar),
             _ => Api::all_with(self.client.clone(), &self.parent.ar),

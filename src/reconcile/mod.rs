@@ -370,9 +370,7 @@ async fn reconcile_inner(
     // Secret values a message may quote: the references', the children's as observed,
     // and those this reconcile meant to write (a Secret child's value that an admission
     // webhook quotes in its refusal may be in no cache).
-    let secrets = crate::render::secret_values_in(
-        observed.objects().chain(desired.iter().map(|d| &d.object)),
-    );
+    let secrets = observed.secret_values_with(&desired);
     let (report, parent_json) =
         status_off_runtime(ctx, parent_json, observed, desired, budget).await?;
     let report = match report {

@@ -59,11 +59,7 @@ pub(super) async fn read_stub_parent(
     }
     // Decoded as the parent watch decodes it (a parent nested too deeply still gets its
     // `InvalidParent` condition), and kept as the cache would keep it.
-    let api: kube::Api<super::wire::Wire<false>> = match (ctx.parent.namespaced, parent.namespace())
-    {
-        (true, Some(ns)) => kube::Api::namespaced_with(ctx.client.clone(), &ns, &ctx.parent.ar),
-        _ => kube::Api::all_with(ctx.client.clone(), &ctx.parent.ar),
-    };
+    let api = ctx.parent_api_as::<super::wire::Wire<false>>(&parent);
     match api.get_opt(&parent.name_any()).await {
         Ok(Some(wire)) if wire.metadata.uid == parent.uid() => {
             let mut full = wire.into_packed();

@@ -234,6 +234,12 @@ impl Observed {
     pub fn secret_values(&self) -> Vec<String> {
         secret_values_in(self.objects())
     }
+
+    /// [`Observed::secret_values`], and those of the children about to be written (a
+    /// refusal of one child may quote a value that only another, not yet written, holds).
+    pub fn secret_values_with(&self, desired: &[DesiredChild]) -> Vec<String> {
+        secret_values_in(self.objects().chain(desired.iter().map(|d| &d.object)))
+    }
 }
 
 pub use secrets::{MIN_REDACTED, redact, secret_values_in};

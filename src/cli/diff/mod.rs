@@ -415,9 +415,7 @@ async fn diff_parent(
             return d;
         }
     };
-    let secrets = crate::render::secret_values_in(
-        observed.objects().chain(desired.iter().map(|c| &c.object)),
-    );
+    let secrets = observed.secret_values_with(&desired);
     let mut wanted = BTreeSet::new();
     for child in &desired {
         let (ar, namespaced) = &kinds.children[kinds.of_child[child.child]];
