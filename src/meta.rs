@@ -42,6 +42,20 @@ pub mod labels {
     /// `Paused` condition) until it is removed or set to anything else.
     pub const PAUSED: &str = "rulebook.dev/paused";
 
+    /// Every label and annotation key Rulebook writes or reads on an object (a stub keeps
+    /// these and no other: anyone may set keys with Rulebook's prefix on their objects).
+    pub const OWN: &[&str] = &[
+        MANAGED_BY,
+        RULE,
+        OWNER,
+        CHILD,
+        RULE_VERSION,
+        DESIRED_HASH,
+        INDEX,
+        FINALIZED,
+        PAUSED,
+    ];
+
     /// The label selector of a rule's children: `managed-by=rulebook,rule=<rule>`.
     pub fn child_selector(rule: &str) -> String {
         format!("{MANAGED_BY}={MANAGED_BY_VALUE},{RULE}={rule}")

@@ -368,6 +368,101 @@ fn literal_reference_rule(
     d
 }
 
+/// Referenced objects cached as stubs (`--cache-namespace-mib 0`) whose labels are too
+/// large to keep (each ConfigMap here carries 200 labels of about 70 bytes): the stub
+/// keeps none of the tenant's labels, so nothing past the allowance is held, and a
+/// selector still finds exactly its objects (asked of the API server) and hears an
+/// object labelled into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_selector_finds_stubs_whose_labels_were_dropped() {
+    let test = "a_selector_finds_stubs_whose_labels_were_dropped";
+    let client = client().await;
+    let ns = namespace(&client, "refs-dropped").await;
+    let d = shipped("teamapp", |t| t);
+    let op = Operator::start(
+        &d.rules,
+        &d.templates,
+        Some(&ns),
+        &["--install-crds", "--cache-namespace-mib", "0"],
+    )
+    .await;
+    let apps = api(&client, Some(&ns), "xyz.com/v1", "TeamApp", "teamapps");
+    wait_for(T, "the TeamApp CRD to be served", || async {
+        apps.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
+    let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    put(&secrets, &secret(&ns, "db", "first")).await;
+    let big = |name: &str, team: &str| {
+        let mut cm = team_cm(&ns, name, team, json!({"k": name}));
+        for i in 0..200 {
+            cm["metadata"]["labels"][format!("bulk.example.com/l{i}")] = json!("v".repeat(50));
+        }
+        cm
+    };
+    put(&cms, &big("payments-big", "payments")).await;
+    put(&cms, &big("search-big", "search")).await;
+    put(
+        &cms,
+        &team_cm(&ns, "payments-small", "payments", json!({"k": "s"})),
+    )
+    .await;
+    let shop = json!({"apiVersion": "xyz.com/v1", "kind": "TeamApp",
+        "metadata": {"name": "shop", "namespace": ns},
+        "spec": {"image": "shop:1", "team": "payments", "credentialsSecret": "db", "replicas": 0}});
+    put(&apps, &shop).await;
+    wait_all_ready(&apps, &["shop".to_string()].into(), T).await;
+    let from = |want: Json| {
+        let apps = apps.clone();
+        async move {
+            wait_for(T, &format!("status.settingsFrom to be {want}"), || async {
+                let p = get_json(&apps, "shop").await?;
+                (p["status"]["settingsFrom"] == want).then_some(())
+            })
+            .await
+        }
+    };
+    from(json!(["payments-big", "payments-small"])).await;
+    let stubbed = op
+        .metric("rulebook_cache_stubbed_objects_total{rule=\"teamapp\",cache=\"references\"}")
+        .await;
+    assert!(
+        stubbed >= 3.0,
+        "{test}: references cached as stubs: {stubbed}"
+    );
+    let held = op
+        .metric("rulebook_cache_content_bytes{cache=\"references\"}")
+        .await;
+    assert_eq!(
+        held, 0.0,
+        "{test}: reference stubs hold no labels past the allowance"
+    );
+
+    // Labelled into the selector: heard (the stub's labels are not known, so every
+    // selecting parent of the namespace is woken) and found.
+    merge(
+        &cms,
+        "search-big",
+        json!({"metadata": {"labels": {"team": "payments"}}}),
+    )
+    .await;
+    from(json!(["payments-big", "payments-small", "search-big"])).await;
+    merge(
+        &cms,
+        "payments-big",
+        json!({"metadata": {"labels": {"team": "search"}}}),
+    )
+    .await;
+    from(json!(["payments-small", "search-big"])).await;
+    let settings = get_json(&cms, "shop-settings").await.expect("settings");
+    assert_eq!(
+        settings["data"]["sources"], "payments-small,search-big",
+        "{test}: the children read the objects found"
+    );
+    cleanup_namespace(&client, &ns).await;
+}
+
 /// A rule that names another namespace literally reads from it (by a literal name, so its
 /// cache watches that one object).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

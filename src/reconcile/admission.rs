@@ -16,7 +16,8 @@
 //! references or field managers — and a stub keeps only the metadata Rulebook reads of
 //! a cached object before it reads the object itself ([`slim`]): Rulebook's own labels
 //! and annotations and the controller reference (a reference's stub also keeps its
-//! labels, which selectors match; a parent's a digest of those it drops).
+//! labels, which selectors match, while they are small; a parent's a digest of those it
+//! drops). A stub's size is bounded whatever the tenant puts on the object.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -78,6 +79,22 @@ pub const METADATA_ALLOWANCE: usize = 4 << 10;
 /// anyone may set one on their objects).
 const KEPT_ANNOTATION_BYTES: usize = 256;
 
+/// A reference's stub keeps the tenant's labels (selectors match on them) while they
+/// take at most this many bytes; past it, only Rulebook's and [`DROPPED_LABELS`], and a
+/// reconcile asks the API server which of such objects a selector matches.
+pub const KEPT_REFERENCE_LABEL_BYTES: usize = 2 << 10;
+
+/// On a reference's stub, in memory only: its labels were too large to keep
+/// ([`KEPT_REFERENCE_LABEL_BYTES`]), so the cache cannot tell which selectors match it.
+pub const DROPPED_LABELS: &str = "rulebook.dev/dropped-labels";
+
+/// Whether a cached object's labels are all there (not dropped from a reference's stub).
+pub fn labels_kept(m: &ObjectMeta) -> bool {
+    m.annotations
+        .as_ref()
+        .is_none_or(|a| !a.contains_key(DROPPED_LABELS))
+}
+
 /// Bytes an object's metadata holds, about as many as its JSON text has.
 pub fn metadata_bytes(m: &ObjectMeta) -> usize {
     let len = |s: &Option<String>| s.as_ref().map_or(0, String::len);
@@ -127,13 +144,14 @@ pub fn metadata_bytes(m: &ObjectMeta) -> usize {
 /// so that a change to them still passes the parent watch's filter of unchanged parents.
 pub const DROPPED_METADATA: &str = "rulebook.dev/stubbed-metadata";
 
-/// A stub's metadata: Rulebook's own labels (a reference's stub keeps every label:
-/// selectors match on them) and annotations, the controller reference, no managedFields;
-/// a parent's stub also a digest of the labels and annotations it dropped
+/// A stub's metadata: Rulebook's own labels and annotations ([`labels::OWN`]; a
+/// reference's stub also the tenant's labels, which selectors match, up to
+/// [`KEPT_REFERENCE_LABEL_BYTES`]), the controller reference, no managedFields; a
+/// parent's stub also a digest of the labels and annotations it dropped
 /// ([`DROPPED_METADATA`]). A reconcile reads a stub from the API server before it reads
 /// more of it.
 pub fn slim(m: &mut ObjectMeta, kind: CacheKind) {
-    let ours = |k: &str| k.starts_with(labels::PREFIX) || k == labels::MANAGED_BY;
+    let ours = |k: &str| labels::OWN.contains(&k);
     let dropped = (kind == CacheKind::Parents).then(|| {
         use std::hash::{Hash, Hasher};
         let mut h = std::hash::DefaultHasher::new();
@@ -141,9 +159,14 @@ pub fn slim(m: &mut ObjectMeta, kind: CacheKind) {
         m.annotations.hash(&mut h);
         format!("{:016x}", h.finish())
     });
-    if kind != CacheKind::References
-        && let Some(l) = m.labels.as_mut()
-    {
+    let label_bytes: usize = m
+        .labels
+        .iter()
+        .flatten()
+        .map(|(k, v)| k.len() + v.len())
+        .sum();
+    let keep_labels = kind == CacheKind::References && label_bytes <= KEPT_REFERENCE_LABEL_BYTES;
+    if !keep_labels && let Some(l) = m.labels.as_mut() {
         l.retain(|k, _| ours(k));
     }
     if let Some(a) = m.annotations.as_mut() {
@@ -153,6 +176,11 @@ pub fn slim(m: &mut ObjectMeta, kind: CacheKind) {
         m.annotations
             .get_or_insert_default()
             .insert(DROPPED_METADATA.to_string(), digest);
+    }
+    if kind == CacheKind::References && !keep_labels {
+        m.annotations
+            .get_or_insert_default()
+            .insert(DROPPED_LABELS.to_string(), String::new());
     }
     if let Some(r) = m.owner_references.as_mut() {
         r.retain(|r| r.controller == Some(true));
@@ -499,18 +527,29 @@ mod tests {
         assert_eq!(b.admit(children, "r", &mut e), Admitted::AsIs);
         let Event::Apply(o) = &e else { unreachable!() };
         assert!(metadata_bytes(&o.metadata) < 500);
-        // A reference's stub keeps its labels: selectors match on them.
+        // A reference's stub keeps small labels (selectors match on them); a thousand
+        // are dropped, marked so, as are labels forged with Rulebook's prefix.
         let references = b.cache_id(CacheKind::References);
-        let mut e = Event::Apply(heavy("tenant", "c", None));
-        b.admit(references, "r", &mut e);
+        let mut small = heavy("tenant", "d", None);
+        small.metadata.labels = Some([("team".to_string(), "a".to_string())].into());
+        for (o, kept) in [(heavy("tenant", "c", None), 2), (small, 1)] {
+            let mut e = Event::Apply(o);
+            b.admit(references, "r", &mut e);
+            let Event::Apply(o) = &e else { unreachable!() };
+            assert_eq!(o.metadata.labels.as_ref().map(|l| l.len()), Some(kept));
+            assert_eq!(super::labels_kept(&o.metadata), kept == 1);
+            assert!(metadata_bytes(&o.metadata) < 500);
+        }
+        let mut forged = heavy("tenant", "e", None);
+        for i in 0..1000 {
+            let key = format!("{}l{i}", labels::PREFIX);
+            forged.labels_mut().insert(key.clone(), "v".into());
+            forged.annotations_mut().insert(key, "v".into());
+        }
+        let mut e = Event::Apply(forged);
+        b.admit(children, "r", &mut e);
         let Event::Apply(o) = &e else { unreachable!() };
-        assert_eq!(o.metadata.labels.as_ref().map(|l| l.len()), Some(1002));
-        assert!(
-            o.metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.len() == 1)
-        );
+        assert!(metadata_bytes(&o.metadata) < 500);
     }
 
     /// A parent's stub keeps no labels or annotations of the tenant's, only a digest of

@@ -18,11 +18,12 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 use serde_json::Value as Json;
 
+use super::admission;
 use super::cache;
 use super::context::RuleContext;
 use super::error::ReconcileError;
@@ -58,16 +59,22 @@ struct Maps {
 }
 
 impl Maps {
-    /// The parents whose selector in `ns` matches `labels`.
-    fn selecting(&self, ns: &Option<String>, labels: &BTreeMap<String, String>) -> Vec<Key> {
+    /// The parents whose selector in `ns` matches `labels`; every parent with a selector
+    /// in `ns` when the labels are not known (dropped from a stub).
+    fn selecting(
+        &self,
+        ns: &Option<String>,
+        labels: Option<&BTreeMap<String, String>>,
+    ) -> Vec<Key> {
         self.by_selector
             .get(ns)
             .into_iter()
             .flatten()
             .filter(|p| {
-                self.targets
-                    .get(*p)
-                    .is_some_and(|t| t.selects_labels(labels))
+                self.targets.get(*p).is_some_and(|t| match labels {
+                    Some(l) => t.selects_labels(l),
+                    None => matches!(t.select, RefSelect::Labels(_)),
+                })
             })
             .cloned()
             .collect()
@@ -158,7 +165,7 @@ impl RefIndex {
             (event, previous)
         {
             let key = (o.namespace(), o.name_any());
-            let was = m.selecting(&key.0, old.labels());
+            let was = m.selecting(&key.0, known_labels(old));
             if !was.is_empty() {
                 m.before.entry(key).or_default().extend(was);
             }
@@ -200,7 +207,7 @@ impl RefIndex {
         let key = (o.namespace(), o.name_any());
         let mut m = lock(&self.maps);
         let mut out: HashSet<Key> = m.by_name.get(&key).cloned().unwrap_or_default();
-        out.extend(m.selecting(&key.0, o.labels()));
+        out.extend(m.selecting(&key.0, known_labels(o)));
         if let Some(before) = m.before.remove(&key) {
             out.extend(before);
         }
@@ -215,6 +222,12 @@ impl RefIndex {
             .map(|s| s.iter().cloned().collect())
             .unwrap_or_default()
     }
+}
+
+/// An object's labels, unless a stub dropped them (too large to keep,
+/// [`admission::KEPT_REFERENCE_LABEL_BYTES`]).
+fn known_labels(o: &DynamicObject) -> Option<&BTreeMap<String, String>> {
+    (!is_stub(o) || admission::labels_kept(&o.metadata)).then(|| o.labels())
 }
 
 /// What the references of one parent found.
@@ -266,28 +279,52 @@ pub(super) async fn look_up(
                 None if r.optional => {}
                 None => return Ok(missing(r, &t)),
             },
-            RefSelect::Labels(_) => {
+            RefSelect::Labels(want) => {
                 let mut names = kind.index.members(&t.namespace);
                 names.sort();
-                let selected: Vec<Arc<DynamicObject>> = names
-                    .iter()
-                    .filter_map(|name| cached(kind, &t.namespace, name))
-                    .filter(|o| t.selects_labels(o.labels()))
-                    .collect();
-                if selected.len() > limit {
-                    return Ok(Dereferenced::TooMany(format!(
-                        "refs.{}: {} objects match, more than the limit of {limit}",
-                        r.name.value,
-                        selected.len()
-                    )));
-                }
-                let mut list = Vec::with_capacity(selected.len());
-                for o in selected {
-                    if let Some(o) = full(ctx, kind, o).await? {
-                        list.push(o);
+                let mut selected = Vec::new();
+                let mut unknown = HashSet::new();
+                for o in names.iter().filter_map(|n| cached(kind, &t.namespace, n)) {
+                    match known_labels(&o) {
+                        Some(l) if t.selects_labels(l) => selected.push(o),
+                        Some(_) => {}
+                        None => {
+                            unknown.insert(o.uid().unwrap_or_default());
+                        }
                     }
                 }
-                found.insert(r.name.value.clone(), Json::Array(list));
+                let listed = if unknown.is_empty() || selected.len() > limit {
+                    Vec::new()
+                } else {
+                    let room = limit - selected.len();
+                    list_selected(ctx, kind, &t.namespace, want, &unknown, room).await?
+                };
+                let matched = selected.len() + listed.len();
+                if matched > limit {
+                    // With stubs among them, counting stopped past the limit.
+                    let at_least = if unknown.is_empty() { "" } else { "at least " };
+                    return Ok(Dereferenced::TooMany(format!(
+                        "refs.{}: {at_least}{matched} objects match, more than the limit of {limit}",
+                        r.name.value,
+                    )));
+                }
+                let mut list = Vec::with_capacity(matched);
+                for o in selected {
+                    let name = o.name_any();
+                    if let Some(o) = full(ctx, kind, o).await? {
+                        list.push((name, o));
+                    }
+                }
+                for o in listed {
+                    if let Some(j) = cache::to_json_as(&o, &kind.ar) {
+                        list.push((o.name_any(), j));
+                    }
+                }
+                list.sort_by(|a, b| a.0.cmp(&b.0));
+                found.insert(
+                    r.name.value.clone(),
+                    Json::Array(list.into_iter().map(|(_, o)| o).collect()),
+                );
             }
         }
     }
@@ -340,6 +377,73 @@ async fn full(
             source: e,
         }),
     }
+}
+
+/// The objects among `unknown` (UIDs of stubs whose labels were dropped) that `want`
+/// matches, asked of the API server with a label selector, a page of at most `room + 1`
+/// at a time; more than `room` means too many. A selector that no label can satisfy
+/// (a key or value that is not a valid label) matches none and is not sent.
+async fn list_selected(
+    ctx: &RuleContext,
+    kind: &RefKind,
+    ns: &Option<String>,
+    want: &BTreeMap<String, String>,
+    unknown: &HashSet<String>,
+    room: usize,
+) -> Result<Vec<DynamicObject>, ReconcileError> {
+    let Some(selector) = label_selector(want) else {
+        return Ok(Vec::new());
+    };
+    let api: Api<DynamicObject> = match (kind.namespaced, ns) {
+        (true, Some(ns)) => Api::namespaced_with(ctx.client.clone(), ns, &kind.ar),
+        _ => Api::all_with(ctx.client.clone(), &kind.ar),
+    };
+    let page = u32::try_from(room.saturating_add(1).min(500)).unwrap_or(500);
+    let mut params = ListParams::default().labels(&selector).limit(page);
+    let mut out = Vec::new();
+    loop {
+        let got = api.list(&params).await.map_err(|e| ReconcileError::Read {
+            what: format!("{} matching the selector of a reference", kind.ar.plural),
+            source: e,
+        })?;
+        let next = got.metadata.continue_.filter(|c| !c.is_empty());
+        out.extend(
+            got.items
+                .into_iter()
+                .filter(|o| o.uid().is_some_and(|u| unknown.contains(&u))),
+        );
+        match next {
+            Some(c) if out.len() <= room => params = params.continue_token(&c),
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// `k=v,…` for the API server, when every key and value is a valid label key and value
+/// (so that nothing in them can change the selector's meaning).
+fn label_selector(want: &BTreeMap<String, String>) -> Option<String> {
+    let name = |s: &str| {
+        s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric())
+    };
+    let key = |k: &str| match k.split_once('/') {
+        Some((prefix, n)) => {
+            name(n) && prefix.len() <= 253 && prefix.split('.').all(crate::meta::is_dns_label)
+        }
+        None => name(k),
+    };
+    let valid = want
+        .iter()
+        .all(|(k, v)| key(k) && (v.is_empty() || name(v)));
+    (valid && !want.is_empty()).then(|| {
+        want.iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -420,6 +524,16 @@ mod tests {
             vec![parent("a", "p3")]
         );
         assert!(lock(&idx.maps).before.is_empty());
+        // A stub whose labels were dropped: every parent with a selector in its
+        // namespace hears it (not p1, which names another object).
+        let mut dropped = obj("a", "big", json!({}));
+        dropped.data = Json::Null;
+        dropped.metadata.annotations =
+            Some([(admission::DROPPED_LABELS.to_string(), String::new())].into());
+        assert_eq!(
+            event(&idx, None, dropped, false),
+            vec![parent("a", "p2"), parent("a", "p3")]
+        );
         // A parent whose reference moves is found under the new target only.
         idx.track(parent("a", "p1"), team("x"));
         assert!(event(&idx, None, creds, false).is_empty());
@@ -431,6 +545,35 @@ mod tests {
         assert_eq!(idx.parents(), 0);
         assert!(lock(&idx.maps).by_selector.is_empty());
         assert!(lock(&idx.maps).by_name.is_empty());
+    }
+
+    /// Only valid label keys and values reach the API server's selector: a value from a
+    /// tenant cannot add a clause to it.
+    #[test]
+    fn a_selector_is_sent_only_when_every_label_is_valid() {
+        let sel = |pairs: &[(&str, &str)]| {
+            label_selector(
+                &pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        assert_eq!(
+            sel(&[("team", "a"), ("x.io/tier", "")]).as_deref(),
+            Some("team=a,x.io/tier=")
+        );
+        for bad in [
+            &[("team", "a,other!=b")][..],
+            &[("team", "a b")],
+            &[("te am", "a")],
+            &[("x..io/tier", "a")],
+            &[("team", &*"v".repeat(64))],
+            &[("-team", "a")],
+            &[],
+        ] {
+            assert_eq!(sel(bad), None, "{bad:?}");
+        }
     }
 
     #[test]
