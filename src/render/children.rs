@@ -405,17 +405,20 @@ pub fn check_object_name(field: &str, name: &str) -> Result<(), String> {
     };
     match why {
         Some(why) => Err(format!(
-            "the rendered {field} {:?} {why}: object names are DNS subdomains (lowercase letters, digits, '-' and '.')",
-            truncate_name(name)
+            "the rendered {field} {} {why}: object names are DNS subdomains (lowercase letters, digits, '-' and '.')",
+            quoted_name(name)
         )),
         None => Ok(()),
     }
 }
 
-fn truncate_name(name: &str) -> String {
-    match name.char_indices().nth(64) {
-        Some((i, _)) => format!("{}…", &name[..i]),
-        None => name.to_string(),
+/// The name quoted whole, or — longer than 64 characters — not at all: a part of it
+/// could be the start of a Secret's value that the reconcile's redaction, which looks
+/// for whole values, would not find.
+fn quoted_name(name: &str) -> String {
+    match name.chars().nth(64) {
+        Some(_) => format!("({} bytes, not quoted)", name.len()),
+        None => format!("{name:?}"),
     }
 }
 
@@ -441,6 +444,13 @@ mod tests {
         let long = "a".repeat(254);
         let err = check_object_name("metadata.name", &long).unwrap_err();
         assert!(err.contains("254 bytes"), "{err}");
+        // A long name is not quoted in part (a part of a Secret's value would escape
+        // redaction); a short one whole.
+        let long = format!("{}/x", "s".repeat(100));
+        let err = check_object_name("metadata.name", &long).unwrap_err();
+        assert!(!err.contains("sss") && err.contains("102 bytes"), "{err}");
+        let err = check_object_name("metadata.name", "a/b").unwrap_err();
+        assert!(err.contains("\"a/b\""), "{err}");
         for good in ["web-config", "a.b.c", "system:aggregate-to-view", "x"] {
             assert!(check_object_name("metadata.name", good).is_ok(), "{good:?}");
         }
