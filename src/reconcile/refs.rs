@@ -28,6 +28,7 @@ use super::cache;
 use super::context::RuleContext;
 use super::error::ReconcileError;
 use super::wire::is_stub;
+use crate::meta::JsonAt;
 use crate::render::{RefSelect, RefTarget};
 
 /// `(namespace, name)` of a parent or a cached object.
@@ -283,41 +284,39 @@ pub(super) async fn look_up(
                 let mut names = kind.index.members(&t.namespace);
                 names.sort();
                 let mut selected = Vec::new();
-                let mut unknown = HashSet::new();
+                let mut unknown = HashMap::new();
                 for o in names.iter().filter_map(|n| cached(kind, &t.namespace, n)) {
                     match known_labels(&o) {
                         Some(l) if t.selects_labels(l) => selected.push(o),
                         Some(_) => {}
                         None => {
-                            unknown.insert(o.uid().unwrap_or_default());
+                            unknown.insert(o.uid().unwrap_or_default(), o);
                         }
                     }
                 }
-                let listed = if unknown.is_empty() || selected.len() > limit {
-                    Vec::new()
-                } else {
+                if !unknown.is_empty() && selected.len() <= limit {
                     let room = limit - selected.len();
-                    list_selected(ctx, kind, &t.namespace, want, &unknown, room).await?
-                };
-                let matched = selected.len() + listed.len();
-                if matched > limit {
+                    let listed = list_selected(ctx, kind, &t.namespace, want, &unknown, room);
+                    selected.extend(listed.await?);
+                }
+                if selected.len() > limit {
                     // With stubs among them, counting stopped past the limit.
                     let at_least = if unknown.is_empty() { "" } else { "at least " };
                     return Ok(Dereferenced::TooMany(format!(
-                        "refs.{}: {at_least}{matched} objects match, more than the limit of {limit}",
+                        "refs.{}: {at_least}{} objects match, more than the limit of {limit}",
                         r.name.value,
+                        selected.len()
                     )));
                 }
-                let mut list = Vec::with_capacity(matched);
+                let mut list = Vec::with_capacity(selected.len());
                 for o in selected {
                     let name = o.name_any();
-                    if let Some(o) = full(ctx, kind, o).await? {
+                    let read = is_stub(&o);
+                    // A stub is read now: it counts if it still matches.
+                    if let Some(o) = full(ctx, kind, o).await?
+                        && (!read || t.selects_labels(&labels_of(&o)))
+                    {
                         list.push((name, o));
-                    }
-                }
-                for o in listed {
-                    if let Some(j) = cache::to_json_as(&o, &kind.ar) {
-                        list.push((o.name_any(), j));
                     }
                 }
                 list.sort_by(|a, b| a.0.cmp(&b.0));
@@ -379,18 +378,19 @@ async fn full(
     }
 }
 
-/// The objects among `unknown` (UIDs of stubs whose labels were dropped) that `want`
-/// matches, asked of the API server with a label selector, a page of at most `room + 1`
-/// at a time; more than `room` means too many. A selector that no label can satisfy
-/// (a key or value that is not a valid label) matches none and is not sent.
+/// The stubs among `unknown` (by UID; their labels were dropped) that `want` matches,
+/// asked of the API server: a list of metadata only with the selector, a page of
+/// [`LIST_PAGE`] at a time (a tenant's object may carry a megabyte of metadata), until
+/// more than `room` are found. A selector that no label can satisfy (a key or value
+/// that is not a valid label) matches none and is not sent.
 async fn list_selected(
     ctx: &RuleContext,
     kind: &RefKind,
     ns: &Option<String>,
     want: &BTreeMap<String, String>,
-    unknown: &HashSet<String>,
+    unknown: &HashMap<String, Arc<DynamicObject>>,
     room: usize,
-) -> Result<Vec<DynamicObject>, ReconcileError> {
+) -> Result<Vec<Arc<DynamicObject>>, ReconcileError> {
     let Some(selector) = label_selector(want) else {
         return Ok(Vec::new());
     };
@@ -398,25 +398,42 @@ async fn list_selected(
         (true, Some(ns)) => Api::namespaced_with(ctx.client.clone(), ns, &kind.ar),
         _ => Api::all_with(ctx.client.clone(), &kind.ar),
     };
-    let page = u32::try_from(room.saturating_add(1).min(500)).unwrap_or(500);
-    let mut params = ListParams::default().labels(&selector).limit(page);
+    let mut params = ListParams::default().labels(&selector).limit(LIST_PAGE);
     let mut out = Vec::new();
     loop {
-        let got = api.list(&params).await.map_err(|e| ReconcileError::Read {
-            what: format!("{} matching the selector of a reference", kind.ar.plural),
-            source: e,
-        })?;
-        let next = got.metadata.continue_.filter(|c| !c.is_empty());
+        let page = api
+            .list_metadata(&params)
+            .await
+            .map_err(|e| ReconcileError::Read {
+                what: format!("{} matching the selector of a reference", kind.ar.plural),
+                source: e,
+            })?;
         out.extend(
-            got.items
-                .into_iter()
-                .filter(|o| o.uid().is_some_and(|u| unknown.contains(&u))),
+            page.items
+                .iter()
+                .filter_map(|o| unknown.get(o.metadata.uid.as_deref()?))
+                .cloned(),
         );
-        match next {
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) if out.len() <= room => params = params.continue_token(&c),
             _ => return Ok(out),
         }
     }
+}
+
+/// Objects per page of [`list_selected`] (as the caches' own listings).
+const LIST_PAGE: u32 = 25;
+
+/// `metadata.labels` of an object's JSON.
+fn labels_of(o: &Json) -> BTreeMap<String, String> {
+    o.at(&["metadata", "labels"])
+        .and_then(Json::as_object)
+        .map(|l| {
+            l.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `k=v,…` for the API server, when every key and value is a valid label key and value
@@ -451,143 +468,5 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn obj(ns: &str, name: &str, labels: Json) -> DynamicObject {
-        serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "namespace": ns, "labels": labels}
-        }))
-        .unwrap()
-    }
-
-    fn parent(ns: &str, name: &str) -> Key {
-        (Some(ns.into()), name.into())
-    }
-
-    /// The event of `now` with `was` as the cached previous version: the parents woken.
-    fn event(
-        idx: &RefIndex,
-        was: Option<&DynamicObject>,
-        now: DynamicObject,
-        deleted: bool,
-    ) -> Vec<Key> {
-        let e = if deleted {
-            Event::Delete(now.clone())
-        } else {
-            Event::Apply(now.clone())
-        };
-        idx.before_update(&e, was);
-        let mut out = idx.parents_for(&now);
-        out.sort();
-        out
-    }
-
-    #[test]
-    fn events_wake_exactly_the_parents_that_read_the_object() {
-        let idx = RefIndex::default();
-        idx.track(
-            parent("a", "p1"),
-            RefTarget {
-                reference: 0,
-                namespace: Some("a".into()),
-                select: RefSelect::Name("creds".into()),
-            },
-        );
-        let team = |t: &str| RefTarget {
-            reference: 0,
-            namespace: Some("a".into()),
-            select: RefSelect::Labels(BTreeMap::from([("team".into(), t.into())])),
-        };
-        idx.track(parent("a", "p2"), team("x"));
-        idx.track(parent("a", "p3"), team("y"));
-        // By name: only p1; the same name in another namespace: nobody.
-        let creds = obj("a", "creds", json!({}));
-        assert_eq!(
-            event(&idx, None, creds.clone(), false),
-            vec![parent("a", "p1")]
-        );
-        assert!(event(&idx, None, obj("b", "creds", json!({})), false).is_empty());
-        // An object p2 read before it was tracked, relabelled to p3's team: both hear it.
-        let x = obj("a", "s", json!({"team": "x"}));
-        let y = obj("a", "s", json!({"team": "y"}));
-        assert_eq!(event(&idx, None, x.clone(), false), vec![parent("a", "p2")]);
-        assert_eq!(
-            event(&idx, Some(&x), y.clone(), false),
-            vec![parent("a", "p2"), parent("a", "p3")]
-        );
-        // Deleted: p3 once more, and nothing is left behind for it.
-        assert_eq!(
-            event(&idx, Some(&y), y.clone(), true),
-            vec![parent("a", "p3")]
-        );
-        assert!(lock(&idx.maps).before.is_empty());
-        // A stub whose labels were dropped: every parent with a selector in its
-        // namespace hears it (not p1, which names another object).
-        let mut dropped = obj("a", "big", json!({}));
-        dropped.data = Json::Null;
-        dropped.metadata.annotations =
-            Some([(admission::DROPPED_LABELS.to_string(), String::new())].into());
-        assert_eq!(
-            event(&idx, None, dropped, false),
-            vec![parent("a", "p2"), parent("a", "p3")]
-        );
-        // A parent whose reference moves is found under the new target only.
-        idx.track(parent("a", "p1"), team("x"));
-        assert!(event(&idx, None, creds, false).is_empty());
-        // A parent relist without p1; then deletes of the others.
-        idx.retain(|k| k != &parent("a", "p1"));
-        assert_eq!(idx.parents(), 2);
-        idx.forget(&parent("a", "p2"));
-        idx.forget(&parent("a", "p3"));
-        assert_eq!(idx.parents(), 0);
-        assert!(lock(&idx.maps).by_selector.is_empty());
-        assert!(lock(&idx.maps).by_name.is_empty());
-    }
-
-    /// Only valid label keys and values reach the API server's selector: a value from a
-    /// tenant cannot add a clause to it.
-    #[test]
-    fn a_selector_is_sent_only_when_every_label_is_valid() {
-        let sel = |pairs: &[(&str, &str)]| {
-            label_selector(
-                &pairs
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            )
-        };
-        assert_eq!(
-            sel(&[("team", "a"), ("x.io/tier", "")]).as_deref(),
-            Some("team=a,x.io/tier=")
-        );
-        for bad in [
-            &[("team", "a,other!=b")][..],
-            &[("team", "a b")],
-            &[("te am", "a")],
-            &[("x..io/tier", "a")],
-            &[("team", &*"v".repeat(64))],
-            &[("-team", "a")],
-            &[],
-        ] {
-            assert_eq!(sel(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn members_follow_the_cache_and_its_relists() {
-        let idx = RefIndex::default();
-        idx.before_update(&Event::Apply(obj("a", "x", json!({}))), None);
-        idx.before_update(&Event::Apply(obj("a", "y", json!({}))), None);
-        idx.before_update(&Event::Delete(obj("a", "x", json!({}))), None);
-        assert_eq!(idx.members(&Some("a".into())), vec!["y".to_string()]);
-        idx.before_update(&Event::Init, None);
-        idx.before_update(&Event::InitApply(obj("b", "z", json!({}))), None);
-        assert_eq!(idx.members(&Some("a".into())).len(), 1);
-        idx.before_update(&Event::InitDone, None);
-        assert!(idx.members(&Some("a".into())).is_empty());
-        assert_eq!(idx.members(&Some("b".into())), vec!["z".to_string()]);
-    }
-}
+#[path = "refs_tests.rs"]
+mod tests;
