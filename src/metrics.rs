@@ -65,6 +65,8 @@ pub struct Metrics {
     pub reconciles: Family<ResultLabels, Counter>,
     pub reconcile_duration: Family<RuleLabel, Histogram, fn() -> Histogram>,
     pub in_flight: Family<RuleLabel, Gauge>,
+    /// Reconciles waiting for their namespace's turn (`engine::turns`).
+    pub waiting: Family<RuleLabel, Gauge>,
     pub children_applied: Family<RuleLabel, Counter>,
     pub children_pruned: Family<RuleLabel, Counter>,
     pub api_writes: Family<VerbLabels, Counter>,
@@ -120,6 +122,12 @@ impl Metrics {
             "reconciles_in_flight",
             "Reconciles running now, by rule",
             in_flight.clone(),
+        );
+        let waiting = Family::<RuleLabel, Gauge>::default();
+        registry.register(
+            "reconciles_waiting",
+            "Reconciles waiting for a turn (namespaces take turns), by rule",
+            waiting.clone(),
         );
         let children_applied = Family::<RuleLabel, Counter>::default();
         registry.register(
@@ -242,6 +250,7 @@ impl Metrics {
             reconciles,
             reconcile_duration,
             in_flight,
+            waiting,
             children_applied,
             children_pruned,
             api_writes,

@@ -6,7 +6,8 @@
 //! `streams.rs` holds the pass-throughs its watch streams go through, `dropped.rs` cleans
 //! up after a rule drops a kind of child, `released.rs` releases the finalizers of a
 //! removed rule's parents, `permissions.rs` checks a rule's RBAC first, `resync.rs`
-//! spreads a rule's resyncs over its period.
+//! spreads a rule's resyncs over its period, `turns.rs` lets namespaces take turns at a
+//! rule's reconciles.
 
 mod dropped;
 mod permissions;
@@ -17,6 +18,7 @@ mod runner;
 pub mod sharded;
 mod status;
 mod streams;
+mod turns;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -21,6 +21,7 @@ use super::status::{EngineStatus, RuleState};
 use super::streams::{
     CacheSync, ChangedFilter, LIST_PAGE_SIZE, admission, owners_of, packed, relisted,
 };
+use super::turns::{Turns, in_turn};
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::admission::{CacheBudget, CacheKind};
@@ -356,7 +357,8 @@ impl RuleRunner {
             });
         let mut controller =
             Controller::for_stream_with(parent_stream, parent_reader.clone(), r.parent.clone())
-                .with_config(ControllerConfig::default().concurrency(self.config.concurrency));
+                // Unbounded here: the reconciles take turns by namespace (`turns`).
+                .with_config(ControllerConfig::default().concurrency(0));
         let child_selector = labels::child_selector(&name);
         let mut kinds = Vec::new();
         let mut cache_ids = vec![parent_cache];
@@ -505,9 +507,15 @@ impl RuleRunner {
             let _ = stop_signal.wait_for(|s| *s).await;
         };
         let status = self.status.clone();
+        let turns = Turns::new(self.config.concurrency.into(), &self.metrics, &name);
+        let waiting_stopped = stopped.clone();
         let driven = controller
             .graceful_shutdown_on(shutdown)
-            .run(reconcile::reconcile, reconcile::error_policy, ctx)
+            .run(
+                move |parent, ctx| in_turn(turns.clone(), waiting_stopped.clone(), parent, ctx),
+                reconcile::error_policy,
+                ctx,
+            )
             .for_each(|res| {
                 if let Err(kube::runtime::controller::Error::QueueError(e)) = &res {
                     // A watch failed (API server down, kind deleted): report it; the watcher
