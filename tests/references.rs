@@ -371,8 +371,8 @@ fn literal_reference_rule(
 /// Referenced objects cached as stubs (`--cache-namespace-mib 0`) whose labels are too
 /// large to keep (each ConfigMap here carries 200 labels of about 70 bytes): the stub
 /// keeps none of the tenant's labels, so nothing past the allowance is held, and a
-/// selector still finds exactly its objects (asked of the API server) and hears an
-/// object labelled into it.
+/// selector still finds exactly its objects (asked of the API server, in pages of 25:
+/// thirty more small ones match too) and hears an object labelled into it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_selector_finds_stubs_whose_labels_were_dropped() {
     let test = "a_selector_finds_stubs_whose_labels_were_dropped";
@@ -408,12 +408,21 @@ async fn a_selector_finds_stubs_whose_labels_were_dropped() {
         &team_cm(&ns, "payments-small", "payments", json!({"k": "s"})),
     )
     .await;
+    // Thirty more of the team (small labels): the selector's list has pages of 25.
+    let more: Vec<String> = (0..30).map(|i| format!("payments-x{i:02}")).collect();
+    for name in &more {
+        put(&cms, &team_cm(&ns, name, "payments", json!({"k": name}))).await;
+    }
     let shop = json!({"apiVersion": "xyz.com/v1", "kind": "TeamApp",
         "metadata": {"name": "shop", "namespace": ns},
         "spec": {"image": "shop:1", "team": "payments", "credentialsSecret": "db", "replicas": 0}});
     put(&apps, &shop).await;
     wait_all_ready(&apps, &["shop".to_string()].into(), T).await;
-    let from = |want: Json| {
+    let from = |names: &[&str]| {
+        let mut want: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        want.extend(more.iter().cloned());
+        want.sort();
+        let want = json!(want);
         let apps = apps.clone();
         async move {
             wait_for(T, &format!("status.settingsFrom to be {want}"), || async {
@@ -423,7 +432,7 @@ async fn a_selector_finds_stubs_whose_labels_were_dropped() {
             .await
         }
     };
-    from(json!(["payments-big", "payments-small"])).await;
+    from(&["payments-big", "payments-small"]).await;
     let stubbed = op
         .metric("rulebook_cache_stubbed_objects_total{rule=\"teamapp\",cache=\"references\"}")
         .await;
@@ -447,18 +456,21 @@ async fn a_selector_finds_stubs_whose_labels_were_dropped() {
         json!({"metadata": {"labels": {"team": "payments"}}}),
     )
     .await;
-    from(json!(["payments-big", "payments-small", "search-big"])).await;
+    from(&["payments-big", "payments-small", "search-big"]).await;
     merge(
         &cms,
         "payments-big",
         json!({"metadata": {"labels": {"team": "search"}}}),
     )
     .await;
-    from(json!(["payments-small", "search-big"])).await;
+    from(&["payments-small", "search-big"]).await;
     let settings = get_json(&cms, "shop-settings").await.expect("settings");
-    assert_eq!(
-        settings["data"]["sources"], "payments-small,search-big",
-        "{test}: the children read the objects found"
+    let sources = settings["data"]["sources"].as_str().unwrap_or("");
+    assert!(
+        sources.contains("payments-small,payments-x00")
+            && sources.ends_with("payments-x29,search-big")
+            && !sources.contains("payments-big"),
+        "{test}: the children read the objects found: {sources}"
     );
     cleanup_namespace(&client, &ns).await;
 }
