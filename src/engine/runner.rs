@@ -21,7 +21,7 @@ use super::status::{EngineStatus, RuleState};
 use super::streams::{
     CacheSync, ChangedFilter, LIST_PAGE_SIZE, admission, owners_of, packed, relisted,
 };
-use super::turns::{Turns, in_turn};
+use super::turns::Turns;
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::admission::{CacheBudget, CacheKind};
@@ -355,10 +355,15 @@ impl RuleRunner {
                 let mut changed = ChangedFilter::new();
                 move |r| futures::future::ready(r.as_ref().map_or(true, |o| changed.changed(o)))
             });
-        let mut controller =
-            Controller::for_stream_with(parent_stream, parent_reader.clone(), r.parent.clone())
-                // Unbounded here: the reconciles take turns by namespace (`turns`).
-                .with_config(ControllerConfig::default().concurrency(0));
+        // Every trigger goes through the namespaces' turns; kube-runtime gets them as
+        // they come (`reconcile_on` below).
+        let turns = Turns::new(self.config.concurrency.into(), &self.metrics, &name);
+        let mut controller = Controller::for_stream_with(
+            turns.watched(parent_stream),
+            parent_reader.clone(),
+            r.parent.clone(),
+        )
+        .with_config(ControllerConfig::default().concurrency(self.config.concurrency));
         let child_selector = labels::child_selector(&name);
         let mut kinds = Vec::new();
         let mut cache_ids = vec![parent_cache];
@@ -407,9 +412,15 @@ impl RuleRunner {
             })
             .map(relisted(relisted_tx.clone()))
             .touched_objects();
+            let owners = owners_of(r.parent.clone(), r.parent_namespaced);
             controller = controller.watches_stream_with(
                 stream,
-                owners_of(r.parent.clone(), r.parent_namespaced),
+                turns.mapped(move |o| {
+                    owners(o)
+                        .into_iter()
+                        .map(|p| (p.namespace, p.name))
+                        .collect()
+                }),
                 ar.clone(),
             );
             kinds.push(ChildKind {
@@ -430,26 +441,10 @@ impl RuleRunner {
                 synced.observer(1 + r.kinds.len() + i),
                 relisted(relisted_tx.clone()),
             );
-            let parent_ar = r.parent.clone();
             let mapper_index = index.clone();
             controller = controller.watches_stream_with(
                 stream,
-                move |o: kube::api::DynamicObject| {
-                    mapper_index
-                        .parents_for(&o)
-                        .into_iter()
-                        .map(|(ns, name)| {
-                            let p = kube::runtime::reflector::ObjectRef::new_with(
-                                &name,
-                                parent_ar.clone(),
-                            );
-                            match ns {
-                                Some(ns) => p.within(&ns),
-                                None => p,
-                            }
-                        })
-                        .collect::<Vec<_>>()
-                },
+                turns.mapped(move |o: kube::api::DynamicObject| mapper_index.parents_for(&o)),
                 ar.clone(),
             );
             refs.push(RefKind {
@@ -460,14 +455,15 @@ impl RuleRunner {
             });
         }
         drop(relisted_tx);
-        controller = controller.reconcile_all_on(relisted_rx);
+        controller = controller.reconcile_on(turns.all_on(relisted_rx, parent_reader.clone()));
         if let Some(every) = self.rule.resync {
-            controller = controller.reconcile_on(super::resync::sweep(
+            controller = controller.reconcile_on(turns.each_of(super::resync::sweep(
                 parent_reader.clone(),
                 r.parent.clone(),
                 every,
-            ));
+            )));
         }
+        controller = controller.reconcile_on(turns.handed_out(r.parent.clone()));
         let counting = super::status::count_cached(
             self.metrics.clone(),
             &name,
@@ -507,16 +503,11 @@ impl RuleRunner {
             let _ = stop_signal.wait_for(|s| *s).await;
         };
         let status = self.status.clone();
-        let turns = Turns::new(self.config.concurrency.into(), &self.metrics, &name);
-        let waiting_stopped = stopped.clone();
         let driven = controller
             .graceful_shutdown_on(shutdown)
-            .run(
-                move |parent, ctx| in_turn(turns.clone(), waiting_stopped.clone(), parent, ctx),
-                reconcile::error_policy,
-                ctx,
-            )
-            .for_each(|res| {
+            .run(reconcile::reconcile, reconcile::error_policy, ctx)
+            .for_each(move |res| {
+                turns.finished(&res);
                 if let Err(kube::runtime::controller::Error::QueueError(e)) = &res {
                     // A watch failed (API server down, kind deleted): report it; the watcher
                     // retries. Logged as summarised: a decode error's own text can quote a

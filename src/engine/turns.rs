@@ -1,64 +1,62 @@
 //! Whose reconcile runs next: the namespaces take turns.
 //!
-//! A rule's reconciles share `--concurrency` workers. kube-runtime starts them in the
-//! order their objects were triggered, so one tenant that creates thousands of parents
-//! at once (or whose parents an operator restart lists first: a listing comes in
-//! namespace order) would make every other namespace's parents wait behind all of them —
-//! a cross-tenant stall as long as the flood. So kube-runtime runs the rule's
-//! controller without a bound of its own and every reconcile first waits here for a
-//! turn: at most `concurrency` run at once, and when one ends the next turn goes to the
-//! namespace after the last one served that has a reconcile waiting (within a namespace,
-//! in the order they came). Another namespace's parent therefore starts after at most one
-//! more reconcile of each namespace ahead of it, however many the flooding one has
-//! waiting; with a single namespace busy nothing changes (no worker idles while a
-//! reconcile waits).
+//! A rule's reconciles share `--concurrency` workers, and kube-runtime starts them in
+//! its queue's order (objects triggered together come out in an arbitrary order). One
+//! tenant that creates thousands of parents at once — or whose parents an operator
+//! restart lists together with everyone's — would make every other namespace's parents
+//! wait behind the whole flood: a cross-tenant stall as long as the flood.
 //!
-//! A reconcile waiting for its turn holds a small future (the reconcile's own state is
-//! boxed once it starts) and its parent as cached; kube-runtime still runs at most one
-//! reconcile per object and collects the triggers that arrive meanwhile into one.
+//! So every trigger of a rule's reconciles (its parents' watch, its children's and
+//! references' watches mapped to parents, relists, resync sweeps) comes here first, and
+//! kube-runtime gets only what [`Turns::next`] hands out: at most `--concurrency` parents
+//! at a time, each time the first waiting parent of the namespace after the last one
+//! served, and a new one when one of them has finished (the controller's results call
+//! [`Turns::done`]). Another namespace's parent therefore starts after at most one more
+//! parent of each namespace ahead of it, however many a flooding one has waiting; with a
+//! single namespace busy nothing changes.
+//!
+//! Triggers of a parent already waiting here merge into its one entry, as they did in
+//! kube-runtime's queue; a trigger of one handed out and not finished yet queues it once
+//! more after it finishes. A waiting parent costs its name in two maps; kube-runtime
+//! itself never holds more than `--concurrency` of them (plus its own timed requeues:
+//! backoffs and `Action::requeue`, which do not pass here).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 
+use futures::task::AtomicWaker;
+use futures::{Stream, StreamExt};
 use kube::ResourceExt;
-use kube::api::DynamicObject;
-use kube::runtime::controller::Action;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::controller::{self, Action};
+use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::{oneshot, watch};
 
 use crate::metrics::{self, Metrics};
-use crate::reconcile::{self, ReconcileError, RuleContext};
 
-/// The right to run one reconcile; the next turn is handed out when it is dropped.
-pub struct Turn {
-    turns: Option<Arc<Turns>>,
-}
+/// A parent: `(namespace, name)`.
+pub type Key = (Option<String>, String);
 
-impl Drop for Turn {
-    fn drop(&mut self) {
-        if let Some(t) = self.turns.take() {
-            t.release();
-        }
-    }
-}
-
-/// The turns of one rule's reconciles.
+/// The reconcile turns of one rule.
 pub struct Turns {
     state: Mutex<State>,
+    /// The controller's side of [`Turns::next`], woken when a turn may be handed out.
+    waker: AtomicWaker,
     /// `rulebook_reconciles_waiting{rule}`.
     gauge: Gauge,
 }
 
-#[derive(Default)]
 struct State {
-    /// Turns not handed out.
-    free: usize,
-    /// Reconciles waiting, by namespace (`None`: cluster-scoped parents).
-    waiting: HashMap<Option<String>, VecDeque<oneshot::Sender<Turn>>>,
-    /// The namespaces with reconciles waiting, in the order they get their turns.
+    /// Parents handed out at once, at most.
+    capacity: usize,
+    /// Handed out and not finished; `true`: triggered again meanwhile.
+    running: HashMap<Key, bool>,
+    /// Waiting parents (each in `by_namespace` once).
+    waiting: HashSet<Key>,
+    by_namespace: HashMap<Option<String>, VecDeque<String>>,
+    /// The namespaces with parents waiting, in the order of their turns.
     order: VecDeque<Option<String>>,
-    /// Senders in `waiting`.
-    queued: usize,
 }
 
 impl Turns {
@@ -75,94 +73,193 @@ impl Turns {
         gauge.set(0);
         Arc::new(Turns {
             state: Mutex::new(State {
-                free: concurrency.max(1),
-                ..State::default()
+                capacity: concurrency.max(1),
+                running: HashMap::new(),
+                waiting: HashSet::new(),
+                by_namespace: HashMap::new(),
+                order: VecDeque::new(),
             }),
+            waker: AtomicWaker::new(),
             gauge,
         })
     }
 
-    /// Waits for a turn to reconcile a parent in `namespace`.
-    pub async fn take(self: &Arc<Self>, namespace: Option<String>) -> Turn {
-        let rx = {
-            let mut s = lock(&self.state);
-            if s.free > 0 && s.order.is_empty() {
-                s.free -= 1;
-                return Turn {
-                    turns: Some(self.clone()),
-                };
-            }
-            let (tx, rx) = oneshot::channel();
-            let queue = s.waiting.entry(namespace.clone()).or_default();
-            queue.push_back(tx);
-            if queue.len() == 1 {
-                s.order.push_back(namespace);
-            }
-            s.queued += 1;
-            self.gauge.set(s.queued as i64);
-            rx
-        };
-        match rx.await {
-            Ok(turn) => turn,
-            // Not reachable while `self` lives (a sender is dropped only after its turn
-            // was handed to it, or to the next waiter); run rather than wait forever.
-            Err(_) => Turn { turns: None },
+    /// Parent `key` should be reconciled.
+    pub fn trigger(&self, key: Key) {
+        let mut s = lock(&self.state);
+        if let Some(again) = s.running.get_mut(&key) {
+            *again = true;
+            return;
         }
+        s.enqueue(key);
+        self.publish(&s);
+        drop(s);
+        self.waker.wake();
     }
 
-    /// A turn came back: hand it to the next namespace's first waiter still waiting.
-    fn release(self: &Arc<Self>) {
+    /// A reconcile of `key` finished (or could not start: its parent is gone).
+    pub fn done(&self, key: &Key) {
         let mut s = lock(&self.state);
+        let Some(again) = s.running.remove(key) else {
+            // Not one handed out here (a timed requeue of kube-runtime's own).
+            return;
+        };
+        if again {
+            s.enqueue(key.clone());
+        }
+        self.publish(&s);
+        drop(s);
+        self.waker.wake();
+    }
+
+    /// The parent whose turn it is, if one waits and fewer than the capacity run.
+    fn take(&self) -> Option<Key> {
+        let mut s = lock(&self.state);
+        if s.running.len() >= s.capacity {
+            return None;
+        }
         while let Some(ns) = s.order.pop_front() {
-            let Some(queue) = s.waiting.get_mut(&ns) else {
+            let Some(queue) = s.by_namespace.get_mut(&ns) else {
                 continue;
             };
             let next = queue.pop_front();
             if queue.is_empty() {
-                s.waiting.remove(&ns);
+                s.by_namespace.remove(&ns);
             } else {
-                s.order.push_back(ns);
+                s.order.push_back(ns.clone());
             }
-            let Some(tx) = next else { continue };
-            s.queued -= 1;
-            self.gauge.set(s.queued as i64);
-            let turn = Turn {
-                turns: Some(self.clone()),
-            };
-            match tx.send(turn) {
-                Ok(()) => return,
-                // That reconcile was dropped while it waited (the rule stopped): the
-                // turn stays with us for the next one, and is not released twice.
-                Err(mut turn) => turn.turns = None,
-            }
+            let Some(name) = next else { continue };
+            let key = (ns, name);
+            s.waiting.remove(&key);
+            s.running.insert(key.clone(), false);
+            self.publish(&s);
+            return Some(key);
         }
-        s.free += 1;
+        None
     }
 
-    /// Reconciles waiting for a turn (also those dropped while they waited, until
-    /// their turn comes).
-    #[cfg(test)]
-    fn waiting(&self) -> usize {
-        lock(&self.state).queued
+    /// The parents to reconcile, as their turns come; for kube-runtime's `reconcile_on`.
+    pub fn next(self: Arc<Self>) -> impl Stream<Item = Key> + Send + 'static {
+        futures::stream::poll_fn(move |cx| {
+            if let Some(k) = self.take() {
+                return Poll::Ready(Some(k));
+            }
+            self.waker.register(cx.waker());
+            // A trigger or a finish between the first look and the registration.
+            match self.take() {
+                Some(k) => Poll::Ready(Some(k)),
+                None => Poll::Pending,
+            }
+        })
+    }
+
+    /// The parents to reconcile as kube-runtime names them (`reconcile_on`).
+    pub fn handed_out(
+        self: &Arc<Self>,
+        parent: ApiResource,
+    ) -> impl Stream<Item = ObjectRef<DynamicObject>> + Send + 'static {
+        self.clone().next().map(move |(ns, name)| {
+            let r = ObjectRef::new_with(&name, parent.clone());
+            match ns {
+                Some(ns) => r.within(&ns),
+                None => r,
+            }
+        })
+    }
+
+    /// The parents' watch as the controller's own trigger: each object triggers here,
+    /// the errors go on to the controller (which reports them).
+    pub fn watched<E: Send + 'static>(
+        self: &Arc<Self>,
+        parents: impl Stream<Item = Result<DynamicObject, E>> + Send + 'static,
+    ) -> impl Stream<Item = Result<DynamicObject, E>> + Send + 'static {
+        let turns = self.clone();
+        parents.filter_map(move |r| {
+            futures::future::ready(match r {
+                Ok(o) => {
+                    turns.trigger((o.namespace(), o.name_any()));
+                    None
+                }
+                Err(e) => Some(Err(e)),
+            })
+        })
+    }
+
+    /// A mapper of related objects to parents (`watches_stream_with`) that triggers here
+    /// and gives kube-runtime nothing.
+    pub fn mapped<T>(
+        self: &Arc<Self>,
+        to_parents: impl Fn(T) -> Vec<Key> + Send + Sync + 'static,
+    ) -> impl Fn(T) -> Vec<ObjectRef<DynamicObject>> + Send + Sync + 'static {
+        let turns = self.clone();
+        move |o| {
+            to_parents(o).into_iter().for_each(|k| turns.trigger(k));
+            Vec::new()
+        }
+    }
+
+    /// Triggers every cached parent for each item of `relists`; gives kube-runtime
+    /// nothing (for `reconcile_on`, which also keeps polling it).
+    pub fn all_on(
+        self: &Arc<Self>,
+        relists: impl Stream<Item = ()> + Send + 'static,
+        parents: Store<DynamicObject>,
+    ) -> impl Stream<Item = ObjectRef<DynamicObject>> + Send + 'static {
+        let turns = self.clone();
+        relists.filter_map(move |()| {
+            for p in parents.state() {
+                turns.trigger((p.namespace(), p.name_any()));
+            }
+            futures::future::ready(None)
+        })
+    }
+
+    /// Triggers each parent `refs` names (a resync sweep); gives kube-runtime nothing.
+    pub fn each_of(
+        self: &Arc<Self>,
+        refs: impl Stream<Item = ObjectRef<DynamicObject>> + Send + 'static,
+    ) -> impl Stream<Item = ObjectRef<DynamicObject>> + Send + 'static {
+        let turns = self.clone();
+        refs.filter_map(move |r| {
+            turns.trigger((r.namespace, r.name));
+            futures::future::ready(None)
+        })
+    }
+
+    /// Follows one of the controller's results: the reconcile it names has finished (or
+    /// could not start, its parent gone).
+    pub fn finished<E1, E2>(
+        &self,
+        result: &Result<(ObjectRef<DynamicObject>, Action), controller::Error<E1, E2>>,
+    ) {
+        let r = match result {
+            Ok((r, _)) => r,
+            Err(
+                controller::Error::ReconcilerFailed(_, r) | controller::Error::ObjectNotFound(r),
+            ) => &**r,
+            Err(_) => return,
+        };
+        self.done(&(r.namespace.clone(), r.name.clone()));
+    }
+
+    fn publish(&self, s: &State) {
+        self.gauge
+            .set(i64::try_from(s.waiting.len()).unwrap_or(i64::MAX));
     }
 }
 
-/// One reconcile of `parent`, once its namespace has its turn; nothing when the rule
-/// stops first (a stopping rule does not start what still waits).
-pub async fn in_turn(
-    turns: Arc<Turns>,
-    mut stopped: watch::Receiver<bool>,
-    parent: Arc<DynamicObject>,
-    ctx: Arc<RuleContext>,
-) -> Result<Action, ReconcileError> {
-    let turn = tokio::select! {
-        t = turns.take(parent.namespace()) => t,
-        _ = stopped.wait_for(|s| *s) => return Ok(Action::await_change()),
-    };
-    // Boxed: a waiting reconcile holds only this future, not the reconcile's state.
-    let result = Box::pin(reconcile::reconcile(parent, ctx)).await;
-    drop(turn);
-    result
+impl State {
+    fn enqueue(&mut self, key: Key) {
+        if !self.waiting.insert(key.clone()) {
+            return;
+        }
+        let (ns, name) = key;
+        let queue = self.by_namespace.entry(ns.clone()).or_default();
+        queue.push_back(name);
+        if queue.len() == 1 {
+            self.order.push_back(ns);
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -172,73 +269,59 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use futures::StreamExt;
 
-    fn ns(s: &str) -> Option<String> {
-        Some(s.to_string())
+    fn key(ns: &str, name: &str) -> Key {
+        (Some(ns.to_string()), name.to_string())
     }
 
-    /// A namespace with many reconciles waiting does not hold back another's: the
-    /// other's starts right after one more of the first's; a single busy namespace uses
-    /// every turn; turns are never lost, also when a waiter is dropped.
+    /// At most the capacity runs; a namespace with many parents waiting does not hold
+    /// back another's (it starts after one more of the first's); triggers of a waiting
+    /// parent merge, one of a running parent queues it once more after it; a finish
+    /// that was not handed out here changes nothing.
     #[tokio::test]
     async fn namespaces_take_turns() {
         let turns = Turns::with_gauge(2, Gauge::default());
-        let started = Arc::new(Mutex::new(Vec::new()));
-        // Two running; a flood of ten in "flood", then one in "quiet".
-        let a = turns.take(ns("flood")).await;
-        let b = turns.take(ns("flood")).await;
-        let mut tasks = Vec::new();
-        let spawn = |ns_: &str, i: usize| {
-            let turns = turns.clone();
-            let started = started.clone();
-            let name = format!("{ns_}{i}");
-            let ns_ = ns_.to_string();
-            tokio::spawn(async move {
-                let t = turns.take(ns(&ns_)).await;
-                lock(&started).push(name);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                drop(t);
-            })
-        };
         for i in 0..10 {
-            tasks.push(spawn("flood", i));
-            tokio::task::yield_now().await;
+            turns.trigger(key("flood", &format!("p{i}")));
         }
-        // A waiter that goes away must not take a turn with it.
-        let gone = tokio::spawn({
-            let turns = turns.clone();
-            async move {
-                let _t = turns.take(ns("gone")).await;
-            }
-        });
-        tokio::task::yield_now().await;
-        tasks.push(spawn("quiet", 0));
-        while turns.waiting() < 12 {
-            tokio::task::yield_now().await;
-        }
-        gone.abort();
-        let _ = gone.await;
-        assert_eq!(turns.waiting(), 12, "the dropped waiter is still queued");
-        drop(a);
-        drop(b);
-        for t in tasks {
-            tokio::time::timeout(Duration::from_secs(5), t)
-                .await
-                .expect("every waiter gets a turn")
-                .expect("task");
-        }
-        let order = lock(&started).clone();
-        let quiet = order.iter().position(|n| n == "quiet0");
-        assert!(
-            quiet.is_some_and(|i| i <= 1),
-            "the quiet namespace waits for at most one more of the flood's: {order:?}"
+        turns.trigger(key("flood", "p3"));
+        turns.trigger(key("quiet", "q"));
+        assert_eq!(turns.gauge.get(), 11, "the repeated trigger merged");
+        let mut next = turns.clone().next();
+        let first = next.next().await;
+        let second = next.next().await;
+        assert_eq!(first, Some(key("flood", "p0")));
+        assert_eq!(
+            second,
+            Some(key("quiet", "q")),
+            "right after one of the flood's"
         );
-        assert_eq!(order.len(), 11);
-        assert_eq!(turns.waiting(), 0);
-        assert_eq!(turns.gauge.get(), 0);
+        // Full: nothing more until one finishes.
+        assert!(futures::poll!(next.next()).is_pending());
+        turns.done(&key("elsewhere", "timer"));
+        assert!(futures::poll!(next.next()).is_pending());
+        // Triggered while running: queued once more when done, behind the flood.
+        turns.trigger(key("quiet", "q"));
+        turns.done(&key("quiet", "q"));
+        let mut order = Vec::new();
+        for _ in 0..10 {
+            let k = tokio::time::timeout(std::time::Duration::from_secs(5), next.next())
+                .await
+                .expect("a turn comes")
+                .expect("the stream goes on");
+            turns.done(&k);
+            order.push(k);
+        }
+        assert_eq!(
+            order[..2],
+            [key("flood", "p1"), key("quiet", "q")],
+            "{order:?}"
+        );
+        assert!(futures::poll!(next.next()).is_pending());
+        turns.done(&key("flood", "p0"));
         let s = lock(&turns.state);
-        assert_eq!(s.free, 2, "every turn came back");
-        assert!(s.order.is_empty() && s.waiting.is_empty());
+        assert!(s.running.is_empty() && s.waiting.is_empty() && s.order.is_empty());
+        assert_eq!(turns.gauge.get(), 0);
     }
 }
