@@ -89,8 +89,26 @@ async fn teamapp(
     kube::Api<kube::api::DynamicObject>,
     kube::Api<kube::api::DynamicObject>,
 ) {
+    teamapp_with(client, ns, &[]).await
+}
+
+/// [`teamapp`] with more arguments for `rulebook run`.
+async fn teamapp_with(
+    client: &kube::Client,
+    ns: &str,
+    extra: &[&str],
+) -> (
+    RuleDir,
+    Operator,
+    kube::Api<kube::api::DynamicObject>,
+    kube::Api<kube::api::DynamicObject>,
+) {
     let d = shipped("teamapp", |t| t);
-    let op = Operator::start(&d.rules, &d.templates, Some(ns), &["--install-crds"]).await;
+    let args: Vec<&str> = ["--install-crds"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let op = Operator::start(&d.rules, &d.templates, Some(ns), &args).await;
     let apps = api(client, Some(ns), "xyz.com/v1", "TeamApp", "teamapps");
     wait_for(T, "the TeamApp CRD to be served", || async {
         apps.list(&Default::default()).await.ok().map(|_| ())
@@ -378,20 +396,7 @@ async fn a_selector_finds_stubs_whose_labels_were_dropped() {
     let test = "a_selector_finds_stubs_whose_labels_were_dropped";
     let client = client().await;
     let ns = namespace(&client, "refs-dropped").await;
-    let d = shipped("teamapp", |t| t);
-    let op = Operator::start(
-        &d.rules,
-        &d.templates,
-        Some(&ns),
-        &["--install-crds", "--cache-namespace-mib", "0"],
-    )
-    .await;
-    let apps = api(&client, Some(&ns), "xyz.com/v1", "TeamApp", "teamapps");
-    wait_for(T, "the TeamApp CRD to be served", || async {
-        apps.list(&Default::default()).await.ok().map(|_| ())
-    })
-    .await;
-    let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
+    let (_d, op, apps, secrets) = teamapp_with(&client, &ns, &["--cache-namespace-mib", "0"]).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     put(&secrets, &secret(&ns, "db", "first")).await;
     let big = |name: &str, team: &str| {
@@ -471,6 +476,45 @@ async fn a_selector_finds_stubs_whose_labels_were_dropped() {
             && sources.ends_with("payments-x29,search-big")
             && !sources.contains("payments-big"),
         "{test}: the children read the objects found: {sources}"
+    );
+    cleanup_namespace(&client, &ns).await;
+}
+
+/// What one parent's references may read is bounded in bytes (16 MiB), not only in
+/// objects: a selector matching eighteen ConfigMaps of about 1 MB each fails that parent
+/// with `RenderBudgetExceeded`, naming the reference and the limit, before its templates
+/// see them (before the bound, the parent failed on its render's output instead).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_parent_reads_is_bounded_in_bytes() {
+    let test = "what_a_parent_reads_is_bounded_in_bytes";
+    let client = client().await;
+    let ns = namespace(&client, "refs-bytes").await;
+    let (_d, _op, apps, secrets) = teamapp(&client, &ns).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    put(&secrets, &secret(&ns, "db", "first")).await;
+    let blob = "x".repeat(1_000_000);
+    for i in 0..18 {
+        let name = format!("payments-{i:02}");
+        put(
+            &cms,
+            &team_cm(&ns, &name, "payments", json!({"blob": blob})),
+        )
+        .await;
+    }
+    let shop = json!({"apiVersion": "xyz.com/v1", "kind": "TeamApp",
+        "metadata": {"name": "shop", "namespace": ns},
+        "spec": {"image": "shop:1", "team": "payments", "credentialsSecret": "db", "replicas": 0}});
+    put(&apps, &shop).await;
+    let c = wait_for(T, "Ready=False RenderBudgetExceeded", || async {
+        let p = get_json(&apps, "shop").await?;
+        let c = condition(&p, "Ready")?;
+        (c["reason"] == "RenderBudgetExceeded").then_some(c)
+    })
+    .await;
+    let message = c["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("refs.teamSettings: the objects read take more than 16 MiB"),
+        "{test}: {message}"
     );
     cleanup_namespace(&client, &ns).await;
 }

@@ -263,6 +263,15 @@ pub(super) async fn look_up(
         ctx.refs.iter().for_each(|k| k.index.forget(parent));
     }
     let limit = ctx.rule.limits().max_for_each;
+    let bytes = ctx.rule.limits().parent_reference_bytes;
+    let mut left = bytes;
+    let over = |r: &crate::rules::Reference| {
+        Dereferenced::TooMany(format!(
+            "refs.{}: the objects read take more than {} MiB, the limit per parent",
+            r.name.value,
+            bytes >> 20
+        ))
+    };
     let mut found = BTreeMap::new();
     for t in targets {
         let (Some(kind), Some(r)) = (ctx.refs.get(t.reference), spec.get(t.reference)) else {
@@ -270,13 +279,14 @@ pub(super) async fn look_up(
         };
         match &t.select {
             RefSelect::Name(name) => match cached(kind, &t.namespace, name) {
-                Some(o) => {
-                    if let Some(o) = full(ctx, kind, o).await? {
+                Some(o) => match full(ctx, kind, o, &mut left).await? {
+                    Read::Found(o) => {
                         found.insert(r.name.value.clone(), o);
-                    } else if !r.optional {
-                        return Ok(missing(r, &t));
                     }
-                }
+                    Read::Gone if r.optional => {}
+                    Read::Gone => return Ok(missing(r, &t)),
+                    Read::Over => return Ok(over(r)),
+                },
                 None if r.optional => {}
                 None => return Ok(missing(r, &t)),
             },
@@ -312,11 +322,13 @@ pub(super) async fn look_up(
                 for o in selected {
                     let name = o.name_any();
                     let read = is_stub(&o);
-                    // A stub is read now: it counts if it still matches.
-                    if let Some(o) = full(ctx, kind, o).await?
-                        && (!read || t.selects_labels(&labels_of(&o)))
-                    {
-                        list.push((name, o));
+                    match full(ctx, kind, o, &mut left).await? {
+                        // A stub is read now: it counts if it still matches.
+                        Read::Found(o) if !read || t.selects_labels(&labels_of(&o)) => {
+                            list.push((name, o));
+                        }
+                        Read::Found(_) | Read::Gone => {}
+                        Read::Over => return Ok(over(r)),
                     }
                 }
                 list.sort_by(|a, b| a.0.cmp(&b.0));
@@ -354,23 +366,72 @@ fn cached(kind: &RefKind, ns: &Option<String>, name: &str) -> Option<Arc<Dynamic
     kind.store.get(&oref)
 }
 
+/// What [`full`] read.
+enum Read {
+    Found(Json),
+    /// Not there (any more), or another object by that name now.
+    Gone,
+    /// Past what the parent may read ([`crate::render::Limits::parent_reference_bytes`]).
+    Over,
+}
+
+/// Charges `o`'s bytes (content and metadata) to what the parent may still read.
+fn charge(o: &DynamicObject, left: &mut usize) -> bool {
+    let content = match &o.data {
+        Json::String(packed) => packed.len(),
+        other => {
+            let mut n = Counted(0);
+            serde_json::to_writer(&mut n, other).map_or(usize::MAX, |()| n.0)
+        }
+    };
+    let bytes = content.saturating_add(admission::metadata_bytes(&o.metadata));
+    match left.checked_sub(bytes) {
+        Some(l) => {
+            *left = l;
+            true
+        }
+        None => false,
+    }
+}
+
+/// Counts what is written to it.
+struct Counted(usize);
+
+impl std::io::Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 = self.0.saturating_add(buf.len());
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// The object's JSON (with its apiVersion and kind); one cached without content is read
 /// from the API server, and counts only if it is still the object cached (same UID).
+/// Each is charged to `left` before its JSON is built.
 async fn full(
     ctx: &RuleContext,
     kind: &RefKind,
     o: Arc<DynamicObject>,
-) -> Result<Option<Json>, ReconcileError> {
+    left: &mut usize,
+) -> Result<Read, ReconcileError> {
+    let found = |o: &DynamicObject, left: &mut usize| {
+        if !charge(o, left) {
+            return Read::Over;
+        }
+        cache::to_json_as(o, &kind.ar).map_or(Read::Gone, Read::Found)
+    };
     if !is_stub(&o) {
-        return Ok(cache::to_json_as(&o, &kind.ar));
+        return Ok(found(&o, left));
     }
     let api: Api<DynamicObject> = match (kind.namespaced, o.namespace()) {
         (true, Some(ns)) => Api::namespaced_with(ctx.client.clone(), &ns, &kind.ar),
         _ => Api::all_with(ctx.client.clone(), &kind.ar),
     };
     match api.get_opt(&o.name_any()).await {
-        Ok(Some(fresh)) if fresh.uid() == o.uid() => Ok(cache::to_json_as(&fresh, &kind.ar)),
-        Ok(_) => Ok(None),
+        Ok(Some(fresh)) if fresh.uid() == o.uid() => Ok(found(&fresh, left)),
+        Ok(_) => Ok(Read::Gone),
         Err(e) => Err(ReconcileError::Read {
             what: format!("{} {}", kind.ar.kind, o.name_any()),
             source: e,

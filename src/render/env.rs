@@ -45,6 +45,9 @@ pub struct Limits {
     /// Wall-clock time for one parent's render and status, checked between evaluations,
     /// at every print and filter call, and on every 16th piece of literal output.
     pub parent_time: Duration,
+    /// Bytes of referenced objects (content and metadata, as cached or read) one parent's
+    /// reconcile may read: a selector may match a thousand objects of a megabyte each.
+    pub parent_reference_bytes: usize,
 }
 
 impl Default for Limits {
@@ -57,6 +60,7 @@ impl Default for Limits {
             parent_fuel: 10_000_000,
             parent_output_bytes: 16 << 20,
             parent_time: Duration::from_secs(5),
+            parent_reference_bytes: 16 << 20,
         }
     }
 }
