@@ -21,7 +21,7 @@ use super::status::{EngineStatus, RuleState};
 use super::streams::{
     CacheSync, ChangedFilter, LIST_PAGE_SIZE, admission, owners_of, packed, relisted,
 };
-use super::turns::Turns;
+use super::turns::{NoBackoff, Turns};
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::admission::{CacheBudget, CacheKind};
@@ -363,7 +363,8 @@ impl RuleRunner {
             parent_reader.clone(),
             r.parent.clone(),
         )
-        .with_config(ControllerConfig::default().concurrency(self.config.concurrency));
+        .with_config(ControllerConfig::default().concurrency(self.config.concurrency))
+        .trigger_backoff(NoBackoff);
         let child_selector = labels::child_selector(&name);
         let mut kinds = Vec::new();
         let mut cache_ids = vec![parent_cache];

@@ -262,6 +262,31 @@ impl State {
     }
 }
 
+impl Drop for Turns {
+    fn drop(&mut self) {
+        // The rule stopped (removed, moved to another replica): nothing waits here.
+        self.gauge.set(0);
+    }
+}
+
+/// The controller's backoff of its trigger streams: none. kube-runtime pauses all of a
+/// controller's trigger streams together after an error in any of them, and the turns
+/// are one of those streams, so a watch error (a routine `410 Gone`) would stop parents
+/// being handed out while reconciles finish. Every watch backs off by itself already
+/// (`default_backoff`).
+pub struct NoBackoff;
+
+impl Iterator for NoBackoff {
+    type Item = std::time::Duration;
+    fn next(&mut self) -> Option<Self::Item> {
+        Some(std::time::Duration::ZERO)
+    }
+}
+
+impl kube::runtime::utils::Backoff for NoBackoff {
+    fn reset(&mut self) {}
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -412,13 +412,14 @@ pub fn check_object_name(field: &str, name: &str) -> Result<(), String> {
     }
 }
 
-/// The name quoted whole, or — longer than 64 characters — not at all: a part of it
-/// could be the start of a Secret's value that the reconcile's redaction, which looks
-/// for whole values, would not find.
+/// The name quoted whole (as JSON quotes it, one of the forms the reconcile's redaction
+/// looks for), or — longer than 64 characters — not at all: a part of it could be the
+/// start of a Secret's value that the redaction, which looks for whole values, would not
+/// find.
 fn quoted_name(name: &str) -> String {
     match name.chars().nth(64) {
         Some(_) => format!("({} bytes, not quoted)", name.len()),
-        None => format!("{name:?}"),
+        None => serde_json::Value::from(name).to_string(),
     }
 }
 
@@ -451,6 +452,10 @@ mod tests {
         assert!(!err.contains("sss") && err.contains("102 bytes"), "{err}");
         let err = check_object_name("metadata.name", "a/b").unwrap_err();
         assert!(err.contains("\"a/b\""), "{err}");
+        // A control character as JSON escapes it (Rust's `\u{1}` is no form the
+        // redaction looks for).
+        let err = check_object_name("metadata.name", "a\u{1}b").unwrap_err();
+        assert!(err.contains("\"a\\u0001b\""), "{err}");
         for good in ["web-config", "a.b.c", "system:aggregate-to-view", "x"] {
             assert!(check_object_name("metadata.name", good).is_ok(), "{good:?}");
         }
