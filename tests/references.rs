@@ -65,6 +65,13 @@ fn secret(ns: &str, name: &str, password: &str) -> Json {
            "data": {"password": b64(password)}})
 }
 
+/// The TeamApp `shop` of team `payments`, reading Secret `db`, with no replicas.
+fn shop_app(ns: &str) -> Json {
+    json!({"apiVersion": "xyz.com/v1", "kind": "TeamApp",
+        "metadata": {"name": "shop", "namespace": ns},
+        "spec": {"image": "shop:1", "team": "payments", "credentialsSecret": "db", "replicas": 0}})
+}
+
 fn team_cm(ns: &str, name: &str, team: &str, data: Json) -> Json {
     json!({"apiVersion": "v1", "kind": "ConfigMap",
            "metadata": {"name": name, "namespace": ns, "labels": {"team": team}},
@@ -133,9 +140,7 @@ async fn references_are_watched_and_a_missing_one_prunes_nothing() {
     )
     .await;
     put(&cms, &team_cm(&ns, "search-a", "search", json!({"y": "2"}))).await;
-    let shop = json!({"apiVersion": "xyz.com/v1", "kind": "TeamApp",
-        "metadata": {"name": "shop", "namespace": ns},
-        "spec": {"image": "shop:1", "team": "payments", "credentialsSecret": "db", "replicas": 0}});
+    let shop = shop_app(&ns);
     put(&apps, &shop).await;
     wait_all_ready(&apps, &["shop".to_string()].into(), T).await;
     let settings = get_json(&cms, "shop-settings").await.expect("settings");
@@ -418,9 +423,7 @@ async fn a_selector_finds_stubs_whose_labels_were_dropped() {
     for name in &more {
         put(&cms, &team_cm(&ns, name, "payments", json!({"k": name}))).await;
     }
-    let shop = json!({"apiVersion": "xyz.com/v1", "kind": "TeamApp",
-        "metadata": {"name": "shop", "namespace": ns},
-        "spec": {"image": "shop:1", "team": "payments", "credentialsSecret": "db", "replicas": 0}});
+    let shop = shop_app(&ns);
     put(&apps, &shop).await;
     wait_all_ready(&apps, &["shop".to_string()].into(), T).await;
     let from = |names: &[&str]| {
@@ -501,9 +504,7 @@ async fn what_a_parent_reads_is_bounded_in_bytes() {
         )
         .await;
     }
-    let shop = json!({"apiVersion": "xyz.com/v1", "kind": "TeamApp",
-        "metadata": {"name": "shop", "namespace": ns},
-        "spec": {"image": "shop:1", "team": "payments", "credentialsSecret": "db", "replicas": 0}});
+    let shop = shop_app(&ns);
     put(&apps, &shop).await;
     let c = wait_for(T, "Ready=False RenderBudgetExceeded", || async {
         let p = get_json(&apps, "shop").await?;
@@ -923,9 +924,7 @@ async fn diff_reads_references_from_the_cluster() {
     let ns = namespace(&client, "refs-diff").await;
     let (d, op, apps, secrets) = teamapp(&client, &ns).await;
     put(&secrets, &secret(&ns, "db", "first")).await;
-    let shop = json!({"apiVersion": "xyz.com/v1", "kind": "TeamApp",
-        "metadata": {"name": "shop", "namespace": ns},
-        "spec": {"image": "shop:1", "team": "payments", "credentialsSecret": "db", "replicas": 0}});
+    let shop = shop_app(&ns);
     put(&apps, &shop).await;
     wait_all_ready(&apps, &["shop".to_string()].into(), T).await;
     drop(op);
