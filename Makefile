@@ -36,7 +36,6 @@ cluster-status: ## Exit 0 if the local cluster is up
 # ---------------------------------------------------------------------------
 # Rulebook itself.
 
-CARGO_TEST := cargo test --locked --lib --bins --tests
 # The heavy fault tests (tests/faults_heavy.rs, every one #[ignore]d), one at a time.
 HEAVY_TEST := cargo test --locked --test faults_heavy -- --ignored --test-threads=1 --nocapture
 
@@ -56,20 +55,17 @@ unit: ## Only the tests that need no cluster (rule checks, rendering, injection,
 	cargo test --locked --lib --test check_corpus --test injection --test hostile_templates \
 		--test render_snapshots --test status_eval
 
-# `make test` runs every test: first all but the heavy fault tests (in parallel, as cargo
-# does), then the heavy ones one at a time (they restart the local API server and etcd,
-# so they must not overlap anything else). Both run even when the first fails; the
-# target fails when either did.
+# `make test` runs every test (scripts/test.sh): first every test binary but the ones that
+# restart the API server, several binaries at a time (TEST_JOBS, default 3; each test has
+# its own namespace, kinds and operator), then `api_restart` and the heavy fault tests one
+# at a time (they restart the local API server and etcd, so they must not overlap
+# anything else). Everything runs even when something failed; the target fails when
+# anything did. Logs in $CARGO_TARGET_DIR/test-logs/ (or target/test-logs/).
 .PHONY: test
 test: lint rule-tests cluster ## Everything: lint, all tests against the local control plane (started or reused), then the heavy fault tests
 	@# a demo operator watches every namespace and would fight the tests' operators
 	scripts/demo.sh down
-	@failed=""; \
-	echo "$(CARGO_TEST) --no-fail-fast"; \
-	RULEBOOK_TEST_KUBECONFIG=$(KUBECONFIG_LOCAL) $(CARGO_TEST) --no-fail-fast || failed="tests"; \
-	echo "$(HEAVY_TEST)"; \
-	RULEBOOK_TEST_KUBECONFIG=$(KUBECONFIG_LOCAL) $(HEAVY_TEST) || failed="$${failed:+$$failed and }heavy fault tests"; \
-	if [[ -n "$$failed" ]]; then echo "make test: FAILED: $$failed" >&2; exit 1; fi
+	RULEBOOK_TEST_KUBECONFIG=$(KUBECONFIG_LOCAL) scripts/test.sh
 
 .PHONY: demo
 demo: ## Local control plane + operator + example rules and parents; leaves them running
