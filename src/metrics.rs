@@ -88,6 +88,8 @@ pub struct Metrics {
     /// Write requests the write gate refused because leadership had lapsed.
     pub writes_refused: Counter,
     pub events_dropped: Family<DroppedLabel, Counter>,
+    /// Events posted to the event outbox and not sent yet (waiting or in flight).
+    pub events_unsent: Gauge,
     pub cached_objects: Family<CacheLabels, Gauge>,
     pub shard_mode: Family<ModeLabel, Gauge>,
     pub shard_share: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -219,6 +221,12 @@ impl Metrics {
             "Events not sent because the event outbox (outbox_full: a slow or throttled API server) or one namespace's share of it (namespace_share) was full",
             events_dropped.clone(),
         );
+        let events_unsent = Gauge::default();
+        registry.register(
+            "events_unsent",
+            "Events in the event outbox, waiting to be sent or being sent",
+            events_unsent.clone(),
+        );
         let cached_objects = Family::<CacheLabels, Gauge>::default();
         registry.register(
             "cached_objects",
@@ -247,6 +255,7 @@ impl Metrics {
             unreadable_objects,
             writes_refused,
             events_dropped,
+            events_unsent,
             reconciles,
             reconcile_duration,
             in_flight,

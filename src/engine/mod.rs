@@ -129,7 +129,8 @@ impl Engine {
         gate: Arc<dyn WriteGate>,
     ) -> Engine {
         let budget = Arc::new(CacheBudget::new(config.cache.clone(), metrics.clone()));
-        let outbox = Outbox::new(OutboxLimits::DEFAULT, metrics.events_dropped.clone());
+        let outbox = Outbox::new(OutboxLimits::DEFAULT, metrics.events_dropped.clone())
+            .counting(metrics.events_unsent.clone());
         Engine {
             outbox,
             client,

@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use futures::FutureExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 
 use crate::metrics::DroppedLabel;
 
@@ -105,6 +106,18 @@ pub struct Outbox {
     queues: Arc<Mutex<Queues>>,
     limits: OutboxLimits,
     dropped: Family<DroppedLabel, Counter>,
+    /// Events posted and not yet sent (waiting or in flight).
+    unsent: Gauge,
+}
+
+/// Takes one event off [`Outbox::unsent`] however its send ends: sent, failed, panicked,
+/// or dropped unrun.
+struct Unsent(Gauge);
+
+impl Drop for Unsent {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 /// How much an [`Outbox`] holds and sends at once.
@@ -161,7 +174,14 @@ impl Outbox {
             queues: Arc::default(),
             limits,
             dropped,
+            unsent: Gauge::default(),
         }
+    }
+
+    /// Counts the events posted and not yet sent in `unsent` (a metric).
+    pub fn counting(mut self, unsent: Gauge) -> Outbox {
+        self.unsent = unsent;
+        self
     }
 
     /// Runs `send` in the background once a sender is free and it is the turn of
@@ -195,11 +215,16 @@ impl Outbox {
                     .inc();
                 return Err(reason);
             }
+            self.unsent.inc();
+            let unsent = Unsent(self.unsent.clone());
             let queue = queues
                 .by_namespace
                 .entry(namespace.to_string())
                 .or_default();
-            queue.push_back(Box::pin(send));
+            queue.push_back(Box::pin(async move {
+                let _unsent = unsent;
+                send.await
+            }));
             if queue.len() == 1 {
                 queues.turns.push_back(namespace.to_string());
             }
@@ -261,6 +286,7 @@ mod tests {
     async fn the_outbox_is_bounded_ordered_and_counts_what_it_drops() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let dropped = Family::<DroppedLabel, Counter>::default();
+        let unsent = Gauge::default();
         let outbox = Outbox::new(
             OutboxLimits {
                 queued: 3,
@@ -268,7 +294,8 @@ mod tests {
                 sending: 1,
             },
             dropped.clone(),
-        );
+        )
+        .counting(unsent.clone());
         let (open, gate) = tokio::sync::watch::channel(false);
         let order = Arc::new(Mutex::new(Vec::new()));
         let running = Arc::new(AtomicUsize::new(0));
@@ -295,10 +322,18 @@ mod tests {
         let full = Err(Dropped::OutboxFull);
         assert_eq!(posted, [Ok(()), Ok(()), Ok(()), full, full]);
         assert_eq!(count(&dropped, Dropped::OutboxFull), 2);
+        assert_eq!(unsent.get(), 3, "the events held, unsent");
         let _ = open.send(true);
         for _ in 0..3 {
             assert!(within(done_rx.recv()).await.is_some());
         }
+        // Sent events are no longer unsent (`within` fails the test otherwise).
+        within(async {
+            while unsent.get() != 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
         assert_eq!(*order.lock().unwrap_or_else(|p| p.into_inner()), [0, 1, 2]);
         assert_eq!(most.load(Ordering::SeqCst), 1);
         // Sent events free their places.

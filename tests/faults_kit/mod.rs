@@ -1473,7 +1473,12 @@ pub async fn poison(kind: &str, poisoned: usize, healthy: usize) -> PoisonReport
     })
     .await;
 
-    // 4. They back off: reconciles and writes over 30 s.
+    // 4. They back off: reconciles and writes over 30 s, once the events of the first
+    // round are sent (the outbox sends them in the background, later on a busy machine).
+    wait_for(t, "the first round's events to be sent", || async {
+        (op.metric("rulebook_events_unsent").await == 0.0).then_some(())
+    })
+    .await;
     let series = format!("rulebook_reconciles_total{{rule=\"{rule}\",result=\"render_failed\"}}");
     let writes =
         |verb: &str| format!("rulebook_api_writes_total{{rule=\"{rule}\",verb=\"{verb}\"}}");
