@@ -212,8 +212,26 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
     }
     check_kind_ref(&r.spec.parent, "spec.parent", &mut err);
     let mut seen = BTreeSet::new();
+    // (group, kind) → the first child's index and apiVersion: two versions of one kind
+    // are the same objects, and two caches of them would each prune the other's.
+    let mut versions: BTreeMap<(&str, &str), (usize, &str)> = BTreeMap::new();
     for (i, c) in r.spec.children.iter().enumerate() {
         let key = format!("spec.children[{i}]");
+        let group = split_api_version(&c.api_version.value).0;
+        match versions.get(&(group, c.kind.as_str())) {
+            Some((first, v)) if *v != c.api_version.as_str() => err(
+                at(&c.api_version),
+                &format!("{key}.apiVersion"),
+                format!(
+                    "{} {} is {} in spec.children[{first}]: the children of one kind use one apiVersion (two versions of a kind are the same objects)",
+                    c.api_version.value, c.kind.value, v
+                ),
+            ),
+            Some(_) => {}
+            None => {
+                versions.insert((group, c.kind.as_str()), (i, c.api_version.as_str()));
+            }
+        }
         if !is_identifier(&c.name) {
             err(
                 at(&c.name),
