@@ -35,6 +35,10 @@ pub mod labels {
     pub const PER_RULE_VERSION: &[&str] = &[RULE_VERSION, DESIRED_HASH];
     /// The `forEach` index of the object.
     pub const INDEX: &str = "rulebook.dev/index";
+    /// `Orphan` on a child whose `deletionPolicy` is `Orphan`: the policy travels with the
+    /// object, so that it is heeded after the rule that set it has changed (a child, or
+    /// its kind, removed from the rule) or Rulebook has restarted.
+    pub const DELETION_POLICY: &str = "rulebook.dev/deletion-policy";
     /// On a parent being torn down: the finalize step is over (`done`, `timed-out` or
     /// `failed`), so a restarted operator does not run it again.
     pub const FINALIZED: &str = "rulebook.dev/finalized";
@@ -52,6 +56,7 @@ pub mod labels {
         RULE_VERSION,
         DESIRED_HASH,
         INDEX,
+        DELETION_POLICY,
         FINALIZED,
         PAUSED,
     ];

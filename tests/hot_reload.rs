@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
+use kube::ResourceExt;
 use kube::api::{Api, DynamicObject};
 use serde_json::{Value as Json, json};
 
@@ -509,4 +510,76 @@ async fn a_child_kind_dropped_from_a_rule_is_pruned() {
         cms.get_opt("s").await.unwrap().unwrap().metadata.uid,
         cm_uid
     );
+}
+
+/// A child with `deletionPolicy: Orphan` outlives the rule edit that removes it, whether
+/// its kind leaves the rule with it (the clean-up of dropped kinds) or stays for another
+/// child (the parent's own pruning): let go of, not deleted. The policy travels with the
+/// object (`rulebook.dev/deletion-policy`), since the rule that set it is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_child_outlives_its_removal_from_the_rule() {
+    let client = client().await;
+    let ns = namespace(&client, "reload-orphan").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
+    write_rule(&rules, &templates, "Keeper", "x");
+    let rule_file = rules.join("keeper.yaml");
+    let plain = std::fs::read_to_string(&rule_file).unwrap();
+    let keepers_children = "    - name: vault\n      apiVersion: v1\n      kind: Secret\n      template: keeper/secret.yaml\n      deletionPolicy: Orphan\n    - name: ledger\n      apiVersion: v1\n      kind: ConfigMap\n      template: keeper/ledger.yaml\n      deletionPolicy: Orphan\n";
+    std::fs::write(
+        &rule_file,
+        plain.replace("  status:", &format!("{keepers_children}  status:")),
+    )
+    .unwrap();
+    std::fs::write(
+        templates.join("keeper/secret.yaml"),
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ parent.metadata.name ~ \"-vault\" }}\nstringData:\n  t: x\n",
+    )
+    .unwrap();
+    std::fs::write(
+        templates.join("keeper/ledger.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-ledger\" }}\ndata:\n  l: x\n",
+    )
+    .unwrap();
+    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let keepers = parents_api(&client, &ns, "Keeper").await;
+    let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    apply(&keepers, parent("Keeper", &ns, "k")).await;
+    wait_ready(&keepers, "k", "True", None, T).await;
+    let vault = secrets.get("k-vault").await.unwrap();
+    let ledger = cms.get("k-ledger").await.unwrap();
+    for o in [&vault, &ledger] {
+        assert_eq!(
+            o.annotations()
+                .get("rulebook.dev/deletion-policy")
+                .map(String::as_str),
+            Some("Orphan"),
+            "{}: the policy is on the object",
+            o.name_any()
+        );
+    }
+
+    // Both leave the rule: the Secret kind with it, the ConfigMap kind stays (`config`).
+    std::fs::write(&rule_file, &plain).unwrap();
+    for (what, api, before) in [("Secret", &secrets, &vault), ("ConfigMap", &cms, &ledger)] {
+        let name = before.name_any();
+        let after = wait_for(T, &format!("{what} {name} to be let go of"), || async {
+            match api.get_opt(&name).await.ok()? {
+                None => Some(None),
+                Some(o) => o.owner_references().is_empty().then_some(Some(o)),
+            }
+        })
+        .await;
+        let after =
+            after.unwrap_or_else(|| panic!("{what} {name} was deleted: its policy is Orphan"));
+        assert_eq!(after.uid(), before.uid(), "{what} {name}: the same object");
+        assert!(
+            !after.labels().contains_key("rulebook.dev/owner"),
+            "{what} {name}: Rulebook's labels are gone: {:?}",
+            after.labels()
+        );
+    }
+    // The other child is still the parent's.
+    assert_eq!(cms.get("k").await.unwrap().owner_references().len(), 1);
 }

@@ -1,57 +1,168 @@
 //! Children of kinds a rule no longer has: the new controller does not watch them, so
 //! its pruning cannot see them. Kinds are compared by API group and kind — a child that
 //! moves to another version of its kind is the same object — and only objects that are
-//! verifiably a parent's of this rule are deleted, through the gated writer.
+//! verifiably a parent's of this rule are let go of, through the gated writer: deleted
+//! (UID and resourceVersion preconditions) or, when their child's `deletionPolicy` was
+//! `Orphan`, orphaned.
+//!
+//! The clean-up runs in the background and can take a while (a page of 25 objects at a
+//! time), so a later edit may come first. A later version that has the kind again must
+//! not see its objects deleted under it: each reload stops the rule's clean-up in flight
+//! — waiting for the write it is making, so none lands after — and hands what it had left
+//! to the next clean-up, less the kinds the rule has again.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectMeta};
 use kube::core::discovery::Scope as KubeScope;
-use kube::{Client, ResourceExt};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::runner::discover;
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
-use crate::reconcile::writer::{Deleted, WriteError, Writer};
+use crate::reconcile::orphan_patch;
+use crate::reconcile::writer::{Deleted, Patched, WriteError, Writer};
 use crate::render::CompiledRule;
+use crate::rules::DeletionPolicy;
+
+/// Objects listed a page at a time: a tenant may put lookalikes of any size in its
+/// namespace, and only their metadata is read.
+const PAGE: u32 = 25;
+/// Attempts at reading a kind (discovery, a page) before the clean-up of that kind gives
+/// up with a warning; the waits between them double up to [`MAX_WAIT`].
+const ATTEMPTS: u32 = 10;
+const MAX_WAIT: Duration = Duration::from_secs(30);
+/// How long a reload waits for the clean-up in flight to stop.
+const STOP_WAIT: Duration = Duration::from_secs(30);
+/// A delete answered "changed since read" is read again and retried this many times.
+const CHANGED_RETRIES: u32 = 3;
+
+/// `(group, kind)` of every child of `rule`.
+fn group_kinds(rule: &CompiledRule) -> BTreeSet<(String, String)> {
+    rule.children()
+        .iter()
+        .map(|c| group_kind(&c.api_version.value, &c.kind.value))
+        .collect()
+}
+
+fn group_kind(api_version: &str, kind: &str) -> (String, String) {
+    (
+        split_api_version(api_version).0.to_string(),
+        kind.to_string(),
+    )
+}
 
 /// `(apiVersion, kind)` of children the old version of a rule had and the new one has not,
 /// compared by API group and kind: a child that moves to another version of its kind
 /// (`autoscaling/v2` → `autoscaling/v1`, a CRD's `v1alpha1` → `v1`) is the same object
 /// served at another version, and the new controller watches and keeps it.
 pub(super) fn dropped_kinds(old: &CompiledRule, new: &CompiledRule) -> Vec<(String, String)> {
-    let group_kind = |api_version: &str, kind: &str| {
-        (
-            split_api_version(api_version).0.to_string(),
-            kind.to_string(),
-        )
-    };
-    let kept: std::collections::BTreeSet<(String, String)> = new
-        .children()
-        .iter()
-        .map(|c| group_kind(&c.api_version.value, &c.kind.value))
-        .collect();
     let mut dropped: Vec<(String, String)> = old
         .children()
         .iter()
-        .filter(|c| !kept.contains(&group_kind(&c.api_version.value, &c.kind.value)))
         .map(|c| (c.api_version.value.clone(), c.kind.value.clone()))
         .collect();
     dropped.sort();
     dropped.dedup();
-    dropped
+    still_dropped(new, dropped)
 }
 
-/// Whether `o` is a child that a parent of `rule` created: its owner label is the UID of
+/// The kinds of `kinds` that `now` has no child of.
+fn still_dropped(now: &CompiledRule, kinds: Vec<(String, String)>) -> Vec<(String, String)> {
+    let kept = group_kinds(now);
+    kinds
+        .into_iter()
+        .filter(|(v, k)| !kept.contains(&group_kind(v, k)))
+        .collect()
+}
+
+/// Kinds an earlier version of a rule had, to clean up after: `old` says which objects
+/// were its parents' children and what their policy was.
+#[derive(Clone)]
+pub(super) struct Dropped {
+    pub old: Arc<CompiledRule>,
+    pub kinds: Vec<(String, String)>,
+}
+
+/// What a clean-up needs besides its kinds.
+pub(super) struct CleanupEnv {
+    pub client: Client,
+    pub namespace: Option<String>,
+    pub metrics: Arc<Metrics>,
+    pub gate: Arc<dyn WriteGate>,
+    pub share: Option<crate::shard::Ranges>,
+}
+
+struct Cleanup {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    todo: Vec<Dropped>,
+}
+
+/// The clean-ups in flight, one per rule at most.
+#[derive(Default)]
+pub(super) struct Cleanups {
+    by_rule: BTreeMap<String, Cleanup>,
+}
+
+impl Cleanups {
+    /// Stops `rule`'s clean-up, waiting for the write it is making (so none lands after
+    /// this returns), and returns what it had been given that `now` — the rule as it is
+    /// now — still has no child of. Nothing when it had finished, or for a rule removed
+    /// (`now` is `None`: a removed rule's children stay).
+    pub async fn stop(&mut self, rule: &str, now: Option<&CompiledRule>) -> Vec<Dropped> {
+        let Some(Cleanup {
+            stop,
+            mut task,
+            todo,
+        }) = self.by_rule.remove(rule)
+        else {
+            return Vec::new();
+        };
+        if task.is_finished() {
+            return Vec::new();
+        }
+        let _ = stop.send(true);
+        if tokio::time::timeout(STOP_WAIT, &mut task).await.is_err() {
+            warn!(rule = %rule, "the clean-up of dropped child kinds did not stop in time: aborted");
+            task.abort();
+        }
+        let Some(now) = now else {
+            return Vec::new();
+        };
+        todo.into_iter()
+            .filter_map(|d| {
+                let kinds = still_dropped(now, d.kinds);
+                (!kinds.is_empty()).then_some(Dropped { old: d.old, kinds })
+            })
+            .collect()
+    }
+
+    /// Starts cleaning up after `todo` for `rule` (after [`Cleanups::stop`]).
+    pub fn start(&mut self, rule: String, todo: Vec<Dropped>, env: CleanupEnv) {
+        if todo.is_empty() {
+            return;
+        }
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(prune_dropped_kinds(todo.clone(), env, stopped));
+        self.by_rule.insert(rule, Cleanup { stop, task, todo });
+    }
+}
+
+/// Whether `m` is a child that a parent of `rule` created: its owner label is the UID of
 /// its controller reference, and that controller is of the rule's parent kind. Labels
 /// alone are public: anyone may put them on objects of their own.
-fn child_of_rule(o: &DynamicObject, rule: &CompiledRule) -> bool {
+fn child_of_rule(m: &ObjectMeta, rule: &CompiledRule) -> bool {
     let parent = &rule.rule.spec.parent;
     let parent_group = split_api_version(&parent.api_version.value).0;
-    let owner = o.labels().get(labels::OWNER);
-    o.owner_references().iter().any(|r| {
+    let owner = m.labels.as_ref().and_then(|l| l.get(labels::OWNER));
+    m.owner_references.iter().flatten().any(|r| {
         r.controller == Some(true)
             && owner == Some(&r.uid)
             && r.kind == parent.kind.value
@@ -59,73 +170,224 @@ fn child_of_rule(o: &DynamicObject, rule: &CompiledRule) -> bool {
     })
 }
 
-/// Deletes the children of kinds a rule no longer has: the new controller does not watch
-/// them, so its pruning cannot see them. Only objects [`child_of_rule`] accepts, each
-/// with a UID precondition, and only while this process may write.
-pub(super) async fn prune_dropped_kinds(
-    client: Client,
-    rule: Arc<CompiledRule>,
-    kinds: Vec<(String, String)>,
-    namespace: Option<String>,
-    metrics: Arc<Metrics>,
-    gate: Arc<dyn WriteGate>,
-    share: Option<crate::shard::Ranges>,
+/// The policy of a child of `old`: its child's in `old`, else the one recorded on it.
+fn policy(m: &ObjectMeta, old: &CompiledRule) -> DeletionPolicy {
+    let get = |map: &Option<BTreeMap<String, String>>, key: &str| {
+        map.as_ref().and_then(|m| m.get(key)).cloned()
+    };
+    let child = get(&m.labels, labels::CHILD);
+    old.children()
+        .iter()
+        .find(|c| Some(&c.name.value) == child.as_ref())
+        .map(|c| c.deletion_policy)
+        .unwrap_or_else(|| {
+            DeletionPolicy::recorded(get(&m.annotations, labels::DELETION_POLICY).as_deref())
+        })
+}
+
+/// Why a clean-up stopped before the end.
+enum Halt {
+    /// A reload stopped it.
+    Stopped,
+    /// This process may not write.
+    NotLeader,
+}
+
+/// Waits before attempt `attempt` (from 1), or says the reload stopped the clean-up.
+async fn pause(attempt: u32, stopped: &mut watch::Receiver<bool>) -> Result<(), Halt> {
+    let wait = Duration::from_secs(1u64 << attempt.min(5)).min(MAX_WAIT);
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => Ok(()),
+        _ = stopped.wait_for(|s| *s) => Err(Halt::Stopped),
+    }
+}
+
+/// Lets go of the children of kinds a rule no longer has: the new controller does not
+/// watch them, so its pruning cannot see them. Only objects [`child_of_rule`] accepts,
+/// and only while this process may write and no reload has stopped it.
+async fn prune_dropped_kinds(
+    todo: Vec<Dropped>,
+    env: CleanupEnv,
+    mut stopped: watch::Receiver<bool>,
 ) {
-    use kube::api::ListParams;
-    let name = &rule.name;
-    let writer = Writer::new(gate, metrics.clone(), name);
-    let selector = labels::child_selector(name);
-    for (api_version, kind) in kinds {
-        let (ar, caps) = match discover(&client, "dropped child kind", &api_version, &kind).await {
-            Ok(found) => found,
-            Err(e) => {
-                warn!(rule = %name, %kind, error = %e, "cannot prune children of a kind the rule dropped");
-                continue;
+    for d in &todo {
+        let writer = Writer::new(env.gate.clone(), env.metrics.clone(), &d.old.name);
+        for (api_version, kind) in &d.kinds {
+            match prune_kind(&env, d, &writer, api_version, kind, &mut stopped).await {
+                Ok(()) => {}
+                Err(Halt::Stopped) => return,
+                Err(Halt::NotLeader) => {
+                    warn!(rule = %d.old.name, %kind, "not pruning children of a dropped kind: not the leader");
+                    return;
+                }
             }
-        };
-        let namespaced = caps.scope == KubeScope::Namespaced;
-        let api = kind_api(&client, &ar, namespaced, namespace.as_deref());
-        let list = match api.list(&ListParams::default().labels(&selector)).await {
-            Ok(l) => l,
+        }
+    }
+}
+
+async fn prune_kind(
+    env: &CleanupEnv,
+    d: &Dropped,
+    writer: &Writer,
+    api_version: &str,
+    kind: &str,
+    stopped: &mut watch::Receiver<bool>,
+) -> Result<(), Halt> {
+    let name = &d.old.name;
+    let mut attempt = 0;
+    let (ar, caps) = loop {
+        match discover(&env.client, "dropped child kind", api_version, kind).await {
+            Ok(found) => break found,
+            Err(e) if attempt + 1 >= ATTEMPTS => {
+                warn!(rule = %name, %kind, error = %e, "cannot prune children of a kind the rule dropped: giving up");
+                return Ok(());
+            }
             Err(e) => {
-                warn!(rule = %name, %kind, error = %e, "cannot list children of a kind the rule dropped");
+                warn!(rule = %name, %kind, error = %e, "cannot find a kind the rule dropped; trying again");
+                attempt += 1;
+                pause(attempt, stopped).await?;
+            }
+        }
+    };
+    let namespaced = caps.scope == KubeScope::Namespaced;
+    let api = kind_api(&env.client, &ar, namespaced, env.namespace.as_deref());
+    let selector = labels::child_selector(name);
+    let mut token: Option<String> = None;
+    attempt = 0;
+    loop {
+        if *stopped.borrow() {
+            return Err(Halt::Stopped);
+        }
+        if !writer.may_write() {
+            return Err(Halt::NotLeader);
+        }
+        let mut params = ListParams::default().labels(&selector).limit(PAGE);
+        if let Some(t) = &token {
+            params = params.continue_token(t);
+        }
+        let page = match api.list_metadata(&params).await {
+            Ok(page) => {
+                attempt = 0;
+                page
+            }
+            Err(e) if attempt + 1 >= ATTEMPTS => {
+                warn!(rule = %name, %kind, error = %e, "cannot list children of a kind the rule dropped: giving up");
+                return Ok(());
+            }
+            Err(e) => {
+                // An expired continue token (410) starts the list again.
+                if matches!(&e, kube::Error::Api(s) if s.code == 410) {
+                    token = None;
+                }
+                warn!(rule = %name, %kind, error = %e, "cannot list children of a kind the rule dropped; trying again");
+                attempt += 1;
+                pause(attempt, stopped).await?;
                 continue;
             }
         };
         // Sharded: only the children in this replica's namespaces.
-        let mine = |o: &&kube::api::DynamicObject| {
-            share.as_ref().is_none_or(|r| {
-                o.metadata
-                    .namespace
+        let mine = |m: &ObjectMeta| {
+            env.share.as_ref().is_none_or(|r| {
+                m.namespace
                     .as_deref()
                     .is_none_or(|ns| r.holds_namespace(ns))
             })
         };
-        for o in list
-            .items
-            .iter()
-            .filter(|o| child_of_rule(o, &rule))
-            .filter(mine)
-        {
-            let child = o.name_any();
-            let api = kind_api(&client, &ar, namespaced, o.namespace().as_deref());
-            match writer.delete(&api, &child, o.uid()).await {
-                Ok(Deleted::Deleted) => {
-                    metrics
+        for o in page.items {
+            if !child_of_rule(&o.metadata, &d.old) || !mine(&o.metadata) {
+                continue;
+            }
+            if *stopped.borrow() {
+                return Err(Halt::Stopped);
+            }
+            let api = kind_api(
+                &env.client,
+                &ar,
+                namespaced,
+                o.metadata.namespace.as_deref(),
+            );
+            let_go(env, d, writer, &api, o.metadata, kind).await?;
+        }
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            return Ok(());
+        }
+    }
+}
+
+/// Deletes or orphans one child of a dropped kind. One that changed since it was listed
+/// is read again and let go of only while it is still a child of the rule.
+async fn let_go(
+    env: &CleanupEnv,
+    d: &Dropped,
+    writer: &Writer,
+    api: &Api<DynamicObject>,
+    mut m: ObjectMeta,
+    kind: &str,
+) -> Result<(), Halt> {
+    let rule = &d.old.name;
+    let child = m.name.clone().unwrap_or_default();
+    for _ in 0..=CHANGED_RETRIES {
+        let orphan = policy(&m, &d.old) == DeletionPolicy::Orphan;
+        let done = if orphan {
+            let owner = m
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::OWNER))
+                .cloned()
+                .unwrap_or_default();
+            let obj = DynamicObject {
+                types: None,
+                metadata: m.clone(),
+                data: serde_json::Value::Null,
+            };
+            writer
+                .merge_patch(api, &child, &orphan_patch(&obj, &owner))
+                .await
+                .map(|p| match p {
+                    Patched::Patched => Deleted::Deleted,
+                    Patched::Stale => Deleted::Changed,
+                })
+        } else {
+            writer
+                .delete(api, &child, m.uid.clone(), m.resource_version.clone())
+                .await
+        };
+        match done {
+            Ok(Deleted::Deleted) => {
+                if orphan {
+                    info!(rule = %rule, %kind, %child, "orphaned: the rule no longer has this kind of child");
+                } else {
+                    env.metrics
                         .children_pruned
-                        .get_or_create(&metrics::rule(name))
+                        .get_or_create(&metrics::rule(rule))
                         .inc();
-                    info!(rule = %name, %kind, %child, "pruned: the rule no longer has this kind of child");
+                    info!(rule = %rule, %kind, %child, "pruned: the rule no longer has this kind of child");
                 }
-                Ok(Deleted::Gone) => {}
-                Err(WriteError::NotLeader) => {
-                    warn!(rule = %name, %kind, "not pruning children of a dropped kind: not the leader");
-                    return;
+                return Ok(());
+            }
+            Ok(Deleted::Gone) => return Ok(()),
+            Ok(Deleted::Changed) => match api.get_metadata_opt(&child).await {
+                Ok(Some(fresh))
+                    if fresh.metadata.uid == m.uid && child_of_rule(&fresh.metadata, &d.old) =>
+                {
+                    m = fresh.metadata;
                 }
-                Err(e) => warn!(rule = %name, %kind, %child, error = %e, "cannot prune"),
+                // Gone, replaced, or no longer the rule's: not to be touched.
+                Ok(_) => return Ok(()),
+                Err(e) => {
+                    warn!(rule = %rule, %kind, %child, error = %e, "cannot read a child of a dropped kind again");
+                    return Ok(());
+                }
+            },
+            Err(WriteError::NotLeader) => return Err(Halt::NotLeader),
+            Err(e) => {
+                warn!(rule = %rule, %kind, %child, error = %e, "cannot prune");
+                return Ok(());
             }
         }
     }
+    Ok(())
 }
 
 /// The API of a kind: in `namespace` when the kind is namespaced and one is given.
@@ -138,5 +400,111 @@ pub fn kind_api(
     match (namespace, namespaced) {
         (Some(ns), true) => Api::namespaced_with(client.clone(), ns, ar),
         _ => Api::all_with(client.clone(), ar),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A compiled rule over `App` whose children are `(name, apiVersion, kind, policy)`.
+    fn rule(children: &[(&str, &str, &str, &str)]) -> Arc<CompiledRule> {
+        let mut text = String::from(
+            "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: r\nspec:\n  parent:\n    apiVersion: example.com/v1\n    kind: App\n  children:\n",
+        );
+        for (name, api_version, kind, policy) in children {
+            text += &format!(
+                "    - name: {name}\n      apiVersion: {api_version}\n      kind: {kind}\n      template: t.yaml\n      deletionPolicy: {policy}\n"
+            );
+        }
+        let sources = crate::rules::Sources {
+            rule_files: vec![("r.yaml".into(), text)],
+            templates: [(
+                "t.yaml".to_string(),
+                ("t.yaml".to_string(), "metadata:\n  name: x\n".to_string()),
+            )]
+            .into(),
+        };
+        let set = crate::render::compile(&sources, &crate::render::Limits::default())
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        set.rules["r"].clone()
+    }
+
+    fn meta(v: serde_json::Value) -> ObjectMeta {
+        serde_json::from_value(v).unwrap_or_default()
+    }
+
+    fn child(name: &str, annotations: serde_json::Value) -> ObjectMeta {
+        meta(json!({
+            "name": "c", "annotations": annotations,
+            "labels": {"rulebook.dev/owner": "u1", "rulebook.dev/child": name},
+            "ownerReferences": [{"apiVersion": "example.com/v1", "kind": "App",
+                                 "name": "p", "uid": "u1", "controller": true}]}))
+    }
+
+    #[test]
+    fn only_a_child_whose_controller_is_a_parent_of_the_rule_is_one() {
+        let rule = rule(&[("data", "v1", "ConfigMap", "Delete")]);
+        let real = child("data", json!({}));
+        assert!(child_of_rule(&real, &rule));
+        let mut other_uid = real.clone();
+        other_uid
+            .labels
+            .get_or_insert_default()
+            .insert(labels::OWNER.into(), "u2".into());
+        assert!(!child_of_rule(&other_uid, &rule));
+        for (field, value) in [("controller", json!(false)), ("kind", json!("Other"))] {
+            let mut v = serde_json::to_value(&real).unwrap_or_default();
+            v["ownerReferences"][0][field] = value;
+            assert!(!child_of_rule(&meta(v), &rule), "{field}");
+        }
+    }
+
+    #[test]
+    fn the_policy_is_the_old_rules_or_the_one_recorded_on_the_object() {
+        let old = rule(&[
+            ("data", "v1", "PersistentVolumeClaim", "Orphan"),
+            ("cfg", "v1", "ConfigMap", "Delete"),
+        ]);
+        assert_eq!(
+            policy(&child("data", json!({})), &old),
+            DeletionPolicy::Orphan
+        );
+        assert_eq!(
+            policy(&child("cfg", json!({})), &old),
+            DeletionPolicy::Delete
+        );
+        // A child an even older version had: what it recorded.
+        let gone = child("older", json!({"rulebook.dev/deletion-policy": "Orphan"}));
+        assert_eq!(policy(&gone, &old), DeletionPolicy::Orphan);
+        assert_eq!(
+            policy(&child("older", json!({})), &old),
+            DeletionPolicy::Delete
+        );
+        // The old rule's word wins over the record.
+        let forged = child("cfg", json!({"rulebook.dev/deletion-policy": "Orphan"}));
+        assert_eq!(policy(&forged, &old), DeletionPolicy::Delete);
+    }
+
+    #[test]
+    fn a_kind_the_rule_has_again_is_not_cleaned_up_after() {
+        let v1 = rule(&[
+            ("cfg", "v1", "ConfigMap", "Delete"),
+            ("hpa", "autoscaling/v2", "HorizontalPodAutoscaler", "Delete"),
+        ]);
+        let v2 = rule(&[("cfg", "v1", "ConfigMap", "Delete")]);
+        let dropped = dropped_kinds(&v1, &v2);
+        assert_eq!(
+            dropped,
+            vec![("autoscaling/v2".into(), "HorizontalPodAutoscaler".into())]
+        );
+        // Back at another version of the same kind: the same objects, kept.
+        let v3 = rule(&[
+            ("cfg", "v1", "ConfigMap", "Delete"),
+            ("hpa", "autoscaling/v1", "HorizontalPodAutoscaler", "Delete"),
+        ]);
+        assert!(still_dropped(&v3, dropped.clone()).is_empty());
+        assert_eq!(still_dropped(&v2, dropped.clone()), dropped);
     }
 }

@@ -35,7 +35,7 @@ use crate::reconcile::admission::{CacheBudget, CacheLimits};
 use crate::reconcile::outbox::{Outbox, OutboxLimits};
 use crate::reconcile::recorder::Recorder;
 use crate::render::{CompiledRule, RuleSet};
-use dropped::{dropped_kinds, prune_dropped_kinds};
+use dropped::{CleanupEnv, Cleanups, Dropped, dropped_kinds};
 use released::release_removed_rule;
 use runner::RuleRunner;
 
@@ -103,6 +103,8 @@ pub struct Engine {
     steady: BTreeMap<String, (String, Arc<crate::reconcile::memo::Steady>)>,
     /// Where every rule's events wait to be sent (bounded, for the whole process).
     outbox: Outbox,
+    /// The clean-ups after kinds of children the rules dropped, one per rule at most.
+    cleanups: Cleanups,
 }
 
 /// How long a stopping rule may take to finish its in-flight reconciles.
@@ -142,6 +144,7 @@ impl Engine {
             budget,
             releases: BTreeMap::new(),
             steady: BTreeMap::new(),
+            cleanups: Cleanups::default(),
         }
     }
 
@@ -168,20 +171,24 @@ impl Engine {
                 released.push(old.clone());
             }
             self.stop(&name).await;
-            match (old, set.rules.get(&name)) {
+            // A clean-up still in flight stops first: the new version may have its kinds
+            // again. What it had left goes on, less those.
+            let new = set.rules.get(&name);
+            let mut todo = self.cleanups.stop(&name, new.map(|r| r.as_ref())).await;
+            match (old, new) {
                 (Some(old), Some(new)) => {
-                    let dropped = dropped_kinds(&old, new);
-                    if !dropped.is_empty() {
-                        tokio::spawn(prune_dropped_kinds(
-                            self.client.clone(),
-                            old,
-                            dropped,
-                            self.config.namespace.clone(),
-                            self.metrics.clone(),
-                            self.gate.clone(),
-                            self.config.shard.as_ref().map(|s| s.ranges.clone()),
-                        ));
+                    let kinds = dropped_kinds(&old, new);
+                    if !kinds.is_empty() {
+                        todo.push(Dropped { old, kinds });
                     }
+                    let env = CleanupEnv {
+                        client: self.client.clone(),
+                        namespace: self.config.namespace.clone(),
+                        metrics: self.metrics.clone(),
+                        gate: self.gate.clone(),
+                        share: self.config.shard.as_ref().map(|s| s.ranges.clone()),
+                    };
+                    self.cleanups.start(name.clone(), todo, env);
                 }
                 _ => info!(rule = %name, "rule removed: controller stopped, its children stay"),
             }

@@ -193,12 +193,7 @@ pub fn slim(m: &mut ObjectMeta, kind: CacheKind) {
     }
     m.generate_name = None;
     if let Some(r) = m.owner_references.as_mut() {
-        r.retain(|r| {
-            r.controller == Some(true)
-                && kind != CacheKind::References
-                && r.api_version.len() + r.kind.len() + r.name.len() + r.uid.len()
-                    <= KEPT_OWNER_REFERENCE_BYTES
-        });
+        r.retain(|r| r.controller == Some(true) && kind != CacheKind::References && kept_size(r));
         r.truncate(1);
     }
     m.managed_fields = None;
@@ -207,6 +202,13 @@ pub fn slim(m: &mut ObjectMeta, kind: CacheKind) {
 /// An ownerReference a stub keeps is at most this long (a real one: a group and version,
 /// a kind, a name of at most 253 bytes and a UID).
 const KEPT_OWNER_REFERENCE_BYTES: usize = 768;
+
+/// Whether a stub keeps `r` for its size: a real reference's, at most
+/// [`KEPT_OWNER_REFERENCE_BYTES`]. Whatever reads children past the caches must apply the
+/// same bound, or it would see a child the caches cannot.
+pub fn kept_size(r: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference) -> bool {
+    r.api_version.len() + r.kind.len() + r.name.len() + r.uid.len() <= KEPT_OWNER_REFERENCE_BYTES
+}
 
 /// How often the budget event is repeated for one namespace.
 const ANNOUNCE_EVERY: Duration = Duration::from_secs(600);

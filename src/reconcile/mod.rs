@@ -70,6 +70,7 @@ use status::{write_paused, write_status};
 pub use context::{BackoffPolicy, ChildKind, ContextParts, ParentKind, Paused, RuleContext};
 pub use error::{Reason, ReconcileError};
 pub use gate::WriteGate;
+pub use prune::orphan_patch;
 pub use status::StatusWrites;
 
 /// Reconciles one parent. Called by the rule's controller.

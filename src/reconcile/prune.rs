@@ -32,6 +32,20 @@ pub(super) fn child_rule<'a>(
         .find(|(_, c)| &c.name.value == name)
 }
 
+/// What to do with `obj` when its parent lets go of it: its child's policy in the rule,
+/// or, for a child the rule no longer has, the policy recorded on the object when it was
+/// applied (`rulebook.dev/deletion-policy`). The rule as it is now wins over the record.
+pub(super) fn deletion_policy(ctx: &RuleContext, obj: &DynamicObject) -> DeletionPolicy {
+    match child_rule(ctx, obj) {
+        Some((_, c)) => c.deletion_policy,
+        None => DeletionPolicy::recorded(
+            obj.annotations()
+                .get(labels::DELETION_POLICY)
+                .map(String::as_str),
+        ),
+    }
+}
+
 /// Lets go of a child the parent no longer wants: deletes it, or orphans it when its
 /// policy says so.
 pub(super) async fn leave_child(
@@ -40,7 +54,7 @@ pub(super) async fn leave_child(
     kind: &ChildKind,
     obj: &DynamicObject,
 ) -> Result<Option<Change>, ReconcileError> {
-    match child_rule(ctx, obj).map_or(DeletionPolicy::Delete, |(_, c)| c.deletion_policy) {
+    match deletion_policy(ctx, obj) {
         DeletionPolicy::Delete => let_go_of(ctx, parent, kind, obj, true).await,
         DeletionPolicy::Orphan => let_go_of(ctx, parent, kind, obj, false).await,
     }
@@ -73,7 +87,12 @@ pub fn orphan_patch(obj: &DynamicObject, parent_uid: &str) -> Json {
         labels::OWNER,
         labels::CHILD,
     ];
-    let annotation_keys = [labels::DESIRED_HASH, labels::RULE_VERSION, labels::INDEX];
+    let annotation_keys = [
+        labels::DESIRED_HASH,
+        labels::RULE_VERSION,
+        labels::INDEX,
+        labels::DELETION_POLICY,
+    ];
     json!({"metadata": {
         "resourceVersion": obj.resource_version(),
         "ownerReferences": refs,
@@ -101,7 +120,7 @@ async fn let_go_of(
     let api = kind.api(&ctx.client, ns.as_deref());
     let done = if delete {
         ctx.writer
-            .delete(&api, &name, obj.uid())
+            .delete(&api, &name, obj.uid(), obj.resource_version())
             .await
             .map(|d| d == Deleted::Deleted)
     } else {

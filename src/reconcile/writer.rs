@@ -44,8 +44,12 @@ impl From<kube::Error> for WriteError {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Deleted {
     Deleted,
-    /// Already gone (or replaced by an object with another UID).
+    /// Already gone.
     Gone,
+    /// Not the object as the caller read it: replaced by another of the same name (another
+    /// UID), or changed since (another resourceVersion), so not deleted. Whether it is
+    /// still the caller's to delete is for a fresh read to say.
+    Changed,
 }
 
 /// What a status apply answers, as far as Rulebook reads it: the metadata that tells
@@ -228,19 +232,22 @@ impl Writer {
         }
     }
 
-    /// Deletes exactly the object with `uid` (a precondition: a replacement of the same
-    /// name is never deleted), in the background.
+    /// Deletes exactly the object as the caller read it, in the background: `uid` and
+    /// `resource_version` are preconditions, so neither a replacement of the same name nor
+    /// an object that changed since it was read (its controller reference taken back, say)
+    /// is deleted — the ownership the caller checked holds at the moment of the write.
     pub async fn delete(
         &self,
         api: &Api<DynamicObject>,
         name: &str,
         uid: Option<String>,
+        resource_version: Option<String>,
     ) -> Result<Deleted, WriteError> {
         self.check()?;
         let dp = DeleteParams {
             preconditions: Some(Preconditions {
                 uid,
-                resource_version: None,
+                resource_version,
             }),
             ..DeleteParams::background()
         };
@@ -249,7 +256,8 @@ impl Writer {
                 self.metrics.write(&self.rule, "delete");
                 Ok(Deleted::Deleted)
             }
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Deleted::Gone),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(Deleted::Gone),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(Deleted::Changed),
             Err(e) => Err(e.into()),
         }
     }
@@ -495,7 +503,7 @@ mod tests {
             Err(WriteError::NotLeader)
         ));
         assert!(matches!(
-            w.delete(&api, "c", None).await,
+            w.delete(&api, "c", None, None).await,
             Err(WriteError::NotLeader)
         ));
         assert!(matches!(

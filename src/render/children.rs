@@ -310,6 +310,14 @@ impl CompiledRule {
                 ann.remove(labels::INDEX);
             }
         }
+        match c.deletion_policy.annotation() {
+            Some(policy) => {
+                ann.insert(labels::DELETION_POLICY.into(), policy.into());
+            }
+            None => {
+                ann.remove(labels::DELETION_POLICY);
+            }
+        }
         meta.insert(
             "ownerReferences".into(),
             serde_json::json!([{

@@ -221,6 +221,24 @@ impl DeletionPolicy {
     fn is_delete(&self) -> bool {
         *self == DeletionPolicy::Delete
     }
+
+    /// The value of the `rulebook.dev/deletion-policy` annotation on a child with this
+    /// policy; none for `Delete`, the default.
+    pub fn annotation(self) -> Option<&'static str> {
+        match self {
+            DeletionPolicy::Delete => None,
+            DeletionPolicy::Orphan => Some("Orphan"),
+        }
+    }
+
+    /// The policy a child's `rulebook.dev/deletion-policy` annotation records: `Orphan`
+    /// only for exactly that value.
+    pub fn recorded(annotation: Option<&str>) -> DeletionPolicy {
+        match annotation {
+            Some("Orphan") => DeletionPolicy::Orphan,
+            _ => DeletionPolicy::Delete,
+        }
+    }
 }
 
 /// A kind, by `apiVersion` (`group/version`, or `v1` for the core group) and `kind`.

@@ -94,9 +94,18 @@ pub(super) async fn finalize_state(
         f.state = FinalizeState::Failed;
         return Ok(f);
     };
+    // Created for this deletion: the finalize child is never rendered before it, so an
+    // object older than the deletion that carries its name is someone's lookalike (it
+    // would stand in for the real one, and time out at once), pruned with the rest.
     let live: Vec<_> = owned
         .iter()
-        .filter(|(_, o)| o.labels().get(labels::CHILD) == Some(&child.name.value))
+        .filter(|(_, o)| {
+            o.labels().get(labels::CHILD) == Some(&child.name.value)
+                && o.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .is_none_or(|t| t.0 >= deletion)
+        })
         .cloned()
         .collect();
     let Some((k, live)) = read_stubs(ctx, live).await?.into_iter().next() else {

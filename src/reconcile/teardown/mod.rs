@@ -33,10 +33,10 @@ use super::context::{RuleContext, lock};
 use super::error::ReconcileError;
 use super::events::{Cause, event, report_changes};
 use super::plan::{FinalizeOutcome, Owned, TeardownStep, plan_teardown};
-use super::prune::{child_rule, leave_child};
+use super::prune::{child_rule, deletion_policy, leave_child};
 use super::status::write_deleting;
 use super::writer::{Patched, WriteError};
-use crate::meta::{FINALIZER, labels};
+use crate::meta::{FINALIZER, labels, split_api_version};
 use crate::render::status::ConditionState;
 use crate::rules::DeletionPolicy;
 use finalize::{finalize_state, mark, start_finalize};
@@ -279,10 +279,10 @@ pub(super) async fn teardown(
             .await?;
             // A deleted child's last watch event names its owner and wakes this parent;
             // an orphaned one leaves the child cache without owner or labels, and does not.
-            let orphans = act.iter().chain(&waiting).any(|&i| {
-                child_rule(ctx, &owned[i].1).map(|(_, c)| c.deletion_policy)
-                    == Some(DeletionPolicy::Orphan)
-            });
+            let orphans = act
+                .iter()
+                .chain(&waiting)
+                .any(|&i| deletion_policy(ctx, &owned[i].1) == DeletionPolicy::Orphan);
             Ok(Action::requeue(if orphans {
                 ORPHAN_RECHECK
             } else {
@@ -324,6 +324,9 @@ async fn finish(
     }
 }
 
+/// Objects a page of [`uncached_children`] lists at most.
+const UNCACHED_PAGE: u32 = 25;
+
 /// Whether `o` has been in deletion longer than [`WAVE_TIMEOUT`].
 fn overdue(o: &DynamicObject) -> bool {
     o.meta().deletion_timestamp.as_ref().is_some_and(|t| {
@@ -346,30 +349,50 @@ async fn uncached_children(
         labels::OWNER
     );
     let ns = parent.namespace();
+    let parent_name = parent.name_any();
     for kind in &ctx.kinds {
         let within = if ctx.parent.namespaced {
             ns.as_deref()
         } else {
             None
         };
-        let list = kind
-            .api(&ctx.client, within)
-            .list_metadata(&ListParams::default().labels(&selector))
-            .await
-            .map_err(|source| ReconcileError::Read {
-                what: format!("{} children", kind.ar.kind),
-                source,
-            })?;
-        let left = list.items.iter().any(|o| {
-            o.metadata.deletion_timestamp.is_none()
-                && o.metadata
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .any(|r| r.uid == uid && r.controller == Some(true))
-        });
-        if left {
-            return Ok(true);
+        // A page at a time: the labels are public, and anyone may put them on objects
+        // of any size in their namespace.
+        let api = kind.api(&ctx.client, within);
+        let mut token: Option<String> = None;
+        loop {
+            let mut params = ListParams::default().labels(&selector).limit(UNCACHED_PAGE);
+            if let Some(t) = &token {
+                params = params.continue_token(t);
+            }
+            let page = api
+                .list_metadata(&params)
+                .await
+                .map_err(|source| ReconcileError::Read {
+                    what: format!("{} children", kind.ar.kind),
+                    source,
+                })?;
+            // The parent's controller reference, of a size the caches keep: one padded
+            // past what a stub keeps would never be seen by the waves, and would hold
+            // the finalizer for ever.
+            let left = page.items.iter().any(|o| {
+                o.metadata.deletion_timestamp.is_none()
+                    && o.metadata.owner_references.iter().flatten().any(|r| {
+                        r.uid == uid
+                            && r.controller == Some(true)
+                            && r.kind == ctx.parent.ar.kind
+                            && r.name == parent_name
+                            && split_api_version(&r.api_version).0 == ctx.parent.ar.group
+                            && super::admission::kept_size(r)
+                    })
+            });
+            if left {
+                return Ok(true);
+            }
+            token = page.metadata.continue_.filter(|t| !t.is_empty());
+            if token.is_none() {
+                break;
+            }
         }
     }
     Ok(false)
