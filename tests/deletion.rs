@@ -9,7 +9,9 @@
 //! 2. a finalize Job that never completes: the timeout, a Warning event, teardown finishes;
 //! 3. removing the rule file releases the finalizers of its parents, which can then go;
 //! 4. `rulebook release --rule NAME` does the same without the operator;
-//! 5. rules without `deletion` put no finalizer on their parents.
+//! 5. rules without `deletion` put no finalizer on their parents;
+//! 6. a lookalike of the finalize child, put in place before the deletion, does not stand
+//!    in for it.
 //!
 //! Killing the operator during each step of a teardown is in `tests/faults_heavy.rs`.
 
@@ -291,6 +293,82 @@ async fn finalize_timeout_warns_and_teardown_finishes() {
         "{test}: a finalize Job that never completes: FinalizeTimedOut after the 3 s timeout, parent gone {:.1} s after its deletion; note: {}",
         took.as_secs_f64(),
         warning["note"]
+    );
+    cleanup_namespace(&client, &ns).await;
+}
+
+/// An object that carries the finalize child's marks (labels, the parent's controller
+/// reference), put in place by the parent's author before the deletion: before, the
+/// teardown took it for the finalize child — a suspended Job that never completes, so the
+/// real backup never ran and the step timed out. The finalize child is created for the
+/// deletion; anything older is a lookalike, pruned with the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookalike_of_the_finalize_child_does_not_stand_in_for_it() {
+    let test = "a_lookalike_of_the_finalize_child_does_not_stand_in_for_it";
+    let client = client().await;
+    let ns = namespace(&client, "deletion-decoy").await;
+    let (kind, rule) = ("DelDecoy", "deldecoy");
+    let d = RuleDir::new();
+    database_templates(&d);
+    d.rule("db.yaml", &database_rule(rule, kind, "600s", false));
+    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let jobs = api(&client, Some(&ns), "batch/v1", "Job", "jobs");
+    put(&parents, &parent(kind, &ns, "db3", json!({}))).await;
+    wait_all_ready(&parents, &["db3".to_string()].into(), T).await;
+    let uid = uid_of(&get_json(&parents, "db3").await.expect("db3"));
+    put(
+        &jobs,
+        &json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "decoy", "namespace": ns, "finalizers": [HOLD],
+                "labels": {"app.kubernetes.io/managed-by": "rulebook", "rulebook.dev/rule": rule,
+                           "rulebook.dev/owner": uid, "rulebook.dev/child": "final_backup"},
+                "ownerReferences": [{"apiVersion": API_VERSION, "kind": kind, "name": "db3",
+                                     "uid": uid, "controller": true}]},
+            "spec": {"suspend": true, "template": {"spec": {"restartPolicy": "Never",
+                "containers": [{"name": "c", "image": "registry.example/none:1"}]}}}}),
+    )
+    .await;
+    // Pruned at once (the parent does not render it), it stays in deletion: its author's
+    // finalizer holds it.
+    wait_for(T, "the decoy to be pruned", || async {
+        get_json(&jobs, "decoy")
+            .await
+            .is_some_and(|j| !j["metadata"]["deletionTimestamp"].is_null())
+            .then_some(())
+    })
+    .await;
+    // The deletion must come at least a second after the decoy's creation (timestamps
+    // are in seconds): wait for the clock to pass it.
+    let made = jiff::Timestamp::now();
+    wait_for(T, "a second to pass", || async {
+        (jiff::Timestamp::now().duration_since(made).as_secs() >= 1).then_some(())
+    })
+    .await;
+    remove(&parents, "db3").await;
+    wait_for(T, "the real finalize Job to be created", || async {
+        get_json(&jobs, "db3-final-backup").await.map(|_| ())
+    })
+    .await;
+    // Let the decoy go, or its wave waits for it (up to 10 minutes).
+    jobs.patch(
+        "decoy",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .expect("release the decoy");
+    wait_for(T, "the parent to be gone", || async {
+        get_json(&parents, "db3").await.is_none().then_some(())
+    })
+    .await;
+    let finalized = events_for(&client, &ns, "db3")
+        .await
+        .into_iter()
+        .find(|e| e["reason"] == "Finalized");
+    assert!(
+        finalized.is_some(),
+        "{test}: the finalize step ran to its end (no Finalized event)"
     );
     cleanup_namespace(&client, &ns).await;
 }

@@ -1,8 +1,10 @@
 //! The preconditions Rulebook's writes carry, against the real API server: a create
 //! (`Writer::create`) is refused — nothing written — when any object has the name, and
 //! an apply to an existing child (`Writer::apply_to`) is refused when the name now
-//! belongs to another object, or to none. The reconciler's ownership checks rest on them
-//! (docs/architecture.md, "A new child costs one request").
+//! belongs to another object, or to none; a delete (`Writer::delete`) is refused when the
+//! object changed since it was read (its controller reference taken back, say) or was
+//! replaced. The reconciler's ownership checks rest on them (docs/architecture.md, "A new
+//! child costs one request").
 
 mod common;
 mod faults_kit;
@@ -14,7 +16,7 @@ use faults_kit::*;
 use kube::ResourceExt;
 use rulebook::metrics::Metrics;
 use rulebook::reconcile::WriteGate;
-use rulebook::reconcile::writer::{Created, WriteError, Writer};
+use rulebook::reconcile::writer::{Created, Deleted, WriteError, Writer};
 use serde_json::json;
 
 struct Open;
@@ -104,6 +106,79 @@ async fn creates_and_applies_are_refused_when_the_name_is_not_what_was_read() {
         "{test}: an apply to a deleted object created one"
     );
     assert!(get_json(&cms, "c").await.is_none(), "{test}: created");
+    cleanup_namespace(&client, &ns).await;
+}
+
+/// A delete is of the object as it was read: a change since (here, the controller
+/// reference and Rulebook's labels taken back by the object's author) refuses it, and so
+/// does a replacement; the object as read is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_are_refused_when_the_object_is_not_as_it_was_read() {
+    let test = "deletes_are_refused_when_the_object_is_not_as_it_was_read";
+    let client = client().await;
+    let ns = namespace(&client, "preconditions-delete").await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    let w = Writer::new(Arc::new(Open), Arc::new(Metrics::new()), "test");
+    let read = put(
+        &cms,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "d", "namespace": ns, "labels": {"rulebook.dev/rule": "test"}},
+            "data": {"v": "1"}}),
+    )
+    .await;
+    // Taken back after it was read.
+    let taken = put(
+        &cms,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "d", "namespace": ns, "labels": {}}, "data": {"v": "mine"}}),
+    )
+    .await;
+    assert_ne!(taken.resource_version(), read.resource_version(), "{test}");
+    let stale = w
+        .delete(&cms, "d", read.uid(), read.resource_version())
+        .await;
+    assert!(
+        matches!(stale, Ok(Deleted::Changed)),
+        "{test}: a delete of the object as it was before: {stale:?}"
+    );
+    assert_eq!(
+        get_json(&cms, "d").await.map(|o| o["data"]["v"].clone()),
+        Some(json!("mine")),
+        "{test}: deleted although it changed since it was read"
+    );
+    // Replaced: the newcomer stays.
+    cms.delete("d", &Default::default()).await.expect("delete");
+    wait_for(T, "d to go", || async {
+        get_json(&cms, "d").await.is_none().then_some(())
+    })
+    .await;
+    let newcomer = put(
+        &cms,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "d", "namespace": ns}, "data": {"v": "new"}}),
+    )
+    .await;
+    let replaced = w.delete(&cms, "d", read.uid(), None).await;
+    assert!(
+        matches!(replaced, Ok(Deleted::Changed)),
+        "{test}: a delete of a replaced object: {replaced:?}"
+    );
+    assert!(
+        get_json(&cms, "d").await.is_some(),
+        "{test}: the newcomer was deleted"
+    );
+    // As read: deleted.
+    let exact = w
+        .delete(&cms, "d", newcomer.uid(), newcomer.resource_version())
+        .await;
+    assert!(matches!(exact, Ok(Deleted::Deleted)), "{test}: {exact:?}");
+    let gone = w
+        .delete(&cms, "d", newcomer.uid(), newcomer.resource_version())
+        .await;
+    assert!(
+        matches!(gone, Ok(Deleted::Gone | Deleted::Changed)),
+        "{test}: a second delete: {gone:?}"
+    );
     cleanup_namespace(&client, &ns).await;
 }
 
