@@ -21,6 +21,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 jobs="${TEST_JOBS:-3}"
+if ! [[ "$jobs" =~ ^[1-9][0-9]*$ ]]; then
+	echo "scripts/test.sh: TEST_JOBS must be a positive number, not '$jobs'" >&2
+	exit 2
+fi
 target="${CARGO_TARGET_DIR:-target}"
 logs="$target/test-logs"
 rm -rf "$logs"
@@ -90,6 +94,16 @@ done
 
 failed=()
 declare -A pid_name=() pid_start=()
+# Background jobs ignore Ctrl-C in a script: whenever the script ends, stop the test
+# binaries still running with the operators they started (each binary runs in a process
+# group of its own).
+stop_running() {
+	local p
+	for p in "${!pid_name[@]}"; do kill -- "-$p" 2>/dev/null; done
+}
+trap stop_running EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # Prints one finished binary's line and records a failure.
 finish() {
@@ -112,7 +126,7 @@ for name in "${order[@]}"; do
 		finish "${pid_name[$done_pid]}" "$rc" $(($(date +%s) - pid_start[$done_pid]))
 		unset "pid_name[$done_pid]" "pid_start[$done_pid]"
 	done
-	"${exe[$name]}" >"$logs/$name.log" 2>&1 &
+	setsid "${exe[$name]}" >"$logs/$name.log" 2>&1 &
 	pid_name[$!]=$name
 	pid_start[$!]=$(date +%s)
 done
@@ -127,7 +141,11 @@ step1_took=$(($(date +%s) - step1))
 echo "scripts/test.sh: the tests that restart the API server, one at a time"
 step2=$(date +%s)
 for name in "${exclusive[@]}"; do
-	[[ -z "${exe[$name]:-}" ]] && continue
+	if [[ -z "${exe[$name]:-}" ]]; then
+		echo "  FAILED  $name: cargo built no such test binary" >&2
+		failed+=("$name")
+		continue
+	fi
 	t0=$(date +%s)
 	"${exe[$name]}" >"$logs/$name.log" 2>&1
 	finish "$name" $? $(($(date +%s) - t0))

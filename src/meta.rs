@@ -37,7 +37,7 @@ pub mod labels {
     pub const INDEX: &str = "rulebook.dev/index";
     /// `Orphan` on a child whose `deletionPolicy` is `Orphan`: the policy travels with the
     /// object, so that it is heeded after the rule that set it has changed (a child, or
-    /// its kind, removed from the rule) or Rulebook has restarted.
+    /// its kind, removed from the rule), also across restarts for a kind the rule still has.
     pub const DELETION_POLICY: &str = "rulebook.dev/deletion-policy";
     /// On a parent being torn down: the finalize step is over (`done`, `timed-out` or
     /// `failed`), so a restarted operator does not run it again.

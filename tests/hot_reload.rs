@@ -583,3 +583,68 @@ async fn an_orphan_child_outlives_its_removal_from_the_rule() {
     // The other child is still the parent's.
     assert_eq!(cms.get("k").await.unwrap().owner_references().len(), 1);
 }
+
+/// A parent deleted while no operator runs, after an edit that removed its `Orphan` child
+/// and left the rule with no reason for a finalizer: the new version still orphans the
+/// child (its policy is recorded on it) before the finalizer comes off, rather than leave
+/// it to the garbage collector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_child_outlives_a_parent_deleted_across_the_edit() {
+    let client = client().await;
+    let ns = namespace(&client, "reload-orphan-gone").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
+    write_rule(&rules, &templates, "Hoarder", "x");
+    let rule_file = rules.join("hoarder.yaml");
+    let plain = std::fs::read_to_string(&rule_file).unwrap();
+    std::fs::write(
+        &rule_file,
+        plain.replace(
+            "  status:",
+            "    - name: ledger\n      apiVersion: v1\n      kind: ConfigMap\n      template: hoarder/ledger.yaml\n      deletionPolicy: Orphan\n  status:",
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        templates.join("hoarder/ledger.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-ledger\" }}\ndata:\n  l: x\n",
+    )
+    .unwrap();
+    let mut op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let hoarders = parents_api(&client, &ns, "Hoarder").await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    apply(&hoarders, parent("Hoarder", &ns, "h")).await;
+    wait_ready(&hoarders, "h", "True", None, T).await;
+    let ledger = cms.get("h-ledger").await.unwrap();
+    assert!(
+        hoarders
+            .get("h")
+            .await
+            .unwrap()
+            .finalizers()
+            .contains(&"rulebook.dev/finalizer".to_string()),
+        "an Orphan child puts the finalizer on its parent"
+    );
+
+    // Operator down: the child leaves the rule (which then needs no finalizer), and the
+    // parent is deleted.
+    op.signal_and_wait("TERM");
+    std::fs::write(&rule_file, &plain).unwrap();
+    hoarders.delete("h", &Default::default()).await.unwrap();
+    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    wait_for(T, "the parent to be gone", || async {
+        hoarders.get_opt("h").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let after = wait_for(T, "the ledger to be orphaned or deleted", || async {
+        match cms.get_opt("h-ledger").await.ok()? {
+            None => Some(None),
+            Some(o) if o.owner_references().is_empty() => Some(Some(o)),
+            // Still owned: the garbage collector has not come to it yet.
+            Some(_) => None,
+        }
+    })
+    .await
+    .unwrap_or_else(|| panic!("h-ledger was deleted with its parent: its policy is Orphan"));
+    assert_eq!(after.uid(), ledger.uid());
+}

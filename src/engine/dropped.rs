@@ -26,6 +26,7 @@ use super::runner::discover;
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
+use crate::reconcile::context::OrphansPending;
 use crate::reconcile::orphan_patch;
 use crate::reconcile::writer::{Deleted, Patched, WriteError, Writer};
 use crate::render::CompiledRule;
@@ -103,6 +104,17 @@ struct Cleanup {
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
     todo: Vec<Dropped>,
+    /// Set until the task ends: the new version's parents keep their finalizer meanwhile.
+    pending: Arc<OrphansPending>,
+}
+
+/// Clears a clean-up's [`OrphansPending`] however its task ends (done, stopped, aborted).
+struct ClearOnDrop(Arc<OrphansPending>);
+
+impl Drop for ClearOnDrop {
+    fn drop(&mut self) {
+        self.0.clear();
+    }
 }
 
 /// The clean-ups in flight, one per rule at most.
@@ -121,6 +133,7 @@ impl Cleanups {
             stop,
             mut task,
             todo,
+            ..
         }) = self.by_rule.remove(rule)
         else {
             return Vec::new();
@@ -130,8 +143,10 @@ impl Cleanups {
         }
         let _ = stop.send(true);
         if tokio::time::timeout(STOP_WAIT, &mut task).await.is_err() {
+            // A write already sent may still land; none is started after this.
             warn!(rule = %rule, "the clean-up of dropped child kinds did not stop in time: aborted");
             task.abort();
+            let _ = task.await;
         }
         let Some(now) = now else {
             return Vec::new();
@@ -144,14 +159,39 @@ impl Cleanups {
             .collect()
     }
 
-    /// Starts cleaning up after `todo` for `rule` (after [`Cleanups::stop`]).
+    /// Starts cleaning up after `todo` for `rule` (after [`Cleanups::stop`], before the
+    /// rule's new version starts).
     pub fn start(&mut self, rule: String, todo: Vec<Dropped>, env: CleanupEnv) {
         if todo.is_empty() {
             return;
         }
+        // Any object of a dropped kind may be one to orphan (by the old rule, or by what
+        // an even older version recorded on it).
+        let pending = Arc::new(OrphansPending::new(true));
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(prune_dropped_kinds(todo.clone(), env, stopped));
-        self.by_rule.insert(rule, Cleanup { stop, task, todo });
+        let clear = ClearOnDrop(pending.clone());
+        let work = todo.clone();
+        let task = tokio::spawn(async move {
+            let _clear = clear;
+            prune_dropped_kinds(work, env, stopped).await
+        });
+        self.by_rule.insert(
+            rule,
+            Cleanup {
+                stop,
+                task,
+                todo,
+                pending,
+            },
+        );
+    }
+
+    /// What the new version of `rule` is to know of its clean-up: set while it runs.
+    pub fn orphans_pending(&self, rule: &str) -> Arc<OrphansPending> {
+        self.by_rule
+            .get(rule)
+            .map(|c| c.pending.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -170,15 +210,20 @@ fn child_of_rule(m: &ObjectMeta, rule: &CompiledRule) -> bool {
     })
 }
 
-/// The policy of a child of `old`: its child's in `old`, else the one recorded on it.
-fn policy(m: &ObjectMeta, old: &CompiledRule) -> DeletionPolicy {
+/// The policy of a child of `old` of `kind` (`(apiVersion, kind)`): its child's in `old`
+/// (the child of its name, of that kind), else the one recorded on it.
+fn policy(m: &ObjectMeta, old: &CompiledRule, kind: (&str, &str)) -> DeletionPolicy {
     let get = |map: &Option<BTreeMap<String, String>>, key: &str| {
         map.as_ref().and_then(|m| m.get(key)).cloned()
     };
     let child = get(&m.labels, labels::CHILD);
+    let of_kind = group_kind(kind.0, kind.1);
     old.children()
         .iter()
-        .find(|c| Some(&c.name.value) == child.as_ref())
+        .find(|c| {
+            Some(&c.name.value) == child.as_ref()
+                && group_kind(&c.api_version.value, &c.kind.value) == of_kind
+        })
         .map(|c| c.deletion_policy)
         .unwrap_or_else(|| {
             DeletionPolicy::recorded(get(&m.annotations, labels::DELETION_POLICY).as_deref())
@@ -306,7 +351,7 @@ async fn prune_kind(
                 namespaced,
                 o.metadata.namespace.as_deref(),
             );
-            let_go(env, d, writer, &api, o.metadata, kind).await?;
+            let_go(env, d, writer, &api, o.metadata, (api_version, kind)).await?;
         }
         token = page.metadata.continue_.filter(|t| !t.is_empty());
         if token.is_none() {
@@ -323,12 +368,12 @@ async fn let_go(
     writer: &Writer,
     api: &Api<DynamicObject>,
     mut m: ObjectMeta,
-    kind: &str,
+    (api_version, kind): (&str, &str),
 ) -> Result<(), Halt> {
     let rule = &d.old.name;
     let child = m.name.clone().unwrap_or_default();
     for _ in 0..=CHANGED_RETRIES {
-        let orphan = policy(&m, &d.old) == DeletionPolicy::Orphan;
+        let orphan = policy(&m, &d.old, (api_version, kind)) == DeletionPolicy::Orphan;
         let done = if orphan {
             let owner = m
                 .labels
@@ -387,6 +432,7 @@ async fn let_go(
             }
         }
     }
+    warn!(rule = %rule, %kind, %child, "not pruned: it kept changing while it was let go of");
     Ok(())
 }
 
@@ -461,6 +507,9 @@ mod tests {
         }
     }
 
+    const PVC: (&str, &str) = ("v1", "PersistentVolumeClaim");
+    const CM: (&str, &str) = ("v1", "ConfigMap");
+
     #[test]
     fn the_policy_is_the_old_rules_or_the_one_recorded_on_the_object() {
         let old = rule(&[
@@ -468,23 +517,26 @@ mod tests {
             ("cfg", "v1", "ConfigMap", "Delete"),
         ]);
         assert_eq!(
-            policy(&child("data", json!({})), &old),
+            policy(&child("data", json!({})), &old, PVC),
             DeletionPolicy::Orphan
         );
         assert_eq!(
-            policy(&child("cfg", json!({})), &old),
+            policy(&child("cfg", json!({})), &old, CM),
             DeletionPolicy::Delete
         );
         // A child an even older version had: what it recorded.
         let gone = child("older", json!({"rulebook.dev/deletion-policy": "Orphan"}));
-        assert_eq!(policy(&gone, &old), DeletionPolicy::Orphan);
+        assert_eq!(policy(&gone, &old, CM), DeletionPolicy::Orphan);
         assert_eq!(
-            policy(&child("older", json!({})), &old),
+            policy(&child("older", json!({})), &old, CM),
             DeletionPolicy::Delete
         );
         // The old rule's word wins over the record.
         let forged = child("cfg", json!({"rulebook.dev/deletion-policy": "Orphan"}));
-        assert_eq!(policy(&forged, &old), DeletionPolicy::Delete);
+        assert_eq!(policy(&forged, &old, CM), DeletionPolicy::Delete);
+        // A child name the rule gave to another kind: the record stands.
+        let renamed = child("data", json!({"rulebook.dev/deletion-policy": "Orphan"}));
+        assert_eq!(policy(&renamed, &old, CM), DeletionPolicy::Orphan);
     }
 
     #[test]

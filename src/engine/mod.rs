@@ -269,6 +269,7 @@ impl Engine {
             }
         };
         let runner = RuleRunner {
+            orphans_pending: self.cleanups.orphans_pending(&name),
             steady,
             rule,
             client: self.client.clone(),

@@ -60,6 +60,8 @@ pub(super) struct RuleRunner {
     pub(super) steady: Arc<crate::reconcile::memo::Steady>,
     /// The process's event outbox (one for every rule).
     pub(super) outbox: crate::reconcile::outbox::Outbox,
+    /// Set while the engine lets go of children of kinds an earlier version had.
+    pub(super) orphans_pending: Arc<crate::reconcile::context::OrphansPending>,
 }
 
 struct Resolved {
@@ -498,6 +500,7 @@ impl RuleRunner {
             refs,
             paused,
             steady: self.steady.clone(),
+            orphans_pending: self.orphans_pending.clone(),
         }));
         let mut stop_signal = stopped.clone();
         let shutdown = async move {

@@ -75,6 +75,31 @@ pub struct ContextParts {
     /// What this rule version's reconciles found steady (the engine keeps it across
     /// restarts of the same version).
     pub steady: Arc<Steady>,
+    /// Set while the engine lets go of children of kinds an earlier version of the rule
+    /// had ([`OrphansPending`]).
+    pub orphans_pending: Arc<OrphansPending>,
+}
+
+/// Set while the engine lets go of the children of kinds an earlier version of the rule
+/// had and some of them are to be orphaned (`engine::dropped`): the new version's caches
+/// do not see them, and the garbage collector would delete them with a parent whose
+/// finalizer came off. Meanwhile parents keep Rulebook's finalizer, and a parent being
+/// deleted waits with it.
+#[derive(Debug, Default)]
+pub struct OrphansPending(std::sync::atomic::AtomicBool);
+
+impl OrphansPending {
+    pub fn new(pending: bool) -> OrphansPending {
+        OrphansPending(std::sync::atomic::AtomicBool::new(pending))
+    }
+
+    pub fn get(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn clear(&self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// The UIDs of a rule's paused parents.
@@ -132,6 +157,7 @@ pub struct RuleContext {
     pub(super) created: Created,
     /// Whether parents' status records `ruleVersion` (see `status.rs`).
     pub(super) records_version: std::sync::atomic::AtomicBool,
+    pub(super) orphans_pending: Arc<OrphansPending>,
 }
 
 /// Children checked by hash only, remembered at most (then forgotten and found again).
@@ -163,7 +189,14 @@ impl RuleContext {
             applied: Applied::default(),
             created: Created::default(),
             records_version: std::sync::atomic::AtomicBool::new(records_version),
+            orphans_pending: p.orphans_pending,
         }
+    }
+
+    /// Whether parents carry Rulebook's finalizer: the rule's deletion steps or `Orphan`
+    /// children say so, or children of a kind an earlier version had wait to be orphaned.
+    pub fn needs_finalizer(&self) -> bool {
+        self.rule.rule.spec.needs_finalizer() || self.orphans_pending.get()
     }
 
     /// The API of the parent's kind, where `parent` lives.

@@ -1,8 +1,10 @@
 //! Stage 4 of a reconcile: delete what this parent owns and no longer renders (and, in
 //! a teardown, every child). Only children the parent's caches show as its own (owner
 //! label and controller reference both naming its UID, in its namespace), each deleted
-//! with a UID precondition, so a replacement of the same name is never touched. A child
-//! with `deletionPolicy: Orphan` is let go instead: its controller reference and
+//! with UID and resourceVersion preconditions, so neither a replacement of the same name
+//! nor an object changed since it was read (its controller reference taken back) is
+//! touched. A child with `deletionPolicy: Orphan` (in the rule, or recorded on the object
+//! for a child the rule no longer has) is let go instead: its controller reference and
 //! Rulebook's labels and annotations are removed, conditional on its resourceVersion.
 
 use kube::api::DynamicObject;
@@ -32,13 +34,21 @@ pub(super) fn child_rule<'a>(
         .find(|(_, c)| &c.name.value == name)
 }
 
-/// What to do with `obj` when its parent lets go of it: its child's policy in the rule,
-/// or, for a child the rule no longer has, the policy recorded on the object when it was
-/// applied (`rulebook.dev/deletion-policy`). The rule as it is now wins over the record.
-pub(super) fn deletion_policy(ctx: &RuleContext, obj: &DynamicObject) -> DeletionPolicy {
+/// What to do with `obj` (of `kind`) when its parent lets go of it: its child's policy in
+/// the rule, or, for a child the rule no longer has (no child of that name, or one of
+/// another kind), the policy recorded on the object when it was applied
+/// (`rulebook.dev/deletion-policy`). The rule as it is now wins over the record.
+pub(super) fn deletion_policy(
+    ctx: &RuleContext,
+    kind: &ChildKind,
+    obj: &DynamicObject,
+) -> DeletionPolicy {
+    let same_kind = |i: usize| {
+        ctx.kind_of(i).ar.kind == kind.ar.kind && ctx.kind_of(i).ar.group == kind.ar.group
+    };
     match child_rule(ctx, obj) {
-        Some((_, c)) => c.deletion_policy,
-        None => DeletionPolicy::recorded(
+        Some((i, c)) if same_kind(i) => c.deletion_policy,
+        _ => DeletionPolicy::recorded(
             obj.annotations()
                 .get(labels::DELETION_POLICY)
                 .map(String::as_str),
@@ -54,7 +64,7 @@ pub(super) async fn leave_child(
     kind: &ChildKind,
     obj: &DynamicObject,
 ) -> Result<Option<Change>, ReconcileError> {
-    match deletion_policy(ctx, obj) {
+    match deletion_policy(ctx, kind, obj) {
         DeletionPolicy::Delete => let_go_of(ctx, parent, kind, obj, true).await,
         DeletionPolicy::Orphan => let_go_of(ctx, parent, kind, obj, false).await,
     }
@@ -101,9 +111,10 @@ pub fn orphan_patch(obj: &DynamicObject, parent_uid: &str) -> Json {
     }})
 }
 
-/// Lets go of one child: `true` deletes it (UID precondition), `false` orphans it
-/// (resourceVersion precondition). `None` when there was nothing to do: it is gone, or
-/// (orphaning) it changed since it was read and is looked at again on the next pass.
+/// Lets go of one child: `true` deletes it (UID and resourceVersion preconditions),
+/// `false` orphans it (resourceVersion precondition). `None` when there was nothing to
+/// do: it is gone, or it changed since it was read and is looked at again on the next
+/// pass (the change's watch event brings one).
 async fn let_go_of(
     ctx: &RuleContext,
     parent: &DynamicObject,

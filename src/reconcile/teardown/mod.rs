@@ -63,7 +63,12 @@ pub(super) async fn keep_finalizer(
     ctx: &RuleContext,
     parent: &DynamicObject,
 ) -> Result<bool, ReconcileError> {
-    let needs = ctx.rule.rule.spec.needs_finalizer();
+    // Kept, not added, while orphans may be pending: children of a kind the rule dropped,
+    // or children the rule no longer has that recorded `Orphan` (this reconcile's prune
+    // lets go of those).
+    let needs = ctx.rule.rule.spec.needs_finalizer()
+        || (has_finalizer(parent)
+            && (ctx.orphans_pending.get() || owns_recorded_orphans(ctx, parent)));
     if needs == has_finalizer(parent) {
         return Ok(true);
     }
@@ -77,6 +82,18 @@ pub(super) async fn keep_finalizer(
     )
     .await?;
     Ok(patched == Patched::Patched)
+}
+
+/// Whether `parent` owns a child whose policy is `Orphan` only by what the object
+/// recorded (its child, or its kind, left the rule): without the finalizer the garbage
+/// collector would delete it with the parent.
+fn owns_recorded_orphans(ctx: &RuleContext, parent: &DynamicObject) -> bool {
+    let Some(uid) = parent.uid() else {
+        return false;
+    };
+    ctx.owned_children(&uid, parent.namespace().as_deref())
+        .iter()
+        .any(|(k, o)| deletion_policy(ctx, &ctx.kinds[*k], o) == DeletionPolicy::Orphan)
 }
 
 /// The merge patch that adds (`on`) or removes Rulebook's finalizer on `parent` as seen
@@ -126,8 +143,17 @@ pub(super) async fn teardown(
         return Ok(Action::await_change()); // the garbage collector removes the children
     }
     if !ctx.rule.rule.spec.needs_finalizer() {
-        // A rule change dropped the deletion steps: the garbage collector takes over.
-        return finish(ctx, parent, uid, "the rule has no deletion steps any more").await;
+        if ctx.orphans_pending.get() {
+            // Children of a kind the rule dropped wait to be orphaned (`engine::dropped`):
+            // the garbage collector would delete them with the parent.
+            return Ok(Action::requeue(ORPHAN_RECHECK));
+        }
+        if !owns_recorded_orphans(ctx, parent) {
+            // A rule change dropped the deletion steps: the garbage collector takes over.
+            return finish(ctx, parent, uid, "the rule has no deletion steps any more").await;
+        }
+        // Children the rule no longer has, recorded `Orphan`: the waves let go of them
+        // (and of the rest) before the finalizer comes off.
     }
     let parent_json = super::cache::to_json(parent);
     let mut owned = ctx.owned_children(uid, parent.namespace().as_deref());
@@ -279,10 +305,10 @@ pub(super) async fn teardown(
             .await?;
             // A deleted child's last watch event names its owner and wakes this parent;
             // an orphaned one leaves the child cache without owner or labels, and does not.
-            let orphans = act
-                .iter()
-                .chain(&waiting)
-                .any(|&i| deletion_policy(ctx, &owned[i].1) == DeletionPolicy::Orphan);
+            let orphans = act.iter().chain(&waiting).any(|&i| {
+                let (k, o) = &owned[i];
+                deletion_policy(ctx, &ctx.kinds[*k], o) == DeletionPolicy::Orphan
+            });
             Ok(Action::requeue(if orphans {
                 ORPHAN_RECHECK
             } else {
