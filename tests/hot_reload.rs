@@ -648,3 +648,51 @@ async fn an_orphan_child_outlives_a_parent_deleted_across_the_edit() {
     .unwrap_or_else(|| panic!("h-ledger was deleted with its parent: its policy is Orphan"));
     assert_eq!(after.uid(), ledger.uid());
 }
+
+/// A conflict stops only its own child: an object of a child's name that someone else
+/// holds (here created before the parent) leaves the children after it in rule order to
+/// be applied all the same — before, the first conflict stopped them, which whoever may
+/// create or edit one object could bring about at will (for a cluster-scoped parent, in
+/// one tenant's namespace against the children in every other's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_stops_only_its_own_child() {
+    let client = client().await;
+    let ns = namespace(&client, "reload-conflict").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
+    write_rule(&rules, &templates, "Blocked", "x");
+    let rule_file = rules.join("blocked.yaml");
+    let plain = std::fs::read_to_string(&rule_file).unwrap();
+    std::fs::write(
+        &rule_file,
+        plain.replace(
+            "  children:\n",
+            "  children:\n    - name: first\n      apiVersion: v1\n      kind: ConfigMap\n      template: blocked/first.yaml\n",
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        templates.join("blocked/first.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-first\" }}\ndata:\n  f: x\n",
+    )
+    .unwrap();
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    apply(
+        &cms,
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "b-first", "namespace": ns}, "data": {"theirs": "yes"}}),
+    )
+    .await;
+    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let blocked = parents_api(&client, &ns, "Blocked").await;
+    apply(&blocked, parent("Blocked", &ns, "b")).await;
+    wait_ready(&blocked, "b", "False", Some("Conflict"), T).await;
+    let second = wait_for(T, "the child after the conflicting one", || async {
+        cms.get_opt("b").await.ok()?
+    })
+    .await;
+    assert_eq!(to_json(&second)["data"]["marker"], "x");
+    let theirs = to_json(&cms.get("b-first").await.unwrap());
+    assert_eq!(theirs["data"], json!({"theirs": "yes"}), "left alone");
+    assert!(theirs["metadata"]["ownerReferences"].is_null());
+}

@@ -294,7 +294,10 @@ async fn reconcile_inner(
     };
 
     // 3. Apply, in rule order; the first failure stops the rest (later children may
-    //    depend on earlier ones).
+    //    depend on earlier ones) — but a conflict: an object someone else holds, or fights
+    //    over, stops only its own child. It is one object, which whoever may edit it can
+    //    bring about at will; the others (a cluster-scoped parent's in other tenants'
+    //    namespaces, say) go on, and a child that waits for it waits.
     let mut failure: Option<ReconcileError> = None;
     let mut changes = Vec::new();
     let mut pending = false;
@@ -312,8 +315,11 @@ async fn reconcile_inner(
             Ok(ChildOutcome::Changed(change)) => changes.push(*change),
             Ok(ChildOutcome::UpToDate) => {}
             Ok(ChildOutcome::Pending) => pending = true,
+            Err(err @ (ReconcileError::Conflict(_) | ReconcileError::Fight { .. })) => {
+                failure.get_or_insert(err);
+            }
             Err(err) => {
-                failure = Some(err);
+                failure.get_or_insert(err);
                 break;
             }
         }
