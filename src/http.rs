@@ -1,12 +1,14 @@
 //! The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/status`. It is reachable from
 //! the pod network, so it bounds what a client can hold (header time, connection
-//! lifetime, connections at once) and `/status` says nothing about tenants' objects: rule
-//! names, files and states, rule-file errors, and API errors stripped of object content.
+//! lifetime, connections at once, and connections per client address, so that one
+//! client cannot hold every slot and keep the kubelet's probes waiting until the
+//! container is restarted) and `/status` says nothing about tenants' objects: rule names,
+//! files and states, rule-file errors, and API errors stripped of object content.
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
 use std::pin::pin;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -76,6 +78,8 @@ pub struct HttpLimits {
     pub connection: Duration,
     /// Connections served at once; further clients wait in the listen backlog.
     pub max_connections: usize,
+    /// Connections served at once from one client address; one more is closed at once.
+    pub per_client: usize,
 }
 
 impl Default for HttpLimits {
@@ -84,6 +88,7 @@ impl Default for HttpLimits {
             header_read: Duration::from_secs(10),
             connection: Duration::from_secs(60),
             max_connections: 64,
+            per_client: 8,
         }
     }
 }
@@ -101,6 +106,7 @@ pub async fn serve_on(
     limits: HttpLimits,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let clients: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     loop {
         // A slot first: at the limit, new connections wait unaccepted.
         let slot = slots
@@ -108,8 +114,8 @@ pub async fn serve_on(
             .acquire_owned()
             .await
             .map_err(std::io::Error::other)?;
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // E.g. out of file descriptors: wait a little rather than spin.
                 tracing::debug!(error = %e, "cannot accept a connection");
@@ -117,9 +123,15 @@ pub async fn serve_on(
                 continue;
             }
         };
+        // A client at its share is closed at once, and its slot freed for the next.
+        let Some(client) = ClientSlot::take(&clients, peer.ip(), limits.per_client) else {
+            drop(stream);
+            continue;
+        };
         let service = TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
             let _slot = slot;
+            let _client = client;
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
@@ -132,6 +144,43 @@ pub async fn serve_on(
             conn.as_mut().graceful_shutdown();
             let _ = tokio::time::timeout(limits.header_read, conn).await;
         });
+    }
+}
+
+/// One of a client address's connections; the count goes down when it is dropped.
+struct ClientSlot {
+    clients: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    ip: IpAddr,
+}
+
+impl ClientSlot {
+    fn take(
+        clients: &Arc<Mutex<HashMap<IpAddr, usize>>>,
+        ip: IpAddr,
+        per_client: usize,
+    ) -> Option<ClientSlot> {
+        let mut held = clients.lock().unwrap_or_else(|p| p.into_inner());
+        let n = held.entry(ip).or_insert(0);
+        if *n >= per_client.max(1) {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot {
+            clients: clients.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut held = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = held.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                held.remove(&self.ip);
+            }
+        }
     }
 }
 

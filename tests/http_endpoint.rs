@@ -65,6 +65,7 @@ async fn half_a_request_is_closed_after_the_header_timeout() {
         header_read: Duration::from_secs(1),
         connection: Duration::from_secs(60),
         max_connections: 8,
+        per_client: 8,
     })
     .await;
     let mut s = TcpStream::connect(&addr).await.expect("connect");
@@ -92,6 +93,7 @@ async fn a_request_trickled_byte_by_byte_is_closed_after_the_header_timeout() {
         header_read: Duration::from_secs(1),
         connection: Duration::from_secs(60),
         max_connections: 8,
+        per_client: 8,
     })
     .await;
     let mut s = TcpStream::connect(&addr).await.expect("connect");
@@ -127,6 +129,7 @@ async fn a_kept_alive_connection_ends_after_the_connection_lifetime() {
         header_read: Duration::from_secs(30),
         connection: Duration::from_secs(1),
         max_connections: 8,
+        per_client: 8,
     })
     .await;
     let mut s = TcpStream::connect(&addr).await.expect("connect");
@@ -148,6 +151,7 @@ async fn at_the_connection_limit_new_clients_wait_for_a_slot() {
         header_read: Duration::from_secs(2),
         connection: Duration::from_secs(60),
         max_connections: 2,
+        per_client: 2,
     })
     .await;
     let mut holders = Vec::new();
@@ -167,10 +171,71 @@ async fn at_the_connection_limit_new_clients_wait_for_a_slot() {
     );
 }
 
+/// One client address may hold only its share of the connections: the rest of the slots
+/// stay for others, such as the kubelet's probes. (Loopback answers on all of 127/8, so
+/// the two clients here are 127.0.0.2 and 127.0.0.1.)
+#[tokio::test]
+async fn one_client_cannot_hold_every_slot() {
+    let addr = endpoint(HttpLimits {
+        header_read: Duration::from_secs(30),
+        connection: Duration::from_secs(60),
+        max_connections: 4,
+        per_client: 2,
+    })
+    .await;
+    let from = |ip: &str| {
+        let ip: std::net::IpAddr = ip.parse().expect("ip");
+        let addr = addr.clone();
+        async move {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket
+                .bind(std::net::SocketAddr::new(ip, 0))
+                .expect("bind a loopback address");
+            socket
+                .connect(addr.parse().expect("addr"))
+                .await
+                .expect("connect")
+        }
+    };
+    // The hog: its share, then six more that each get closed at once.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut s = from("127.0.0.2").await;
+        s.write_all(HALF_REQUEST).await.expect("write");
+        held.push(s);
+    }
+    for i in 0..6 {
+        let mut s = from("127.0.0.2").await;
+        let _ = s.write_all(HALF_REQUEST).await;
+        let (_, closed) = read_until_closed(&mut s, Duration::from_secs(5)).await;
+        assert!(
+            closed.is_some(),
+            "connection {} of one client was kept (its share is 2)",
+            i + 3
+        );
+    }
+    // Another client is served at once, though the hog keeps its two.
+    let start = Instant::now();
+    let answer = http_get(&format!("http://{addr}/healthz")).await;
+    assert_eq!(answer, Ok("ok".into()));
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "another client waited {:?} (the hog's connections end after 30 s)",
+        start.elapsed()
+    );
+    // The hog's held connections are still open: closed only past their limits.
+    let (_, closed) = read_until_closed(&mut held[0], Duration::from_millis(300)).await;
+    assert!(closed.is_none(), "a connection within the share was closed");
+}
+
 #[test]
 fn the_production_limits_are_bounded() {
     let d = HttpLimits::default();
     assert!(d.header_read <= Duration::from_secs(10), "{d:?}");
     assert!(d.connection <= Duration::from_secs(120), "{d:?}");
     assert!((1..=256).contains(&d.max_connections), "{d:?}");
+    assert!(
+        (1..=d.max_connections / 4).contains(&d.per_client),
+        "one client holds at most a quarter: {d:?}"
+    );
 }
