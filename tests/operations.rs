@@ -166,9 +166,11 @@ async fn endpoints_report_what_happened() {
         m("rulebook_api_writes_total{rule=\"myapp\",verb=\"apply\"}").await,
         1.0
     );
+    // At least the Ready status; a NotReady one before it only when a reconcile ran
+    // before kwok made the Deployment available (on a busy machine it may not).
     assert!(
-        m("rulebook_api_writes_total{rule=\"myapp\",verb=\"apply_status\"}").await >= 2.0,
-        "status: not ready, then ready"
+        m("rulebook_api_writes_total{rule=\"myapp\",verb=\"apply_status\"}").await >= 1.0,
+        "status written"
     );
     assert!(m("rulebook_reconciles_total{rule=\"myapp\",result=\"ok\"}").await >= 2.0);
     assert!(m("rulebook_reconcile_duration_seconds_count{rule=\"myapp\"}").await >= 2.0);

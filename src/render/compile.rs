@@ -397,6 +397,7 @@ impl CompiledRule {
                                     singular,
                                     default: default.clone(),
                                     root: super::jsonpath_root(path),
+                                    descends: path.contains(".."),
                                 })
                             }
                             Err(e) => {

@@ -67,6 +67,9 @@ enum StatusProgram<'env> {
         /// The one part of the document the path starts in (`parent`, `children`,
         /// `refs`), when it says so plainly; `None`: it may read any.
         root: Option<&'static str>,
+        /// It has a descendant segment (`..`): its cost grows with the document's depth
+        /// times its keys' lengths ([`status_eval::descendant_path_bytes`]).
+        descends: bool,
     },
     Expr(Expr<'env>),
     Value(Json),

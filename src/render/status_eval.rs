@@ -54,8 +54,23 @@ impl CompiledRule {
                     query,
                     singular,
                     default,
+                    descends,
                     ..
                 } => {
+                    if *descends
+                        && descendant_path_bytes(&root, DESCENDANT_PATH_BYTES)
+                            > DESCENDANT_PATH_BYTES
+                    {
+                        return Err(RenderError::budget(
+                            self.file.clone(),
+                            None,
+                            format!(
+                                "rule '{}': spec.status.{field}: the JSONPath's `..` would walk more than {} MiB of paths over this parent (its depth times its keys' lengths)",
+                                self.name,
+                                DESCENDANT_PATH_BYTES >> 20
+                            ),
+                        ));
+                    }
                     let found = jsonpath_rust::query::js_path_process(query, &root)
                         .map(|refs| {
                             refs.into_iter()
@@ -292,6 +307,35 @@ fn path_reads_content(q: &JpQuery, name: &str) -> bool {
     }
 }
 
+/// What a descendant segment may walk over one parent's status document, in bytes of
+/// paths: jsonpath-rust collects every node below the start with its whole path as a
+/// string before it selects.
+pub(super) const DESCENDANT_PATH_BYTES: usize = 16 << 20;
+
+/// The bytes of the paths of every node of `doc` (each node's depth times its keys'
+/// lengths, roughly as jsonpath-rust writes them), counted until past `limit`: a parent
+/// nested deep with long keys fails alone rather than take the operator's memory.
+pub(super) fn descendant_path_bytes(doc: &Json, limit: usize) -> usize {
+    let mut total = 0usize;
+    let mut stack: Vec<(&Json, usize)> = vec![(doc, 1)];
+    while let Some((node, path)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = (usize, &Json)>> = match node {
+            Json::Object(m) => Box::new(m.iter().map(|(k, v)| (k.len() + 4, v))),
+            Json::Array(a) => Box::new(a.iter().map(|v| (8, v))),
+            _ => continue,
+        };
+        for (step, child) in children {
+            let at = path + step;
+            total = total.saturating_add(at);
+            if total > limit {
+                return total;
+            }
+            stack.push((child, at));
+        }
+    }
+    total
+}
+
 #[cfg(test)]
 mod tests {
     use crate::render::{CompiledRule, Limits};
@@ -371,6 +415,33 @@ spec:
         let t = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ children.web.metadata.name | default('x') }}\n";
         let r = compile("    a: \"$.parent.spec.x\"\n", "", "", t);
         assert!(r.reads_child_content(0) && r.reads_child_content(1));
+    }
+
+    /// A `..` path over a parent nested deep with long keys fails that parent with the
+    /// budget, before jsonpath-rust builds a path string for every node; over an ordinary
+    /// parent it works.
+    #[test]
+    fn a_descendant_path_over_a_deep_parent_is_bounded() {
+        let r = compile("    names: \"$..name\"\n", "", "", T);
+        let key = "k".repeat(10_000);
+        let mut deep = serde_json::json!({"name": "bottom"});
+        for _ in 0..200 {
+            deep = serde_json::json!({ key.clone(): deep });
+        }
+        let parent = serde_json::json!({"metadata": {"name": "p"}, "spec": deep});
+        let observed = crate::render::Observed::default();
+        let err = r
+            .status(&parent, &observed, &[])
+            .err()
+            .unwrap_or_else(|| panic!("a deep parent's `..` path went through"));
+        assert!(err.is_budget_exceeded(), "{err}");
+        assert!(err.to_string().contains("spec.status.names"), "{err}");
+        let small = serde_json::json!({"metadata": {"name": "p"}, "spec": {"a": {"name": "x"}}});
+        let report = r
+            .status(&small, &observed, &[])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(report.fields.get("names").is_some(), "{:?}", report.fields);
+        assert!(super::descendant_path_bytes(&small, usize::MAX) < 200);
     }
 
     #[test]
