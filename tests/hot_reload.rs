@@ -512,6 +512,56 @@ async fn a_child_kind_dropped_from_a_rule_is_pruned() {
     );
 }
 
+/// An extra child for [`with_children`]: its name in the rule, kind, a line of its entry
+/// (`deletionPolicy: Orphan`, or none), and its object's content below `metadata`; the
+/// object is named `<parent>-<name>`.
+struct Extra<'a> {
+    name: &'a str,
+    kind: &'a str,
+    line: &'a str,
+    body: &'a str,
+}
+
+/// [`write_rule`]'s rule for `kind` with `extra` v1 children (before its `config` child
+/// when `first`, after it otherwise), and their templates; returns the rule without them.
+fn with_children(
+    rules: &Path,
+    templates: &Path,
+    kind: &str,
+    extra: &[Extra],
+    first: bool,
+) -> String {
+    let lower = kind.to_lowercase();
+    write_rule(rules, templates, kind, "x");
+    let rule_file = rules.join(format!("{lower}.yaml"));
+    let plain = std::fs::read_to_string(&rule_file).unwrap();
+    let mut entries = String::new();
+    for e in extra {
+        entries += &format!(
+            "    - name: {}\n      apiVersion: v1\n      kind: {}\n      template: {lower}/{}.yaml\n",
+            e.name, e.kind, e.name
+        );
+        if !e.line.is_empty() {
+            entries += &format!("      {}\n", e.line);
+        }
+        std::fs::write(
+            templates.join(&lower).join(format!("{}.yaml", e.name)),
+            format!(
+                "apiVersion: v1\nkind: {}\nmetadata:\n  name: {{{{ parent.metadata.name ~ \"-{}\" }}}}\n{}",
+                e.kind, e.name, e.body
+            ),
+        )
+        .unwrap();
+    }
+    let with = if first {
+        plain.replace("  children:\n", &format!("  children:\n{entries}"))
+    } else {
+        plain.replace("  status:", &format!("{entries}  status:"))
+    };
+    std::fs::write(&rule_file, with).unwrap();
+    plain
+}
+
 /// A child with `deletionPolicy: Orphan` outlives the rule edit that removes it, whether
 /// its kind leaves the rule with it (the clean-up of dropped kinds) or stays for another
 /// child (the parent's own pruning): let go of, not deleted. The policy travels with the
@@ -522,25 +572,28 @@ async fn an_orphan_child_outlives_its_removal_from_the_rule() {
     let ns = namespace(&client, "reload-orphan").await;
     let dir = tempfile::tempdir().unwrap();
     let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
-    write_rule(&rules, &templates, "Keeper", "x");
+    let orphan = "deletionPolicy: Orphan";
+    let plain = with_children(
+        &rules,
+        &templates,
+        "Keeper",
+        &[
+            Extra {
+                name: "vault",
+                kind: "Secret",
+                line: orphan,
+                body: "stringData:\n  t: x\n",
+            },
+            Extra {
+                name: "ledger",
+                kind: "ConfigMap",
+                line: orphan,
+                body: "data:\n  l: x\n",
+            },
+        ],
+        false,
+    );
     let rule_file = rules.join("keeper.yaml");
-    let plain = std::fs::read_to_string(&rule_file).unwrap();
-    let keepers_children = "    - name: vault\n      apiVersion: v1\n      kind: Secret\n      template: keeper/secret.yaml\n      deletionPolicy: Orphan\n    - name: ledger\n      apiVersion: v1\n      kind: ConfigMap\n      template: keeper/ledger.yaml\n      deletionPolicy: Orphan\n";
-    std::fs::write(
-        &rule_file,
-        plain.replace("  status:", &format!("{keepers_children}  status:")),
-    )
-    .unwrap();
-    std::fs::write(
-        templates.join("keeper/secret.yaml"),
-        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ parent.metadata.name ~ \"-vault\" }}\nstringData:\n  t: x\n",
-    )
-    .unwrap();
-    std::fs::write(
-        templates.join("keeper/ledger.yaml"),
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-ledger\" }}\ndata:\n  l: x\n",
-    )
-    .unwrap();
     let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
     let keepers = parents_api(&client, &ns, "Keeper").await;
     let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
@@ -594,22 +647,14 @@ async fn an_orphan_child_outlives_a_parent_deleted_across_the_edit() {
     let ns = namespace(&client, "reload-orphan-gone").await;
     let dir = tempfile::tempdir().unwrap();
     let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
-    write_rule(&rules, &templates, "Hoarder", "x");
+    let ledger = Extra {
+        name: "ledger",
+        kind: "ConfigMap",
+        line: "deletionPolicy: Orphan",
+        body: "data:\n  l: x\n",
+    };
+    let plain = with_children(&rules, &templates, "Hoarder", &[ledger], false);
     let rule_file = rules.join("hoarder.yaml");
-    let plain = std::fs::read_to_string(&rule_file).unwrap();
-    std::fs::write(
-        &rule_file,
-        plain.replace(
-            "  status:",
-            "    - name: ledger\n      apiVersion: v1\n      kind: ConfigMap\n      template: hoarder/ledger.yaml\n      deletionPolicy: Orphan\n  status:",
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        templates.join("hoarder/ledger.yaml"),
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-ledger\" }}\ndata:\n  l: x\n",
-    )
-    .unwrap();
     let mut op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
     let hoarders = parents_api(&client, &ns, "Hoarder").await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -660,22 +705,13 @@ async fn a_conflict_stops_only_its_own_child() {
     let ns = namespace(&client, "reload-conflict").await;
     let dir = tempfile::tempdir().unwrap();
     let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
-    write_rule(&rules, &templates, "Blocked", "x");
-    let rule_file = rules.join("blocked.yaml");
-    let plain = std::fs::read_to_string(&rule_file).unwrap();
-    std::fs::write(
-        &rule_file,
-        plain.replace(
-            "  children:\n",
-            "  children:\n    - name: first\n      apiVersion: v1\n      kind: ConfigMap\n      template: blocked/first.yaml\n",
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        templates.join("blocked/first.yaml"),
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-first\" }}\ndata:\n  f: x\n",
-    )
-    .unwrap();
+    let first = Extra {
+        name: "first",
+        kind: "ConfigMap",
+        line: "",
+        body: "data:\n  f: x\n",
+    };
+    with_children(&rules, &templates, "Blocked", &[first], true);
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     apply(
         &cms,
