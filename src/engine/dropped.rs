@@ -28,6 +28,7 @@ use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
 use crate::reconcile::context::OrphansPending;
 use crate::reconcile::orphan_patch;
+use crate::reconcile::shard_gate::ShardGate;
 use crate::reconcile::writer::{Deleted, Patched, WriteError, Writer};
 use crate::render::CompiledRule;
 use crate::rules::DeletionPolicy;
@@ -97,7 +98,8 @@ pub(super) struct CleanupEnv {
     pub namespace: Option<String>,
     pub metrics: Arc<Metrics>,
     pub gate: Arc<dyn WriteGate>,
-    pub share: Option<crate::shard::Ranges>,
+    /// Sharded: the replica's gate and the ranges its rules run with.
+    pub shard: Option<(Arc<ShardGate>, crate::shard::Ranges)>,
 }
 
 struct Cleanup {
@@ -256,9 +258,50 @@ async fn prune_dropped_kinds(
     mut stopped: watch::Receiver<bool>,
 ) {
     for d in &todo {
-        let writer = Writer::new(env.gate.clone(), env.metrics.clone(), &d.old.name);
+        // Sharded, the rule's own gate, as its reconciles write: a rule with
+        // cluster-scoped parents is its owner's alone, whatever namespace its children
+        // are in; a namespaced one's children are the replica's whose share holds their
+        // namespace.
+        let (gate, share) = match &env.shard {
+            None => (env.gate.clone(), None),
+            Some((shard, ranges)) => {
+                let p = &d.old.rule.spec.parent;
+                let mut attempt = 0;
+                let cluster = loop {
+                    match discover(&env.client, "parent", &p.api_version.value, &p.kind.value).await
+                    {
+                        Ok((_, caps)) => break caps.scope == KubeScope::Cluster,
+                        Err(e) if attempt + 1 >= ATTEMPTS => {
+                            warn!(rule = %d.old.name, error = %e, "cannot find the parent kind of a rule that dropped a child kind: not cleaning up");
+                            return;
+                        }
+                        Err(_) => {
+                            attempt += 1;
+                            if pause(attempt, &mut stopped).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                };
+                (
+                    shard.for_rule(&d.old.name, cluster),
+                    (!cluster).then(|| ranges.clone()),
+                )
+            }
+        };
+        let writer = Writer::new(gate, env.metrics.clone(), &d.old.name);
         for (api_version, kind) in &d.kinds {
-            match prune_kind(&env, d, &writer, api_version, kind, &mut stopped).await {
+            match prune_kind(
+                &env,
+                d,
+                &writer,
+                share.as_ref(),
+                api_version,
+                kind,
+                &mut stopped,
+            )
+            .await
+            {
                 Ok(()) => {}
                 Err(Halt::Stopped) => return,
                 Err(Halt::NotLeader) => {
@@ -274,6 +317,7 @@ async fn prune_kind(
     env: &CleanupEnv,
     d: &Dropped,
     writer: &Writer,
+    share: Option<&crate::shard::Ranges>,
     api_version: &str,
     kind: &str,
     stopped: &mut watch::Receiver<bool>,
@@ -330,9 +374,9 @@ async fn prune_kind(
                 continue;
             }
         };
-        // Sharded: only the children in this replica's namespaces.
+        // Sharded, a namespaced rule: only the children in this replica's namespaces.
         let mine = |m: &ObjectMeta| {
-            env.share.as_ref().is_none_or(|r| {
+            share.is_none_or(|r| {
                 m.namespace
                     .as_deref()
                     .is_none_or(|ns| r.holds_namespace(ns))
@@ -450,113 +494,5 @@ pub fn kind_api(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    /// A compiled rule over `App` whose children are `(name, apiVersion, kind, policy)`.
-    fn rule(children: &[(&str, &str, &str, &str)]) -> Arc<CompiledRule> {
-        let mut text = String::from(
-            "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: r\nspec:\n  parent:\n    apiVersion: example.com/v1\n    kind: App\n  children:\n",
-        );
-        for (name, api_version, kind, policy) in children {
-            text += &format!(
-                "    - name: {name}\n      apiVersion: {api_version}\n      kind: {kind}\n      template: t.yaml\n      deletionPolicy: {policy}\n"
-            );
-        }
-        let sources = crate::rules::Sources {
-            rule_files: vec![("r.yaml".into(), text)],
-            templates: [(
-                "t.yaml".to_string(),
-                ("t.yaml".to_string(), "metadata:\n  name: x\n".to_string()),
-            )]
-            .into(),
-        };
-        let set = crate::render::compile(&sources, &crate::render::Limits::default())
-            .unwrap_or_else(|e| panic!("{e:?}"));
-        set.rules["r"].clone()
-    }
-
-    fn meta(v: serde_json::Value) -> ObjectMeta {
-        serde_json::from_value(v).unwrap_or_default()
-    }
-
-    fn child(name: &str, annotations: serde_json::Value) -> ObjectMeta {
-        meta(json!({
-            "name": "c", "annotations": annotations,
-            "labels": {"rulebook.dev/owner": "u1", "rulebook.dev/child": name},
-            "ownerReferences": [{"apiVersion": "example.com/v1", "kind": "App",
-                                 "name": "p", "uid": "u1", "controller": true}]}))
-    }
-
-    #[test]
-    fn only_a_child_whose_controller_is_a_parent_of_the_rule_is_one() {
-        let rule = rule(&[("data", "v1", "ConfigMap", "Delete")]);
-        let real = child("data", json!({}));
-        assert!(child_of_rule(&real, &rule));
-        let mut other_uid = real.clone();
-        other_uid
-            .labels
-            .get_or_insert_default()
-            .insert(labels::OWNER.into(), "u2".into());
-        assert!(!child_of_rule(&other_uid, &rule));
-        for (field, value) in [("controller", json!(false)), ("kind", json!("Other"))] {
-            let mut v = serde_json::to_value(&real).unwrap_or_default();
-            v["ownerReferences"][0][field] = value;
-            assert!(!child_of_rule(&meta(v), &rule), "{field}");
-        }
-    }
-
-    const PVC: (&str, &str) = ("v1", "PersistentVolumeClaim");
-    const CM: (&str, &str) = ("v1", "ConfigMap");
-
-    #[test]
-    fn the_policy_is_the_old_rules_or_the_one_recorded_on_the_object() {
-        let old = rule(&[
-            ("data", "v1", "PersistentVolumeClaim", "Orphan"),
-            ("cfg", "v1", "ConfigMap", "Delete"),
-        ]);
-        assert_eq!(
-            policy(&child("data", json!({})), &old, PVC),
-            DeletionPolicy::Orphan
-        );
-        assert_eq!(
-            policy(&child("cfg", json!({})), &old, CM),
-            DeletionPolicy::Delete
-        );
-        // A child an even older version had: what it recorded.
-        let gone = child("older", json!({"rulebook.dev/deletion-policy": "Orphan"}));
-        assert_eq!(policy(&gone, &old, CM), DeletionPolicy::Orphan);
-        assert_eq!(
-            policy(&child("older", json!({})), &old, CM),
-            DeletionPolicy::Delete
-        );
-        // The old rule's word wins over the record.
-        let forged = child("cfg", json!({"rulebook.dev/deletion-policy": "Orphan"}));
-        assert_eq!(policy(&forged, &old, CM), DeletionPolicy::Delete);
-        // A child name the rule gave to another kind: the record stands.
-        let renamed = child("data", json!({"rulebook.dev/deletion-policy": "Orphan"}));
-        assert_eq!(policy(&renamed, &old, CM), DeletionPolicy::Orphan);
-    }
-
-    #[test]
-    fn a_kind_the_rule_has_again_is_not_cleaned_up_after() {
-        let v1 = rule(&[
-            ("cfg", "v1", "ConfigMap", "Delete"),
-            ("hpa", "autoscaling/v2", "HorizontalPodAutoscaler", "Delete"),
-        ]);
-        let v2 = rule(&[("cfg", "v1", "ConfigMap", "Delete")]);
-        let dropped = dropped_kinds(&v1, &v2);
-        assert_eq!(
-            dropped,
-            vec![("autoscaling/v2".into(), "HorizontalPodAutoscaler".into())]
-        );
-        // Back at another version of the same kind: the same objects, kept.
-        let v3 = rule(&[
-            ("cfg", "v1", "ConfigMap", "Delete"),
-            ("hpa", "autoscaling/v1", "HorizontalPodAutoscaler", "Delete"),
-        ]);
-        assert!(still_dropped(&v3, dropped.clone()).is_empty());
-        assert_eq!(still_dropped(&v2, dropped.clone()), dropped);
-    }
-}
+#[path = "dropped_tests.rs"]
+mod tests;

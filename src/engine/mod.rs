@@ -186,7 +186,11 @@ impl Engine {
                         namespace: self.config.namespace.clone(),
                         metrics: self.metrics.clone(),
                         gate: self.gate.clone(),
-                        share: self.config.shard.as_ref().map(|s| s.ranges.clone()),
+                        shard: self
+                            .config
+                            .shard
+                            .as_ref()
+                            .map(|s| (s.gate.clone(), s.ranges.clone())),
                     };
                     self.cleanups.start(name.clone(), todo, env);
                 }
