@@ -328,9 +328,12 @@ pub async fn terminated_watchers(client: &kube::Client) -> Option<f64> {
 
 /// The API servers' audit logs of write requests (`.cluster/logs/audit.log`, and
 /// `audit-nogate.log` of the second API server the sharding fallback test starts), read
-/// from where each ended when [`Audit::mark`] was called.
+/// from where each ended when [`Audit::mark`] was called, less the requests received
+/// before it: a write is visible to readers before the API server has logged it, so a
+/// write a test saw before the mark may be logged after it.
 pub struct Audit {
     logs: Vec<(PathBuf, u64)>,
+    since: jiff::Timestamp,
 }
 
 impl Audit {
@@ -354,6 +357,7 @@ impl Audit {
         let nogate_from = std::fs::metadata(&nogate).map(|m| m.len()).unwrap_or(0);
         Audit {
             logs: vec![(path, from), (nogate, nogate_from)],
+            since: jiff::Timestamp::now(),
         }
     }
 
@@ -395,7 +399,13 @@ impl Audit {
                 text.lines()
                     .filter(|l| l.contains(&quoted))
                     .filter_map(|l| serde_json::from_str::<Json>(l).ok())
-                    .filter(|e| e["objectRef"]["namespace"] == ns),
+                    .filter(|e| e["objectRef"]["namespace"] == ns)
+                    .filter(|e| {
+                        e["requestReceivedTimestamp"]
+                            .as_str()
+                            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                            .is_none_or(|t| t >= self.since)
+                    }),
             );
         }
         events.sort_by_key(audit_time);
