@@ -26,7 +26,7 @@ use super::runner::discover;
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
-use crate::reconcile::context::OrphansPending;
+use crate::reconcile::context::{BackoffPolicy, OrphansPending};
 use crate::reconcile::orphan_patch;
 use crate::reconcile::shard_gate::ShardGate;
 use crate::reconcile::writer::{Deleted, Patched, WriteError, Writer};
@@ -242,7 +242,11 @@ enum Halt {
 
 /// Waits before attempt `attempt` (from 1), or says the reload stopped the clean-up.
 async fn pause(attempt: u32, stopped: &mut watch::Receiver<bool>) -> Result<(), Halt> {
-    let wait = Duration::from_secs(1u64 << attempt.min(5)).min(MAX_WAIT);
+    let wait = BackoffPolicy {
+        base: Duration::from_secs(1),
+        max: MAX_WAIT,
+    }
+    .delay(attempt);
     tokio::select! {
         _ = tokio::time::sleep(wait) => Ok(()),
         _ = stopped.wait_for(|s| *s) => Err(Halt::Stopped),

@@ -128,7 +128,11 @@ impl RuleRunner {
                 }
             }
             attempt = attempt.saturating_add(1);
-            let delay = Duration::from_secs(1u64 << attempt.min(6)).min(Duration::from_secs(60));
+            let delay = crate::reconcile::BackoffPolicy {
+                base: Duration::from_secs(2),
+                max: Duration::from_secs(60),
+            }
+            .delay(attempt);
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = stopped.changed() => {}

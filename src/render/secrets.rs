@@ -19,10 +19,13 @@ pub fn secret_values_in<'a>(objects: impl Iterator<Item = &'a Json>) -> Vec<Stri
         {
             out.push(escaped.to_string());
         }
-        for escaped in [go_quoted(v), go_json(v)] {
-            if escaped != v {
-                out.push(escaped);
-            }
+        // Most values (base64, tokens) have nothing Go escapes: no copies for them, as
+        // this runs on every reconcile of a parent with Secrets.
+        if v.chars()
+            .any(|c| go_escapes(c) || matches!(c, '"' | '\\' | '<' | '>' | '&'))
+        {
+            out.push(go_quoted(v));
+            out.push(go_json(v));
         }
         if v.contains('\n') {
             out.extend(v.lines().map(|l| l.trim().to_string()));
