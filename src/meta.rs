@@ -45,6 +45,10 @@ pub mod labels {
     /// On a parent: `"true"` stops every write to it and its children (but one
     /// `Paused` condition) until it is removed or set to anything else.
     pub const PAUSED: &str = "rulebook.dev/paused";
+    /// On a parent: the kinds of its `Orphan` children (`apiVersion/Kind`, separated by
+    /// commas), so that children of a kind the rule no longer has are found and let go
+    /// of from any process, after any restart (`reconcile::teardown::recorded`).
+    pub const ORPHAN_KINDS: &str = "rulebook.dev/orphan-kinds";
 
     /// Every label and annotation key Rulebook writes or reads on an object (a stub keeps
     /// these and no other: anyone may set keys with Rulebook's prefix on their objects).
@@ -59,6 +63,7 @@ pub mod labels {
         DELETION_POLICY,
         FINALIZED,
         PAUSED,
+        ORPHAN_KINDS,
     ];
 
     /// The label selector of a rule's children: `managed-by=rulebook,rule=<rule>`.

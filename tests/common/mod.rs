@@ -384,6 +384,7 @@ impl Drop for Operator {
 }
 
 mod http_get;
+pub mod reload;
 pub use http_get::http_get;
 
 /// Copies the repository's rules and templates into a temp dir the test may change.

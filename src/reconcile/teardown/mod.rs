@@ -18,6 +18,7 @@
 //! [`WAVE_TIMEOUT`] (someone else's finalizer) is left to the garbage collector.
 
 mod finalize;
+pub(super) mod recorded;
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -57,30 +58,53 @@ pub(super) fn has_finalizer(o: &DynamicObject) -> bool {
 
 /// In normal operation: the parent carries the finalizer exactly when its rule needs it
 /// (added before any child is created, so a deletion right after creation is torn down
-/// too; removed when a rule change drops its deletion steps). No write when it matches.
-/// `false`: the parent changed since it was cached; reconcile it again before going on.
+/// too; removed when a rule change drops its deletion steps), and the record of its
+/// `Orphan` children's kinds ([`recorded`]) is up to date, written with it. No write
+/// when both match. `false`: the parent changed since it was cached; reconcile it again
+/// before going on.
 pub(super) async fn keep_finalizer(
     ctx: &RuleContext,
     parent: &DynamicObject,
 ) -> Result<bool, ReconcileError> {
+    let mut pending = recorded::pending(ctx, parent);
+    if let (false, Some(uid)) = (pending.is_empty(), parent.uid()) {
+        let (left, changes) = recorded::let_go_of_kinds(ctx, parent, &uid, &pending).await?;
+        report_changes(ctx, parent, &changes, Cause::Inputs);
+        for (kind, why) in &left {
+            // Not a failure of this reconcile: the children the rule has are applied all
+            // the same, and the finalizer stays until these are let go of.
+            event(
+                ctx,
+                parent,
+                EventType::Warning,
+                "OrphansPending",
+                "Orphan",
+                format!(
+                    "{} children of a kind the rule no longer has are not let go of yet: {why}",
+                    kind.1
+                ),
+            );
+        }
+        pending = left.into_iter().map(|(k, _)| k).collect();
+    }
     // Kept, not added, while orphans may be pending: children of a kind the rule dropped,
     // or children the rule no longer has that recorded `Orphan` (this reconcile's prune
     // lets go of those).
     let needs = ctx.rule.rule.spec.needs_finalizer()
         || (has_finalizer(parent)
-            && (ctx.orphans_pending.get() || owns_recorded_orphans(ctx, parent)));
-    if needs == has_finalizer(parent) {
+            && (ctx.orphans_pending.get()
+                || !pending.is_empty()
+                || owns_recorded_orphans(ctx, parent)));
+    let record = recorded::record(ctx, &pending);
+    if needs == has_finalizer(parent)
+        && parent.annotations().get(labels::ORPHAN_KINDS) == record.as_ref()
+    {
         return Ok(true);
     }
+    let mut body = finalizer_patch(parent, needs);
+    body["metadata"]["annotations"] = json!({ labels::ORPHAN_KINDS: record });
     let api = ctx.parent_api(parent);
-    let patched = patch_parent(
-        ctx,
-        &api,
-        parent,
-        &finalizer_patch(parent, needs),
-        FINALIZER,
-    )
-    .await?;
+    let patched = patch_parent(ctx, &api, parent, &body, FINALIZER).await?;
     Ok(patched == Patched::Patched)
 }
 
@@ -141,6 +165,16 @@ pub(super) async fn teardown(
 ) -> Result<Action, ReconcileError> {
     if !has_finalizer(parent) {
         return Ok(Action::await_change()); // the garbage collector removes the children
+    }
+    // Children of kinds the rule no longer has, recorded `Orphan`: no cache shows them,
+    // and the garbage collector would delete them with the parent.
+    let pending = recorded::pending(ctx, parent);
+    if !pending.is_empty() {
+        let (left, changes) = recorded::let_go_of_kinds(ctx, parent, uid, &pending).await?;
+        report_changes(ctx, parent, &changes, Cause::Inputs);
+        if let Some((_, why)) = left.into_iter().next() {
+            return Err(why);
+        }
     }
     if !ctx.rule.rule.spec.needs_finalizer() {
         if ctx.orphans_pending.get() {

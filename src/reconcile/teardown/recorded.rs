@@ -1,0 +1,303 @@
+//! The kinds of a parent's `Orphan` children, recorded on the parent itself
+//! (`rulebook.dev/orphan-kinds`). A child's policy travels on the child, but a child of a
+//! kind the rule no longer has is in no cache: the clean-up of a dropped kind
+//! (`engine::dropped`) finds it only while the process that saw the edit runs. Cut short
+//! — a restart, a lost lease, an edit made while no operator ran — nothing would look
+//! for it again, and the garbage collector would delete it with its parent whatever its
+//! policy. The parent's record says where to look, from any process, at any time.
+//!
+//! The record is written with the finalizer, before any `Orphan` child exists. A kind
+//! leaves it only once the parent has let go of every `Orphan` child of that kind it
+//! still owns; while one is pending, the finalizer stays and the teardown waits.
+//!
+//! The record is the tenant's to edit like any annotation on its object, so it is
+//! trusted no further than the parent's own children: only objects whose controller
+//! reference is this parent and which recorded `Orphan` themselves are touched, and only
+//! let go of, never deleted. A kind the API server does not serve has no objects and
+//! leaves the record; one Rulebook may not list (its RBAC dropped with the rule) stays,
+//! and so does the finalizer, until someone grants the list or removes the record.
+
+use std::collections::BTreeSet;
+
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::core::GroupVersionKind;
+use kube::core::discovery::Scope;
+use kube::discovery::pinned_kind;
+use kube::{Resource, ResourceExt};
+
+use super::super::context::RuleContext;
+use super::super::error::ReconcileError;
+use super::super::events::Change;
+use super::super::prune::orphan_patch;
+use super::super::writer::{Patched, WriteError};
+use crate::meta::{is_dns_label, labels, split_api_version};
+use crate::rules::DeletionPolicy;
+
+/// `(apiVersion, kind)` of a child.
+pub(super) type Kind = (String, String);
+
+/// Entries of a record read at most: it is the tenant's to write.
+const MAX_RECORDED: usize = 32;
+/// Objects a page lists at most: anyone may put Rulebook's labels on objects of any size.
+const PAGE: u32 = 25;
+
+/// The kinds recorded on `parent`, as far as they are well formed: `apiVersion/Kind`,
+/// separated by commas, at most [`MAX_RECORDED`] of them.
+pub(super) fn recorded(parent: &DynamicObject) -> Vec<Kind> {
+    let Some(value) = parent.annotations().get(labels::ORPHAN_KINDS) else {
+        return Vec::new();
+    };
+    value
+        .split(',')
+        .filter_map(|e| parse(e.trim()))
+        .take(MAX_RECORDED)
+        .collect()
+}
+
+fn parse(entry: &str) -> Option<Kind> {
+    let (api_version, kind) = entry.rsplit_once('/')?;
+    let (group, version) = split_api_version(api_version);
+    let group_ok = group.is_empty() || (group.len() <= 253 && group.split('.').all(is_dns_label));
+    let kind_ok = !kind.is_empty()
+        && kind.len() <= 63
+        && kind.starts_with(|c: char| c.is_ascii_uppercase())
+        && kind.chars().all(|c| c.is_ascii_alphanumeric());
+    (group_ok && is_dns_label(version) && kind_ok).then(|| (api_version.into(), kind.into()))
+}
+
+/// `(group, kind)` of every child of the rule.
+fn group_kinds(ctx: &RuleContext) -> BTreeSet<(&str, &str)> {
+    ctx.rule
+        .children()
+        .iter()
+        .map(|c| {
+            (
+                split_api_version(&c.api_version.value).0,
+                c.kind.value.as_str(),
+            )
+        })
+        .collect()
+}
+
+/// The recorded kinds of `parent` the rule has no child of (compared by group and kind:
+/// a child that moves to another version of its kind is cached and seen as before).
+pub(super) fn pending(ctx: &RuleContext, parent: &DynamicObject) -> Vec<Kind> {
+    let kept = group_kinds(ctx);
+    recorded(parent)
+        .into_iter()
+        .filter(|(av, k)| !kept.contains(&(split_api_version(av).0, k.as_str())))
+        .collect()
+}
+
+/// The record a parent should carry: the kinds of the rule's `Orphan` children and the
+/// kinds still `pending`, sorted; `None` when there are none.
+pub(super) fn record(ctx: &RuleContext, pending: &[Kind]) -> Option<String> {
+    let kinds: BTreeSet<String> = ctx
+        .rule
+        .children()
+        .iter()
+        .filter(|c| c.deletion_policy == DeletionPolicy::Orphan)
+        .map(|c| format!("{}/{}", c.api_version.value, c.kind.value))
+        .chain(pending.iter().map(|(av, k)| format!("{av}/{k}")))
+        .collect();
+    (!kinds.is_empty()).then(|| kinds.into_iter().collect::<Vec<_>>().join(","))
+}
+
+/// Lets go of the parent's `Orphan` children of each of `kinds`. Returns the kinds not
+/// done yet, each with why; the orphaned children, for the parent's events.
+pub(super) async fn let_go_of_kinds(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+    kinds: &[Kind],
+) -> Result<(Vec<(Kind, ReconcileError)>, Vec<Change>), ReconcileError> {
+    let mut left = Vec::new();
+    let mut changes = Vec::new();
+    for kind in kinds {
+        match let_go_of_kind(ctx, parent, uid, kind, &mut changes).await {
+            Ok(()) => {}
+            Err(ReconcileError::NotLeader) => return Err(ReconcileError::NotLeader),
+            Err(e) => left.push((kind.clone(), e)),
+        }
+    }
+    Ok((left, changes))
+}
+
+/// Why a kind is not done: an object changed while it was let go of (looked at again on
+/// the next pass).
+fn changed(what: String) -> ReconcileError {
+    ReconcileError::Conflict(format!("{what} changed while it was let go of"))
+}
+
+async fn let_go_of_kind(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+    (api_version, kind): &Kind,
+    changes: &mut Vec<Change>,
+) -> Result<(), ReconcileError> {
+    let (group, version) = split_api_version(api_version);
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let read = |source| ReconcileError::Read {
+        what: format!("{kind} children of a kind the rule no longer has"),
+        source,
+    };
+    let (ar, caps) = match pinned_kind(&ctx.client, &gvk).await {
+        Ok(found) => found,
+        // Not served: no object of it exists.
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(kube::Error::Discovery(_)) => return Ok(()),
+        Err(e) => return Err(read(e)),
+    };
+    let namespaced = caps.scope == Scope::Namespaced;
+    let api: Api<DynamicObject> = match (ctx.parent.namespaced, parent.namespace()) {
+        // A namespaced parent owns nothing cluster-scoped, and nothing elsewhere.
+        (true, _) if !namespaced => return Ok(()),
+        (true, Some(ns)) => Api::namespaced_with(ctx.client.clone(), &ns, &ar),
+        _ => Api::all_with(ctx.client.clone(), &ar),
+    };
+    let selector = format!(
+        "{},{}={uid}",
+        labels::child_selector(&ctx.rule.name),
+        labels::OWNER
+    );
+    let mut token: Option<String> = None;
+    let mut not_done = None;
+    loop {
+        let mut params = ListParams::default().labels(&selector).limit(PAGE);
+        if let Some(t) = &token {
+            params = params.continue_token(t);
+        }
+        let page = api.list_metadata(&params).await.map_err(read)?;
+        for item in page.items {
+            let obj = DynamicObject {
+                types: None,
+                metadata: item.metadata,
+                data: serde_json::Value::Null,
+            };
+            if !owned_orphan(ctx, parent, uid, &obj) {
+                continue; // left to the garbage collector with the parent, as its policy says
+            }
+            if let Some(change) = orphan(ctx, &ar, namespaced, &obj, uid).await? {
+                changes.push(change);
+            } else {
+                not_done.get_or_insert_with(|| format!("{kind} {}", obj.name_any()));
+            }
+        }
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            break;
+        }
+    }
+    match not_done {
+        None => Ok(()),
+        Some(what) => Err(changed(what)),
+    }
+}
+
+/// Whether `obj` is a child of this very parent (controller reference by UID, kind and
+/// name) that recorded `Orphan`, and not already being deleted.
+fn owned_orphan(ctx: &RuleContext, parent: &DynamicObject, uid: &str, obj: &DynamicObject) -> bool {
+    let name = parent.name_any();
+    obj.meta().deletion_timestamp.is_none()
+        && DeletionPolicy::recorded(
+            obj.annotations()
+                .get(labels::DELETION_POLICY)
+                .map(String::as_str),
+        ) == DeletionPolicy::Orphan
+        && obj.owner_references().iter().any(|r| {
+            r.uid == uid
+                && r.controller == Some(true)
+                && r.kind == ctx.parent.ar.kind
+                && r.name == name
+                && split_api_version(&r.api_version).0 == ctx.parent.ar.group
+        })
+}
+
+/// Orphans one object, conditional on the resourceVersion listed: the change, or `None`
+/// when it changed since (or is gone).
+async fn orphan(
+    ctx: &RuleContext,
+    ar: &ApiResource,
+    namespaced: bool,
+    obj: &DynamicObject,
+    uid: &str,
+) -> Result<Option<Change>, ReconcileError> {
+    let name = obj.name_any();
+    let ns = obj.namespace().filter(|_| namespaced);
+    let (api, what) = match &ns {
+        Some(ns) => (
+            Api::namespaced_with(ctx.client.clone(), ns, ar),
+            format!("{} {ns}/{name}", ar.kind),
+        ),
+        None => (
+            Api::all_with(ctx.client.clone(), ar),
+            format!("{} {name}", ar.kind),
+        ),
+    };
+    match ctx
+        .writer
+        .merge_patch(&api, &name, &orphan_patch(obj, uid))
+        .await
+    {
+        Ok(Patched::Patched) => {
+            tracing::info!(rule = %ctx.rule.name, child = %what, "orphaned: the rule no longer has this kind of child");
+            Ok(Some(Change {
+                reason: "Orphaned",
+                related: obj.object_ref(ar),
+                what,
+                object: None,
+                cached_as: None,
+            }))
+        }
+        Ok(Patched::Stale) => Ok(None),
+        Err(WriteError::NotLeader) => Err(ReconcileError::NotLeader),
+        Err(WriteError::Api(source)) => Err(ReconcileError::Prune { what, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parent_with(record: &str) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "example.com/v1", "kind": "P",
+            "metadata": {"name": "p", "annotations": {labels::ORPHAN_KINDS: record}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_record_is_read_as_far_as_it_is_well_formed() {
+        let kinds = recorded(&parent_with(
+            "v1/PersistentVolumeClaim, apps/v1/StatefulSet,example.com/v1alpha1/Db",
+        ));
+        assert_eq!(
+            kinds,
+            vec![
+                ("v1".into(), "PersistentVolumeClaim".into()),
+                ("apps/v1".into(), "StatefulSet".into()),
+                ("example.com/v1alpha1".into(), "Db".into()),
+            ]
+        );
+        for bad in [
+            "PersistentVolumeClaim",
+            "v1/",
+            "/Secret",
+            "V1/Secret",
+            "v1/secret",
+            "a/b/c/Secret",
+            "Example.com/v1/Db",
+            "example.com/v1/Db-x",
+            "example..com/v1/Db",
+        ] {
+            assert_eq!(recorded(&parent_with(bad)), vec![], "{bad}");
+        }
+        let many = (0..100)
+            .map(|i| format!("example.com/v1/K{i}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert_eq!(recorded(&parent_with(&many)).len(), MAX_RECORDED);
+    }
+}
