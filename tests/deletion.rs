@@ -439,6 +439,19 @@ async fn removing_the_rule_releases_its_finalizers() {
     })
     .await;
     let took = removed.elapsed();
+    // The Orphan children were let go of before the finalizers came off: the garbage
+    // collector does not take them with their parents.
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    for n in &names {
+        let cm = get_json(&cms, &format!("{n}-cm"))
+            .await
+            .unwrap_or_else(|| panic!("{test}: {n}-cm is gone"));
+        assert!(
+            cm["metadata"]["ownerReferences"].is_null(),
+            "{test}: {n}-cm still owned after the release: {}",
+            cm["metadata"]
+        );
+    }
     for n in &names {
         remove(&parents, n).await;
     }
@@ -504,6 +517,10 @@ async fn release_command_frees_parents_without_the_operator() {
     // By rule, for the parents of one team only.
     let out = rulebook(&[&common[..], &["--rule", rule, "--selector", "team=a"]].concat());
     assert!(out.contains("1 of 1 parents"), "{test}: {out}");
+    assert!(
+        out.contains(&format!("orphaned ConfigMap {ns}/x-cm")),
+        "{test}: {out}"
+    );
     wait_for(T, "x to be gone", || async {
         get_json(&parents, "x").await.is_none().then_some(())
     })
@@ -523,10 +540,22 @@ async fn release_command_frees_parents_without_the_operator() {
         .concat(),
     );
     assert!(out.contains("1 of 1 parents"), "{test}: {out}");
+    // Without the rule, its Orphan children are found by the parent's record.
+    assert!(
+        out.contains(&format!("orphaned ConfigMap {ns}/y-cm")),
+        "{test}: {out}"
+    );
     wait_for(T, "y to be gone", || async {
         get_json(&parents, "y").await.is_none().then_some(())
     })
     .await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    for n in ["x-cm", "y-cm"] {
+        let cm = get_json(&cms, n)
+            .await
+            .unwrap_or_else(|| panic!("{test}: {n} was deleted: its policy is Orphan"));
+        assert!(cm["metadata"]["ownerReferences"].is_null(), "{test}: {n}");
+    }
     cleanup_namespace(&client, &ns).await;
 }
 

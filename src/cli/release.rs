@@ -1,6 +1,7 @@
 //! `rulebook release`: takes Rulebook's finalizer off every parent of a rule, for an
 //! uninstall (the operator deleted before its parents) or a rule removed while the
-//! operator was down. No deletion step runs; the garbage collector removes the children.
+//! operator was down. No deletion step runs; the garbage collector removes the children,
+//! but for those with `deletionPolicy: Orphan`, which are let go of first.
 //! Run as an administrator with a kubeconfig, without the operator. The parent kind comes
 //! from the rule (`--rule NAME`, read from the rules directory) or is given
 //! (`--api-version`, `--kind`) when the rule is gone from the directory too.
@@ -45,7 +46,8 @@ pub struct ReleaseArgs {
 /// Runs `rulebook release`. Returns the exit code: 0 when every parent is released, 2
 /// when the rules cannot be read.
 pub async fn release(args: &ReleaseArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
-    let (api_version, kind, label) = match (&args.rule, &args.api_version, &args.kind) {
+    let (api_version, kind, label, orphan_kinds) = match (&args.rule, &args.api_version, &args.kind)
+    {
         (Some(name), _, _) => {
             let Some(set) = load_or_report(&args.dirs, err)? else {
                 return Ok(2);
@@ -62,12 +64,15 @@ pub async fn release(args: &ReleaseArgs, out: &mut dyn Write, err: &mut dyn Writ
                 p.api_version.value.clone(),
                 p.kind.value.clone(),
                 format!("rule '{name}'"),
+                crate::engine::orphan_kinds(rule),
             )
         }
+        // The kinds recorded on each parent (`rulebook.dev/orphan-kinds`) only.
         (None, Some(api_version), Some(kind)) => (
             api_version.clone(),
             kind.clone(),
             format!("{api_version} {kind}"),
+            Vec::new(),
         ),
         _ => bail!("name the rule (--rule) or the parents' kind (--api-version and --kind)"),
     };
@@ -84,8 +89,12 @@ pub async fn release(args: &ReleaseArgs, out: &mut dyn Write, err: &mut dyn Writ
         namespace: args.namespace.clone(),
         selector: args.selector.clone(),
         share: None,
+        orphan_kinds,
     };
     let released = release_parents(&client, &of, &writer, None, "rulebook release").await?;
+    for o in &released.orphaned {
+        writeln!(out, "orphaned {o} (deletionPolicy: Orphan)")?;
+    }
     for p in &released.released {
         writeln!(out, "released {kind} {p}")?;
     }

@@ -40,7 +40,7 @@ use released::release_removed_rule;
 use runner::RuleRunner;
 
 pub use dropped::kind_api;
-pub use released::{ParentsOf, ReleaseError, Released, release_parents};
+pub use released::{ParentsOf, ReleaseError, Released, orphan_kinds, release_parents};
 pub use runner::{SetupError, resolve_kind};
 pub use status::{EngineStatus, RuleState, RuleStatus};
 
@@ -219,6 +219,7 @@ impl Engine {
                 namespace: self.config.namespace.clone(),
                 selector: self.config.parent_selector.clone(),
                 share: self.config.shard.as_ref().map(|s| s.ranges.clone()),
+                orphan_kinds: orphan_kinds(old),
             };
             let task = tokio::spawn(release_removed_rule(
                 self.client.clone(),

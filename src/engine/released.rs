@@ -18,8 +18,10 @@ use super::dropped::kind_api;
 use super::runner::{SetupError, discover};
 use crate::meta::FINALIZER;
 use crate::metrics::Metrics;
+use crate::reconcile::ReconcileError;
 use crate::reconcile::WriteGate;
 use crate::reconcile::teardown::finalizer_patch;
+use crate::reconcile::teardown::recorded::{Kind, OrphansOf, orphan_children, recorded_in};
 use crate::reconcile::writer::{Patched, WriteError, Writer};
 use crate::render::CompiledRule;
 
@@ -30,6 +32,8 @@ pub struct Released {
     pub parents: usize,
     /// Parents whose finalizer was removed.
     pub released: Vec<String>,
+    /// Their children with `deletionPolicy: Orphan`, let go of first (`Kind ns/name`).
+    pub orphaned: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +54,11 @@ pub enum ReleaseError {
     },
     #[error("writes are paused (not the leader)")]
     NotLeader,
+    /// Parents kept: their `Orphan` children could not all be let go of (the first why).
+    #[error(
+        "{kept} parents keep the finalizer: their children with deletionPolicy Orphan are not all let go of yet ({why})"
+    )]
+    OrphansLeft { kept: usize, why: String },
 }
 
 /// Which parents a release is for: a kind, where, and (as the operator's `--selector`)
@@ -62,11 +71,31 @@ pub struct ParentsOf {
     pub selector: Option<String>,
     /// Sharded: only the parents in these namespaces (by hash) are this replica's.
     pub share: Option<crate::shard::Ranges>,
+    /// The kinds (`(apiVersion, kind)`) of the rule's children with `deletionPolicy:
+    /// Orphan`, when the rule is known; with those recorded on each parent
+    /// (`rulebook.dev/orphan-kinds`), where its `Orphan` children are looked for.
+    pub orphan_kinds: Vec<Kind>,
+}
+
+/// The kinds (`(apiVersion, kind)`) of `rule`'s children with `deletionPolicy: Orphan`.
+pub fn orphan_kinds(rule: &CompiledRule) -> Vec<Kind> {
+    let mut kinds: Vec<Kind> = rule
+        .children()
+        .iter()
+        .filter(|c| c.deletion_policy == crate::rules::DeletionPolicy::Orphan)
+        .map(|c| (c.api_version.value.clone(), c.kind.value.clone()))
+        .collect();
+    kinds.sort();
+    kinds.dedup();
+    kinds
 }
 
 /// Removes Rulebook's finalizer from every parent `of` selects, each patch conditional on
 /// the parent as listed (one changed meanwhile is read again). With a `recorder`, each
-/// released parent gets a Warning event saying `why`.
+/// released parent gets a Warning event saying `why`. A parent's children with
+/// `deletionPolicy: Orphan` are let go of first — without the finalizer the garbage
+/// collector would delete them with it — and a parent whose could not all be keeps its
+/// finalizer: the others are released all the same, and the error says how many were kept.
 pub async fn release_parents(
     client: &Client,
     of: &ParentsOf,
@@ -78,6 +107,7 @@ pub async fn release_parents(
     let namespaced = caps.scope == KubeScope::Namespaced;
     let list_api = kind_api(client, &ar, namespaced, of.namespace.as_deref());
     let mut out = Released::default();
+    let mut kept: Option<(usize, String)> = None;
     let mut params = ListParams::default().limit(100);
     if let Some(selector) = &of.selector {
         params = params.labels(selector);
@@ -102,6 +132,16 @@ pub async fn release_parents(
         {
             out.parents += 1;
             let mut meta: ObjectMeta = item.metadata.clone();
+            if meta.finalizers.iter().flatten().any(|f| f == FINALIZER) {
+                match orphans_first(client, of, &ar, namespaced, &meta, writer).await {
+                    Ok(done) => out.orphaned.extend(done),
+                    Err(ReconcileError::NotLeader) => return Err(ReleaseError::NotLeader),
+                    Err(e) => {
+                        kept.get_or_insert((0, e.to_string())).0 += 1;
+                        continue;
+                    }
+                }
+            }
             for _attempt in 0..5 {
                 if !meta.finalizers.iter().flatten().any(|f| f == FINALIZER) {
                     break;
@@ -128,7 +168,7 @@ pub async fn release_parents(
                                 type_: EventType::Warning,
                                 reason: "FinalizerReleased".into(),
                                 note: Some(format!(
-                                    "{FINALIZER} removed: {why}; no deletion step runs, the garbage collector removes the children"
+                                    "{FINALIZER} removed: {why}; no deletion step runs, the garbage collector removes the children (those with deletionPolicy Orphan were let go of first)"
                                 )),
                                 action: "Release".into(),
                                 secondary: None,
@@ -157,7 +197,51 @@ pub async fn release_parents(
             None => break,
         }
     }
-    Ok(out)
+    match kept {
+        None => Ok(out),
+        Some((kept, why)) => Err(ReleaseError::OrphansLeft { kept, why }),
+    }
+}
+
+/// Lets go of the `Orphan` children of the parent `meta`, of the rule's kinds and those
+/// recorded on it.
+async fn orphans_first(
+    client: &Client,
+    of: &ParentsOf,
+    ar: &kube::api::ApiResource,
+    namespaced: bool,
+    meta: &ObjectMeta,
+    writer: &Writer,
+) -> Result<Vec<String>, ReconcileError> {
+    let mut kinds = of.orphan_kinds.clone();
+    kinds.extend(recorded_in(
+        meta.annotations.as_ref().unwrap_or(&Default::default()),
+    ));
+    kinds.sort();
+    kinds.dedup();
+    let (Some(uid), Some(name)) = (meta.uid.as_deref(), meta.name.as_deref()) else {
+        return Ok(Vec::new());
+    };
+    let parent = OrphansOf {
+        client,
+        writer,
+        group: &ar.group,
+        kind: &ar.kind,
+        namespaced,
+        name,
+        namespace: meta.namespace.as_deref(),
+        uid,
+    };
+    let mut done = Vec::new();
+    for kind in &kinds {
+        if let Err(e) = orphan_children(&parent, kind, &mut done).await {
+            if !matches!(e, ReconcileError::NotLeader) {
+                warn!(parent = %name, kind = %kind.1, error = %e, "cannot let go of the Orphan children of a parent being released; it keeps the finalizer");
+            }
+            return Err(e);
+        }
+    }
+    Ok(done.into_iter().map(|o| o.what).collect())
 }
 
 /// [`release_parents`] for the parents of a rule the engine removed, in the background:

@@ -18,7 +18,7 @@
 //! [`WAVE_TIMEOUT`] (someone else's finalizer) is left to the garbage collector.
 
 mod finalize;
-pub(super) mod recorded;
+pub mod recorded;
 
 use std::collections::HashSet;
 use std::time::Duration;

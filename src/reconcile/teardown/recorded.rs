@@ -29,22 +29,27 @@ use super::super::context::RuleContext;
 use super::super::error::ReconcileError;
 use super::super::events::Change;
 use super::super::prune::orphan_patch;
-use super::super::writer::{Patched, WriteError};
+use super::super::writer::{Patched, WriteError, Writer};
 use crate::meta::{is_dns_label, labels, split_api_version};
 use crate::rules::DeletionPolicy;
 
 /// `(apiVersion, kind)` of a child.
-pub(super) type Kind = (String, String);
+pub type Kind = (String, String);
 
 /// Entries of a record read at most: it is the tenant's to write.
 const MAX_RECORDED: usize = 32;
 /// Objects a page lists at most: anyone may put Rulebook's labels on objects of any size.
 const PAGE: u32 = 25;
 
-/// The kinds recorded on `parent`, as far as they are well formed: `apiVersion/Kind`,
-/// separated by commas, at most [`MAX_RECORDED`] of them.
+/// The kinds recorded on `parent` ([`recorded_in`]).
 pub(super) fn recorded(parent: &DynamicObject) -> Vec<Kind> {
-    let Some(value) = parent.annotations().get(labels::ORPHAN_KINDS) else {
+    recorded_in(parent.annotations())
+}
+
+/// The kinds recorded in a parent's `annotations`, as far as they are well formed:
+/// `apiVersion/Kind`, separated by commas, at most [`MAX_RECORDED`] of them.
+pub fn recorded_in(annotations: &std::collections::BTreeMap<String, String>) -> Vec<Kind> {
+    let Some(value) = annotations.get(labels::ORPHAN_KINDS) else {
         return Vec::new();
     };
     value
@@ -103,18 +108,63 @@ pub(super) fn record(ctx: &RuleContext, pending: &[Kind]) -> Option<String> {
     (!kinds.is_empty()).then(|| kinds.into_iter().collect::<Vec<_>>().join(","))
 }
 
+/// A parent whose `Orphan` children are looked for, and the writer that lets go of them.
+pub struct OrphansOf<'a> {
+    pub client: &'a kube::Client,
+    pub writer: &'a Writer,
+    /// The parent kind's API group and kind, and whether it is namespaced.
+    pub group: &'a str,
+    pub kind: &'a str,
+    pub namespaced: bool,
+    pub name: &'a str,
+    pub namespace: Option<&'a str>,
+    pub uid: &'a str,
+}
+
+impl<'a> OrphansOf<'a> {
+    pub(super) fn of(ctx: &'a RuleContext, parent: &'a DynamicObject, uid: &'a str) -> Self {
+        OrphansOf {
+            client: &ctx.client,
+            writer: &ctx.writer,
+            group: &ctx.parent.ar.group,
+            kind: &ctx.parent.ar.kind,
+            namespaced: ctx.parent.namespaced,
+            name: parent.meta().name.as_deref().unwrap_or_default(),
+            namespace: parent.meta().namespace.as_deref(),
+            uid,
+        }
+    }
+}
+
+/// One child let go of.
+pub struct Orphaned {
+    /// `Kind namespace/name`, for messages.
+    pub what: String,
+    pub related: k8s_openapi::api::core::v1::ObjectReference,
+}
+
 /// Lets go of the parent's `Orphan` children of each of `kinds`. Returns the kinds not
-/// done yet, each with why; the orphaned children, for the parent's events.
+/// done yet, each with why, and the children let go of, for the parent's events.
 pub(super) async fn let_go_of_kinds(
     ctx: &RuleContext,
     parent: &DynamicObject,
     uid: &str,
     kinds: &[Kind],
 ) -> Result<(Vec<(Kind, ReconcileError)>, Vec<Change>), ReconcileError> {
+    let of = OrphansOf::of(ctx, parent, uid);
     let mut left = Vec::new();
     let mut changes = Vec::new();
     for kind in kinds {
-        match let_go_of_kind(ctx, parent, uid, kind, &mut changes).await {
+        let mut done = Vec::new();
+        let result = orphan_children(&of, kind, &mut done).await;
+        changes.extend(done.into_iter().map(|o| Change {
+            reason: "Orphaned",
+            what: o.what,
+            related: o.related,
+            object: None,
+            cached_as: None,
+        }));
+        match result {
             Ok(()) => {}
             Err(ReconcileError::NotLeader) => return Err(ReconcileError::NotLeader),
             Err(e) => left.push((kind.clone(), e)),
@@ -123,26 +173,21 @@ pub(super) async fn let_go_of_kinds(
     Ok((left, changes))
 }
 
-/// Why a kind is not done: an object changed while it was let go of (looked at again on
-/// the next pass).
-fn changed(what: String) -> ReconcileError {
-    ReconcileError::Conflict(format!("{what} changed while it was let go of"))
-}
-
-async fn let_go_of_kind(
-    ctx: &RuleContext,
-    parent: &DynamicObject,
-    uid: &str,
+/// Lets go of every child of `kind` (`(apiVersion, kind)`) whose controller reference is
+/// the parent and which recorded `Orphan`, pushing each onto `done`. `Ok` once none is
+/// left: also when the API server does not serve the kind (no object of it exists).
+pub async fn orphan_children(
+    of: &OrphansOf<'_>,
     (api_version, kind): &Kind,
-    changes: &mut Vec<Change>,
+    done: &mut Vec<Orphaned>,
 ) -> Result<(), ReconcileError> {
     let (group, version) = split_api_version(api_version);
     let gvk = GroupVersionKind::gvk(group, version, kind);
     let read = |source| ReconcileError::Read {
-        what: format!("{kind} children of a kind the rule no longer has"),
+        what: format!("{kind} children with deletionPolicy Orphan"),
         source,
     };
-    let (ar, caps) = match pinned_kind(&ctx.client, &gvk).await {
+    let (ar, caps) = match pinned_kind(of.client, &gvk).await {
         Ok(found) => found,
         // Not served: no object of it exists.
         Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
@@ -150,16 +195,20 @@ async fn let_go_of_kind(
         Err(e) => return Err(read(e)),
     };
     let namespaced = caps.scope == Scope::Namespaced;
-    let api: Api<DynamicObject> = match (ctx.parent.namespaced, parent.namespace()) {
+    let api: Api<DynamicObject> = match (of.namespaced, of.namespace) {
         // A namespaced parent owns nothing cluster-scoped, and nothing elsewhere.
         (true, _) if !namespaced => return Ok(()),
-        (true, Some(ns)) => Api::namespaced_with(ctx.client.clone(), &ns, &ar),
-        _ => Api::all_with(ctx.client.clone(), &ar),
+        (true, Some(ns)) => Api::namespaced_with(of.client.clone(), ns, &ar),
+        _ => Api::all_with(of.client.clone(), &ar),
     };
+    // Rulebook's mark and the parent's UID, not the rule's name: a parent's children are
+    // its own whatever rule made them (`rulebook release` may not know the rule).
     let selector = format!(
-        "{},{}={uid}",
-        labels::child_selector(&ctx.rule.name),
-        labels::OWNER
+        "{}={},{}={}",
+        labels::MANAGED_BY,
+        labels::MANAGED_BY_VALUE,
+        labels::OWNER,
+        of.uid
     );
     let mut token: Option<String> = None;
     let mut not_done = None;
@@ -175,13 +224,14 @@ async fn let_go_of_kind(
                 metadata: item.metadata,
                 data: serde_json::Value::Null,
             };
-            if !owned_orphan(ctx, parent, uid, &obj) {
+            if !owned_orphan(of, &obj) {
                 continue; // left to the garbage collector with the parent, as its policy says
             }
-            if let Some(change) = orphan(ctx, &ar, namespaced, &obj, uid).await? {
-                changes.push(change);
-            } else {
-                not_done.get_or_insert_with(|| format!("{kind} {}", obj.name_any()));
+            match orphan(of, &ar, namespaced, &obj).await? {
+                Some(o) => done.push(o),
+                None => {
+                    not_done.get_or_insert_with(|| format!("{kind} {}", obj.name_any()));
+                }
             }
         }
         token = page.metadata.continue_.filter(|t| !t.is_empty());
@@ -191,14 +241,15 @@ async fn let_go_of_kind(
     }
     match not_done {
         None => Ok(()),
-        Some(what) => Err(changed(what)),
+        Some(what) => Err(ReconcileError::Conflict(format!(
+            "{what} changed while it was let go of"
+        ))),
     }
 }
 
 /// Whether `obj` is a child of this very parent (controller reference by UID, kind and
 /// name) that recorded `Orphan`, and not already being deleted.
-fn owned_orphan(ctx: &RuleContext, parent: &DynamicObject, uid: &str, obj: &DynamicObject) -> bool {
-    let name = parent.name_any();
+fn owned_orphan(of: &OrphansOf<'_>, obj: &DynamicObject) -> bool {
     obj.meta().deletion_timestamp.is_none()
         && DeletionPolicy::recorded(
             obj.annotations()
@@ -206,48 +257,44 @@ fn owned_orphan(ctx: &RuleContext, parent: &DynamicObject, uid: &str, obj: &Dyna
                 .map(String::as_str),
         ) == DeletionPolicy::Orphan
         && obj.owner_references().iter().any(|r| {
-            r.uid == uid
+            r.uid == of.uid
                 && r.controller == Some(true)
-                && r.kind == ctx.parent.ar.kind
-                && r.name == name
-                && split_api_version(&r.api_version).0 == ctx.parent.ar.group
+                && r.kind == of.kind
+                && r.name == of.name
+                && split_api_version(&r.api_version).0 == of.group
         })
 }
 
-/// Orphans one object, conditional on the resourceVersion listed: the change, or `None`
-/// when it changed since (or is gone).
+/// Orphans one object, conditional on the resourceVersion listed; `None` when it changed
+/// since (or is gone).
 async fn orphan(
-    ctx: &RuleContext,
+    of: &OrphansOf<'_>,
     ar: &ApiResource,
     namespaced: bool,
     obj: &DynamicObject,
-    uid: &str,
-) -> Result<Option<Change>, ReconcileError> {
+) -> Result<Option<Orphaned>, ReconcileError> {
     let name = obj.name_any();
     let ns = obj.namespace().filter(|_| namespaced);
     let (api, what) = match &ns {
         Some(ns) => (
-            Api::namespaced_with(ctx.client.clone(), ns, ar),
+            Api::namespaced_with(of.client.clone(), ns, ar),
             format!("{} {ns}/{name}", ar.kind),
         ),
         None => (
-            Api::all_with(ctx.client.clone(), ar),
+            Api::all_with(of.client.clone(), ar),
             format!("{} {name}", ar.kind),
         ),
     };
-    match ctx
+    match of
         .writer
-        .merge_patch(&api, &name, &orphan_patch(obj, uid))
+        .merge_patch(&api, &name, &orphan_patch(obj, of.uid))
         .await
     {
         Ok(Patched::Patched) => {
-            tracing::info!(rule = %ctx.rule.name, child = %what, "orphaned: the rule no longer has this kind of child");
-            Ok(Some(Change {
-                reason: "Orphaned",
+            tracing::info!(child = %what, "orphaned: its deletionPolicy is Orphan");
+            Ok(Some(Orphaned {
                 related: obj.object_ref(ar),
                 what,
-                object: None,
-                cached_as: None,
             }))
         }
         Ok(Patched::Stale) => Ok(None),
