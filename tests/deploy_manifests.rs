@@ -497,6 +497,32 @@ fn the_shapes_are_wired_as_documented() {
             selects(&pdb["spec"]["selector"]["matchLabels"], labels),
             "{dir}"
         );
+        // The operator's port, for this namespace and the labelled ones only (what the
+        // cluster's network plugin enforces is not tested here: kwok runs no pods).
+        let policy = find(objects, "NetworkPolicy", "rulebook");
+        assert!(
+            selects(&policy["spec"]["podSelector"]["matchLabels"], labels),
+            "{dir}"
+        );
+        assert_eq!(
+            strings(&policy["spec"]["policyTypes"]),
+            ["Ingress"],
+            "{dir}"
+        );
+        let rules = policy["spec"]["ingress"].as_array().expect("ingress");
+        assert_eq!(rules.len(), 1, "{dir}");
+        assert_eq!(
+            rules[0]["ports"],
+            json!([{"port": "metrics", "protocol": "TCP"}])
+        );
+        assert_eq!(
+            rules[0]["from"],
+            json!([
+                {"podSelector": {}},
+                {"namespaceSelector": {"matchLabels": {"rulebook.dev/metrics-access": "true"}}},
+            ]),
+            "{dir}"
+        );
     }
 
     // Base: the rule set from ConfigMaps (see the_mounted_rule_set_is_the_repositorys...).
