@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::reload::*;
 use common::*;
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams};
-use serde_json::json;
+use kube::api::{DynamicObject, Patch, PatchParams};
+use serde_json::{Value as Json, json};
 
 const T: Duration = Duration::from_secs(120);
 
@@ -150,11 +150,14 @@ async fn an_orphan_child_outlives_a_parent_deleted_across_the_edit() {
 
 /// The kind of an `Orphan` child leaves the rule while no operator runs: no process sees
 /// the edit, so the clean-up of dropped kinds never starts, and no cache of the new rule
-/// holds a Secret. The parents' record (`rulebook.dev/orphan-kinds`) leads the next
-/// operator to them: the child of a parent still there is let go of, and so is the child
-/// of a parent deleted meanwhile, before its finalizer comes off (before, the garbage
-/// collector deleted that one with its parent). Entries a tenant made up do not hold
-/// anything: a kind nobody serves has no objects, a malformed entry is not read.
+/// holds a Secret. The parents' record (`rulebook.dev/orphan-kinds`) leads the teardown
+/// to them: the child of a parent deleted meanwhile is let go of before its finalizer
+/// comes off (before, the garbage collector deleted it with its parent), and so is that of
+/// a parent deleted later, which keeps the kind on its record and the finalizer until
+/// then. Nothing else is touched: a lookalike with the parent's marks but no controller
+/// reference keeps them, and a child of that kind without the `Orphan` record goes with
+/// its parent. Entries a tenant made up do not hold anything: a kind nobody serves has
+/// no objects, a malformed entry is not read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() {
     let client = client().await;
@@ -178,25 +181,15 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
     for name in ["kept", "gone"] {
         wait_ready(&stashers, name, "True", None, T).await;
         let p = stashers.get(name).await.unwrap();
-        assert_eq!(
-            p.annotations()
-                .get("rulebook.dev/orphan-kinds")
-                .map(String::as_str),
-            Some("v1/Secret"),
-            "{name}: the record of its Orphan children's kinds"
-        );
-        assert!(
-            p.finalizers()
-                .contains(&"rulebook.dev/finalizer".to_string())
-        );
+        assert_eq!(record(&p), Some("v1/Secret"), "{name}: its record");
+        assert!(p.finalizers().contains(&FINALIZER.to_string()));
     }
-    let before: Vec<_> =
+    let vaults: Vec<_> =
         futures::future::join_all(["kept-vault", "gone-vault"].map(|n| secrets.get(n)))
             .await
             .into_iter()
             .map(Result::unwrap)
             .collect();
-
     // Operator down: the Secret leaves the rule (which then needs no finalizer), a tenant
     // adds to one record, and the other parent is deleted.
     op.signal_and_wait("TERM");
@@ -211,6 +204,25 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
         )
         .await
         .unwrap();
+    // And someone puts marks of `kept` on a Secret it does not control, and makes one it
+    // controls that did not record `Orphan`.
+    let kept_uid = stashers.get("kept").await.unwrap().uid().unwrap();
+    let marks = json!({
+        "app.kubernetes.io/managed-by": "rulebook",
+        "rulebook.dev/rule": "stasher",
+        "rulebook.dev/owner": kept_uid,
+    });
+    let lookalike = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "lookalike", "namespace": ns, "labels": marks,
+                     "annotations": {"rulebook.dev/deletion-policy": "Orphan"}}});
+    apply(&secrets, lookalike).await;
+    let owned_plain = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "kept-plain", "namespace": ns, "labels": marks,
+                     "ownerReferences": [{"apiVersion": "reload.rulebook.dev/v1",
+                        "kind": "Stasher", "name": "kept", "uid": kept_uid,
+                        "controller": true}]}});
+    apply(&secrets, owned_plain).await;
+
     stashers.delete("gone", &Default::default()).await.unwrap();
     let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
 
@@ -218,25 +230,172 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
         stashers.get_opt("gone").await.ok()?.is_none().then_some(())
     })
     .await;
-    for old in &before {
-        let name = old.name_any();
-        let after = wait_for(T, &format!("{name} to be let go of"), || async {
-            match secrets.get_opt(&name).await.ok()? {
-                None => Some(None),
-                Some(o) => o.owner_references().is_empty().then_some(Some(o)),
+    let let_go = |old: &DynamicObject| {
+        let (secrets, name, uid) = (&secrets, old.name_any(), old.uid());
+        async move {
+            let after = wait_for(T, &format!("{name} to be let go of"), || async {
+                match secrets.get_opt(&name).await.ok()? {
+                    None => Some(None),
+                    Some(o) => o.owner_references().is_empty().then_some(Some(o)),
+                }
+            })
+            .await
+            .unwrap_or_else(|| panic!("{name} was deleted: its policy is Orphan"));
+            assert_eq!(after.uid(), uid, "{name}: the same object");
+            for key in [
+                "rulebook.dev/owner",
+                "rulebook.dev/rule",
+                "rulebook.dev/child",
+            ] {
+                assert!(!after.labels().contains_key(key), "{name}: {key}");
             }
-        })
-        .await
-        .unwrap_or_else(|| panic!("{name} was deleted: its policy is Orphan"));
-        assert_eq!(after.uid(), old.uid(), "{name}: the same object");
-        assert!(!after.labels().contains_key("rulebook.dev/owner"));
-    }
-    // Done: the parent still there keeps neither the record nor the finalizer.
-    wait_for(T, "the record and the finalizer to come off", || async {
+            assert!(
+                after
+                    .annotations()
+                    .get("rulebook.dev/deletion-policy")
+                    .is_none()
+            );
+        }
+    };
+    let_go(&vaults[1]).await;
+
+    // The parent still there: the malformed entry is gone from its record, the dropped
+    // kind stays on it (and the kind nobody serves: nothing is looked up before the
+    // teardown) with the finalizer, and its child stays its own until it goes.
+    wait_for(T, "kept's record to be tidied", || async {
         let p = stashers.get("kept").await.ok()?;
-        (p.annotations().get("rulebook.dev/orphan-kinds").is_none() && p.finalizers().is_empty())
-            .then_some(())
+        (record(&p) == Some("nothing.example.com/v1/Nothing,v1/Secret")).then_some(())
     })
     .await;
     wait_ready(&stashers, "kept", "True", None, T).await;
+    let p = stashers.get("kept").await.unwrap();
+    assert!(p.finalizers().contains(&FINALIZER.to_string()));
+    assert_eq!(
+        secrets
+            .get("kept-vault")
+            .await
+            .unwrap()
+            .owner_references()
+            .len(),
+        1
+    );
+    stashers.delete("kept", &Default::default()).await.unwrap();
+    let_go(&vaults[0]).await;
+    wait_for(T, "kept to be gone", || async {
+        stashers.get_opt("kept").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let lookalike = secrets.get("lookalike").await.unwrap();
+    assert_eq!(
+        lookalike.labels().get("rulebook.dev/owner"),
+        Some(&kept_uid),
+        "the lookalike keeps its marks"
+    );
+    wait_for(
+        T,
+        "the child without the Orphan record to go with its parent",
+        || async {
+            secrets
+                .get_opt("kept-plain")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+const FINALIZER: &str = "rulebook.dev/finalizer";
+
+fn record(p: &DynamicObject) -> Option<&str> {
+    p.annotations()
+        .get("rulebook.dev/orphan-kinds")
+        .map(String::as_str)
+}
+
+/// `rulebook rbac` for the rules in `rules`, for the service account `rulebook` of `ns`.
+fn rbac(rules: &std::path::Path, templates: &std::path::Path, role: &str, ns: &str) -> Vec<Json> {
+    yaml_objects(&rulebook(&[
+        "rbac",
+        "--rules",
+        rules.to_str().unwrap(),
+        "--templates",
+        templates.to_str().unwrap(),
+        "--install-crds",
+        "--name",
+        role,
+        "--service-account",
+        &format!("{ns}/rulebook"),
+    ]))
+}
+
+/// A recorded kind Rulebook may no longer list — its RBAC regenerated from rules that
+/// dropped the kind, as a GitOps pipeline does — holds the teardown rather than leave the
+/// child to the garbage collector: the parent stays, says why (`Deleting` condition,
+/// reason `OrphansPending`), and the teardown goes on once the list is allowed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_teardown_waits_for_orphans_it_may_not_list() {
+    let client = client().await;
+    let ns = namespace(&client, "orphan-forbidden").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
+    let vault = Extra {
+        name: "vault",
+        kind: "Secret",
+        line: "deletionPolicy: Orphan",
+        body: "stringData:\n  t: x\n",
+    };
+    let plain = with_children(&rules, &templates, "Withholder", &[vault], false);
+    let role = unique("rulebook-orphans");
+    let with_secrets = rbac(&rules, &templates, &role, &ns);
+    let kubeconfig =
+        service_account_kubeconfig(&client, &ns, "rulebook", with_secrets.clone()).await;
+    let start = || {
+        Operator::start_as(
+            kubeconfig.path(),
+            &rules,
+            &templates,
+            Some(&ns),
+            &["--install-crds"],
+        )
+    };
+    let mut op = start().await;
+    let parents = parents_api(&client, &ns, "Withholder").await;
+    let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
+    apply(&parents, parent("Withholder", &ns, "w")).await;
+    wait_ready(&parents, "w", "True", None, T).await;
+    let before = secrets.get("w-vault").await.unwrap();
+
+    // Operator down: the Secret leaves the rule, the RBAC is regenerated from the new
+    // rules (no Secrets), and the parent is deleted.
+    op.signal_and_wait("TERM");
+    std::fs::write(rules.join("withholder.yaml"), &plain).unwrap();
+    let without = rbac(&rules, &templates, &role, &ns);
+    assert_ne!(without, with_secrets, "the new rules need no Secrets");
+    apply_all(&client, &without).await;
+    parents.delete("w", &Default::default()).await.unwrap();
+    let _op = start().await;
+    let why = wait_for(T, "the teardown to say why it waits", || async {
+        let p = to_json(&parents.get("w").await.ok()?);
+        p["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Deleting" && c["reason"] == "OrphansPending")
+            .map(|c| c["message"].as_str().unwrap_or_default().to_string())
+    })
+    .await;
+    assert!(why.contains("forbidden"), "{why}");
+    let held = secrets.get("w-vault").await.unwrap();
+    assert_eq!(held.owner_references().len(), 1, "still the parent's");
+
+    // Allowed again: the teardown lets go of it and finishes.
+    apply_all(&client, &with_secrets).await;
+    wait_for(T, "the parent to be gone", || async {
+        parents.get_opt("w").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let after = secrets.get("w-vault").await.unwrap();
+    assert_eq!(after.uid(), before.uid());
+    assert!(after.owner_references().is_empty());
 }

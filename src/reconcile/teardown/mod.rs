@@ -62,31 +62,22 @@ pub(super) fn has_finalizer(o: &DynamicObject) -> bool {
 /// `Orphan` children's kinds ([`recorded`]) is up to date, written with it. No write
 /// when both match. `false`: the parent changed since it was cached; reconcile it again
 /// before going on.
+///
+/// A recorded kind the rule no longer has stays recorded, and keeps the finalizer, until
+/// the teardown has looked for it: nothing is listed here, so neither a record a tenant
+/// filled nor a rule edit costs a reconcile more than reading the annotation, and a kind
+/// that a quick revert puts back keeps its objects (the clean-up of a dropped kind, in
+/// `engine::dropped`, lets go of them meanwhile, and can be stopped).
 pub(super) async fn keep_finalizer(
     ctx: &RuleContext,
     parent: &DynamicObject,
 ) -> Result<bool, ReconcileError> {
-    let mut pending = recorded::pending(ctx, parent);
-    if let (false, Some(uid)) = (pending.is_empty(), parent.uid()) {
-        let (left, changes) = recorded::let_go_of_kinds(ctx, parent, &uid, &pending).await?;
-        report_changes(ctx, parent, &changes, Cause::Inputs);
-        for (kind, why) in &left {
-            // Not a failure of this reconcile: the children the rule has are applied all
-            // the same, and the finalizer stays until these are let go of.
-            event(
-                ctx,
-                parent,
-                EventType::Warning,
-                "OrphansPending",
-                "Orphan",
-                format!(
-                    "{} children of a kind the rule no longer has are not let go of yet: {why}",
-                    kind.1
-                ),
-            );
-        }
-        pending = left.into_iter().map(|(k, _)| k).collect();
-    }
+    // Only with the finalizer: without it, nothing holds the parent for a teardown.
+    let pending = if has_finalizer(parent) {
+        recorded::pending(ctx, parent)
+    } else {
+        Vec::new()
+    };
     // Kept, not added, while orphans may be pending: children of a kind the rule dropped,
     // or children the rule no longer has that recorded `Orphan` (this reconcile's prune
     // lets go of those).
@@ -168,13 +159,8 @@ pub(super) async fn teardown(
     }
     // Children of kinds the rule no longer has, recorded `Orphan`: no cache shows them,
     // and the garbage collector would delete them with the parent.
-    let pending = recorded::pending(ctx, parent);
-    if !pending.is_empty() {
-        let (left, changes) = recorded::let_go_of_kinds(ctx, parent, uid, &pending).await?;
-        report_changes(ctx, parent, &changes, Cause::Inputs);
-        if let Some((_, why)) = left.into_iter().next() {
-            return Err(why);
-        }
+    if let Some(next) = let_go_of_recorded(ctx, parent, uid).await? {
+        return Ok(next);
     }
     if !ctx.rule.rule.spec.needs_finalizer() {
         if ctx.orphans_pending.get() {
@@ -356,6 +342,65 @@ pub(super) async fn teardown(
             finish(ctx, parent, uid, "every child is gone").await
         }
     }
+}
+
+/// The first step of a teardown, while the parent's record names kinds the rule no
+/// longer has: lets go of its `Orphan` children of those kinds, then takes them off the
+/// record (one conditional patch), so that later steps do not look again. `Some`: what
+/// to do instead of going on — look again after a failure, reported on the parent
+/// (`Deleting` condition, Warning event), or after the record changed.
+async fn let_go_of_recorded(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+) -> Result<Option<Action>, ReconcileError> {
+    let pending = recorded::pending(ctx, parent);
+    if pending.is_empty() {
+        return Ok(None);
+    }
+    let (left, changes) = recorded::let_go_of_kinds(ctx, parent, uid, &pending).await?;
+    report_changes(ctx, parent, &changes, Cause::Inputs);
+    if let Some((kind, why)) = left.first() {
+        let message = format!(
+            "{} children with deletionPolicy Orphan, of a kind the rule no longer has, are not let go of yet: {why}",
+            kind.1
+        );
+        event(
+            ctx,
+            parent,
+            EventType::Warning,
+            "OrphansPending",
+            "Teardown",
+            message.clone(),
+        );
+        if let Some(p) = super::cache::to_json(parent) {
+            write_deleting(
+                ctx,
+                parent,
+                &p,
+                &ConditionState::new(true, "OrphansPending", &message),
+            )
+            .await?;
+        }
+        let changed = left
+            .iter()
+            .all(|(_, e)| matches!(e, ReconcileError::Conflict(_)));
+        return Ok(Some(Action::requeue(if changed {
+            ORPHAN_RECHECK
+        } else {
+            RECHECK
+        })));
+    }
+    let mut body = json!({"metadata": {"resourceVersion": parent.resource_version()}});
+    body["metadata"]["annotations"] = json!({ labels::ORPHAN_KINDS: recorded::record(ctx, &[]) });
+    let api = ctx.parent_api(parent);
+    Ok(
+        match patch_parent(ctx, &api, parent, &body, labels::ORPHAN_KINDS).await? {
+            // Its watch event brings the next step.
+            Patched::Patched => Some(Action::await_change()),
+            Patched::Stale => Some(Action::requeue(STALE_RETRY)),
+        },
+    )
 }
 
 /// The last step: Rulebook's finalizer comes off, and the API server removes the parent.

@@ -6,16 +6,17 @@
 //! for it again, and the garbage collector would delete it with its parent whatever its
 //! policy. The parent's record says where to look, from any process, at any time.
 //!
-//! The record is written with the finalizer, before any `Orphan` child exists. A kind
-//! leaves it only once the parent has let go of every `Orphan` child of that kind it
-//! still owns; while one is pending, the finalizer stays and the teardown waits.
+//! The record is written with the finalizer, before any `Orphan` child exists, and a kind
+//! the rule drops stays on it, keeping the finalizer. Only the teardown (and the release
+//! of a removed rule's parents, `engine::released`) looks for the children of such a
+//! kind, lets go of them, and then takes the kind off the record.
 //!
 //! The record is the tenant's to edit like any annotation on its object, so it is
 //! trusted no further than the parent's own children: only objects whose controller
 //! reference is this parent and which recorded `Orphan` themselves are touched, and only
-//! let go of, never deleted. A kind the API server does not serve has no objects and
-//! leaves the record; one Rulebook may not list (its RBAC dropped with the rule) stays,
-//! and so does the finalizer, until someone grants the list or removes the record.
+//! let go of, never deleted. A kind the API server does not serve (at any version of its
+//! group) has no objects and is done at once; one Rulebook may not list (its RBAC dropped
+//! with the rule) is not, and the parent's deletion waits, saying why.
 
 use std::collections::BTreeSet;
 
@@ -52,11 +53,16 @@ pub fn recorded_in(annotations: &std::collections::BTreeMap<String, String>) -> 
     let Some(value) = annotations.get(labels::ORPHAN_KINDS) else {
         return Vec::new();
     };
-    value
-        .split(',')
-        .filter_map(|e| parse(e.trim()))
-        .take(MAX_RECORDED)
-        .collect()
+    let mut kinds: Vec<Kind> = Vec::new();
+    for kind in value.split(',').filter_map(|e| parse(e.trim())) {
+        if kinds.len() == MAX_RECORDED {
+            break;
+        }
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    kinds
 }
 
 fn parse(entry: &str) -> Option<Kind> {
@@ -187,11 +193,25 @@ pub async fn orphan_children(
         what: format!("{kind} children with deletionPolicy Orphan"),
         source,
     };
+    let unknown = |e: &kube::Error| {
+        matches!(e, kube::Error::Discovery(_)) || matches!(e, kube::Error::Api(s) if s.code == 404)
+    };
     let (ar, caps) = match pinned_kind(of.client, &gvk).await {
         Ok(found) => found,
-        // Not served: no object of it exists.
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-        Err(kube::Error::Discovery(_)) => return Ok(()),
+        // Not at the recorded version, which its group may have stopped serving: the
+        // same objects may be served at another. Not served at all: none exists.
+        Err(e) if unknown(&e) => match kube::discovery::group(of.client, group).await {
+            Ok(g) => match g
+                .resources_by_stability()
+                .into_iter()
+                .find(|(ar, _)| ar.kind == *kind)
+            {
+                Some(found) => found,
+                None => return Ok(()),
+            },
+            Err(e) if unknown(&e) => return Ok(()),
+            Err(e) => return Err(read(e)),
+        },
         Err(e) => return Err(read(e)),
     };
     let namespaced = caps.scope == Scope::Namespaced;
@@ -227,10 +247,11 @@ pub async fn orphan_children(
             if !owned_orphan(of, &obj) {
                 continue; // left to the garbage collector with the parent, as its policy says
             }
-            match orphan(of, &ar, namespaced, &obj).await? {
-                Some(o) => done.push(o),
-                None => {
-                    not_done.get_or_insert_with(|| format!("{kind} {}", obj.name_any()));
+            match orphan(of, &ar, namespaced, obj).await? {
+                Orphaning::Done(o) => done.push(o),
+                Orphaning::Nothing => {}
+                Orphaning::KeptChanging(what) => {
+                    not_done.get_or_insert(what);
                 }
             }
         }
@@ -242,7 +263,7 @@ pub async fn orphan_children(
     match not_done {
         None => Ok(()),
         Some(what) => Err(ReconcileError::Conflict(format!(
-            "{what} changed while it was let go of"
+            "{what} kept changing while it was let go of"
         ))),
     }
 }
@@ -265,14 +286,26 @@ fn owned_orphan(of: &OrphansOf<'_>, obj: &DynamicObject) -> bool {
         })
 }
 
-/// Orphans one object, conditional on the resourceVersion listed; `None` when it changed
-/// since (or is gone).
+/// A change after the listing is read again and the patch retried this many times.
+const CHANGED_RETRIES: u32 = 3;
+
+/// What [`orphan`] came to.
+enum Orphaning {
+    Done(Orphaned),
+    /// Gone, replaced, or no longer this parent's `Orphan` child: nothing to do.
+    Nothing,
+    /// It changed under every attempt (`Kind namespace/name`).
+    KeptChanging(String),
+}
+
+/// Orphans one object, each patch conditional on the resourceVersion read (the listing's,
+/// then a fresh read's when it changed meanwhile).
 async fn orphan(
     of: &OrphansOf<'_>,
     ar: &ApiResource,
     namespaced: bool,
-    obj: &DynamicObject,
-) -> Result<Option<Orphaned>, ReconcileError> {
+    mut obj: DynamicObject,
+) -> Result<Orphaning, ReconcileError> {
     let name = obj.name_any();
     let ns = obj.namespace().filter(|_| namespaced);
     let (api, what) = match &ns {
@@ -285,22 +318,41 @@ async fn orphan(
             format!("{} {name}", ar.kind),
         ),
     };
-    match of
-        .writer
-        .merge_patch(&api, &name, &orphan_patch(obj, of.uid))
-        .await
-    {
-        Ok(Patched::Patched) => {
-            tracing::info!(child = %what, "orphaned: its deletionPolicy is Orphan");
-            Ok(Some(Orphaned {
-                related: obj.object_ref(ar),
-                what,
-            }))
+    for _ in 0..=CHANGED_RETRIES {
+        match of
+            .writer
+            .merge_patch(&api, &name, &orphan_patch(&obj, of.uid))
+            .await
+        {
+            Ok(Patched::Patched) => {
+                tracing::info!(child = %what, "orphaned: its deletionPolicy is Orphan");
+                return Ok(Orphaning::Done(Orphaned {
+                    related: obj.object_ref(ar),
+                    what,
+                }));
+            }
+            Ok(Patched::Stale) => {}
+            Err(WriteError::NotLeader) => return Err(ReconcileError::NotLeader),
+            Err(WriteError::Api(source)) => return Err(ReconcileError::Prune { what, source }),
         }
-        Ok(Patched::Stale) => Ok(None),
-        Err(WriteError::NotLeader) => Err(ReconcileError::NotLeader),
-        Err(WriteError::Api(source)) => Err(ReconcileError::Prune { what, source }),
+        let fresh = api
+            .get_metadata_opt(&name)
+            .await
+            .map_err(|source| ReconcileError::Read {
+                what: what.clone(),
+                source,
+            })?;
+        match fresh {
+            Some(m) if m.metadata.uid == obj.metadata.uid => {
+                obj.metadata = m.metadata;
+                if !owned_orphan(of, &obj) {
+                    return Ok(Orphaning::Nothing);
+                }
+            }
+            _ => return Ok(Orphaning::Nothing),
+        }
     }
+    Ok(Orphaning::KeptChanging(what))
 }
 
 #[cfg(test)]
@@ -346,5 +398,7 @@ mod tests {
             .collect::<Vec<_>>()
             .join(",");
         assert_eq!(recorded(&parent_with(&many)).len(), MAX_RECORDED);
+        let twice = "v1/Secret,v1/Secret, v1/Secret,apps/v1/Deployment";
+        assert_eq!(recorded(&parent_with(twice)).len(), 2, "each kind once");
     }
 }
