@@ -1,0 +1,130 @@
+//! The clean-up of a child kind dropped from a rule, on sharded replicas, against the
+//! local control plane: each replica lets go of the dropped kind's children only in the
+//! namespaces its share holds, through the rule's own gate, as its reconciles write.
+//! From the audit log: every Secret is deleted once, by the replica whose ranges hold its
+//! namespace, and no object is written by two replicas in one second.
+
+mod common;
+mod faults_kit;
+mod shards_kit;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use faults_kit::*;
+use kube::api::ListParams;
+use shards_kit::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_kind_is_cleaned_up_by_the_replica_of_each_namespace() {
+    let test = "a_dropped_kind_is_cleaned_up_by_the_replica_of_each_namespace";
+    let (kind, rule) = ("ShardDrop", "sharddrop");
+    let (spaces_n, per) = (8, 2);
+    let client = client().await;
+    let fleet = Fleet::new(kind, rule, kubeconfig_path());
+    let d = fleet.dir();
+    d.template(
+        "secret.yaml",
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ parent.metadata.name ~ \"-tok\" }}\nstringData:\n  t: x\n",
+    );
+    let cm = child("cm", "v1", "ConfigMap", "cm.yaml", &[]);
+    let tok = child("tok", "v1", "Secret", "secret.yaml", &[]);
+    d.rule("shard.yaml", &rule_text(rule, kind, &[cm.clone(), tok]));
+    let spaces = namespaces(&client, &unique("drop"), spaces_n).await;
+    let ids = [unique("drop-a"), unique("drop-b")];
+    let a = fleet.replica_as(Some(&ids[0])).await;
+    let b = fleet.replica_as(Some(&ids[1])).await;
+    create_parents(&client, kind, &spaces, per).await;
+    all_ready(&client, kind, &spaces, spaces_n * per, None, T).await;
+    let secrets = api(&client, None, "v1", "Secret", "secrets");
+    let ours = || async {
+        secrets
+            .list(&ListParams::default().labels(&format!("rulebook.dev/rule={rule}")))
+            .await
+            .ok()
+            .map(|l| {
+                l.items
+                    .into_iter()
+                    .filter(|s| {
+                        s.metadata
+                            .namespace
+                            .as_ref()
+                            .is_some_and(|ns| spaces.contains(ns))
+                    })
+                    .count()
+            })
+    };
+    wait_for(T, "every parent's Secret", || async {
+        (ours().await? == spaces_n * per).then_some(())
+    })
+    .await;
+    // Both replicas hold namespaces of this test (the ranges follow the parents' load).
+    let ranges = settled_ranges(&[&a, &b], |r| {
+        r.iter().all(|r| spaces.iter().any(|ns| in_ranges(r, ns)))
+    })
+    .await;
+    let generation = share(&a).await["generation"].clone();
+    assert!(generation.is_u64(), "{test}: /status has no generation");
+
+    // The Secret child leaves the rule; both replicas reload it.
+    let audit = Audit::mark();
+    d.rule("shard.yaml", &rule_text(rule, kind, &[cm]));
+    wait_for(
+        T,
+        "every Secret of the dropped kind to be pruned",
+        || async { (ours().await? == 0).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        share(&a).await["generation"],
+        generation,
+        "{test}: the ranges moved during the clean-up; the test cannot tell who should have written"
+    );
+
+    let mut deletes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for ns in &spaces {
+        let holder = ids
+            .iter()
+            .zip(&ranges)
+            .find(|(_, r)| in_ranges(r, ns))
+            .map(|(id, _)| id)
+            .expect("a holder");
+        for e in rulebook_writes(&audit, ns) {
+            if e["verb"] != "delete" || e["objectRef"]["resource"] != "secrets" {
+                continue;
+            }
+            let agent = e["userAgent"].as_str().unwrap_or("");
+            assert!(
+                agent.contains(&format!("({holder})")),
+                "{test}: {} deleted by a replica whose share does not hold {ns} (holder {holder})",
+                describe_audit(&e)
+            );
+            deletes
+                .entry(format!(
+                    "{ns}/{}",
+                    e["objectRef"]["name"].as_str().unwrap_or("")
+                ))
+                .or_default()
+                .push(describe_audit(&e));
+        }
+    }
+    assert_eq!(
+        deletes.len(),
+        spaces_n * per,
+        "{test}: every Secret deleted by Rulebook: {deletes:#?}"
+    );
+    let twice: Vec<_> = deletes.values().filter(|v| v.len() > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{test}: deleted more than once: {twice:#?}"
+    );
+    no_two_writers(&audit, &spaces);
+    eprintln!(
+        "{test}: {} Secrets in {spaces_n} namespaces deleted, each by the replica holding its namespace",
+        deletes.len()
+    );
+    drop((a, b));
+    for ns in &spaces {
+        cleanup_namespace(&client, ns).await;
+    }
+}
