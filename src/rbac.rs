@@ -11,7 +11,7 @@ use crate::render::RuleSet;
 
 pub const PARENT_VERBS: &[&str] = &["get", "list", "watch"];
 pub const STATUS_VERBS: &[&str] = &["patch"];
-/// On parents of rules with a say in their deletion (`spec.deletion`, `deletionPolicy`).
+/// On every parent kind: Rulebook's finalizer and the record of `Orphan` kinds (`teardown`).
 pub const FINALIZER_VERBS: &[&str] = &["patch"];
 pub const CHILD_VERBS: &[&str] = &["get", "list", "watch", "create", "patch", "delete"];
 /// On referenced kinds (`spec.references`): read only.
@@ -76,10 +76,11 @@ fn gather(set: &RuleSet, diff: bool) -> Vec<Need> {
         } else {
             add(&mut needs, group, &plural, PARENT_VERBS);
             add(&mut needs, group, &format!("{plural}/status"), STATUS_VERBS);
-            if r.rule.spec.needs_finalizer() {
-                // Adding and removing Rulebook's finalizer, and marking the finalize step done.
-                add(&mut needs, group, &plural, FINALIZER_VERBS);
-            }
+            // Adding and removing Rulebook's finalizer and the record of `Orphan` kinds,
+            // and marking the finalize step done: also for a rule that needs none now,
+            // whose parents may carry what an earlier version put there (its finalizer
+            // comes off, a teardown takes a kind off the record).
+            add(&mut needs, group, &plural, FINALIZER_VERBS);
         }
         for reference in &r.rule.spec.references {
             let (group, _) = split_api_version(&reference.api_version);

@@ -89,6 +89,27 @@ async fn an_orphan_child_outlives_its_removal_from_the_rule() {
     }
     // The other child is still the parent's.
     assert_eq!(cms.get("k").await.unwrap().owner_references().len(), 1);
+    // The clean-up of the dropped kind has let go of every Secret: at its next reconcile
+    // (an edit brings one) the parent takes the kind off its record and, its rule
+    // needing none, the finalizer comes off.
+    let mut touch = 0;
+    wait_for(T, "the record and the finalizer to come off", || {
+        touch += 1;
+        let keepers = &keepers;
+        async move {
+            let p = keepers.get("k").await.ok()?;
+            if record(&p).is_none() && p.finalizers().is_empty() {
+                return Some(());
+            }
+            let bump = json!({"metadata": {"annotations": {"touch": touch.to_string()}}});
+            keepers
+                .patch("k", &PatchParams::default(), &Patch::Merge(bump))
+                .await
+                .ok()?;
+            None
+        }
+    })
+    .await;
 }
 
 /// A parent deleted while no operator runs, after an edit that removed its `Orphan` child

@@ -43,7 +43,8 @@ pub struct ReleaseArgs {
     pub selector: Option<String>,
 }
 
-/// Runs `rulebook release`. Returns the exit code: 0 when every parent is released, 2
+/// Runs `rulebook release`. Returns the exit code: 0 when every parent is released, 1
+/// when some keep the finalizer (their `Orphan` children could not all be let go of), 2
 /// when the rules cannot be read.
 pub async fn release(args: &ReleaseArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
     let (api_version, kind, label, orphan_kinds) = match (&args.rule, &args.api_version, &args.kind)
@@ -98,6 +99,12 @@ pub async fn release(args: &ReleaseArgs, out: &mut dyn Write, err: &mut dyn Writ
     for p in &released.released {
         writeln!(out, "released {kind} {p}")?;
     }
+    for p in &released.kept {
+        writeln!(
+            err,
+            "kept {kind} {p} (its children with deletionPolicy Orphan are not all let go of; run again once that can be done)"
+        )?;
+    }
     writeln!(
         out,
         "{label}: {} of {} parents carried {} and were released",
@@ -105,5 +112,5 @@ pub async fn release(args: &ReleaseArgs, out: &mut dyn Write, err: &mut dyn Writ
         released.parents,
         crate::meta::FINALIZER
     )?;
-    Ok(0)
+    Ok(if released.kept.is_empty() { 0 } else { 1 })
 }

@@ -173,9 +173,10 @@ impl Cleanups {
         let (stop, stopped) = watch::channel(false);
         let clear = ClearOnDrop(pending.clone());
         let work = todo.clone();
+        let cleaned = pending.clone();
         let task = tokio::spawn(async move {
             let _clear = clear;
-            prune_dropped_kinds(work, env, stopped).await
+            prune_dropped_kinds(work, env, stopped, cleaned).await
         });
         self.by_rule.insert(
             rule,
@@ -260,6 +261,7 @@ async fn prune_dropped_kinds(
     todo: Vec<Dropped>,
     env: CleanupEnv,
     mut stopped: watch::Receiver<bool>,
+    pending: Arc<OrphansPending>,
 ) {
     for d in &todo {
         // Sharded, the rule's own gate, as its reconciles write: a rule with
@@ -306,7 +308,10 @@ async fn prune_dropped_kinds(
             )
             .await
             {
-                Ok(()) => {}
+                // Every child of the kind in this replica's share let go of: parents may
+                // take it off their record (`reconcile::teardown::recorded`).
+                Ok(true) => pending.cleaned(group_kind(api_version, kind), share.clone()),
+                Ok(false) => {}
                 Err(Halt::Stopped) => return,
                 Err(Halt::NotLeader) => {
                     warn!(rule = %d.old.name, %kind, "not pruning children of a dropped kind: not the leader");
@@ -325,7 +330,7 @@ async fn prune_kind(
     api_version: &str,
     kind: &str,
     stopped: &mut watch::Receiver<bool>,
-) -> Result<(), Halt> {
+) -> Result<bool, Halt> {
     let name = &d.old.name;
     let mut attempt = 0;
     let (ar, caps) = loop {
@@ -333,7 +338,7 @@ async fn prune_kind(
             Ok(found) => break found,
             Err(e) if attempt + 1 >= ATTEMPTS => {
                 warn!(rule = %name, %kind, error = %e, "cannot prune children of a kind the rule dropped: giving up");
-                return Ok(());
+                return Ok(false);
             }
             Err(e) => {
                 warn!(rule = %name, %kind, error = %e, "cannot find a kind the rule dropped; trying again");
@@ -346,6 +351,7 @@ async fn prune_kind(
     let api = kind_api(&env.client, &ar, namespaced, env.namespace.as_deref());
     let selector = labels::child_selector(name);
     let mut token: Option<String> = None;
+    let mut complete = true;
     attempt = 0;
     loop {
         if *stopped.borrow() {
@@ -365,7 +371,7 @@ async fn prune_kind(
             }
             Err(e) if attempt + 1 >= ATTEMPTS => {
                 warn!(rule = %name, %kind, error = %e, "cannot list children of a kind the rule dropped: giving up");
-                return Ok(());
+                return Ok(false);
             }
             Err(e) => {
                 // An expired continue token (410) starts the list again.
@@ -399,11 +405,11 @@ async fn prune_kind(
                 namespaced,
                 o.metadata.namespace.as_deref(),
             );
-            let_go(env, d, writer, &api, o.metadata, (api_version, kind)).await?;
+            complete &= let_go(env, d, writer, &api, o.metadata, (api_version, kind)).await?;
         }
         token = page.metadata.continue_.filter(|t| !t.is_empty());
         if token.is_none() {
-            return Ok(());
+            return Ok(complete);
         }
     }
 }
@@ -417,7 +423,7 @@ async fn let_go(
     api: &Api<DynamicObject>,
     mut m: ObjectMeta,
     (api_version, kind): (&str, &str),
-) -> Result<(), Halt> {
+) -> Result<bool, Halt> {
     let rule = &d.old.name;
     let child = m.name.clone().unwrap_or_default();
     for _ in 0..=CHANGED_RETRIES {
@@ -457,9 +463,9 @@ async fn let_go(
                         .inc();
                     info!(rule = %rule, %kind, %child, "pruned: the rule no longer has this kind of child");
                 }
-                return Ok(());
+                return Ok(true);
             }
-            Ok(Deleted::Gone) => return Ok(()),
+            Ok(Deleted::Gone) => return Ok(true),
             Ok(Deleted::Changed) => match api.get_metadata_opt(&child).await {
                 Ok(Some(fresh))
                     if fresh.metadata.uid == m.uid && child_of_rule(&fresh.metadata, &d.old) =>
@@ -467,21 +473,21 @@ async fn let_go(
                     m = fresh.metadata;
                 }
                 // Gone, replaced, or no longer the rule's: not to be touched.
-                Ok(_) => return Ok(()),
+                Ok(_) => return Ok(true),
                 Err(e) => {
                     warn!(rule = %rule, %kind, %child, error = %e, "cannot read a child of a dropped kind again");
-                    return Ok(());
+                    return Ok(false);
                 }
             },
             Err(WriteError::NotLeader) => return Err(Halt::NotLeader),
             Err(e) => {
                 warn!(rule = %rule, %kind, %child, error = %e, "cannot prune");
-                return Ok(());
+                return Ok(false);
             }
         }
     }
     warn!(rule = %rule, %kind, %child, "not pruned: it kept changing while it was let go of");
-    Ok(())
+    Ok(false)
 }
 
 /// The API of a kind: in `namespace` when the kind is namespaced and one is given.

@@ -165,9 +165,9 @@ impl Engine {
         let mut released = Vec::new();
         for name in stale {
             let old = self.running.get(&name).map(|r| r.rule.clone());
-            if let Some(old) = &old
-                && old.rule.spec.needs_finalizer()
-            {
+            // Also a rule that needs no finalizer: its parents may still carry one an
+            // earlier version put there (kept for `Orphan` children of a dropped kind).
+            if let Some(old) = &old {
                 released.push(old.clone());
             }
             self.stop(&name).await;

@@ -34,6 +34,9 @@ pub struct Released {
     pub released: Vec<String>,
     /// Their children with `deletionPolicy: Orphan`, let go of first (`Kind ns/name`).
     pub orphaned: Vec<String>,
+    /// Parents that keep the finalizer: their `Orphan` children could not all be let go
+    /// of (`ns/name: why`).
+    pub kept: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -54,11 +57,6 @@ pub enum ReleaseError {
     },
     #[error("writes are paused (not the leader)")]
     NotLeader,
-    /// Parents kept: their `Orphan` children could not all be let go of (the first why).
-    #[error(
-        "{kept} parents keep the finalizer: their children with deletionPolicy Orphan are not all let go of yet ({why})"
-    )]
-    OrphansLeft { kept: usize, why: String },
 }
 
 /// Which parents a release is for: a kind, where, and (as the operator's `--selector`)
@@ -95,7 +93,7 @@ pub fn orphan_kinds(rule: &CompiledRule) -> Vec<Kind> {
 /// released parent gets a Warning event saying `why`. A parent's children with
 /// `deletionPolicy: Orphan` are let go of first — without the finalizer the garbage
 /// collector would delete them with it — and a parent whose could not all be keeps its
-/// finalizer: the others are released all the same, and the error says how many were kept.
+/// finalizer (listed in [`Released::kept`]): the others are released all the same.
 pub async fn release_parents(
     client: &Client,
     of: &ParentsOf,
@@ -107,7 +105,6 @@ pub async fn release_parents(
     let namespaced = caps.scope == KubeScope::Namespaced;
     let list_api = kind_api(client, &ar, namespaced, of.namespace.as_deref());
     let mut out = Released::default();
-    let mut kept: Option<(usize, String)> = None;
     let mut params = ListParams::default().limit(100);
     if let Some(selector) = &of.selector {
         params = params.labels(selector);
@@ -137,7 +134,11 @@ pub async fn release_parents(
                     Ok(done) => out.orphaned.extend(done),
                     Err(ReconcileError::NotLeader) => return Err(ReleaseError::NotLeader),
                     Err(e) => {
-                        kept.get_or_insert((0, e.to_string())).0 += 1;
+                        let name = meta.name.as_deref().unwrap_or_default();
+                        out.kept.push(match &meta.namespace {
+                            Some(ns) => format!("{ns}/{name}: {e}"),
+                            None => format!("{name}: {e}"),
+                        });
                         continue;
                     }
                 }
@@ -197,10 +198,7 @@ pub async fn release_parents(
             None => break,
         }
     }
-    match kept {
-        None => Ok(out),
-        Some((kept, why)) => Err(ReleaseError::OrphansLeft { kept, why }),
-    }
+    Ok(out)
 }
 
 /// Lets go of the `Orphan` children of the parent `meta`, of the rule's kinds and those
@@ -234,12 +232,7 @@ async fn orphans_first(
     };
     let mut done = Vec::new();
     for kind in &kinds {
-        if let Err(e) = orphan_children(&parent, kind, &mut done).await {
-            if !matches!(e, ReconcileError::NotLeader) {
-                warn!(parent = %name, kind = %kind.1, error = %e, "cannot let go of the Orphan children of a parent being released; it keeps the finalizer");
-            }
-            return Err(e);
-        }
+        orphan_children(&parent, kind, &mut done).await?;
     }
     Ok(done.into_iter().map(|o| o.what).collect())
 }
@@ -260,11 +253,23 @@ pub(super) async fn release_removed_rule(
     let mut delay = std::time::Duration::from_secs(1);
     loop {
         match release_parents(&client, &of, &writer, Some(&recorder), &why).await {
-            Ok(r) => {
+            Ok(r) if r.kept.is_empty() => {
                 info!(rule = %rule.name, parents = r.parents, released = r.released.len(), "removed rule's finalizers released");
                 return;
             }
+            Ok(r) => {
+                warn!(rule = %rule.name, kept = r.kept.len(), first = %r.kept[0], retry_in = ?delay, "parents of a removed rule keep the finalizer: their Orphan children are not all let go of yet")
+            }
             Err(ReleaseError::NotLeader) => return, // the next leader's rule set decides
+            // A rule without deletion steps or `Orphan` children only releases what an
+            // earlier version left: when its parents cannot even be listed (the RBAC
+            // went with the rule, the kind is gone), it says so once and stops.
+            Err(e @ (ReleaseError::Setup(_) | ReleaseError::List { .. }))
+                if !rule.rule.spec.needs_finalizer() =>
+            {
+                info!(rule = %rule.name, error = %e, "not releasing the parents of a removed rule without deletion steps: cannot list them (if an earlier version left finalizers on them, use rulebook release)");
+                return;
+            }
             Err(e) => {
                 warn!(rule = %rule.name, error = %e, retry_in = ?delay, "cannot release the removed rule's finalizers yet")
             }

@@ -84,21 +84,49 @@ pub struct ContextParts {
 /// had and some of them are to be orphaned (`engine::dropped`): the new version's caches
 /// do not see them, and the garbage collector would delete them with a parent whose
 /// finalizer came off. Meanwhile parents keep Rulebook's finalizer, and a parent being
-/// deleted waits with it.
+/// deleted waits with it. Also what that clean-up finished: the kinds (group and kind)
+/// of which it let go of every child, and where (a sharded replica's share), which the
+/// parents there may take off their record of `Orphan` kinds.
 #[derive(Debug, Default)]
-pub struct OrphansPending(std::sync::atomic::AtomicBool);
+pub struct OrphansPending {
+    running: std::sync::atomic::AtomicBool,
+    cleaned: Mutex<Vec<CleanedKind>>,
+}
+
+/// `(group, kind)`, and the share it was cleaned up in (`None`: everywhere).
+type CleanedKind = ((String, String), Option<crate::shard::Ranges>);
 
 impl OrphansPending {
     pub fn new(pending: bool) -> OrphansPending {
-        OrphansPending(std::sync::atomic::AtomicBool::new(pending))
+        OrphansPending {
+            running: std::sync::atomic::AtomicBool::new(pending),
+            cleaned: Mutex::default(),
+        }
     }
 
     pub fn get(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::SeqCst)
+        self.running.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn clear(&self) {
-        self.0.store(false, std::sync::atomic::Ordering::SeqCst)
+        self.running
+            .store(false, std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Every child of `(group, kind)` within `share` (everywhere: `None`) was let go of.
+    pub fn cleaned(&self, group_kind: (String, String), share: Option<crate::shard::Ranges>) {
+        lock(&self.cleaned).push((group_kind, share));
+    }
+
+    /// Whether every child of `(group, kind)` in `namespace` was let go of.
+    pub fn was_cleaned(&self, group: &str, kind: &str, namespace: Option<&str>) -> bool {
+        lock(&self.cleaned).iter().any(|((g, k), share)| {
+            g == group
+                && k == kind
+                && share
+                    .as_ref()
+                    .is_none_or(|r| namespace.is_some_and(|ns| r.holds_namespace(ns)))
+        })
     }
 }
 

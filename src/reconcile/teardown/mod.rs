@@ -72,12 +72,21 @@ pub(super) async fn keep_finalizer(
     ctx: &RuleContext,
     parent: &DynamicObject,
 ) -> Result<bool, ReconcileError> {
-    // Only with the finalizer: without it, nothing holds the parent for a teardown.
-    let pending = if has_finalizer(parent) {
+    // Only with the finalizer: without it, nothing holds the parent for a teardown. A
+    // kind this process's clean-up of dropped kinds finished here has nothing left to
+    // look for.
+    let mut pending = if has_finalizer(parent) {
         recorded::pending(ctx, parent)
     } else {
         Vec::new()
     };
+    pending.retain(|(api_version, kind)| {
+        !ctx.orphans_pending.was_cleaned(
+            split_api_version(api_version).0,
+            kind,
+            parent.namespace().as_deref(),
+        )
+    });
     // Kept, not added, while orphans may be pending: children of a kind the rule dropped,
     // or children the rule no longer has that recorded `Orphan` (this reconcile's prune
     // lets go of those).
@@ -87,8 +96,10 @@ pub(super) async fn keep_finalizer(
                 || !pending.is_empty()
                 || owns_recorded_orphans(ctx, parent)));
     let record = recorded::record(ctx, &pending);
+    // A parent without the finalizer that needs none: its record holds nothing (and its
+    // rule may not patch it), whatever anyone wrote there.
     if needs == has_finalizer(parent)
-        && parent.annotations().get(labels::ORPHAN_KINDS) == record.as_ref()
+        && (!needs || parent.annotations().get(labels::ORPHAN_KINDS) == record.as_ref())
     {
         return Ok(true);
     }

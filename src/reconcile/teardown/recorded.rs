@@ -173,7 +173,12 @@ pub(super) async fn let_go_of_kinds(
         match result {
             Ok(()) => {}
             Err(ReconcileError::NotLeader) => return Err(ReconcileError::NotLeader),
-            Err(e) => left.push((kind.clone(), e)),
+            // The first failure is the parent's to report; the others wait for the next
+            // pass rather than cost calls that may fail the same way.
+            Err(e) => {
+                left.push((kind.clone(), e));
+                break;
+            }
         }
     }
     Ok((left, changes))
