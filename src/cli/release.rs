@@ -102,7 +102,7 @@ pub async fn release(args: &ReleaseArgs, out: &mut dyn Write, err: &mut dyn Writ
     for p in &released.kept {
         writeln!(
             err,
-            "kept {kind} {p} (its children with deletionPolicy Orphan are not all let go of; run again once that can be done)"
+            "kept {kind} {p} (the finalizer stays; run again once that is resolved)"
         )?;
     }
     writeln!(

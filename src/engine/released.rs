@@ -25,6 +25,9 @@ use crate::reconcile::teardown::recorded::{Kind, OrphansOf, orphan_children, rec
 use crate::reconcile::writer::{Patched, WriteError, Writer};
 use crate::render::CompiledRule;
 
+/// Patches of a parent that changed since it was read, before it counts as kept.
+const RELEASE_RETRIES: usize = 5;
+
 /// What a release did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Released {
@@ -34,8 +37,8 @@ pub struct Released {
     pub released: Vec<String>,
     /// Their children with `deletionPolicy: Orphan`, let go of first (`Kind ns/name`).
     pub orphaned: Vec<String>,
-    /// Parents that keep the finalizer: their `Orphan` children could not all be let go
-    /// of (`ns/name: why`).
+    /// Parents that keep the finalizer (`ns/name: why`): their `Orphan` children could
+    /// not all be let go of, or the patch was refused or kept finding them changed.
     pub kept: Vec<String>,
 }
 
@@ -143,8 +146,21 @@ pub async fn release_parents(
                     }
                 }
             }
-            for _attempt in 0..5 {
+            let parent_name = |m: &ObjectMeta| {
+                let name = m.name.as_deref().unwrap_or_default();
+                match &m.namespace {
+                    Some(ns) => format!("{ns}/{name}"),
+                    None => name.to_string(),
+                }
+            };
+            for attempt in 0..=RELEASE_RETRIES {
                 if !meta.finalizers.iter().flatten().any(|f| f == FINALIZER) {
+                    break;
+                }
+                if attempt == RELEASE_RETRIES {
+                    // Kept changing: counted, so that the release is tried again.
+                    out.kept
+                        .push(format!("{}: it kept changing", parent_name(&meta)));
                     break;
                 }
                 let name = meta.name.clone().unwrap_or_default();
@@ -184,11 +200,11 @@ pub async fn release_parents(
                         _ => break, // gone, or replaced by another object
                     },
                     Err(WriteError::NotLeader) => return Err(ReleaseError::NotLeader),
+                    // One parent refused (say, by a webhook of its namespace) does not hold
+                    // the others' release.
                     Err(WriteError::Api(source)) => {
-                        return Err(ReleaseError::Patch {
-                            what: format!("{} {name}", ar.kind),
-                            source,
-                        });
+                        out.kept.push(format!("{}: {source}", parent_name(&meta)));
+                        break;
                     }
                 }
             }

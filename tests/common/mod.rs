@@ -474,9 +474,12 @@ pub async fn apply_all(client: &kube::Client, objects: &[Json]) {
             "CustomResourceDefinition" => "customresourcedefinitions",
             "ClusterRole" => "clusterroles",
             "ClusterRoleBinding" => "clusterrolebindings",
+            "Role" => "roles",
+            "RoleBinding" => "rolebindings",
             other => panic!("unexpected kind {other}"),
         };
-        apply(&api(client, None, av, kind, plural), o.clone()).await;
+        let ns = o["metadata"]["namespace"].as_str();
+        apply(&api(client, ns, av, kind, plural), o.clone()).await;
     }
 }
 
