@@ -373,21 +373,6 @@ async fn a_lookalike_of_the_finalize_child_does_not_stand_in_for_it() {
     cleanup_namespace(&client, &ns).await;
 }
 
-/// A rule whose parents carry the finalizer (an orphaned child) and nothing else.
-fn orphan_rule(rule: &str, kind: &str) -> String {
-    rule_text(
-        rule,
-        kind,
-        &[child(
-            "config",
-            "v1",
-            "ConfigMap",
-            "cm.yaml",
-            &["deletionPolicy: Orphan"],
-        )],
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_the_rule_releases_its_finalizers() {
     let test = "removing_the_rule_releases_its_finalizers";

@@ -26,20 +26,7 @@ async fn a_parent_whose_orphans_cannot_be_let_go_of_keeps_its_finalizer_alone() 
     let (kind, rule) = ("RelKept", "relkept");
     let d = RuleDir::new();
     d.template("cm.yaml", &configmap_template("cm", "  k: v\n"));
-    d.rule(
-        "r.yaml",
-        &rule_text(
-            rule,
-            kind,
-            &[child(
-                "config",
-                "v1",
-                "ConfigMap",
-                "cm.yaml",
-                &["deletionPolicy: Orphan"],
-            )],
-        ),
-    );
+    d.rule("r.yaml", &orphan_rule(rule, kind));
     let op = Operator::start(&d.rules, &d.templates, None, &["--install-crds"]).await;
     let (xs, ys) = (
         kind_api(&client, &free, kind, T).await,
@@ -73,18 +60,24 @@ async fn a_parent_whose_orphans_cannot_be_let_go_of_keeps_its_finalizer_alone() 
                "subjects": [{"kind": "User", "name": sa}]}),
     ];
     let kubeconfig = service_account_kubeconfig(&client, &free, "releaser", rbac).await;
-    let out = Command::new(env!("CARGO_BIN_EXE_rulebook"))
-        .args([
+    let release = |kubeconfig: &std::path::Path| {
+        let dirs = [&d.rules, &d.templates].map(|p| p.to_str().unwrap().to_string());
+        let kubeconfig = kubeconfig.to_str().unwrap().to_string();
+        [
             "release",
             "--rules",
-            d.rules.to_str().unwrap(),
+            &dirs[0],
             "--templates",
-            d.templates.to_str().unwrap(),
+            &dirs[1],
             "--rule",
             rule,
             "--kubeconfig",
-            kubeconfig.path().to_str().unwrap(),
-        ])
+            &kubeconfig,
+        ]
+        .map(String::from)
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_rulebook"))
+        .args(release(kubeconfig.path()))
         .output()
         .expect("run rulebook release");
     let (stdout, stderr) = (
@@ -118,18 +111,8 @@ async fn a_parent_whose_orphans_cannot_be_let_go_of_keeps_its_finalizer_alone() 
     );
 
     // An administrator's release frees the other too.
-    let admin = kubeconfig_path();
-    rulebook(&[
-        "release",
-        "--rules",
-        d.rules.to_str().unwrap(),
-        "--templates",
-        d.templates.to_str().unwrap(),
-        "--rule",
-        rule,
-        "--kubeconfig",
-        admin.to_str().unwrap(),
-    ]);
+    let admin = release(&kubeconfig_path());
+    rulebook(&admin.each_ref().map(String::as_str));
     let y = get_json(&ys, "y").await.expect("y");
     assert!(y["metadata"]["finalizers"].is_null(), "{test}: {y}");
     for ns in [&free, &held] {

@@ -78,6 +78,22 @@ pub fn child(name: &str, api_version: &str, kind: &str, template: &str, extra: &
     s
 }
 
+/// A rule for `kind` with one ConfigMap child (`cm.yaml`) whose `deletionPolicy` is
+/// `Orphan`.
+pub fn orphan_rule(rule: &str, kind: &str) -> String {
+    rule_text(
+        rule,
+        kind,
+        &[child(
+            "config",
+            "v1",
+            "ConfigMap",
+            "cm.yaml",
+            &["deletionPolicy: Orphan"],
+        )],
+    )
+}
+
 /// A rule named `name` for parent `kind` (group faults.rulebook.dev), with its CRD.
 pub fn rule_text(name: &str, kind: &str, children: &[String]) -> String {
     format!(
