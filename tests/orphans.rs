@@ -89,25 +89,12 @@ async fn an_orphan_child_outlives_its_removal_from_the_rule() {
     }
     // The other child is still the parent's.
     assert_eq!(cms.get("k").await.unwrap().owner_references().len(), 1);
-    // The clean-up of the dropped kind has let go of every Secret: at its next reconcile
-    // (an edit brings one) the parent takes the kind off its record and, its rule
-    // needing none, the finalizer comes off.
-    let mut touch = 0;
-    wait_for(T, "the record and the finalizer to come off", || {
-        touch += 1;
-        let keepers = &keepers;
-        async move {
-            let p = keepers.get("k").await.ok()?;
-            if record(&p).is_none() && p.finalizers().is_empty() {
-                return Some(());
-            }
-            let bump = json!({"metadata": {"annotations": {"touch": touch.to_string()}}});
-            keepers
-                .patch("k", &PatchParams::default(), &Patch::Merge(bump))
-                .await
-                .ok()?;
-            None
-        }
+    // The clean-up of the dropped kind has let go of every Secret, and the rule's parents
+    // are reconciled once more: the parent takes the kind off its record and, its rule
+    // needing none, the finalizer comes off (nothing else wakes it).
+    wait_for(T, "the record and the finalizer to come off", || async {
+        let p = keepers.get("k").await.ok()?;
+        (record(&p).is_none() && p.finalizers().is_empty()).then_some(())
     })
     .await;
 }
@@ -419,4 +406,50 @@ async fn a_teardown_waits_for_orphans_it_may_not_list() {
     let after = secrets.get("w-vault").await.unwrap();
     assert_eq!(after.uid(), before.uid());
     assert!(after.owner_references().is_empty());
+}
+
+/// After the clean-up of a dropped `Orphan` kind has let go of every child of it, each
+/// parent takes the kind off its record and, its rule needing none, the finalizer off —
+/// without waiting for a change of its own: the end of the clean-up reconciles every
+/// parent once more (the new version's first reconciles run while it is still going).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_and_the_finalizer_come_off_once_the_clean_up_is_done() {
+    let client = client().await;
+    let ns = namespace(&client, "orphan-done").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
+    let vault = Extra {
+        name: "vault",
+        kind: "Secret",
+        line: "deletionPolicy: Orphan",
+        body: "stringData:\n  t: x\n",
+    };
+    let plain = with_children(&rules, &templates, "Shedder", &[vault], false);
+    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let shedders = parents_api(&client, &ns, "Shedder").await;
+    let names: Vec<String> = (0..30).map(|i| format!("s{i}")).collect();
+    for n in &names {
+        apply(&shedders, parent("Shedder", &ns, n)).await;
+    }
+    for n in &names {
+        wait_ready(&shedders, n, "True", None, T).await;
+    }
+    std::fs::write(rules.join("shedder.yaml"), &plain).unwrap();
+    wait_for(
+        T,
+        "every parent's record and finalizer to come off",
+        || async {
+            let all = shedders.list(&Default::default()).await.ok()?;
+            all.items
+                .iter()
+                .all(|p| record(p).is_none() && p.finalizers().is_empty())
+                .then_some(())
+        },
+    )
+    .await;
+    let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
+    for n in &names {
+        let s = secrets.get(&format!("{n}-vault")).await.unwrap();
+        assert!(s.owner_references().is_empty(), "{n}-vault let go of");
+    }
 }

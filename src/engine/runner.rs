@@ -462,7 +462,13 @@ impl RuleRunner {
             });
         }
         drop(relisted_tx);
-        controller = controller.reconcile_on(turns.all_on(relisted_rx, parent_reader.clone()));
+        // Every parent once more when the clean-up of a dropped kind has finished one:
+        // its record of `Orphan` kinds, and the finalizer, may come off.
+        let cleaned = self.orphans_pending.on_cleaned();
+        controller = controller.reconcile_on(turns.all_on(
+            futures::stream::select(relisted_rx, cleaned),
+            parent_reader.clone(),
+        ));
         if let Some(every) = self.rule.resync {
             controller = controller.reconcile_on(turns.each_of(super::resync::sweep(
                 parent_reader.clone(),

@@ -87,10 +87,19 @@ pub struct ContextParts {
 /// deleted waits with it. Also what that clean-up finished: the kinds (group and kind)
 /// of which it let go of every child, and where (a sharded replica's share), which the
 /// parents there may take off their record of `Orphan` kinds.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct OrphansPending {
     running: std::sync::atomic::AtomicBool,
     cleaned: Mutex<Vec<CleanedKind>>,
+    /// Counts the kinds cleaned up: the rule's parents are reconciled once more after
+    /// each (their record and finalizer may come off), rather than at their next change.
+    counter: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for OrphansPending {
+    fn default() -> OrphansPending {
+        OrphansPending::new(false)
+    }
 }
 
 /// `(group, kind)`, and the share it was cleaned up in (`None`: everywhere).
@@ -101,6 +110,7 @@ impl OrphansPending {
         OrphansPending {
             running: std::sync::atomic::AtomicBool::new(pending),
             cleaned: Mutex::default(),
+            counter: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -116,6 +126,14 @@ impl OrphansPending {
     /// Every child of `(group, kind)` within `share` (everywhere: `None`) was let go of.
     pub fn cleaned(&self, group_kind: (String, String), share: Option<crate::shard::Ranges>) {
         lock(&self.cleaned).push((group_kind, share));
+        self.counter.send_modify(|n| *n += 1);
+    }
+
+    /// One item each time a kind is cleaned up (after this is called).
+    pub fn on_cleaned(&self) -> impl futures::Stream<Item = ()> + Send + 'static {
+        futures::stream::unfold(self.counter.subscribe(), |mut rx| async move {
+            rx.changed().await.ok().map(|()| ((), rx))
+        })
     }
 
     /// Whether every child of `(group, kind)` in `namespace` was let go of.
