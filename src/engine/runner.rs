@@ -462,8 +462,7 @@ impl RuleRunner {
             });
         }
         drop(relisted_tx);
-        // Every parent once more when the clean-up of a dropped kind has finished one:
-        // its record of `Orphan` kinds, and the finalizer, may come off.
+        // Every parent once more when a dropped kind is cleaned up (its record may shrink).
         let cleaned = self.orphans_pending.on_cleaned();
         controller = controller.reconcile_on(turns.all_on(
             futures::stream::select(relisted_rx, cleaned),
