@@ -108,6 +108,11 @@ struct Cleanup {
     todo: Vec<Dropped>,
     /// Set until the task ends: the new version's parents keep their finalizer meanwhile.
     pending: Arc<OrphansPending>,
+    /// Set when the task stopped because this process may no longer write (a lost lease,
+    /// a share that moved): the rule's next start takes the clean-up up again.
+    halted: Arc<std::sync::atomic::AtomicBool>,
+    /// The share it runs over (sharded).
+    share: Option<crate::shard::Ranges>,
 }
 
 /// Clears a clean-up's [`OrphansPending`] however its task ends (done, stopped, aborted).
@@ -135,12 +140,13 @@ impl Cleanups {
             stop,
             mut task,
             todo,
+            halted,
             ..
         }) = self.by_rule.remove(rule)
         else {
             return Vec::new();
         };
-        if task.is_finished() {
+        if task.is_finished() && !halted.load(std::sync::atomic::Ordering::SeqCst) {
             return Vec::new();
         }
         let _ = stop.send(true);
@@ -173,10 +179,15 @@ impl Cleanups {
         let (stop, stopped) = watch::channel(false);
         let clear = ClearOnDrop(pending.clone());
         let work = todo.clone();
+        let share = env.shard.as_ref().map(|(_, r)| r.clone());
         let cleaned = pending.clone();
+        let halted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let halt = halted.clone();
         let task = tokio::spawn(async move {
             let _clear = clear;
-            prune_dropped_kinds(work, env, stopped, cleaned).await
+            if prune_dropped_kinds(work, env, stopped, cleaned).await {
+                halt.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
         });
         self.by_rule.insert(
             rule,
@@ -185,8 +196,31 @@ impl Cleanups {
                 task,
                 todo,
                 pending,
+                halted,
+                share,
             },
         );
+    }
+
+    /// Starts `rule`'s clean-up again with `env` as it is now, when it stopped because
+    /// this process could no longer write, or is still running with what may be an old
+    /// share (called as the rule starts: after a share moved, a lease was won again). It
+    /// is stopped first, as for an edit. Kinds it had finished are looked at again, which
+    /// finds nothing left.
+    pub async fn resume(&mut self, rule: &CompiledRule, env: CleanupEnv) {
+        let share = env.shard.as_ref().map(|(_, r)| r.clone());
+        let again = self.by_rule.get(&rule.name).is_some_and(|c| {
+            c.halted.load(std::sync::atomic::Ordering::SeqCst)
+                || (!c.task.is_finished() && c.share != share)
+        });
+        if !again {
+            return;
+        }
+        let todo = self.stop(&rule.name, Some(rule)).await;
+        if !todo.is_empty() {
+            info!(rule = %rule.name, "taking up the clean-up of dropped child kinds again");
+            self.start(rule.name.clone(), todo, env);
+        }
     }
 
     /// What the new version of `rule` is to know of its clean-up: set while it runs.
@@ -262,7 +296,7 @@ async fn prune_dropped_kinds(
     env: CleanupEnv,
     mut stopped: watch::Receiver<bool>,
     pending: Arc<OrphansPending>,
-) {
+) -> bool {
     for d in &todo {
         // Sharded, the rule's own gate, as its reconciles write: a rule with
         // cluster-scoped parents is its owner's alone, whatever namespace its children
@@ -279,12 +313,12 @@ async fn prune_dropped_kinds(
                         Ok((_, caps)) => break caps.scope == KubeScope::Cluster,
                         Err(e) if attempt + 1 >= ATTEMPTS => {
                             warn!(rule = %d.old.name, error = %e, "cannot find the parent kind of a rule that dropped a child kind: not cleaning up");
-                            return;
+                            return false;
                         }
                         Err(_) => {
                             attempt += 1;
                             if pause(attempt, &mut stopped).await.is_err() {
-                                return;
+                                return false;
                             }
                         }
                     }
@@ -312,14 +346,15 @@ async fn prune_dropped_kinds(
                 // take it off their record (`reconcile::teardown::recorded`).
                 Ok(true) => pending.cleaned(group_kind(api_version, kind), share.clone()),
                 Ok(false) => {}
-                Err(Halt::Stopped) => return,
+                Err(Halt::Stopped) => return false,
                 Err(Halt::NotLeader) => {
-                    warn!(rule = %d.old.name, %kind, "not pruning children of a dropped kind: not the leader");
-                    return;
+                    warn!(rule = %d.old.name, %kind, "not pruning children of a dropped kind now: this process may not write (taken up again when the rule starts again)");
+                    return true;
                 }
             }
         }
     }
+    false
 }
 
 async fn prune_kind(

@@ -181,17 +181,7 @@ impl Engine {
                     if !kinds.is_empty() {
                         todo.push(Dropped { old, kinds });
                     }
-                    let env = CleanupEnv {
-                        client: self.client.clone(),
-                        namespace: self.config.namespace.clone(),
-                        metrics: self.metrics.clone(),
-                        gate: self.gate.clone(),
-                        shard: self
-                            .config
-                            .shard
-                            .as_ref()
-                            .map(|s| (s.gate.clone(), s.ranges.clone())),
-                    };
+                    let env = self.cleanup_env();
                     self.cleanups.start(name.clone(), todo, env);
                 }
                 _ => info!(rule = %name, "rule removed: controller stopped, its children stay"),
@@ -240,14 +230,33 @@ impl Engine {
                 if let Some(release) = self.releases.remove(&key) {
                     release.abort();
                 }
-                self.start(rule.clone());
+                self.start(rule.clone()).await;
             }
         }
     }
 
-    fn start(&mut self, rule: Arc<CompiledRule>) {
+    /// What a clean-up of dropped kinds writes with, as the engine runs now.
+    fn cleanup_env(&self) -> CleanupEnv {
+        CleanupEnv {
+            client: self.client.clone(),
+            namespace: self.config.namespace.clone(),
+            metrics: self.metrics.clone(),
+            gate: self.gate.clone(),
+            shard: self
+                .config
+                .shard
+                .as_ref()
+                .map(|s| (s.gate.clone(), s.ranges.clone())),
+        }
+    }
+
+    async fn start(&mut self, rule: Arc<CompiledRule>) {
         let name = rule.name.clone();
         info!(rule = %name, version = %rule.version, "starting rule");
+        // A clean-up that stopped when this process could no longer write (a share that
+        // moved, a lease lost), or that runs over an old share, goes on now over this one.
+        let env = self.cleanup_env();
+        self.cleanups.resume(&rule, env).await;
         self.metrics.init_rule(&name);
         self.status.insert(
             &name,
