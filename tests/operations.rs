@@ -206,10 +206,14 @@ async fn endpoints_report_what_happened() {
             .then_some(())
     })
     .await;
-    assert_eq!(
-        m("rulebook_children_applied_total{rule=\"myapp\"}").await,
-        2.0
-    );
+    // The operator counts the apply once its answer is back, which may be after the test
+    // has read the object: wait for the count to move, then check it moved by one.
+    let applied = wait_for(T, "the update's apply to be counted", || async {
+        let n = m("rulebook_children_applied_total{rule=\"myapp\"}").await;
+        (n >= 2.0).then_some(n)
+    })
+    .await;
+    assert_eq!(applied, 2.0);
 
     let status: Json = serde_json::from_str(&op.get("/status").await).unwrap();
     assert_eq!(status["ruleset"]["valid"], true);
