@@ -52,12 +52,6 @@ pub enum ReleaseError {
         #[source]
         source: kube::Error,
     },
-    #[error("releasing {what}: {source}")]
-    Patch {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
     #[error("writes are paused (not the leader)")]
     NotLeader,
 }
