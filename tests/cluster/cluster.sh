@@ -565,6 +565,9 @@ EOF
 	apiserver_args kube-apiserver "$APISERVER_PORT" true "$LOGS/audit.log"
 	apiserver_args "$NOGATE" "$APISERVER_NOGATE_PORT" false "$LOGS/audit-nogate.log"
 
+	# The garbage collector logs its discovery syncs at level 2 (when it starts watching a
+	# new kind): tests whose parents' CRDs are new wait for that (gc_watches in
+	# tests/common), and its log says how long it took.
 	write_args kube-controller-manager \
 		--kubeconfig="$STATE_DIR/kubeconfigs/kube-controller-manager.kubeconfig" \
 		--controllers='*' \
@@ -578,7 +581,8 @@ EOF
 		--service-cluster-ip-range="$SERVICE_CIDR" \
 		--flex-volume-plugin-dir="$STATE_DIR/flexvolume" \
 		--kube-api-qps=200 \
-		--kube-api-burst=400
+		--kube-api-burst=400 \
+		--vmodule=garbagecollector=2
 
 	cat >"$RUN/kube-scheduler.yaml" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1

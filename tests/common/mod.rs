@@ -533,3 +533,57 @@ pub async fn service_account_kubeconfig(
         .expect("a token");
     token_kubeconfig(&token)
 }
+
+/// Waits until the garbage collector watches the kind of `parent`, and returns how long
+/// that took. A test that counts on the garbage collector to delete the children of a
+/// deleted parent needs this when the parent's CRD is new: the collector starts
+/// watching a new kind at its next discovery sync (every 30 s, later while an earlier
+/// sync waits for its caches), and a parent it never saw, deleted before then, is only
+/// noticed when its backed-off poll of that parent comes round again, minutes later
+/// under a full `make test` (seen: a child still there 120 s after its parent went).
+///
+/// The proof: a copy of `parent` in a namespace of its own (no test's operator watches
+/// it), deleted in the foreground. Only the collector takes off the `foregroundDeletion`
+/// finalizer, and it can do so only from its watch of that kind; so once the copy is
+/// gone, the collector has seen every object of the kind that exists, and sees their
+/// deletion as it happens.
+pub async fn gc_watches(client: &Client, parent: &Json, plural: &str) -> Duration {
+    let started = Instant::now();
+    let api_version = parent["apiVersion"].as_str().expect("apiVersion");
+    let kind = parent["kind"].as_str().expect("kind");
+    let ns = unique("gc-canary");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let body: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap();
+    namespaces
+        .create(&PostParams::default(), &body)
+        .await
+        .expect("create the canary's namespace");
+    let canaries = api(client, Some(&ns), api_version, kind, plural);
+    let mut canary = parent.clone();
+    canary["metadata"] = json!({"name": "canary", "namespace": ns});
+    apply(&canaries, canary).await;
+    canaries
+        .delete("canary", &kube::api::DeleteParams::foreground())
+        .await
+        .expect("delete the canary in the foreground");
+    wait_for(
+        Duration::from_secs(240),
+        &format!("the garbage collector to watch {kind}"),
+        || async {
+            canaries
+                .get_opt("canary")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    let _ = namespaces.delete(&ns, &Default::default()).await;
+    let took = started.elapsed();
+    println!(
+        "the garbage collector watches {kind}: {:.1} s",
+        took.as_secs_f64()
+    );
+    took
+}

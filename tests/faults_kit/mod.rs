@@ -930,6 +930,7 @@ pub async fn kill_restart(kind: &str, n: usize, rounds: usize, timeout: Duration
     let mut expected: Expected = BTreeMap::new();
     let spec = |rev: u64, shards: u64| json!({"rev": rev, "shards": shards});
     let mut at_kill = Vec::new();
+    let mut gc_seen = false;
 
     for round in 0..rounds {
         // The changes of this round: the first creates every parent; later ones change the
@@ -956,6 +957,12 @@ pub async fn kill_restart(kind: &str, n: usize, rounds: usize, timeout: Duration
         if round > 0 {
             // Half of the changes land while the operator is down, half while it runs.
             let half = changes.split_off(changes.len() / 2);
+            if !recreate.is_empty() && !gc_seen {
+                // The recreated parents wait for the collector to remove their
+                // predecessors' children.
+                gc_watches(&client, &parent(kind, &ns, "x", spec(0, 1)), &plural(kind)).await;
+                gc_seen = true;
+            }
             for name in &recreate {
                 remove(&parents, name).await;
             }
@@ -1094,6 +1101,14 @@ pub async fn pause_resume(kind: &str, gap: Gap) {
     .resource_version
     .unwrap_or_default();
 
+    // Three parents are deleted during the pause: the collector must have seen them to
+    // remove their children.
+    gc_watches(
+        &client,
+        &parent(kind, &ns, "x", json!({"rev": 0})),
+        &plural(kind),
+    )
+    .await;
     signal(op.pid(), "STOP");
     let paused = Instant::now();
     let log_before = std::fs::read_to_string(&op.log).unwrap_or_default().len();
