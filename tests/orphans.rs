@@ -287,6 +287,8 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
             .len(),
         1
     );
+    // The garbage collector must have seen `kept` to delete its plain child after it.
+    gc_watches(&client, &parent("Stasher", &ns, "kept"), "stashers").await;
     stashers.delete("kept", &Default::default()).await.unwrap();
     let_go(&vaults[0]).await;
     wait_for(T, "kept to be gone", || async {
@@ -312,6 +314,126 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
         },
     )
     .await;
+}
+
+/// A rule renamed in the same edit that drops its `Orphan` child (its kind stays for
+/// another child, and the new rule needs no finalizer): the child, labelled with the old
+/// name, is in none of the new rule's caches. It is let go of before the new rule takes
+/// the finalizer off, so the garbage collector does not delete it with its parent; the
+/// child the new rule still renders becomes its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_child_outlives_a_rename_that_drops_it() {
+    let client = client().await;
+    let ns = namespace(&client, "orphan-rename").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
+    let ledger = Extra {
+        name: "ledger",
+        kind: "ConfigMap",
+        line: "deletionPolicy: Orphan",
+        body: "data:\n  l: x\n",
+    };
+    let plain = with_children(&rules, &templates, "Renamed", &[ledger], false);
+    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let parents = parents_api(&client, &ns, "Renamed").await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    apply(&parents, parent("Renamed", &ns, "r")).await;
+    wait_ready(&parents, "r", "True", None, T).await;
+    let before = cms.get("r-ledger").await.unwrap();
+    assert!(has_finalizer(&parents.get("r").await.unwrap()));
+
+    // The edit: rule `renamed` becomes `renamed-v2`, without the ledger.
+    std::fs::write(
+        rules.join("renamed.yaml"),
+        plain.replace("  name: renamed\n", "  name: renamed-v2\n"),
+    )
+    .unwrap();
+    wait_for(
+        T,
+        "the new rule to take over r's config and drop the finalizer",
+        || async {
+            let config = cms.get("r").await.ok()?;
+            let p = parents.get("r").await.ok()?;
+            (config.labels().get("rulebook.dev/rule").map(String::as_str) == Some("renamed-v2")
+                && !has_finalizer(&p))
+            .then_some(())
+        },
+    )
+    .await;
+    let after = cms.get("r-ledger").await.unwrap();
+    assert_eq!(after.uid(), before.uid(), "the same ledger");
+    assert!(
+        after.owner_references().is_empty(),
+        "the ledger is let go of before the finalizer comes off: {:?}",
+        after.owner_references()
+    );
+    parents.delete("r", &Default::default()).await.unwrap();
+    wait_for(T, "r to be gone", || async {
+        parents.get_opt("r").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert_eq!(cms.get("r-ledger").await.unwrap().uid(), before.uid());
+}
+
+/// A rule renamed while no operator runs, its parent deleted meanwhile (held by the
+/// finalizer): the new rule's teardown finds no child in its caches, which select by
+/// the new name, and lets go of the old rule's `Orphan` child before the finalizer
+/// comes off; the other child is left to the garbage collector, as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_child_outlives_a_rename_while_its_parent_is_deleted() {
+    let client = client().await;
+    let ns = namespace(&client, "orphan-rename-down").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
+    let ledger = Extra {
+        name: "ledger",
+        kind: "ConfigMap",
+        line: "deletionPolicy: Orphan",
+        body: "data:\n  l: x\n",
+    };
+    with_children(&rules, &templates, "Renamed", &[ledger], false);
+    let rule_file = rules.join("renamed.yaml");
+    let mut op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let parents = parents_api(&client, &ns, "Renamed").await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    apply(&parents, parent("Renamed", &ns, "r")).await;
+    wait_ready(&parents, "r", "True", None, T).await;
+    let before = cms.get("r-ledger").await.unwrap();
+
+    op.signal_and_wait("TERM");
+    parents.delete("r", &Default::default()).await.unwrap();
+    let renamed = std::fs::read_to_string(&rule_file)
+        .unwrap()
+        .replace("  name: renamed\n", "  name: renamed-v2\n");
+    std::fs::write(&rule_file, renamed).unwrap();
+    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    wait_for(T, "r to be gone", || async {
+        parents.get_opt("r").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let after = cms
+        .get_opt("r-ledger")
+        .await
+        .unwrap()
+        .expect("the ledger was deleted: its policy is Orphan");
+    assert_eq!(after.uid(), before.uid(), "the same ledger");
+    assert!(
+        after.owner_references().is_empty(),
+        "the ledger was left to the garbage collector: {:?}",
+        after.owner_references()
+    );
+    // The config child (policy Delete) is not let go of: still owned, or already taken
+    // by the garbage collector.
+    if let Some(config) = cms.get_opt("r").await.unwrap() {
+        assert!(
+            !config.owner_references().is_empty(),
+            "the config child was let go of"
+        );
+    }
+}
+
+fn has_finalizer(p: &DynamicObject) -> bool {
+    p.finalizers().contains(&FINALIZER.to_string())
 }
 
 const FINALIZER: &str = "rulebook.dev/finalizer";

@@ -239,6 +239,7 @@ async fn orphans_first(
         name,
         namespace: meta.namespace.as_deref(),
         uid,
+        skip_rule: None,
     };
     let mut done = Vec::new();
     for kind in &kinds {

@@ -103,6 +103,13 @@ pub(super) async fn keep_finalizer(
     {
         return Ok(true);
     }
+    if !needs && let Some(uid) = parent.uid() {
+        // The finalizer comes off: another rule's `Orphan` children would go with the
+        // parent. Those this rule renders were taken over by its earlier reconciles.
+        let (changes, result) = recorded::let_go_of_foreign(ctx, parent, &uid).await;
+        report_changes(ctx, parent, &changes, Cause::Inputs);
+        result?;
+    }
     let mut body = finalizer_patch(parent, needs);
     body["metadata"]["annotations"] = json!({ labels::ORPHAN_KINDS: record });
     let api = ctx.parent_api(parent);
@@ -181,6 +188,9 @@ pub(super) async fn teardown(
         }
         if !owns_recorded_orphans(ctx, parent) {
             // A rule change dropped the deletion steps: the garbage collector takes over.
+            if let Some(next) = let_go_of_foreign(ctx, parent, uid).await? {
+                return Ok(next);
+            }
             return finish(ctx, parent, uid, "the rule has no deletion steps any more").await;
         }
         // Children the rule no longer has, recorded `Orphan`: the waves let go of them
@@ -350,6 +360,9 @@ pub(super) async fn teardown(
             if uncached_children(ctx, parent, uid).await? {
                 return Ok(Action::requeue(STALE_RETRY));
             }
+            if let Some(next) = let_go_of_foreign(ctx, parent, uid).await? {
+                return Ok(next);
+            }
             finish(ctx, parent, uid, "every child is gone").await
         }
     }
@@ -376,31 +389,12 @@ async fn let_go_of_recorded(
             "{} children with deletionPolicy Orphan, of a kind the rule no longer has, are not let go of yet: {why}",
             kind.1
         );
-        event(
-            ctx,
-            parent,
-            EventType::Warning,
-            "OrphansPending",
-            "Teardown",
-            message.clone(),
-        );
-        if let Some(p) = super::cache::to_json(parent) {
-            write_deleting(
-                ctx,
-                parent,
-                &p,
-                &ConditionState::new(true, "OrphansPending", &message),
-            )
-            .await?;
-        }
         let changed = left
             .iter()
             .all(|(_, e)| matches!(e, ReconcileError::Conflict(_)));
-        return Ok(Some(Action::requeue(if changed {
-            ORPHAN_RECHECK
-        } else {
-            RECHECK
-        })));
+        return orphans_pending(ctx, parent, message, changed)
+            .await
+            .map(Some);
     }
     let mut body = json!({"metadata": {"resourceVersion": parent.resource_version()}});
     body["metadata"]["annotations"] = json!({ labels::ORPHAN_KINDS: recorded::record(ctx, &[]) });
@@ -412,6 +406,64 @@ async fn let_go_of_recorded(
             Patched::Stale => Some(Action::requeue(STALE_RETRY)),
         },
     )
+}
+
+/// Before the finalizer comes off: the parent's `Orphan` children that another rule made
+/// ([`recorded::let_go_of_foreign`]) are let go of. `Some`: what to do instead of going
+/// on, after a failure reported on the parent.
+async fn let_go_of_foreign(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+) -> Result<Option<Action>, ReconcileError> {
+    let (changes, result) = recorded::let_go_of_foreign(ctx, parent, uid).await;
+    report_changes(ctx, parent, &changes, Cause::Inputs);
+    match result {
+        Ok(()) => Ok(None),
+        Err(ReconcileError::NotLeader) => Err(ReconcileError::NotLeader),
+        Err(why) => {
+            let changed = matches!(why, ReconcileError::Conflict(_));
+            let message = format!(
+                "children with deletionPolicy Orphan that another rule made are not let go of yet: {why}"
+            );
+            orphans_pending(ctx, parent, message, changed)
+                .await
+                .map(Some)
+        }
+    }
+}
+
+/// `Orphan` children the teardown could not let go of: said on the parent (`Deleting`
+/// condition, reason `OrphansPending`; a Warning event), and looked at again soon when
+/// they only `changed` under the patch, later otherwise.
+async fn orphans_pending(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    message: String,
+    changed: bool,
+) -> Result<Action, ReconcileError> {
+    event(
+        ctx,
+        parent,
+        EventType::Warning,
+        "OrphansPending",
+        "Teardown",
+        message.clone(),
+    );
+    if let Some(p) = super::cache::to_json(parent) {
+        write_deleting(
+            ctx,
+            parent,
+            &p,
+            &ConditionState::new(true, "OrphansPending", &message),
+        )
+        .await?;
+    }
+    Ok(Action::requeue(if changed {
+        ORPHAN_RECHECK
+    } else {
+        RECHECK
+    }))
 }
 
 /// The last step: Rulebook's finalizer comes off, and the API server removes the parent.

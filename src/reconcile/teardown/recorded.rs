@@ -125,6 +125,9 @@ pub struct OrphansOf<'a> {
     pub name: &'a str,
     pub namespace: Option<&'a str>,
     pub uid: &'a str,
+    /// Children labelled with this rule are not looked at: they are the rule's own, which
+    /// its caches show and its teardown handles as the rule says now.
+    pub skip_rule: Option<&'a str>,
 }
 
 impl<'a> OrphansOf<'a> {
@@ -138,6 +141,7 @@ impl<'a> OrphansOf<'a> {
             name: parent.meta().name.as_deref().unwrap_or_default(),
             namespace: parent.meta().namespace.as_deref(),
             uid,
+            skip_rule: None,
         }
     }
 }
@@ -147,6 +151,19 @@ pub struct Orphaned {
     /// `Kind namespace/name`, for messages.
     pub what: String,
     pub related: k8s_openapi::api::core::v1::ObjectReference,
+}
+
+impl Orphaned {
+    /// As a change reported on the parent.
+    fn change(self) -> Change {
+        Change {
+            reason: "Orphaned",
+            what: self.what,
+            related: self.related,
+            object: None,
+            cached_as: None,
+        }
+    }
 }
 
 /// Lets go of the parent's `Orphan` children of each of `kinds`. Returns the kinds not
@@ -163,13 +180,7 @@ pub(super) async fn let_go_of_kinds(
     for kind in kinds {
         let mut done = Vec::new();
         let result = orphan_children(&of, kind, &mut done).await;
-        changes.extend(done.into_iter().map(|o| Change {
-            reason: "Orphaned",
-            what: o.what,
-            related: o.related,
-            object: None,
-            cached_as: None,
-        }));
+        changes.extend(done.into_iter().map(Orphaned::change));
         match result {
             Ok(()) => {}
             Err(ReconcileError::NotLeader) => return Err(ReconcileError::NotLeader),
@@ -182,6 +193,33 @@ pub(super) async fn let_go_of_kinds(
         }
     }
     Ok((left, changes))
+}
+
+/// Lets go of the parent's `Orphan` children of the rule's own kinds that another rule
+/// made: the rule was renamed, or another rule for this parent kind was removed (its
+/// release is skipped while a rule for the kind runs). The rule's caches select by its own
+/// name and never show them, so neither its prune nor its teardown's waves would, and the
+/// garbage collector would delete them with the parent. Called only where Rulebook's
+/// finalizer is about to come off: one paged list per child kind, once per parent.
+/// Returns the children let go of, and the first failure.
+pub(super) async fn let_go_of_foreign(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+) -> (Vec<Change>, Result<(), ReconcileError>) {
+    let of = OrphansOf {
+        skip_rule: Some(&ctx.rule.name),
+        ..OrphansOf::of(ctx, parent, uid)
+    };
+    let mut done = Vec::new();
+    let mut result = Ok(());
+    for kind in &ctx.kinds {
+        result = orphan_children_at(&of, &kind.ar, kind.namespaced, &mut done).await;
+        if result.is_err() {
+            break;
+        }
+    }
+    (done.into_iter().map(Orphaned::change).collect(), result)
 }
 
 /// Lets go of every child of `kind` (`(apiVersion, kind)`) whose controller reference is
@@ -219,12 +257,25 @@ pub async fn orphan_children(
         },
         Err(e) => return Err(read(e)),
     };
-    let namespaced = caps.scope == Scope::Namespaced;
+    orphan_children_at(of, &ar, caps.scope == Scope::Namespaced, done).await
+}
+
+/// [`orphan_children`] of a kind already resolved: `ar`, namespaced or not.
+async fn orphan_children_at(
+    of: &OrphansOf<'_>,
+    ar: &ApiResource,
+    namespaced: bool,
+    done: &mut Vec<Orphaned>,
+) -> Result<(), ReconcileError> {
+    let read = |source| ReconcileError::Read {
+        what: format!("{} children with deletionPolicy Orphan", ar.kind),
+        source,
+    };
     let api: Api<DynamicObject> = match (of.namespaced, of.namespace) {
         // A namespaced parent owns nothing cluster-scoped, and nothing elsewhere.
         (true, _) if !namespaced => return Ok(()),
-        (true, Some(ns)) => Api::namespaced_with(of.client.clone(), ns, &ar),
-        _ => Api::all_with(of.client.clone(), &ar),
+        (true, Some(ns)) => Api::namespaced_with(of.client.clone(), ns, ar),
+        _ => Api::all_with(of.client.clone(), ar),
     };
     // Rulebook's mark and the parent's UID, not the rule's name: a parent's children are
     // its own whatever rule made them (`rulebook release` may not know the rule).
@@ -252,7 +303,7 @@ pub async fn orphan_children(
             if !owned_orphan(of, &obj) {
                 continue; // left to the garbage collector with the parent, as its policy says
             }
-            match orphan(of, &ar, namespaced, obj).await? {
+            match orphan(of, ar, namespaced, obj).await? {
                 Orphaning::Done(o) => done.push(o),
                 Orphaning::Nothing => {}
                 Orphaning::KeptChanging(what) => {
@@ -277,6 +328,9 @@ pub async fn orphan_children(
 /// name) that recorded `Orphan`, and not already being deleted.
 fn owned_orphan(of: &OrphansOf<'_>, obj: &DynamicObject) -> bool {
     obj.meta().deletion_timestamp.is_none()
+        && of
+            .skip_rule
+            .is_none_or(|rule| obj.labels().get(labels::RULE).map(String::as_str) != Some(rule))
         && DeletionPolicy::recorded(
             obj.annotations()
                 .get(labels::DELETION_POLICY)
