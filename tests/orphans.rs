@@ -316,6 +316,89 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
     .await;
 }
 
+/// The rename tests' start: rule `renamed` with a ConfigMap child `config` and a
+/// ConfigMap child `ledger` whose policy is `Orphan`, its operator, and parent `r` Ready.
+struct Renaming {
+    ns: String,
+    _dir: tempfile::TempDir,
+    rules: std::path::PathBuf,
+    templates: std::path::PathBuf,
+    /// The rule without the ledger.
+    plain: String,
+    op: Operator,
+    parents: kube::Api<DynamicObject>,
+    cms: kube::Api<DynamicObject>,
+    /// The ledger's UID.
+    ledger: Option<String>,
+}
+
+impl Renaming {
+    async fn start(client: &kube::Client, prefix: &str) -> Renaming {
+        let ns = namespace(client, prefix).await;
+        let dir = tempfile::tempdir().unwrap();
+        let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
+        let ledger = Extra {
+            name: "ledger",
+            kind: "ConfigMap",
+            line: "deletionPolicy: Orphan",
+            body: "data:\n  l: x\n",
+        };
+        let plain = with_children(&rules, &templates, "Renamed", &[ledger], false);
+        let op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+        let parents = parents_api(client, &ns, "Renamed").await;
+        let cms = api(client, Some(&ns), "v1", "ConfigMap", "configmaps");
+        apply(&parents, parent("Renamed", &ns, "r")).await;
+        wait_ready(&parents, "r", "True", None, T).await;
+        assert!(has_finalizer(&parents.get("r").await.unwrap()));
+        let ledger = cms.get("r-ledger").await.unwrap().uid();
+        Renaming {
+            ns,
+            _dir: dir,
+            rules,
+            templates,
+            plain,
+            op,
+            parents,
+            cms,
+            ledger,
+        }
+    }
+
+    /// Writes `rule` (a rule text) renamed to `renamed-v2`.
+    fn rename(&self, rule: &str) {
+        let renamed = rule.replace("  name: renamed\n", "  name: renamed-v2\n");
+        std::fs::write(self.rules.join("renamed.yaml"), renamed).unwrap();
+    }
+
+    async fn gone(&self) {
+        wait_for(T, "r to be gone", || async {
+            self.parents
+                .get_opt("r")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    }
+
+    /// The same ledger, let go of.
+    async fn ledger_let_go(&self) {
+        let after = self
+            .cms
+            .get_opt("r-ledger")
+            .await
+            .unwrap()
+            .expect("the ledger was deleted: its policy is Orphan");
+        assert_eq!(after.uid(), self.ledger, "the same ledger");
+        assert!(
+            after.owner_references().is_empty(),
+            "the ledger is still owned: {:?}",
+            after.owner_references()
+        );
+    }
+}
+
 /// A rule renamed in the same edit that drops its `Orphan` child (its kind stays for
 /// another child, and the new rule needs no finalizer): the child, labelled with the old
 /// name, is in none of the new rule's caches. It is let go of before the new rule takes
@@ -324,55 +407,24 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_child_outlives_a_rename_that_drops_it() {
     let client = client().await;
-    let ns = namespace(&client, "orphan-rename").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
-    let ledger = Extra {
-        name: "ledger",
-        kind: "ConfigMap",
-        line: "deletionPolicy: Orphan",
-        body: "data:\n  l: x\n",
-    };
-    let plain = with_children(&rules, &templates, "Renamed", &[ledger], false);
-    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
-    let parents = parents_api(&client, &ns, "Renamed").await;
-    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
-    apply(&parents, parent("Renamed", &ns, "r")).await;
-    wait_ready(&parents, "r", "True", None, T).await;
-    let before = cms.get("r-ledger").await.unwrap();
-    assert!(has_finalizer(&parents.get("r").await.unwrap()));
-
-    // The edit: rule `renamed` becomes `renamed-v2`, without the ledger.
-    std::fs::write(
-        rules.join("renamed.yaml"),
-        plain.replace("  name: renamed\n", "  name: renamed-v2\n"),
-    )
-    .unwrap();
+    let case = Renaming::start(&client, "orphan-rename").await;
+    case.rename(&case.plain);
     wait_for(
         T,
         "the new rule to take over r's config and drop the finalizer",
         || async {
-            let config = cms.get("r").await.ok()?;
-            let p = parents.get("r").await.ok()?;
+            let config = case.cms.get("r").await.ok()?;
+            let p = case.parents.get("r").await.ok()?;
             (config.labels().get("rulebook.dev/rule").map(String::as_str) == Some("renamed-v2")
                 && !has_finalizer(&p))
             .then_some(())
         },
     )
     .await;
-    let after = cms.get("r-ledger").await.unwrap();
-    assert_eq!(after.uid(), before.uid(), "the same ledger");
-    assert!(
-        after.owner_references().is_empty(),
-        "the ledger is let go of before the finalizer comes off: {:?}",
-        after.owner_references()
-    );
-    parents.delete("r", &Default::default()).await.unwrap();
-    wait_for(T, "r to be gone", || async {
-        parents.get_opt("r").await.ok()?.is_none().then_some(())
-    })
-    .await;
-    assert_eq!(cms.get("r-ledger").await.unwrap().uid(), before.uid());
+    case.ledger_let_go().await;
+    case.parents.delete("r", &Default::default()).await.unwrap();
+    case.gone().await;
+    case.ledger_let_go().await;
 }
 
 /// A rule renamed while no operator runs, its parent deleted meanwhile (held by the
@@ -382,49 +434,22 @@ async fn an_orphan_child_outlives_a_rename_that_drops_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_child_outlives_a_rename_while_its_parent_is_deleted() {
     let client = client().await;
-    let ns = namespace(&client, "orphan-rename-down").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
-    let ledger = Extra {
-        name: "ledger",
-        kind: "ConfigMap",
-        line: "deletionPolicy: Orphan",
-        body: "data:\n  l: x\n",
-    };
-    with_children(&rules, &templates, "Renamed", &[ledger], false);
-    let rule_file = rules.join("renamed.yaml");
-    let mut op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
-    let parents = parents_api(&client, &ns, "Renamed").await;
-    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
-    apply(&parents, parent("Renamed", &ns, "r")).await;
-    wait_ready(&parents, "r", "True", None, T).await;
-    let before = cms.get("r-ledger").await.unwrap();
-
-    op.signal_and_wait("TERM");
-    parents.delete("r", &Default::default()).await.unwrap();
-    let renamed = std::fs::read_to_string(&rule_file)
-        .unwrap()
-        .replace("  name: renamed\n", "  name: renamed-v2\n");
-    std::fs::write(&rule_file, renamed).unwrap();
-    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
-    wait_for(T, "r to be gone", || async {
-        parents.get_opt("r").await.ok()?.is_none().then_some(())
-    })
+    let mut case = Renaming::start(&client, "orphan-rename-down").await;
+    case.op.signal_and_wait("TERM");
+    case.parents.delete("r", &Default::default()).await.unwrap();
+    case.rename(&std::fs::read_to_string(case.rules.join("renamed.yaml")).unwrap());
+    let _op = Operator::start(
+        &case.rules,
+        &case.templates,
+        Some(&case.ns),
+        &["--install-crds"],
+    )
     .await;
-    let after = cms
-        .get_opt("r-ledger")
-        .await
-        .unwrap()
-        .expect("the ledger was deleted: its policy is Orphan");
-    assert_eq!(after.uid(), before.uid(), "the same ledger");
-    assert!(
-        after.owner_references().is_empty(),
-        "the ledger was left to the garbage collector: {:?}",
-        after.owner_references()
-    );
+    case.gone().await;
+    case.ledger_let_go().await;
     // The config child (policy Delete) is not let go of: still owned, or already taken
     // by the garbage collector.
-    if let Some(config) = cms.get_opt("r").await.unwrap() {
+    if let Some(config) = case.cms.get_opt("r").await.unwrap() {
         assert!(
             !config.owner_references().is_empty(),
             "the config child was let go of"
