@@ -320,7 +320,7 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
 /// ConfigMap child `ledger` whose policy is `Orphan`, its operator, and parent `r` Ready.
 struct Renaming {
     ns: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     rules: std::path::PathBuf,
     templates: std::path::PathBuf,
     /// The rule without the ledger.
@@ -353,7 +353,7 @@ impl Renaming {
         let ledger = cms.get("r-ledger").await.unwrap().uid();
         Renaming {
             ns,
-            _dir: dir,
+            dir,
             rules,
             templates,
             plain,
@@ -364,10 +364,13 @@ impl Renaming {
         }
     }
 
-    /// Writes `rule` (a rule text) renamed to `renamed-v2`.
+    /// Writes `rule` (a rule text) renamed to `renamed-v2`, at once (a reload must never
+    /// read a half-written file: no rule for the kind would release the parent).
     fn rename(&self, rule: &str) {
         let renamed = rule.replace("  name: renamed\n", "  name: renamed-v2\n");
-        std::fs::write(self.rules.join("renamed.yaml"), renamed).unwrap();
+        let new = self.dir.path().join("renamed.yaml.new");
+        std::fs::write(&new, renamed).unwrap();
+        std::fs::rename(&new, self.rules.join("renamed.yaml")).unwrap();
     }
 
     async fn gone(&self) {
@@ -425,6 +428,34 @@ async fn an_orphan_child_outlives_a_rename_that_drops_it() {
     case.parents.delete("r", &Default::default()).await.unwrap();
     case.gone().await;
     case.ledger_let_go().await;
+}
+
+/// A rename that also makes the `Orphan` child `Delete` (and the new rule then needs no
+/// finalizer): the rule as it is now decides, as in pruning, so the child is not let go
+/// of but taken over by the new rule (relabelled, still owned), and the parent stays
+/// Ready — no conflict over a child its own rule let go of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_that_makes_the_orphan_child_delete_takes_it_over() {
+    let client = client().await;
+    let case = Renaming::start(&client, "orphan-rename-delete").await;
+    let rule = std::fs::read_to_string(case.rules.join("renamed.yaml")).unwrap();
+    assert!(rule.contains("      deletionPolicy: Orphan\n"));
+    case.rename(&rule.replace("      deletionPolicy: Orphan\n", ""));
+    let ledger = wait_for(
+        T,
+        "the new rule to take over the ledger and drop the finalizer",
+        || async {
+            let ledger = case.cms.get("r-ledger").await.ok()?;
+            let p = case.parents.get("r").await.ok()?;
+            (ledger.labels().get("rulebook.dev/rule").map(String::as_str) == Some("renamed-v2")
+                && !has_finalizer(&p))
+            .then_some(ledger)
+        },
+    )
+    .await;
+    assert_eq!(ledger.uid(), case.ledger, "the same ledger");
+    assert_eq!(ledger.owner_references().len(), 1, "still owned");
+    wait_ready(&case.parents, "r", "True", None, T).await;
 }
 
 /// A rule renamed while no operator runs, its parent deleted meanwhile (held by the

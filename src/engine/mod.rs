@@ -110,6 +110,17 @@ pub struct Engine {
 /// How long a stopping rule may take to finish its in-flight reconciles.
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A rule's parent kind as `(group, kind)`: two versions of a kind are the same objects.
+fn parent_kind(rule: &CompiledRule) -> (String, String) {
+    let p = &rule.rule.spec.parent;
+    (
+        crate::meta::split_api_version(&p.api_version.value)
+            .0
+            .to_string(),
+        p.kind.value.clone(),
+    )
+}
+
 /// An event recorder: its own series cache (a rule run's, as before a restart or a
 /// reload), sending through the process's one bounded outbox.
 fn recorder(client: &Client, config: &EngineConfig, outbox: &Outbox) -> Recorder {
@@ -191,21 +202,17 @@ impl Engine {
         // ever: release them. A rule for their kind starting now cancels that.
         for old in &released {
             let p = &old.rule.spec.parent;
-            let key = (p.api_version.value.clone(), p.kind.value.clone());
-            // A rule for the same kind takes the finalizer off itself when it has no
-            // deletion steps.
-            let still = set.rules.values().any(|r| {
-                let q = &r.rule.spec.parent;
-                (q.api_version.value.as_str(), q.kind.value.as_str())
-                    == (key.0.as_str(), key.1.as_str())
-            });
+            let key = parent_kind(old);
+            // A rule for the same kind (at any version of its group: the same objects)
+            // takes the finalizer off itself when it has no deletion steps.
+            let still = set.rules.values().any(|r| parent_kind(r) == key);
             if still {
                 continue;
             }
             info!(rule = %old.name, "releasing the finalizers of the parents of a removed rule");
             let of = ParentsOf {
-                api_version: key.0.clone(),
-                kind: key.1.clone(),
+                api_version: p.api_version.value.clone(),
+                kind: p.kind.value.clone(),
                 namespace: self.config.namespace.clone(),
                 selector: self.config.parent_selector.clone(),
                 share: self.config.shard.as_ref().map(|s| s.ranges.clone()),
@@ -225,9 +232,7 @@ impl Engine {
         }
         for (name, rule) in &set.rules {
             if !self.running.contains_key(name) {
-                let p = &rule.rule.spec.parent;
-                let key = (p.api_version.value.clone(), p.kind.value.clone());
-                if let Some(release) = self.releases.remove(&key) {
+                if let Some(release) = self.releases.remove(&parent_kind(rule)) {
                     release.abort();
                 }
                 self.start(rule.clone()).await;

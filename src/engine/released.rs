@@ -240,6 +240,7 @@ async fn orphans_first(
         namespace: meta.namespace.as_deref(),
         uid,
         skip_rule: None,
+        rule_policy: None,
     };
     let mut done = Vec::new();
     for kind in &kinds {

@@ -28,7 +28,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::{Value as Json, json};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::context::{RuleContext, lock};
 use super::error::ReconcileError;
@@ -104,11 +104,17 @@ pub(super) async fn keep_finalizer(
         return Ok(true);
     }
     if !needs && let Some(uid) = parent.uid() {
-        // The finalizer comes off: another rule's `Orphan` children would go with the
-        // parent. Those this rule renders were taken over by its earlier reconciles.
+        // The finalizer comes off: another rule's `Orphan` children (a rename) would go
+        // with the parent. Until they are let go of, it stays, and the reconcile goes on.
         let (changes, result) = recorded::let_go_of_foreign(ctx, parent, &uid).await;
         report_changes(ctx, parent, &changes, Cause::Inputs);
-        result?;
+        if let Err(e) = result {
+            if matches!(e, ReconcileError::NotLeader) {
+                return Err(e);
+            }
+            warn!(rule = %ctx.rule.name, parent = %parent.name_any(), error = %e, "another rule's Orphan children are not let go of yet: the finalizer stays");
+            return Ok(true);
+        }
     }
     let mut body = finalizer_patch(parent, needs);
     body["metadata"]["annotations"] = json!({ labels::ORPHAN_KINDS: record });

@@ -29,7 +29,7 @@ use kube::{Resource, ResourceExt};
 use super::super::context::RuleContext;
 use super::super::error::ReconcileError;
 use super::super::events::Change;
-use super::super::prune::orphan_patch;
+use super::super::prune::{deletion_policy, orphan_patch};
 use super::super::writer::{Patched, WriteError, Writer};
 use crate::meta::{is_dns_label, labels, split_api_version};
 use crate::rules::DeletionPolicy;
@@ -128,7 +128,13 @@ pub struct OrphansOf<'a> {
     /// Children labelled with this rule are not looked at: they are the rule's own, which
     /// its caches show and its teardown handles as the rule says now.
     pub skip_rule: Option<&'a str>,
+    /// Whether the rule as it is now says `Orphan` for an object that recorded it (by
+    /// its child's name and kind, as pruning reads it); `None`: the record alone decides.
+    pub rule_policy: Option<&'a RulePolicy<'a>>,
 }
+
+/// [`OrphansOf::rule_policy`].
+pub type RulePolicy<'a> = dyn Fn(&DynamicObject) -> bool + Send + Sync + 'a;
 
 impl<'a> OrphansOf<'a> {
     pub(super) fn of(ctx: &'a RuleContext, parent: &'a DynamicObject, uid: &'a str) -> Self {
@@ -142,6 +148,7 @@ impl<'a> OrphansOf<'a> {
             namespace: parent.meta().namespace.as_deref(),
             uid,
             skip_rule: None,
+            rule_policy: None,
         }
     }
 }
@@ -208,13 +215,18 @@ pub(super) async fn let_go_of_foreign(
     parent: &DynamicObject,
     uid: &str,
 ) -> (Vec<Change>, Result<(), ReconcileError>) {
-    let of = OrphansOf {
-        skip_rule: Some(&ctx.rule.name),
-        ..OrphansOf::of(ctx, parent, uid)
-    };
     let mut done = Vec::new();
     let mut result = Ok(());
     for kind in &ctx.kinds {
+        // A child the rule still has (same name and kind) goes as the rule says now: one
+        // it made `Delete` is not let go of here, and its apply relabels it.
+        let says_orphan =
+            |o: &DynamicObject| deletion_policy(ctx, kind, o) == DeletionPolicy::Orphan;
+        let of = OrphansOf {
+            skip_rule: Some(&ctx.rule.name),
+            rule_policy: Some(&says_orphan),
+            ..OrphansOf::of(ctx, parent, uid)
+        };
         result = orphan_children_at(&of, &kind.ar, kind.namespaced, &mut done).await;
         if result.is_err() {
             break;
@@ -280,13 +292,16 @@ async fn orphan_children_at(
     };
     // Rulebook's mark and the parent's UID, not the rule's name: a parent's children are
     // its own whatever rule made them (`rulebook release` may not know the rule).
-    let selector = format!(
+    let mut selector = format!(
         "{}={},{}={}",
         labels::MANAGED_BY,
         labels::MANAGED_BY_VALUE,
         labels::OWNER,
         of.uid
     );
+    if let Some(rule) = of.skip_rule {
+        selector += &format!(",{}!={rule}", labels::RULE);
+    }
     let mut token: Option<String> = None;
     let mut not_done = None;
     loop {
@@ -301,7 +316,7 @@ async fn orphan_children_at(
                 metadata: item.metadata,
                 data: serde_json::Value::Null,
             };
-            if !owned_orphan(of, &obj) {
+            if !owned_orphan(of, &obj) || of.rule_policy.is_some_and(|orphan| !orphan(&obj)) {
                 continue; // left to the garbage collector with the parent, as its policy says
             }
             match orphan(of, ar, namespaced, obj).await? {
