@@ -194,9 +194,6 @@ pub(super) async fn teardown(
         }
         if !owns_recorded_orphans(ctx, parent) {
             // A rule change dropped the deletion steps: the garbage collector takes over.
-            if let Some(next) = let_go_of_foreign(ctx, parent, uid).await? {
-                return Ok(next);
-            }
             return finish(ctx, parent, uid, "the rule has no deletion steps any more").await;
         }
         // Children the rule no longer has, recorded `Orphan`: the waves let go of them
@@ -366,9 +363,6 @@ pub(super) async fn teardown(
             if uncached_children(ctx, parent, uid).await? {
                 return Ok(Action::requeue(STALE_RETRY));
             }
-            if let Some(next) = let_go_of_foreign(ctx, parent, uid).await? {
-                return Ok(next);
-            }
             finish(ctx, parent, uid, "every child is gone").await
         }
     }
@@ -472,13 +466,17 @@ async fn orphans_pending(
     }))
 }
 
-/// The last step: Rulebook's finalizer comes off, and the API server removes the parent.
+/// The last step: Rulebook's finalizer comes off, and the API server removes the parent
+/// — once another rule's `Orphan` children (a rename) are let go of.
 async fn finish(
     ctx: &RuleContext,
     parent: &DynamicObject,
     uid: &str,
     why: &str,
 ) -> Result<Action, ReconcileError> {
+    if let Some(next) = let_go_of_foreign(ctx, parent, uid).await? {
+        return Ok(next);
+    }
     let api = ctx.parent_api(parent);
     match patch_parent(
         ctx,
