@@ -1,7 +1,9 @@
 //! Hostile templates: each must fail fast, with an error that names the template (and
 //! line where there is one) and says which bound was hit.
 //!
-//! The time bound is a sanity check against hangs, not a performance assertion.
+//! The time bound is a guard against hangs, not a performance assertion: it is far above
+//! what any case takes (under 1 s alone in a debug build), because CI runs this binary
+//! beside others and one case once took 5.1 s there.
 //! The per-parent budget cases are in `hostile_templates/budget.rs`.
 
 #[path = "hostile_templates/budget.rs"]
@@ -15,7 +17,7 @@ use rulebook::render::{CompiledRule, DesiredChild, Limits, Observed, RenderError
 use rulebook::rules::{Diagnostics, Sources};
 use serde_json::{Value as Json, json};
 
-const BOUND: Duration = Duration::from_secs(5);
+const BOUND: Duration = Duration::from_secs(60);
 
 /// The start of every template: a valid ConfigMap header (lines 1-4).
 const HEAD: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: probe\n";
