@@ -11,7 +11,10 @@
 //! default 10) created at once. Measured: the time until every parent is Ready, the CPU
 //! seconds of the replicas, the API server and etcd over that time, and each replica's
 //! RSS once the parents it caches have settled (its `rulebook_cached_objects` gauges
-//! stable over two readings). The namespaces are deleted after each run.
+//! stable over two readings), and above its RSS when idle (started and watching, before
+//! the first parent): the part of the memory that comes with the load, which sharding
+//! divides; the idle part every replica pays in full. The namespaces are deleted after
+//! each run.
 //!
 //! Results: `target/bench/sharded.{md,json}` (medians and ranges). Nothing here asserts on
 //! timings; the first thing `main` does is check its own arithmetic.
@@ -298,6 +301,13 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
         Duration::from_secs(60),
     )
     .await?;
+    // Idle: running and watching, before any parent of this run (the memory that does not
+    // come with the load: the binary's pages, the runtime, the clients, the empty caches).
+    let idle_rss: Vec<f64> = replicas
+        .iter()
+        .map(|x| procs::usage_of(x.pid()).rss_mib)
+        .collect();
+    let idle_anon: Vec<f64> = replicas.iter().map(|x| rss_anon_mib(x.pid())).collect();
     let selector = format!("bench.rulebook.dev/run={run}");
     let tracker = cluster::ParentTracker::start_selected(parents.clone(), Some(&selector)).await?;
     let (apiserver, etcd) = (
@@ -407,7 +417,8 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
     eprintln!(
         "sharded: {r} replica(s): converged in {converge:.1} s (created in {created:.1} s); \
          replica CPU {replica_cpu:.1?} s; API server {api_cpu:.1} s, etcd {etcd_cpu:.1} s; \
-         RSS {rss:.1?} MiB (anonymous {anon:.1?}); cached objects {cached:?}; \
+         RSS {rss:.1?} MiB (anonymous {anon:.1?}; idle {idle_rss:.1?}, anonymous {idle_anon:.1?}); \
+         cached objects {cached:?}; \
          reconciles during it {reconciles:?}; sharding {sharding:?}"
     );
     drop(replicas);
@@ -432,6 +443,10 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
         "etcd_cpu_seconds": etcd_cpu,
         "rss_mib": rss,
         "rss_anon_mib": anon,
+        "idle_rss_mib": idle_rss,
+        "idle_rss_anon_mib": idle_anon,
+        "rss_above_idle_mib": rss.iter().zip(&idle_rss).map(|(a, b)| a - b).collect::<Vec<f64>>(),
+        "rss_anon_above_idle_mib": anon.iter().zip(&idle_anon).map(|(a, b)| a - b).collect::<Vec<f64>>(),
         "cached_objects": cached,
         "reconciles": reconciles,
         "sharding": sharding,
@@ -551,8 +566,8 @@ fn report(cfg: &Cfg, runs: &[Json]) -> String {
         "# One replica against sharded replicas\n\n{} parents ({} per namespace, 3 children each; \
          converge and CPU are of the parents after the first of each namespace), {} round(s); \
          medians (range).\n\n\
-         | replicas | converge | replica CPU, all | API server CPU | etcd CPU | RSS per replica | max RSS per replica, % of one replica's | anonymous RSS per replica | max anonymous RSS, % of one replica's |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+         | replicas | converge | replica CPU, all | API server CPU | etcd CPU | RSS per replica | max RSS per replica, % of one replica's | anonymous RSS per replica | max anonymous RSS, % of one replica's | idle RSS per replica | RSS above idle per replica | max RSS above idle, % of one replica's |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
         cfg.n, cfg.per, cfg.repeats
     );
     let of = |r: usize| -> Vec<&Json> { runs.iter().filter(|x| x["replicas"] == r).collect() };
@@ -600,7 +615,7 @@ fn report(cfg: &Cfg, runs: &[Json]) -> String {
             })
             .collect();
         md.push_str(&format!(
-            "| {r} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {r} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             cell(&nums(&rs, "converge_seconds"), " s"),
             cell(&cpu_sum, " s"),
             cell(&nums(&rs, "apiserver_cpu_seconds"), " s"),
@@ -612,12 +627,21 @@ fn report(cfg: &Cfg, runs: &[Json]) -> String {
                 &pct(largest(&rs, "rss_anon_mib"), single("rss_anon_mib")),
                 " %"
             ),
+            cell(&each(&rs, "idle_rss_mib"), " MiB"),
+            cell(&each(&rs, "rss_above_idle_mib"), " MiB"),
+            cell(
+                &pct(
+                    largest(&rs, "rss_above_idle_mib"),
+                    single("rss_above_idle_mib")
+                ),
+                " %"
+            ),
         ));
     }
     md.push_str("\nEvery run (`sharded.json`):\n\n");
     for x in runs {
         md.push_str(&format!(
-            "- {} replica(s), round {}: converge {:.1} s; CPU {} s; RSS {} MiB (anonymous {}); \
+            "- {} replica(s), round {}: converge {:.1} s; CPU {} s; RSS {} MiB (anonymous {}; idle {}); \
              cached objects {}; reconciles during the converge {}; share {}; sharding {}\n",
             x["replicas"],
             x["round"],
@@ -625,6 +649,7 @@ fn report(cfg: &Cfg, runs: &[Json]) -> String {
             x["replica_cpu_seconds"],
             x["rss_mib"],
             x["rss_anon_mib"],
+            x["idle_rss_mib"],
             x["cached_objects"],
             x["reconciles"],
             x["share_percent"],
