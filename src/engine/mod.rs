@@ -121,6 +121,15 @@ fn parent_kind(rule: &CompiledRule) -> (String, String) {
     )
 }
 
+/// Whether a rule of `rules` still reconciles the parents of the removed rule `old`: one
+/// for the same kind at any version of its group (the same objects), which takes the
+/// finalizer off itself when it has no deletion steps. Then `old`'s parents are not
+/// released: a release would let go of `Orphan` children the other rule still has.
+fn still_ruled<'a>(old: &CompiledRule, mut rules: impl Iterator<Item = &'a CompiledRule>) -> bool {
+    let key = parent_kind(old);
+    rules.any(|r| parent_kind(r) == key)
+}
+
 /// An event recorder: its own series cache (a rule run's, as before a restart or a
 /// reload), sending through the process's one bounded outbox.
 fn recorder(client: &Client, config: &EngineConfig, outbox: &Outbox) -> Recorder {
@@ -203,10 +212,7 @@ impl Engine {
         for old in &released {
             let p = &old.rule.spec.parent;
             let key = parent_kind(old);
-            // A rule for the same kind (at any version of its group: the same objects)
-            // takes the finalizer off itself when it has no deletion steps.
-            let still = set.rules.values().any(|r| parent_kind(r) == key);
-            if still {
+            if still_ruled(old, set.rules.values().map(|r| &**r)) {
                 continue;
             }
             info!(rule = %old.name, "releasing the finalizers of the parents of a removed rule");
@@ -361,5 +367,49 @@ impl Engine {
         for name in names {
             self.stop(&name).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A compiled rule `name` over `apiVersion`'s `kind`.
+    fn rule(name: &str, api_version: &str, kind: &str) -> Arc<CompiledRule> {
+        let text = format!(
+            "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: {name}\nspec:\n  parent:\n    apiVersion: {api_version}\n    kind: {kind}\n  children:\n    - name: c\n      apiVersion: v1\n      kind: ConfigMap\n      template: t.yaml\n      deletionPolicy: Orphan\n"
+        );
+        let sources = crate::rules::Sources {
+            rule_files: vec![(format!("{name}.yaml"), text)],
+            templates: [(
+                "t.yaml".to_string(),
+                ("t.yaml".to_string(), "metadata:\n  name: x\n".to_string()),
+            )]
+            .into(),
+        };
+        let set = crate::render::compile(&sources, &crate::render::Limits::default())
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        set.rules[name].clone()
+    }
+
+    #[test]
+    fn a_rule_for_the_same_kind_at_another_version_of_its_group_keeps_the_parents() {
+        let old = rule("a", "example.com/v1", "App");
+        let at_v2 = rule("b", "example.com/v2", "App");
+        assert!(still_ruled(&old, [&*at_v2].into_iter()));
+        assert!(still_ruled(
+            &old,
+            [&*rule("c", "example.com/v1", "App")].into_iter()
+        ));
+        // Another kind, or the same kind in another group: released.
+        assert!(!still_ruled(
+            &old,
+            [&*rule("d", "example.com/v1", "Web")].into_iter()
+        ));
+        assert!(!still_ruled(
+            &old,
+            [&*rule("e", "other.io/v1", "App")].into_iter()
+        ));
+        assert!(!still_ruled(&old, std::iter::empty()));
     }
 }
