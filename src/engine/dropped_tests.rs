@@ -13,17 +13,7 @@ fn rule(children: &[(&str, &str, &str, &str)]) -> Arc<CompiledRule> {
             "    - name: {name}\n      apiVersion: {api_version}\n      kind: {kind}\n      template: t.yaml\n      deletionPolicy: {policy}\n"
         );
     }
-    let sources = crate::rules::Sources {
-        rule_files: vec![("r.yaml".into(), text)],
-        templates: [(
-            "t.yaml".to_string(),
-            ("t.yaml".to_string(), "metadata:\n  name: x\n".to_string()),
-        )]
-        .into(),
-    };
-    let set = crate::render::compile(&sources, &crate::render::Limits::default())
-        .unwrap_or_else(|e| panic!("{e:?}"));
-    set.rules["r"].clone()
+    super::super::compiled_for_test("r", text)
 }
 
 fn meta(v: serde_json::Value) -> ObjectMeta {

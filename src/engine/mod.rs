@@ -370,26 +370,35 @@ impl Engine {
     }
 }
 
+/// The rule `name` of the rule file `text`, compiled with one template `t.yaml` (for the
+/// engine's unit tests).
+#[cfg(test)]
+fn compiled_for_test(name: &str, text: String) -> Arc<CompiledRule> {
+    let sources = crate::rules::Sources {
+        rule_files: vec![(format!("{name}.yaml"), text)],
+        templates: [(
+            "t.yaml".to_string(),
+            ("t.yaml".to_string(), "metadata:\n  name: x\n".to_string()),
+        )]
+        .into(),
+    };
+    let set = crate::render::compile(&sources, &crate::render::Limits::default())
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    set.rules[name].clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// A compiled rule `name` over `apiVersion`'s `kind`.
     fn rule(name: &str, api_version: &str, kind: &str) -> Arc<CompiledRule> {
-        let text = format!(
-            "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: {name}\nspec:\n  parent:\n    apiVersion: {api_version}\n    kind: {kind}\n  children:\n    - name: c\n      apiVersion: v1\n      kind: ConfigMap\n      template: t.yaml\n      deletionPolicy: Orphan\n"
-        );
-        let sources = crate::rules::Sources {
-            rule_files: vec![(format!("{name}.yaml"), text)],
-            templates: [(
-                "t.yaml".to_string(),
-                ("t.yaml".to_string(), "metadata:\n  name: x\n".to_string()),
-            )]
-            .into(),
-        };
-        let set = crate::render::compile(&sources, &crate::render::Limits::default())
-            .unwrap_or_else(|e| panic!("{e:?}"));
-        set.rules[name].clone()
+        compiled_for_test(
+            name,
+            format!(
+                "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: {name}\nspec:\n  parent:\n    apiVersion: {api_version}\n    kind: {kind}\n  children:\n    - name: c\n      apiVersion: v1\n      kind: ConfigMap\n      template: t.yaml\n      deletionPolicy: Orphan\n"
+            ),
+        )
     }
 
     #[test]
