@@ -6,6 +6,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use common::reload::*;
@@ -16,6 +17,45 @@ use serde_json::{Value as Json, json};
 
 const T: Duration = Duration::from_secs(120);
 
+/// The `Orphan` children the rules here are given.
+const VAULT: Extra<'static> = Extra {
+    name: "vault",
+    kind: "Secret",
+    line: "deletionPolicy: Orphan",
+    body: "stringData:\n  t: x\n",
+};
+const LEDGER: Extra<'static> = Extra {
+    name: "ledger",
+    kind: "ConfigMap",
+    line: "deletionPolicy: Orphan",
+    body: "data:\n  l: x\n",
+};
+
+/// A test's namespace and rule directory.
+struct Setup {
+    ns: String,
+    dir: tempfile::TempDir,
+    rules: PathBuf,
+    templates: PathBuf,
+    /// The rule without its `extra` children.
+    plain: String,
+}
+
+/// A namespace named after `prefix`, and `kind`'s rule with its plain children and `extra`.
+async fn set_up(client: &kube::Client, prefix: &str, kind: &str, extra: &[Extra<'_>]) -> Setup {
+    let ns = namespace(client, prefix).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
+    let plain = with_children(&rules, &templates, kind, extra, false);
+    Setup {
+        ns,
+        dir,
+        rules,
+        templates,
+        plain,
+    }
+}
+
 /// A child with `deletionPolicy: Orphan` outlives the rule edit that removes it, whether
 /// its kind leaves the rule with it (the clean-up of dropped kinds) or stays for another
 /// child (the parent's own pruning): let go of, not deleted. The policy travels with the
@@ -23,30 +63,13 @@ const T: Duration = Duration::from_secs(120);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_child_outlives_its_removal_from_the_rule() {
     let client = client().await;
-    let ns = namespace(&client, "reload-orphan").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
-    let orphan = "deletionPolicy: Orphan";
-    let plain = with_children(
-        &rules,
-        &templates,
-        "Keeper",
-        &[
-            Extra {
-                name: "vault",
-                kind: "Secret",
-                line: orphan,
-                body: "stringData:\n  t: x\n",
-            },
-            Extra {
-                name: "ledger",
-                kind: "ConfigMap",
-                line: orphan,
-                body: "data:\n  l: x\n",
-            },
-        ],
-        false,
-    );
+    let Setup {
+        ns,
+        dir: _dir,
+        rules,
+        templates,
+        plain,
+    } = set_up(&client, "reload-orphan", "Keeper", &[VAULT, LEDGER]).await;
     let rule_file = rules.join("keeper.yaml");
     let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
     let keepers = parents_api(&client, &ns, "Keeper").await;
@@ -106,16 +129,13 @@ async fn an_orphan_child_outlives_its_removal_from_the_rule() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_child_outlives_a_parent_deleted_across_the_edit() {
     let client = client().await;
-    let ns = namespace(&client, "reload-orphan-gone").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
-    let ledger = Extra {
-        name: "ledger",
-        kind: "ConfigMap",
-        line: "deletionPolicy: Orphan",
-        body: "data:\n  l: x\n",
-    };
-    let plain = with_children(&rules, &templates, "Hoarder", &[ledger], false);
+    let Setup {
+        ns,
+        dir: _dir,
+        rules,
+        templates,
+        plain,
+    } = set_up(&client, "reload-orphan-gone", "Hoarder", &[LEDGER]).await;
     let rule_file = rules.join("hoarder.yaml");
     let mut op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
     let hoarders = parents_api(&client, &ns, "Hoarder").await;
@@ -169,16 +189,13 @@ async fn an_orphan_child_outlives_a_parent_deleted_across_the_edit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() {
     let client = client().await;
-    let ns = namespace(&client, "orphan-offline").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
-    let vault = Extra {
-        name: "vault",
-        kind: "Secret",
-        line: "deletionPolicy: Orphan",
-        body: "stringData:\n  t: x\n",
-    };
-    let plain = with_children(&rules, &templates, "Stasher", &[vault], false);
+    let Setup {
+        ns,
+        dir: _dir,
+        rules,
+        templates,
+        plain,
+    } = set_up(&client, "orphan-offline", "Stasher", &[VAULT]).await;
     let rule_file = rules.join("stasher.yaml");
     let mut op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
     let stashers = parents_api(&client, &ns, "Stasher").await;
@@ -334,16 +351,13 @@ struct Renaming {
 
 impl Renaming {
     async fn start(client: &kube::Client, prefix: &str) -> Renaming {
-        let ns = namespace(client, prefix).await;
-        let dir = tempfile::tempdir().unwrap();
-        let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
-        let ledger = Extra {
-            name: "ledger",
-            kind: "ConfigMap",
-            line: "deletionPolicy: Orphan",
-            body: "data:\n  l: x\n",
-        };
-        let plain = with_children(&rules, &templates, "Renamed", &[ledger], false);
+        let Setup {
+            ns,
+            dir,
+            rules,
+            templates,
+            plain,
+        } = set_up(client, prefix, "Renamed", &[LEDGER]).await;
         let op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
         let parents = parents_api(client, &ns, "Renamed").await;
         let cms = api(client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -523,16 +537,13 @@ fn rbac(rules: &std::path::Path, templates: &std::path::Path, role: &str, ns: &s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_teardown_waits_for_orphans_it_may_not_list() {
     let client = client().await;
-    let ns = namespace(&client, "orphan-forbidden").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
-    let vault = Extra {
-        name: "vault",
-        kind: "Secret",
-        line: "deletionPolicy: Orphan",
-        body: "stringData:\n  t: x\n",
-    };
-    let plain = with_children(&rules, &templates, "Withholder", &[vault], false);
+    let Setup {
+        ns,
+        dir: _dir,
+        rules,
+        templates,
+        plain,
+    } = set_up(&client, "orphan-forbidden", "Withholder", &[VAULT]).await;
     let role = unique("rulebook-orphans");
     let with_secrets = rbac(&rules, &templates, &role, &ns);
     let kubeconfig =
@@ -593,16 +604,13 @@ async fn a_teardown_waits_for_orphans_it_may_not_list() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_record_and_the_finalizer_come_off_once_the_clean_up_is_done() {
     let client = client().await;
-    let ns = namespace(&client, "orphan-done").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
-    let vault = Extra {
-        name: "vault",
-        kind: "Secret",
-        line: "deletionPolicy: Orphan",
-        body: "stringData:\n  t: x\n",
-    };
-    let plain = with_children(&rules, &templates, "Shedder", &[vault], false);
+    let Setup {
+        ns,
+        dir: _dir,
+        rules,
+        templates,
+        plain,
+    } = set_up(&client, "orphan-done", "Shedder", &[VAULT]).await;
     let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
     let shedders = parents_api(&client, &ns, "Shedder").await;
     let names: Vec<String> = (0..30).map(|i| format!("s{i}")).collect();
