@@ -121,13 +121,16 @@ fn parent_kind(rule: &CompiledRule) -> (String, String) {
     )
 }
 
-/// Whether a rule of `rules` still reconciles the parents of the removed rule `old`: one
+/// Whether a rule of `rules` still reconciles the parents of a removed rule `old`: one
 /// for the same kind at any version of its group (the same objects), which takes the
 /// finalizer off itself when it has no deletion steps. Then `old`'s parents are not
 /// released: a release would let go of `Orphan` children the other rule still has.
-fn still_ruled<'a>(old: &CompiledRule, mut rules: impl Iterator<Item = &'a CompiledRule>) -> bool {
-    let key = parent_kind(old);
-    rules.any(|r| parent_kind(r) == key)
+/// `key` is `old`'s [`parent_kind`].
+fn still_ruled<'a>(
+    key: &(String, String),
+    mut rules: impl Iterator<Item = &'a CompiledRule>,
+) -> bool {
+    rules.any(|r| parent_kind(r) == *key)
 }
 
 /// An event recorder: its own series cache (a rule run's, as before a restart or a
@@ -212,7 +215,7 @@ impl Engine {
         for old in &released {
             let p = &old.rule.spec.parent;
             let key = parent_kind(old);
-            if still_ruled(old, set.rules.values().map(|r| &**r)) {
+            if still_ruled(&key, set.rules.values().map(|r| &**r)) {
                 continue;
             }
             info!(rule = %old.name, "releasing the finalizers of the parents of a removed rule");
@@ -403,7 +406,7 @@ mod tests {
 
     #[test]
     fn a_rule_for_the_same_kind_at_another_version_of_its_group_keeps_the_parents() {
-        let old = rule("a", "example.com/v1", "App");
+        let old = parent_kind(&rule("a", "example.com/v1", "App"));
         let at_v2 = rule("b", "example.com/v2", "App");
         assert!(still_ruled(&old, [&*at_v2].into_iter()));
         assert!(still_ruled(

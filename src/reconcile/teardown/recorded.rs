@@ -205,9 +205,9 @@ pub(super) async fn let_go_of_kinds(
 /// Lets go of the parent's `Orphan` children of the rule's own kinds that another rule
 /// made: the rule was renamed, or replaced by another rule for this parent kind (there is
 /// at most one; the old rule's release is skipped while a rule for the kind runs). The
-/// rule's caches select by its own
-/// name and never show them, so neither its prune nor its teardown's waves would, and the
-/// garbage collector would delete them with the parent. Called only where Rulebook's
+/// rule's caches select by its own name and never show them, so neither its prune nor
+/// its teardown's waves would, and the garbage collector would delete them with the
+/// parent. Called only where Rulebook's
 /// finalizer is about to come off: one paged list per child kind, once per parent.
 /// Returns the children let go of, and the first failure.
 pub(super) async fn let_go_of_foreign(
