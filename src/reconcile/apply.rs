@@ -137,7 +137,11 @@ pub(super) async fn apply_child(
         (None, Some(o)) => Live::Fetched(o),
         (None, None) => Live::Absent,
     };
-    if matches!(live, Live::Absent)
+    if cached.is_some() {
+        if ctx.created.awaits_any() {
+            ctx.created.arrived(&created_key(ctx, d, &t));
+        }
+    } else if matches!(live, Live::Absent)
         && ctx
             .created
             .on_its_way(&created_key(ctx, d, &t), Instant::now())

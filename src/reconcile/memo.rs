@@ -237,12 +237,31 @@ impl Created {
 
     /// Whether the child at `key`, which the cache does not hold, was created by this
     /// process less than [`CREATED_LAG`] ago: its watch event is still to come (and
-    /// reconciles the parent again). Answers once per create: asked again, the child is
-    /// looked for anew.
+    /// reconciles the parent again). Asked again before the cache has it — the parent's
+    /// other children's events reconcile it meanwhile — the answer stays yes: each of
+    /// those reconciles would otherwise send a create the API server refuses, and a read.
     pub fn on_its_way(&self, key: &str, now: Instant) -> bool {
-        lock(&self.0)
-            .remove(key)
-            .is_some_and(|at| now.saturating_duration_since(at) < CREATED_LAG)
+        let mut m = lock(&self.0);
+        match m.get(key) {
+            Some(at) if now.saturating_duration_since(*at) < CREATED_LAG => true,
+            Some(_) => {
+                m.remove(key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The cache holds the child at `key` now: a later miss means it was deleted, and is
+    /// created again at once.
+    pub fn arrived(&self, key: &str) {
+        lock(&self.0).remove(key);
+    }
+
+    /// Whether any create awaits its watch event (at steady state none does, and a cached
+    /// child's key need not be built).
+    pub fn awaits_any(&self) -> bool {
+        !lock(&self.0).is_empty()
     }
 }
 
@@ -357,7 +376,7 @@ mod tests {
     }
 
     #[test]
-    fn a_created_child_is_on_its_way_once_and_only_for_a_while() {
+    fn a_created_child_is_on_its_way_until_cached_and_only_for_a_while() {
         let c = Created::default();
         let t0 = Instant::now();
         let k = Created::key(1, Some("n"), "p-a");
@@ -369,8 +388,13 @@ mod tests {
         );
         assert!(c.on_its_way(&k, t0 + Duration::from_secs(1)));
         assert!(
-            !c.on_its_way(&k, t0 + Duration::from_secs(1)),
-            "once per create"
+            c.on_its_way(&k, t0 + Duration::from_secs(2)),
+            "asked again before the cache has it"
+        );
+        c.arrived(&k);
+        assert!(
+            !c.on_its_way(&k, t0 + Duration::from_secs(3)),
+            "cached, then missing: deleted"
         );
         c.record(k.clone(), t0);
         assert!(
