@@ -20,7 +20,9 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    FieldsV1, ManagedFieldsEntry, ObjectMeta, OwnerReference, Time,
+};
 use kube::api::{ApiResource, DynamicObject, TypeMeta};
 use kube::core::DynamicResourceScope;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
@@ -121,8 +123,7 @@ impl<'de, const CHILD: bool> Visitor<'de> for WireVisitor<CHILD> {
                 "apiVersion" => api_version = Some(map.next_value()?),
                 "kind" => kind = Some(map.next_value()?),
                 "metadata" => {
-                    let raw: BTreeMap<String, Box<RawValue>> = map.next_value()?;
-                    let meta = metadata_from(raw).map_err(de::Error::custom)?;
+                    let meta = map.next_value::<MetaWire>()?.into_meta();
                     if CHILD && !could_be_child(&meta) {
                         keep = false;
                     }
@@ -161,61 +162,88 @@ impl<'de, const CHILD: bool> Visitor<'de> for WireVisitor<CHILD> {
     }
 }
 
-/// Why an object's metadata does not read (the API server never sends such metadata).
-#[derive(Debug, thiserror::Error)]
-pub enum MetadataError {
-    #[error("invalid metadata: {0}")]
-    Metadata(#[source] serde_json::Error),
-    #[error("invalid managedFields: {0}")]
-    ManagedFields(#[source] serde_json::Error),
-}
-
-/// Typed metadata from its raw fields. Every field the API server allows in `metadata`
-/// is shallow but `managedFields[].fieldsV1`, which mirrors the object's own depth: only
+/// `metadata` as read in one pass: [`ObjectMeta`]'s fields, with each managedFields
+/// entry's `fieldsV1` captured as raw text. Every field the API server allows in
+/// `metadata` is shallow but `fieldsV1`, which mirrors the object's own depth: only
 /// Rulebook's own Apply entry keeps it (as JSON text, the form [`super::cache`] keeps);
 /// other managers keep their name, operation and time.
-fn metadata_from(mut raw: BTreeMap<String, Box<RawValue>>) -> Result<ObjectMeta, MetadataError> {
-    let managed = raw.remove("managedFields");
-    let text = object_text(raw.iter().map(|(k, v)| (k.as_str(), v.get())));
-    let mut meta: ObjectMeta = serde_json::from_str(&text).map_err(MetadataError::Metadata)?;
-    if let Some(managed) = managed {
-        let entries: Vec<BTreeMap<String, Box<RawValue>>> =
-            serde_json::from_str(managed.get()).map_err(MetadataError::ManagedFields)?;
-        let mut out = Vec::with_capacity(entries.len());
-        for mut e in entries {
-            let fields = e.remove("fieldsV1");
-            let text = object_text(e.iter().map(|(k, v)| (k.as_str(), v.get())));
-            let mut entry: ManagedFieldsEntry =
-                serde_json::from_str(&text).map_err(MetadataError::ManagedFields)?;
-            match fields {
-                Some(f) if super::cache::is_own_apply(&entry) => {
-                    entry.fields_v1 = Some(FieldsV1(Json::String(f.get().into())))
-                }
-                _ => {
-                    entry.fields_v1 = None;
-                    entry.fields_type = None;
-                }
-            }
-            out.push(entry);
-        }
-        meta.managed_fields = Some(out);
-    }
-    Ok(meta)
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaWire {
+    annotations: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    deletion_timestamp: Option<Time>,
+    finalizers: Option<Vec<String>>,
+    generate_name: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    managed_fields: Option<Vec<ManagedWire>>,
+    name: Option<String>,
+    namespace: Option<String>,
+    owner_references: Option<Vec<OwnerReference>>,
+    resource_version: Option<String>,
+    self_link: Option<String>,
+    uid: Option<String>,
 }
 
-/// A JSON object's text from its fields' raw JSON texts.
-fn object_text<'a>(fields: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
-    let mut text = String::from("{");
-    for (k, v) in fields {
-        if text.len() > 1 {
-            text.push(',');
+/// One managedFields entry, its `fieldsV1` unparsed.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ManagedWire {
+    api_version: Option<String>,
+    fields_type: Option<String>,
+    #[serde(rename = "fieldsV1")]
+    fields_v1: Option<Box<RawValue>>,
+    manager: Option<String>,
+    operation: Option<String>,
+    subresource: Option<String>,
+    time: Option<Time>,
+}
+
+impl MetaWire {
+    fn into_meta(self) -> ObjectMeta {
+        let managed_fields = self.managed_fields.map(|entries| {
+            entries
+                .into_iter()
+                .map(|e| {
+                    let mut entry = ManagedFieldsEntry {
+                        api_version: e.api_version,
+                        fields_type: e.fields_type,
+                        fields_v1: None,
+                        manager: e.manager,
+                        operation: e.operation,
+                        subresource: e.subresource,
+                        time: e.time,
+                    };
+                    match e.fields_v1 {
+                        Some(f) if super::cache::is_own_apply(&entry) => {
+                            entry.fields_v1 = Some(FieldsV1(Json::String(f.get().into())))
+                        }
+                        _ => entry.fields_type = None,
+                    }
+                    entry
+                })
+                .collect()
+        });
+        ObjectMeta {
+            annotations: self.annotations,
+            creation_timestamp: self.creation_timestamp,
+            deletion_grace_period_seconds: self.deletion_grace_period_seconds,
+            deletion_timestamp: self.deletion_timestamp,
+            finalizers: self.finalizers,
+            generate_name: self.generate_name,
+            generation: self.generation,
+            labels: self.labels,
+            managed_fields,
+            name: self.name,
+            namespace: self.namespace,
+            owner_references: self.owner_references,
+            resource_version: self.resource_version,
+            self_link: self.self_link,
+            uid: self.uid,
         }
-        text.push_str(&Json::String(k.to_string()).to_string());
-        text.push(':');
-        text.push_str(v);
     }
-    text.push('}');
-    text
 }
 
 /// How deeply serde_json reads (its recursion limit): deeper content cannot be read.
@@ -335,6 +363,36 @@ mod tests {
         let spoofed: Wire<true> = serde_json::from_str(&child("u1", "u2")).unwrap();
         assert!(spoofed.content.is_none());
         assert!(is_stub(&spoofed.into_packed()));
+    }
+
+    #[test]
+    fn metadata_reads_as_kubernetes_reads_it_less_other_managers_field_sets() {
+        let meta = json!({
+            "annotations": {"a": "1"}, "creationTimestamp": "2026-01-02T03:04:05Z",
+            "deletionGracePeriodSeconds": 30, "deletionTimestamp": "2026-01-02T03:04:06Z",
+            "finalizers": ["f"], "generateName": "g-", "generation": 7,
+            "labels": {"l": "2"}, "name": "n", "namespace": "ns",
+            "ownerReferences": [{"apiVersion": "x/v1", "kind": "P", "name": "p",
+                "uid": "u", "controller": true, "blockOwnerDeletion": true}],
+            "resourceVersion": "42", "selfLink": "/x", "uid": "u9", "unknownField": {"x": 1},
+            "managedFields": [
+                {"apiVersion": "v1", "manager": "rulebook", "operation": "Apply",
+                 "time": "2026-01-02T03:04:07Z", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:data": {"f:k": {}}}},
+                {"apiVersion": "v1", "manager": "kubectl", "operation": "Update",
+                 "subresource": "status", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:status": {}}}]
+        });
+        let text = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta});
+        let ours: Wire<false> = serde_json::from_str(&text.to_string()).unwrap();
+        let mut theirs: ObjectMeta = serde_json::from_value(meta).unwrap();
+        let managed = theirs.managed_fields.as_mut().unwrap();
+        managed[0].fields_v1 = Some(FieldsV1(Json::String(
+            r#"{"f:data":{"f:k":{}}}"#.into(),
+        )));
+        managed[1].fields_v1 = None;
+        managed[1].fields_type = None;
+        assert_eq!(ours.metadata, theirs);
     }
 
     #[test]
