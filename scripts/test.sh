@@ -33,6 +33,12 @@ mkdir -p "$logs"
 # Run alone, after everything else, in this order.
 exclusive=(api_restart)
 heavy=faults_heavy
+# Timed against a Lease (a SIGKILLed replica's parents reconciled by the survivors within
+# the Lease + 10 s, as issue 19 asks): while one runs, one binary at most runs beside it.
+# With two more beside it on 2 cores, the survivors' relist and reconciles took 20.6 s
+# once (8-11 s with one).
+crowd_shy=(sharding)
+
 # Started first, longest first (their last durations), so the tail of the first step is
 # short binaries rather than one long one started last.
 long_first=(sharding steady_state faults tenants sharding_fence sharding_rolling
@@ -119,8 +125,21 @@ finish() {
 
 echo "scripts/test.sh: ${#order[@]} test binaries, $jobs at a time"
 step1=$(date +%s)
+# How many binaries may run now: fewer while a crowd-shy one runs.
+limit() {
+	local p x
+	for p in "${!pid_name[@]}"; do
+		for x in "${crowd_shy[@]}"; do
+			if [[ "${pid_name[$p]}" == "$x" ]] && ((jobs > 2)); then
+				echo 2
+				return
+			fi
+		done
+	done
+	echo "$jobs"
+}
 for name in "${order[@]}"; do
-	while ((${#pid_name[@]} >= jobs)); do
+	while ((${#pid_name[@]} >= $(limit))); do
 		wait -n -p done_pid
 		rc=$?
 		finish "${pid_name[$done_pid]}" "$rc" $(($(date +%s) - pid_start[$done_pid]))
