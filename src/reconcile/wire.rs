@@ -387,9 +387,7 @@ mod tests {
         let ours: Wire<false> = serde_json::from_str(&text.to_string()).unwrap();
         let mut theirs: ObjectMeta = serde_json::from_value(meta).unwrap();
         let managed = theirs.managed_fields.as_mut().unwrap();
-        managed[0].fields_v1 = Some(FieldsV1(Json::String(
-            r#"{"f:data":{"f:k":{}}}"#.into(),
-        )));
+        managed[0].fields_v1 = Some(FieldsV1(Json::String(r#"{"f:data":{"f:k":{}}}"#.into())));
         managed[1].fields_v1 = None;
         managed[1].fields_type = None;
         assert_eq!(ours.metadata, theirs);
