@@ -308,6 +308,7 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
         .map(|x| procs::usage_of(x.pid()).rss_mib)
         .collect();
     let idle_anon: Vec<f64> = replicas.iter().map(|x| rss_anon_mib(x.pid())).collect();
+    let idle_sockets: Vec<usize> = replicas.iter().map(|x| sockets_of(x.pid())).collect();
     let selector = format!("bench.rulebook.dev/run={run}");
     let tracker = cluster::ParentTracker::start_selected(parents.clone(), Some(&selector)).await?;
     let (apiserver, etcd) = (
@@ -399,6 +400,13 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
     // The anonymous part of RSS (the rest is the binary's pages, the same in every
     // replica), and what each replica did: reconciles, and its sharding status.
     let anon: Vec<f64> = replicas.iter().map(|x| rss_anon_mib(x.pid())).collect();
+    // What a replica holds whatever its share: open sockets (connections the client keeps
+    // for later requests, each with its TLS and HTTP buffers) and threads.
+    let sockets: Vec<usize> = replicas.iter().map(|x| sockets_of(x.pid())).collect();
+    let threads: Vec<f64> = replicas
+        .iter()
+        .map(|x| status_field(x.pid(), "Threads:"))
+        .collect();
     let mut reconciles = Vec::new();
     let mut shares: Vec<Json> = Vec::new();
     let mut sharding: Vec<Json> = Vec::new();
@@ -418,7 +426,7 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
         "sharded: {r} replica(s): converged in {converge:.1} s (created in {created:.1} s); \
          replica CPU {replica_cpu:.1?} s; API server {api_cpu:.1} s, etcd {etcd_cpu:.1} s; \
          RSS {rss:.1?} MiB (anonymous {anon:.1?}; idle {idle_rss:.1?}, anonymous {idle_anon:.1?}); \
-         cached objects {cached:?}; \
+         cached objects {cached:?}; sockets {sockets:?} (idle {idle_sockets:?}), threads {threads:?}; \
          reconciles during it {reconciles:?}; sharding {sharding:?}"
     );
     drop(replicas);
@@ -448,6 +456,9 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
         "rss_above_idle_mib": rss.iter().zip(&idle_rss).map(|(a, b)| a - b).collect::<Vec<f64>>(),
         "rss_anon_above_idle_mib": anon.iter().zip(&idle_anon).map(|(a, b)| a - b).collect::<Vec<f64>>(),
         "cached_objects": cached,
+        "sockets": sockets,
+        "idle_sockets": idle_sockets,
+        "threads": threads,
         "reconciles": reconciles,
         "sharding": sharding,
         "share_percent": shares,
@@ -456,13 +467,32 @@ async fn run(cfg: &Cfg, client: &kube::Client, r: usize, round: usize) -> Result
 
 /// The anonymous resident memory of a process (`RssAnon`), MiB.
 fn rss_anon_mib(pid: u32) -> f64 {
+    status_field(pid, "RssAnon:") / 1024.0
+}
+
+/// A number from `/proc/<pid>/status` (`field` with its colon); 0 when unreadable.
+fn status_field(pid: u32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("RssAnon:"))?;
+            let line = s.lines().find(|l| l.starts_with(field))?;
             line.split_whitespace().nth(1)?.parse::<f64>().ok()
         })
-        .map_or(0.0, |kib| kib / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// How many sockets a process has open.
+fn sockets_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|fds| {
+            fds.flatten()
+                .filter(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|t| t.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 /// Creates parents `b<i>` for each `i` in `names` in every namespace of `spaces`.
@@ -642,7 +672,7 @@ fn report(cfg: &Cfg, runs: &[Json]) -> String {
     for x in runs {
         md.push_str(&format!(
             "- {} replica(s), round {}: converge {:.1} s; CPU {} s; RSS {} MiB (anonymous {}; idle {}); \
-             cached objects {}; reconciles during the converge {}; share {}; sharding {}\n",
+             cached objects {}; sockets {} (idle {}), threads {}; reconciles during the converge {}; share {}; sharding {}\n",
             x["replicas"],
             x["round"],
             x["converge_seconds"].as_f64().unwrap_or(f64::NAN),
@@ -651,6 +681,9 @@ fn report(cfg: &Cfg, runs: &[Json]) -> String {
             x["rss_anon_mib"],
             x["idle_rss_mib"],
             x["cached_objects"],
+            x["sockets"],
+            x["idle_sockets"],
+            x["threads"],
             x["reconciles"],
             x["share_percent"],
             x["sharding"],
