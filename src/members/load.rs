@@ -23,6 +23,9 @@ pub struct ParentKinds {
     pub parents: Vec<(String, String)>,
 }
 
+/// Parents per page when counting.
+const COUNT_PAGE: u32 = 100;
+
 #[derive(Default)]
 pub(super) struct LoadCounter {
     counted: Option<(Instant, Vec<(String, String)>)>,
@@ -61,7 +64,10 @@ impl LoadCounter {
                 continue;
             }
             let url = kube::api::DynamicObject::url_path(&ar, None);
-            let mut params = ListParams::default().limit(500);
+            // Small pages: a page's text is held whole while it is read, and the allocator
+            // keeps the pages it freed for a while, so 500 parents' metadata a page kept the
+            // coordinator 1-2.7 MiB above the other members (docs/benchmarks.md).
+            let mut params = ListParams::default().limit(COUNT_PAGE);
             loop {
                 match count_page(client, &url, &params, &mut per_ns).await {
                     Ok(Some(token)) => params = params.continue_token(&token),
