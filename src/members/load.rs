@@ -66,7 +66,7 @@ impl LoadCounter {
             let url = kube::api::DynamicObject::url_path(&ar, None);
             // Small pages: a page's text is held whole while it is read, and the allocator
             // keeps the pages it freed for a while, so 500 parents' metadata a page kept the
-            // coordinator 1-2.7 MiB above the other members (docs/benchmarks.md).
+            // coordinator 0.8-3.1 MiB above the other members (docs/benchmarks.md).
             let mut params = ListParams::default().limit(COUNT_PAGE);
             loop {
                 match count_page(client, &url, &params, &mut per_ns).await {
