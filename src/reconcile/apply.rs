@@ -138,9 +138,7 @@ pub(super) async fn apply_child(
         (None, None) => Live::Absent,
     };
     if cached.is_some() {
-        if ctx.created.awaits_any() {
-            ctx.created.arrived(&created_key(ctx, d, &t));
-        }
+        ctx.created.arrived(|| created_key(ctx, d, &t));
     } else if matches!(live, Live::Absent)
         && ctx
             .created

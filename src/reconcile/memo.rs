@@ -252,16 +252,14 @@ impl Created {
         }
     }
 
-    /// The cache holds the child at `key` now: a later miss means it was deleted, and is
-    /// created again at once.
-    pub fn arrived(&self, key: &str) {
-        lock(&self.0).remove(key);
-    }
-
-    /// Whether any create awaits its watch event (at steady state none does, and a cached
-    /// child's key need not be built).
-    pub fn awaits_any(&self) -> bool {
-        !lock(&self.0).is_empty()
+    /// The cache holds the child whose key `key` builds now: a later miss means it was
+    /// deleted, and is created again at once. (At steady state no create awaits its watch
+    /// event, and the key is not built.)
+    pub fn arrived(&self, key: impl FnOnce() -> String) {
+        let mut m = lock(&self.0);
+        if !m.is_empty() {
+            m.remove(&key());
+        }
     }
 }
 
@@ -391,7 +389,7 @@ mod tests {
             c.on_its_way(&k, t0 + Duration::from_secs(2)),
             "asked again before the cache has it"
         );
-        c.arrived(&k);
+        c.arrived(|| k.clone());
         assert!(
             !c.on_its_way(&k, t0 + Duration::from_secs(3)),
             "cached, then missing: deleted"
