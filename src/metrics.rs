@@ -71,6 +71,9 @@ pub struct Metrics {
     pub children_pruned: Family<RuleLabel, Counter>,
     pub api_writes: Family<VerbLabels, Counter>,
     pub render_errors: Family<RuleLabel, Counter>,
+    /// Renders and status evaluations that outgrew their slice on the async runtime and
+    /// ran again on the blocking pool (`reconcile::offload`).
+    pub renders_offloaded: Family<RuleLabel, Counter>,
     /// Reconciles that stopped after observing: inputs unchanged since one that had
     /// nothing to do.
     pub reconciles_skipped: Family<RuleLabel, Counter>,
@@ -136,6 +139,12 @@ impl Metrics {
             "children_applied",
             "Children created or updated by server-side apply",
             children_applied.clone(),
+        );
+        let renders_offloaded = Family::<RuleLabel, Counter>::default();
+        registry.register(
+            "renders_offloaded",
+            "Renders and status evaluations that outgrew their first slice on the async runtime and ran again on the blocking pool",
+            renders_offloaded.clone(),
         );
         let children_pruned = Family::<RuleLabel, Counter>::default();
         registry.register(
@@ -264,6 +273,7 @@ impl Metrics {
             children_pruned,
             api_writes,
             render_errors,
+            renders_offloaded,
             reconciles_skipped,
             rule_running,
             reloads,
@@ -289,6 +299,7 @@ impl Metrics {
         let label = self::rule(rule);
         let _ = self.children_applied.get_or_create(&label);
         let _ = self.children_pruned.get_or_create(&label);
+        let _ = self.renders_offloaded.get_or_create(&label);
         let _ = self.render_errors.get_or_create(&label);
         let _ = self.reconciles_skipped.get_or_create(&label);
     }

@@ -4,10 +4,13 @@
 //! The time bound is a guard against hangs, not a performance assertion: it is far above
 //! what any case takes (under 1 s alone in a debug build), because CI runs this binary
 //! beside others and one case once took 5.1 s there.
-//! The per-parent budget cases are in `hostile_templates/budget.rs`.
+//! The per-parent budget cases are in `hostile_templates/budget.rs`, the first attempt
+//! within a slice in `hostile_templates/slice.rs`.
 
 #[path = "hostile_templates/budget.rs"]
 mod budget;
+#[path = "hostile_templates/slice.rs"]
+mod slice;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,12 +1,27 @@
-//! Rendering and status evaluation run off the async runtime, a bounded number at a time.
+//! Rendering and status evaluation: a short first slice on the async runtime, the rest
+//! off it, a bounded number at a time.
 //!
 //! A render is CPU work whose size a tenant controls (the parent's content) up to the
 //! rule's budgets. On the async runtime — one worker under `cpu: 1` — one heavy render
-//! would freeze health checks, watch streams and lease renewal with it. Each render and
-//! each status evaluation therefore runs on tokio's blocking pool, behind a semaphore of
-//! as many slots as the machine has cores, so renders also cannot crowd out each other's
-//! parents without bound.
+//! would freeze health checks, watch streams and lease renewal with it. But most renders
+//! are small (the benchmark rule's render and status take about 40 µs together), and
+//! handing each to tokio's blocking pool and back cost more CPU than the render: two
+//! thread wake-ups per handoff, twice per reconcile. So each render and each status
+//! evaluation first runs on the runtime within a slice of its parent's budget
+//! ([`SLICE_TIME`], [`SLICE_OUTPUT`], [`SLICE_FUEL`]; [`ParentBudget::slice`]). One that
+//! fits is done. One that trips the slice — whatever bound — is dropped and done again
+//! from the start on the blocking pool with the parent's whole budget, behind a semaphore
+//! of as many slots as the machine has cores, so renders also cannot crowd out each
+//! other's parents without bound. Renders are pure: the dropped attempt wrote nothing.
+//!
+//! The slice bounds the attempt's time, bytes and fuel, and the attempt is made only
+//! when the parent and what the reconcile read weigh little enough (`render::slice` says
+//! how each is bounded, and what one filter call may still overrun). A panic in the
+//! attempt is caught, and the work goes to the pool like any other that trips the slice.
+//! Renders that go to the pool, either way, are counted
+//! (`rulebook_renders_offloaded_total`).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, LazyLock};
 
 use serde_json::Value as Json;
@@ -14,8 +29,10 @@ use tokio::sync::Semaphore;
 
 use super::context::RuleContext;
 use super::error::ReconcileError;
+use crate::metrics;
 use crate::render::{
-    DesiredChild, Observed, ParentBudget, RefTarget, RenderError, Scope, StatusReport,
+    DesiredChild, Observed, ParentBudget, RefTarget, RenderError, SLICE_FUEL, SLICE_OUTPUT,
+    SLICE_TIME, Scope, StatusReport,
 };
 
 static SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {
@@ -25,6 +42,47 @@ static SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {
             .unwrap_or(1),
     )
 });
+
+/// Runs `work` over `inputs` within a slice of `budget` on the runtime when `fits`
+/// (the inputs are light enough: [`CompiledRule::fits_slice`]), and on the blocking pool
+/// within the whole of `budget` when they are not or the attempt trips the slice: it ran
+/// out of the slice's time, bytes or fuel (a budget error), or panicked.
+///
+/// [`CompiledRule::fits_slice`]: crate::render::CompiledRule::fits_slice
+async fn evaluate<I: Send + 'static, T: Send + 'static>(
+    ctx: &RuleContext,
+    inputs: I,
+    fits: bool,
+    budget: ParentBudget,
+    work: impl Fn(&I, &mut ParentBudget) -> Result<T, RenderError> + Send + 'static,
+) -> Result<(Result<T, RenderError>, I, ParentBudget), ReconcileError> {
+    if fits {
+        let mut slice = budget.slice(SLICE_TIME, SLICE_OUTPUT, SLICE_FUEL);
+        let attempt = std::panic::catch_unwind(AssertUnwindSafe(|| work(&inputs, &mut slice)));
+        match attempt {
+            Ok(out) if !tripped(&out, &slice) => return Ok((out, inputs, slice.rejoin(&budget))),
+            _ => {}
+        }
+    }
+    ctx.metrics
+        .renders_offloaded
+        .get_or_create(&metrics::rule(&ctx.rule.name))
+        .inc();
+    let mut budget = budget;
+    off_runtime(move || {
+        let out = work(&inputs, &mut budget);
+        (out, inputs, budget)
+    })
+    .await
+}
+
+/// Whether a first attempt within `slice` tripped it. Any budget error counts: one of
+/// the slice's own bounds, or minijinja running out of the slice environment's fuel.
+/// (A per-evaluation bound that the whole budget has too trips it as well: the pool then
+/// reports it.)
+fn tripped<T>(out: &Result<T, RenderError>, slice: &ParentBudget) -> bool {
+    slice.exceeded().is_some() || out.as_ref().is_err_and(RenderError::is_budget_exceeded)
+}
 
 async fn off_runtime<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
@@ -45,14 +103,15 @@ pub(super) type Evaluated<T> = (Result<T, RenderError>, Json, Observed, ParentBu
 /// What a render hands back.
 pub(super) type Rendered = Evaluated<Vec<DesiredChild>>;
 
-/// Runs `work` over `parent` and `observed` on the blocking pool within `budget`, with
+/// Runs `work` over `parent` and `observed` within `budget` ([`evaluate`]), with
 /// `scopes` (per child, or per reference) as the scope function.
-async fn evaluate_off_runtime<T: Send + 'static>(
+async fn evaluate_over<T: Send + 'static>(
+    ctx: &RuleContext,
     parent: Json,
     observed: Observed,
-    mut budget: ParentBudget,
+    budget: ParentBudget,
     scopes: Vec<Scope>,
-    work: impl FnOnce(
+    work: impl Fn(
         &Json,
         &Observed,
         &dyn Fn(usize) -> Scope,
@@ -61,16 +120,23 @@ async fn evaluate_off_runtime<T: Send + 'static>(
     + Send
     + 'static,
 ) -> Result<Evaluated<T>, ReconcileError> {
-    off_runtime(move || {
-        let scope = |i: usize| scopes.get(i).copied().unwrap_or(Scope::Namespaced);
-        let out = work(&parent, &observed, &scope, &mut budget);
-        (out, parent, observed, budget)
-    })
-    .await
+    let fits = ctx.rule.fits_slice(&parent, &observed, []);
+    let (out, (parent, observed, _), budget) = evaluate(
+        ctx,
+        (parent, observed, scopes),
+        fits,
+        budget,
+        move |(parent, observed, scopes), budget| {
+            let scope = |i: usize| scopes.get(i).copied().unwrap_or(Scope::Namespaced);
+            work(parent, observed, &scope, budget)
+        },
+    )
+    .await?;
+    Ok((out, parent, observed, budget))
 }
 
-/// The desired children of `parent`, rendered on the blocking pool within `budget` (one
-/// budget per parent and reconcile: its render, a second render, and its status).
+/// The desired children of `parent`, rendered within `budget` (one budget per parent
+/// and reconcile: its render, a second render, and its status).
 pub(super) async fn render_off_runtime(
     ctx: &RuleContext,
     parent: Json,
@@ -79,13 +145,18 @@ pub(super) async fn render_off_runtime(
 ) -> Result<Rendered, ReconcileError> {
     let rule = ctx.rule.clone();
     let scopes = (0..rule.children().len()).map(|i| ctx.scope(i)).collect();
-    evaluate_off_runtime(parent, observed, budget, scopes, move |p, o, scope, b| {
-        rule.render_within(p, o, scope, b)
-    })
+    evaluate_over(
+        ctx,
+        parent,
+        observed,
+        budget,
+        scopes,
+        move |p, o, scope, b| rule.render_within(p, o, scope, b),
+    )
     .await
 }
 
-/// Where `parent`'s references point, evaluated on the blocking pool within `budget`.
+/// Where `parent`'s references point, evaluated within `budget`.
 pub(super) async fn targets_off_runtime(
     ctx: &RuleContext,
     parent: Json,
@@ -96,26 +167,40 @@ pub(super) async fn targets_off_runtime(
     let scopes = (0..rule.rule.spec.references.len())
         .map(|i| ctx.ref_scope(i))
         .collect();
-    evaluate_off_runtime(parent, observed, budget, scopes, move |p, o, scope, b| {
-        rule.reference_targets(p, o, scope, b)
-    })
+    evaluate_over(
+        ctx,
+        parent,
+        observed,
+        budget,
+        scopes,
+        move |p, o, scope, b| rule.reference_targets(p, o, scope, b),
+    )
     .await
 }
 
-/// The parent's status fields and readiness, evaluated on the blocking pool.
+/// The parent's status fields and readiness, evaluated within `budget`.
 pub(super) async fn status_off_runtime(
     ctx: &RuleContext,
     parent: Json,
     observed: Observed,
     desired: Vec<DesiredChild>,
-    mut budget: ParentBudget,
+    budget: ParentBudget,
 ) -> Result<(Result<StatusReport, RenderError>, Json), ReconcileError> {
     let rule: Arc<_> = ctx.rule.clone();
-    off_runtime(move || {
-        let report = rule.status_within(&parent, &observed, &desired, &mut budget);
-        (report, parent)
-    })
-    .await
+    let fits = ctx
+        .rule
+        .fits_slice(&parent, &observed, desired.iter().map(|d| &d.object));
+    let (report, (parent, _, _), _) = evaluate(
+        ctx,
+        (parent, observed, desired),
+        fits,
+        budget,
+        move |(parent, observed, desired), budget| {
+            rule.status_within(parent, observed, desired, budget)
+        },
+    )
+    .await?;
+    Ok((report, parent))
 }
 
 /// The finalize child of a parent being deleted, rendered on the blocking pool.

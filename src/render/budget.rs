@@ -41,6 +41,9 @@ pub struct ParentBudget {
     /// template writes many small pieces); filter charges, fuel checkpoints and
     /// evaluations read it every time.
     charges: u32,
+    /// Whether this is a first attempt within a slice ([`Self::slice`]): evaluations then
+    /// use the rule's slice environment, whose fuel per evaluation is the slice's.
+    slice: bool,
 }
 
 impl ParentBudget {
@@ -57,6 +60,7 @@ impl ParentBudget {
             exceeded: None,
             probe: None,
             charges: 0,
+            slice: false,
         }
     }
 
@@ -78,6 +82,35 @@ impl ParentBudget {
     /// The message of the bound that was hit, if one was.
     pub fn exceeded(&self) -> Option<&str> {
         self.exceeded.as_deref()
+    }
+
+    /// A short first attempt with this budget: a copy that may spend at most `time`,
+    /// `output` bytes and `fuel` more than this budget has spent (less where this budget
+    /// has less left). An attempt that trips any bound ([`Self::exceeded`]) is dropped and
+    /// the work done again with this budget; one that does not becomes this budget again,
+    /// with what it spent, through [`Self::rejoin`].
+    pub fn slice(&self, time: Duration, output: usize, fuel: u64) -> ParentBudget {
+        let mut s = self.clone();
+        s.time_limit = s.time_limit.min(self.spent.saturating_add(time));
+        s.output_limit = s.output_limit.min(self.output_used.saturating_add(output));
+        s.fuel_limit = s.fuel_limit.min(self.fuel_used.saturating_add(fuel));
+        s.slice = true;
+        s
+    }
+
+    /// Whether this is a slice ([`Self::slice`]).
+    pub fn is_slice(&self) -> bool {
+        self.slice
+    }
+
+    /// A slice of `whole` ([`Self::slice`]) that tripped no bound, with `whole`'s bounds
+    /// again and what the slice spent.
+    pub fn rejoin(mut self, whole: &ParentBudget) -> ParentBudget {
+        self.time_limit = whole.time_limit;
+        self.output_limit = whole.output_limit;
+        self.fuel_limit = whole.fuel_limit;
+        self.slice = whole.slice;
+        self
     }
 
     /// Makes this budget the active one on this thread until the guard is dropped.
@@ -276,6 +309,11 @@ pub(super) fn exceeded() -> Option<String> {
     ACTIVE.with(|a| a.borrow().as_ref().and_then(|b| b.exceeded.clone()))
 }
 
+/// Whether the budget active on this thread is a slice ([`ParentBudget::slice`]).
+pub(super) fn in_slice() -> bool {
+    ACTIVE.with(|a| a.borrow().as_ref().is_some_and(|b| b.slice))
+}
+
 /// `16 MiB`, `1.5 MiB`, `900 KiB`, `300 bytes`.
 pub fn human_bytes(n: usize) -> String {
     const KIB: usize = 1 << 10;
@@ -310,6 +348,47 @@ mod tests {
             parent_time: Duration::from_secs(60),
             ..Limits::default()
         }
+    }
+
+    #[test]
+    fn a_slice_trips_at_its_own_bounds_and_rejoins_with_what_it_spent() {
+        let mut whole = ParentBudget::new(&small());
+        {
+            let _g = whole.enter();
+            assert!(charge(Charge::Output, 100).is_ok());
+        }
+        // Past the slice's 50 bytes (but within the whole's 900 left): the slice trips.
+        let mut slice = whole.slice(Duration::from_secs(1), 50, 10);
+        {
+            let _g = slice.enter();
+            assert!(charge(Charge::Output, 60).is_err());
+        }
+        assert!(slice.exceeded().is_some());
+        assert!(whole.exceeded().is_none(), "the whole budget is untouched");
+        // Within it: it spends, and rejoins with the whole's bounds.
+        let mut slice = whole.slice(Duration::from_secs(1), 50, 10);
+        {
+            let _g = slice.enter();
+            assert!(charge(Charge::Output, 40).is_ok());
+            assert!(add_fuel(5).is_ok());
+        }
+        let mut back = slice.rejoin(&whole);
+        assert_eq!((back.output_used(), back.fuel_used()), (140, 5));
+        let _g = back.enter();
+        assert!(
+            charge(Charge::Output, 800).is_ok(),
+            "the whole's bounds again"
+        );
+        assert!(add_fuel(90).is_ok());
+        assert!(add_fuel(10).is_err(), "100 fuel in all, the whole's limit");
+    }
+
+    #[test]
+    fn a_slice_never_widens_a_budget() {
+        let whole = ParentBudget::new(&small());
+        let mut slice = whole.slice(Duration::from_secs(3600), 1 << 30, u64::MAX);
+        let _g = slice.enter();
+        assert!(charge(Charge::Output, 1001).is_err());
     }
 
     #[test]

@@ -66,8 +66,8 @@ impl CompiledRule {
         let _active = budget.enter();
         let info = ParentInfo::of(parent);
         let (ctx, readiness) = self.context_and_readiness(parent, observed)?;
-        let programs = self.compiled.borrow_dependent();
-        let env = self.compiled.borrow_owner();
+        let programs = self.running().borrow_dependent();
+        let env = self.running().borrow_owner();
         let finalize_child = self.rule.spec.finalize_child();
         // A child that waits for others is not rendered until they are ready (unless
         // it is live already: then it stays, whatever they do).

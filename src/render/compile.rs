@@ -6,8 +6,10 @@
 use super::*;
 
 impl CompiledRule {
-    /// Compiles a parsed rule against the template sources. Every problem is reported.
-    pub fn compile(
+    /// Compiles a parsed rule against the template sources with `limits`, in one
+    /// environment (no slice environment: [`CompiledRule::compile`]). Every problem is
+    /// reported.
+    pub(super) fn compile_once(
         sr: &SourcedRule,
         templates: &BTreeMap<String, (String, String)>,
         limits: &Limits,
@@ -499,6 +501,7 @@ impl CompiledRule {
                 resync,
                 template_files: used,
                 compiled,
+                slice: None,
                 limits: limits.clone(),
                 uses_ready: uses_ready || uses_ready_in_exprs.get(),
                 reads_children: reads_children || children_in_exprs.get(),

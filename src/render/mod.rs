@@ -18,6 +18,7 @@ mod ready;
 pub mod refs;
 mod secrets;
 mod set;
+mod slice;
 pub mod status;
 mod status_eval;
 
@@ -38,6 +39,7 @@ pub use env::{Limits, json_scalar, yaml_safe};
 pub use error::{FailureReason, RenderError, describe};
 pub use refs::{CacheFilter, RefSelect, RefTarget, cache_filter};
 pub use set::{RuleSet, compile, compile_read, load};
+pub use slice::{SLICE_FUEL, SLICE_INPUT, SLICE_OUTPUT, SLICE_TIME, weighs_at_most};
 pub use status::{Condition, Readiness, StatusReport};
 
 use crate::meta::JsonAt;
@@ -110,6 +112,10 @@ pub struct CompiledRule {
     /// Template name → display path, for every template the rule uses (includes too).
     pub template_files: BTreeMap<String, String>,
     compiled: Compiled,
+    /// The same programs in an environment whose fuel per evaluation is
+    /// [`slice::SLICE_FUEL`]: a first attempt on the async runtime runs in it
+    /// (`slice.rs`).
+    slice: Option<Compiled>,
     limits: Limits,
     /// Whether templates or expressions call `ready(...)`, or a child has `waitFor`: then
     /// the live children's readiness is computed before anything else is evaluated.

@@ -91,7 +91,7 @@ impl CompiledRule {
         ctx: &BTreeMap<&'static str, Value>,
         observed: &Observed,
     ) -> Result<LiveReadiness, RenderError> {
-        let programs = self.compiled.borrow_dependent();
+        let programs = self.running().borrow_dependent();
         let mut objects = BTreeMap::new();
         for (i, c) in self.rule.spec.children.iter().enumerate() {
             let Some(live) = observed.children.get(c.name.as_str()) else {
@@ -137,7 +137,7 @@ impl CompiledRule {
         readiness: &LiveReadiness,
         rendered: Option<&BTreeSet<usize>>,
     ) -> Result<Vec<(usize, Vec<String>)>, RenderError> {
-        let programs = self.compiled.borrow_dependent();
+        let programs = self.running().borrow_dependent();
         let mut out = Vec::new();
         for (i, c) in self.rule.spec.children.iter().enumerate() {
             if c.wait_for.is_empty()

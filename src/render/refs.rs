@@ -192,7 +192,7 @@ impl CompiledRule {
         }
         let _active = budget.enter();
         let ctx = self.context(parent, observed)?;
-        let programs = &self.compiled.borrow_dependent().references;
+        let programs = &self.running().borrow_dependent().references;
         let parent_ns = parent.at(&["metadata", "namespace"]).and_then(Json::as_str);
         let mut out = Vec::with_capacity(refs.len());
         for (i, (r, p)) in refs.iter().zip(programs).enumerate() {

@@ -37,7 +37,7 @@ impl CompiledRule {
         budget: &mut ParentBudget,
     ) -> Result<StatusReport, RenderError> {
         let _active = budget.enter();
-        let programs = self.compiled.borrow_dependent();
+        let programs = self.running().borrow_dependent();
         // The template context is built only when something evaluates over it, and the
         // JSONPath document only with the parts the paths read: both copy the parent and
         // the live children.
@@ -211,7 +211,7 @@ impl CompiledRule {
         budget: &mut ParentBudget,
     ) -> Result<bool, RenderError> {
         let _active = budget.enter();
-        let Some(done_when) = &self.compiled.borrow_dependent().done_when else {
+        let Some(done_when) = &self.running().borrow_dependent().done_when else {
             return Ok(false);
         };
         let mut ctx = self.context(parent, &Observed::default())?;
@@ -225,7 +225,7 @@ impl CompiledRule {
         observed: &Observed,
         desired: &[DesiredChild],
     ) -> Result<Readiness, RenderError> {
-        let programs = self.compiled.borrow_dependent();
+        let programs = self.running().borrow_dependent();
         let mut missing = Vec::new();
         let mut not_ready = Vec::new();
         for d in desired {
