@@ -58,6 +58,8 @@ impl CompiledRule {
             }
         }
         let mut dynamic_include = false;
+        // Whether every template and expression is straight-line code (`slice.rs`).
+        let mut straight = true;
         while let Some(t) = queue.pop() {
             if used.contains_key(&t) {
                 continue;
@@ -92,6 +94,7 @@ impl CompiledRule {
         for (t, path) in &used {
             let source = &templates[t].1;
             for tag in TAG.find_iter(source) {
+                straight &= super::slice::straight_line(tag.as_str());
                 if let Some(m) = FORBIDDEN.find(tag.as_str()) {
                     diags.push(Diagnostic::new(
                         path.as_str(),
@@ -198,6 +201,7 @@ impl CompiledRule {
         let uses_ready_in_exprs = std::cell::Cell::new(false);
         let children_in_exprs = std::cell::Cell::new(false);
         let status_in_exprs = std::cell::Cell::new(false);
+        let straight_exprs = std::cell::Cell::new(true);
         let compiled = Compiled::try_new(env, |env| {
             let diags = std::cell::RefCell::new(Vec::new());
             let expr_vars = allowed_vars(env, &[]);
@@ -207,6 +211,9 @@ impl CompiledRule {
                     .cloned()
                     .chain(extra.iter().map(|s| s.to_string()))
                     .collect();
+                if !super::slice::straight_line(&src.value) {
+                    straight_exprs.set(false);
+                }
                 match env.compile_expression_owned(src.value.clone()) {
                     Ok(expr) => {
                         let mut ok = true;
@@ -394,6 +401,9 @@ impl CompiledRule {
                                     ));
                                 }
                                 let singular = is_singular(&query);
+                                if path.contains("..") {
+                                    straight_exprs.set(false);
+                                }
                                 Some(StatusProgram::JsonPath {
                                     query,
                                     singular,
@@ -502,6 +512,7 @@ impl CompiledRule {
                 template_files: used,
                 compiled,
                 slice: None,
+                straight_line: straight && straight_exprs.get(),
                 limits: limits.clone(),
                 uses_ready: uses_ready || uses_ready_in_exprs.get(),
                 reads_children: reads_children || children_in_exprs.get(),

@@ -74,7 +74,7 @@ impl RenderError {
             return RenderError::budget(file, line, format!("{prefix}{message}"));
         }
         let message = format!("{prefix}{}", describe(e));
-        if e.kind() == ErrorKind::OutOfFuel {
+        if out_of_fuel(e) {
             RenderError::budget(file, line, message)
         } else {
             RenderError::new(file, line, message)
@@ -87,6 +87,23 @@ impl RenderError {
             None => format!("{}: {}", self.file, self.message),
         }
     }
+}
+
+/// Whether `e`, or an error it wraps, is minijinja running out of fuel: an error inside
+/// an included template (or a `super()` block) comes back wrapped (`BadInclude`,
+/// `EvalBlock`), with the real one as its source.
+fn out_of_fuel(e: &minijinja::Error) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        if err
+            .downcast_ref::<minijinja::Error>()
+            .is_some_and(|m| m.kind() == ErrorKind::OutOfFuel)
+        {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// A minijinja error as one line: what went wrong, without the template dump.

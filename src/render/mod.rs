@@ -116,6 +116,9 @@ pub struct CompiledRule {
     /// [`slice::SLICE_FUEL`]: a first attempt on the async runtime runs in it
     /// (`slice.rs`).
     slice: Option<Compiled>,
+    /// Whether every template and expression is straight-line code, which a slice can
+    /// bound (`slice.rs`): only such a rule gets its slice environment.
+    straight_line: bool,
     limits: Limits,
     /// Whether templates or expressions call `ready(...)`, or a child has `waitFor`: then
     /// the live children's readiness is computed before anything else is evaluated.

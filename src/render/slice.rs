@@ -10,18 +10,24 @@
 //!
 //! - the time and bytes of the slice ([`SLICE_TIME`], [`SLICE_OUTPUT`]), checked where the
 //!   parent's budget is checked (output, filter results, evaluations);
-//! - a loop that prints nothing and calls no filter reaches none of those checks: only
-//!   minijinja's own fuel stops it. So a rule is compiled a second time in an environment
-//!   whose fuel per evaluation is [`SLICE_FUEL`] (the first attempt runs in it), not the
-//!   template's million;
+//! - only rules of straight-line code get a first attempt ([`straight_line`]): no loops,
+//!   macros, `namespace`, `range` or `*`. A loop body reaches no check of the clock
+//!   unless it prints or calls a guarded filter, and a string grown by `~` in a loop is
+//!   copied each turn (quadratic in the turns), which no fuel bound keeps to a
+//!   millisecond. Straight-line code runs each instruction once, over what its inputs
+//!   weigh;
+//! - a long straight-line template still reaches no check until it prints: the rule is
+//!   compiled a second time in an environment whose fuel per evaluation is
+//!   [`SLICE_FUEL`] (the first attempt runs in it), not the template's million;
 //! - converting the parent, its live children and its referenced objects to template
 //!   values happens before any check, and grows with them: the attempt is made only when
 //!   they weigh at most [`SLICE_INPUT`] ([`weighs_at_most`], which stops as soon as they
 //!   do not, so a large parent costs the gate no more than a small one).
 //!
-//! What is left unbounded is one filter call over values built within the slice: a list
-//! from `range` (at most 100,000 items) sorted or mapped runs to its end before the next
-//! check (milliseconds). The caller catches a panic and runs the work again on the pool.
+//! What is left is one filter call over the inputs (a `replace` or `sort` over a 64 KiB
+//! parent) before the next check, and what a tripped attempt spent, which the pool run
+//! does not charge to the parent's budget (at most the slice and that one call). The
+//! caller catches a panic and runs the work again on the pool.
 
 use std::time::Duration;
 
@@ -37,6 +43,28 @@ pub const SLICE_OUTPUT: usize = 64 << 10;
 pub const SLICE_FUEL: u64 = 20_000;
 /// How much its inputs may weigh ([`weighs_at_most`]).
 pub const SLICE_INPUT: usize = 64 << 10;
+
+/// What makes a template or an expression more than straight-line code: loops, macros
+/// and call blocks (a loop body or a recursive macro runs as often as the inputs say,
+/// between checks of the clock), `namespace` (what lets a loop accumulate: a string
+/// grown by `~` each turn is copied each turn), `range` (a list of up to 100,000 items
+/// from one number), and `*` (a string or list repeated up to 100 MB in one
+/// instruction). Matched anywhere in a `{{ }}` or `{% %}` tag or an expression, string
+/// literals included: a false match only sends the rule's renders to the pool, as
+/// before.
+static UNBOUNDED: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"\b(?:for|macro|call|namespace|range|recursive)\b|\*").expect("static regex")
+});
+
+/// Whether `text` (a template tag or an expression) is straight-line code: then each of
+/// its instructions costs at most what its inputs weigh ([`SLICE_INPUT`]) or a guarded
+/// filter charges before it works, and it has as many instructions as its text. A rule
+/// whose templates (included ones too) and expressions all are, and whose status reads
+/// no JSONPath with `..` (whose paths grow with nesting, not weight), is the only kind
+/// whose renders get a first attempt on the runtime.
+pub(super) fn straight_line(text: &str) -> bool {
+    !UNBOUNDED.is_match(text)
+}
 
 /// What one value costs the gate besides its text: about what converting it takes.
 const NODE: usize = 16;
@@ -95,15 +123,19 @@ fn walk<'a>(values: impl IntoIterator<Item = &'a Json>, limit: usize) -> (bool, 
 
 impl CompiledRule {
     /// Compiles a parsed rule against the template sources. Every problem is reported.
-    /// A rule that compiles is compiled once more in an environment with the slice's
-    /// fuel per evaluation; should that fail (it cannot fail where the first did not),
-    /// every attempt goes to the pool ([`Self::can_slice`]).
+    /// A rule that compiles, and whose templates and expressions are straight-line code
+    /// ([`straight_line`]), is compiled once more in an environment with the slice's
+    /// fuel per evaluation; without it (or should that fail: it cannot fail where the
+    /// first did not), every attempt goes to the pool ([`Self::can_slice`]).
     pub fn compile(
         sr: &SourcedRule,
         templates: &BTreeMap<String, (String, String)>,
         limits: &Limits,
     ) -> Result<CompiledRule, Vec<Diagnostic>> {
         let mut rule = Self::compile_once(sr, templates, limits)?;
+        if !rule.straight_line {
+            return Ok(rule);
+        }
         let sliced = Limits {
             fuel: SLICE_FUEL.min(limits.fuel),
             ..limits.clone()
