@@ -654,8 +654,6 @@ async fn fake_child_in_another_namespace_is_ignored() {
 /// Two parents whose template repeats an expensive filter over their ~900 KB spec
 /// (within the fuel: each call is one instruction): `/healthz` must keep answering
 /// within 1 s, and the parents must end `Ready=False`, reason `RenderBudgetExceeded`.
-/// Their renders outgrow the first slice on the async runtime and go to the blocking
-/// pool (`rulebook_renders_offloaded_total`); light parents' renders do not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_render_keeps_health_and_fails_with_budget() {
     // ~80 ms per round in a debug build: ~8 s of CPU per render unbounded. Two parents,
@@ -683,30 +681,13 @@ async fn heavy_render_keeps_health_and_fails_with_budget() {
     );
     let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
     let parents = kind_api(&client, &ns, kind, T).await;
-    // Light parents first: the rule serves. Their renders and status evaluations (two
-    // or more per parent) fit their slice on the async runtime, so most do not go to
-    // the blocking pool (all would, were there no slice): the slice is wall-clock time,
-    // and a busy machine (or a debug build: 2 of 20 here with a benchmark beside it)
-    // may preempt some mid-render.
-    const LIGHT: usize = 20;
-    for i in 0..LIGHT {
-        let name = format!("light{i}");
-        put(
-            &parents,
-            &parent(kind, &ns, &name, json!({"rounds": 1, "blob": "a"})),
-        )
-        .await;
-    }
-    for i in 0..LIGHT {
-        wait_ready(&parents, &format!("light{i}"), "True", None, T).await;
-    }
-    let offloaded = format!("rulebook_renders_offloaded_total{{rule=\"{rule}\"}}");
-    let light = op.metric(&offloaded).await;
-    eprintln!("{test}: {light} of the {LIGHT} light parents' renders offloaded");
-    assert!(
-        light < LIGHT as f64,
-        "{test}: {light} renders of {LIGHT} light parents went to the blocking pool"
-    );
+    // A light parent first: the rule serves.
+    put(
+        &parents,
+        &parent(kind, &ns, "light", json!({"rounds": 1, "blob": "a"})),
+    )
+    .await;
+    wait_ready(&parents, "light", "True", None, T).await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let worst_ms = Arc::new(AtomicU64::new(0));
@@ -788,13 +769,6 @@ async fn heavy_render_keeps_health_and_fails_with_budget() {
         } else {
             "was NOT served within 30 s"
         }
-    );
-    // The heavy ones outgrew the slice and ran on the blocking pool (which kept /healthz
-    // answering): at least one render each.
-    let moved = op.metric(&offloaded).await - light;
-    assert!(
-        moved >= HEAVY as f64,
-        "{test}: {moved} renders offloaded for {HEAVY} heavy parents"
     );
     let wrong: Vec<String> = verdicts
         .iter()
