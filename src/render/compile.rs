@@ -400,7 +400,7 @@ impl CompiledRule {
                                         ),
                                     ));
                                 }
-                                let singular = is_singular(&query);
+                                let singular = super::is_singular(&query);
                                 if path.contains("..") {
                                     straight_exprs.set(false);
                                 }
@@ -546,18 +546,6 @@ fn allowed_vars(env: &Environment<'_>, extra: &[&str]) -> BTreeSet<String> {
     set.extend(extra.iter().map(|s| s.to_string()));
     set.extend(env.globals().map(|(k, _)| k.to_string()));
     set
-}
-
-/// A query with only name and index selectors selects at most one node (RFC 9535 §2.3.5.1).
-fn is_singular(q: &JpQuery) -> bool {
-    use jsonpath_rust::parser::model::{Segment, Selector};
-    q.segments.iter().all(|s| match s {
-        Segment::Selector(sel) => matches!(sel, Selector::Name(_) | Selector::Index(_)),
-        Segment::Selectors(sels) => {
-            sels.len() == 1 && matches!(sels[0], Selector::Name(_) | Selector::Index(_))
-        }
-        Segment::Descendant(_) => false,
-    })
 }
 
 /// Whether a template or expression whose undeclared variables (minijinja's nested form:

@@ -317,6 +317,18 @@ static JSONPATH_ROOT: LazyLock<Regex> = LazyLock::new(|| {
     .expect("static regex")
 });
 
+/// A query with only name and index selectors selects at most one node (RFC 9535 §2.3.5.1).
+pub(super) fn is_singular(q: &JpQuery) -> bool {
+    use jsonpath_rust::parser::model::{Segment, Selector};
+    q.segments.iter().all(|s| match s {
+        Segment::Selector(sel) => matches!(sel, Selector::Name(_) | Selector::Index(_)),
+        Segment::Selectors(sels) => {
+            sels.len() == 1 && matches!(sels[0], Selector::Name(_) | Selector::Index(_))
+        }
+        Segment::Descendant(_) => false,
+    })
+}
+
 /// Which part of the status document `path` reads, when it names one.
 fn jsonpath_root(path: &str) -> Option<&'static str> {
     let m = JSONPATH_ROOT.captures(path)?;
