@@ -71,8 +71,9 @@ pub struct Metrics {
     pub children_pruned: Family<RuleLabel, Counter>,
     pub api_writes: Family<VerbLabels, Counter>,
     pub render_errors: Family<RuleLabel, Counter>,
-    /// Renders and status evaluations that outgrew their slice on the async runtime and
-    /// ran again on the blocking pool (`reconcile::offload`).
+    /// Renders and status evaluations that ran on the blocking pool (`reconcile::offload`):
+    /// not straight-line, too heavy for a slice, or outgrew one. Finalize steps are not
+    /// counted.
     pub renders_offloaded: Family<RuleLabel, Counter>,
     /// Reconciles that stopped after observing: inputs unchanged since one that had
     /// nothing to do.
@@ -143,7 +144,7 @@ impl Metrics {
         let renders_offloaded = Family::<RuleLabel, Counter>::default();
         registry.register(
             "renders_offloaded",
-            "Renders and status evaluations that outgrew their first slice on the async runtime and ran again on the blocking pool",
+            "Renders and status evaluations that ran on the blocking pool: of a rule that is not straight-line code, over inputs heavier than the slice allows, or after outgrowing their first slice on the async runtime (finalize steps, always on the pool, are not counted)",
             renders_offloaded.clone(),
         );
         let children_pruned = Family::<RuleLabel, Counter>::default();

@@ -57,8 +57,19 @@ async fn light_renders_stay_on_the_runtime_heavy_and_looping_ones_go_to_the_pool
             &[child("out", "v1", "ConfigMap", "looped.yaml", &[])],
         ),
     );
+    // The straight-line rule again, for the heavy parent alone: its counter then counts
+    // that parent's evaluations and nothing else.
+    d.rule(
+        "heavy.yaml",
+        &rule_text(
+            "sliceheavy",
+            "SliceHeavy",
+            &[child("out", "v1", "ConfigMap", "plain.yaml", &[])],
+        ),
+    );
     let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
     let plain = kind_api(&client, &ns, "SlicePlain", T).await;
+    let heavy_kind = kind_api(&client, &ns, "SliceHeavy", T).await;
     let looped = kind_api(&client, &ns, "SliceLooped", T).await;
     let offloaded = |rule: &str| format!("rulebook_renders_offloaded_total{{rule=\"{rule}\"}}");
 
@@ -95,16 +106,16 @@ async fn light_renders_stay_on_the_runtime_heavy_and_looping_ones_go_to_the_pool
          parents (a render and a status each) went to the pool"
     );
 
-    // A parent heavier than the gate (64 KiB): its render and status go straight to the
-    // pool, and it is served.
+    // A parent heavier than the gate (64 KiB), the only one of its rule: its render and
+    // status go straight to the pool, and it is served.
     let blob = "x".repeat(100 << 10);
     put(
-        &plain,
-        &parent("SlicePlain", &ns, "heavy", json!({"blob": blob})),
+        &heavy_kind,
+        &parent("SliceHeavy", &ns, "heavy", json!({"blob": blob})),
     )
     .await;
-    let heavy = wait_ready(&plain, "heavy", "True", None, T).await;
-    let moved = op.metric(&offloaded("sliceplain")).await - plain_light;
+    let heavy = wait_ready(&heavy_kind, "heavy", "True", None, T).await;
+    let moved = op.metric(&offloaded("sliceheavy")).await;
     eprintln!("{test}: the heavy parent sent {moved} evaluations to the pool");
     assert!(
         moved >= 2.0,

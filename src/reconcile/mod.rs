@@ -9,7 +9,8 @@
 //!    here (one `Paused` condition);
 //!    1b. dereference: the objects its references point at (a required one missing
 //!    stops here, `ReferenceMissing`);
-//! 2. render the desired children (off the async runtime);
+//! 2. render the desired children (a first attempt on the runtime within a slice of
+//!    the parent's budget, else on the blocking pool: `offload.rs`);
 //! 3. apply those the plan says differ;
 //! 4. prune what the parent owns and no longer renders (or orphan it);
 //! 5. status;
@@ -276,7 +277,8 @@ async fn reconcile_inner(
         memo::fingerprint(parent, rv, seen)
     };
 
-    // 2. Render the desired children, off the async runtime.
+    // 2. Render the desired children (`offload.rs`: on the runtime within a slice, or
+    // on the blocking pool).
     let (rendered, parent_json, observed, budget) =
         render_off_runtime(ctx, parent_json, observed, budget).await?;
     let (desired, live_children, observed, budget) =

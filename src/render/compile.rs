@@ -93,8 +93,8 @@ impl CompiledRule {
         }
         for (t, path) in &used {
             let source = &templates[t].1;
+            straight &= super::slice::straight_template(source);
             for tag in TAG.find_iter(source) {
-                straight &= super::slice::straight_line(tag.as_str());
                 if let Some(m) = FORBIDDEN.find(tag.as_str()) {
                     diags.push(Diagnostic::new(
                         path.as_str(),
@@ -401,7 +401,7 @@ impl CompiledRule {
                                     ));
                                 }
                                 let singular = super::is_singular(&query);
-                                if path.contains("..") {
+                                if path.contains("..") || path.contains('?') {
                                     straight_exprs.set(false);
                                 }
                                 Some(StatusProgram::JsonPath {

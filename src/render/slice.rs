@@ -10,12 +10,13 @@
 //!
 //! - the time and bytes of the slice ([`SLICE_TIME`], [`SLICE_OUTPUT`]), checked where the
 //!   parent's budget is checked (output, filter results, evaluations);
-//! - only rules of straight-line code get a first attempt ([`straight_line`]): no loops,
-//!   macros, `namespace`, `range` or `*`. A loop body reaches no check of the clock
-//!   unless it prints or calls a guarded filter, and a string grown by `~` in a loop is
-//!   copied each turn (quadratic in the turns), which no fuel bound keeps to a
-//!   millisecond. Straight-line code runs each instruction once, over what its inputs
-//!   weigh;
+//! - only rules of straight-line code get a first attempt ([`straight_line`],
+//!   [`straight_template`]): no loops, macros, `set`, `with`, `namespace`, `range` or
+//!   `*`, and no JSONPath that descends or filters. A loop body reaches no check of the
+//!   clock unless it prints or calls a guarded filter, a string grown by `~` in a loop is
+//!   copied each turn (quadratic in the turns), and `set` lets a value be doubled line
+//!   after line; no fuel bound keeps those to a millisecond. Straight-line code runs each
+//!   instruction once, over values no bigger than its inputs times its text;
 //! - a long straight-line template still reaches no check until it prints: the rule is
 //!   compiled a second time in an environment whose fuel per evaluation is
 //!   [`SLICE_FUEL`] (the first attempt runs in it), not the template's million;
@@ -46,24 +47,70 @@ pub const SLICE_INPUT: usize = 64 << 10;
 
 /// What makes a template or an expression more than straight-line code: loops, macros
 /// and call blocks (a loop body or a recursive macro runs as often as the inputs say,
-/// between checks of the clock), `namespace` (what lets a loop accumulate: a string
-/// grown by `~` each turn is copied each turn), `range` (a list of up to 100,000 items
-/// from one number), and `*` (a string or list repeated up to 100 MB in one
-/// instruction). Matched anywhere in a `{{ }}` or `{% %}` tag or an expression, string
+/// between checks of the clock), `set` and `with` (a stored value can be reused: `{% set
+/// b = a ~ a %}{% set c = b ~ b %}` doubles with each line, and `~` is minijinja's own,
+/// charged only when printed), `namespace` (what lets a loop accumulate), `range` (a list
+/// of up to 100,000 items from one number), and `*` (a string or list repeated up to
+/// 100 MB in one instruction). Matched anywhere in a tag or an expression, string
 /// literals included: a false match only sends the rule's renders to the pool, as
 /// before.
 static UNBOUNDED: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"\b(?:for|macro|call|namespace|range|recursive)\b|\*").expect("static regex")
+    Regex::new(r"\b(?:for|macro|call|set|with|namespace|range|recursive)\b|\*")
+        .expect("static regex")
 });
 
-/// Whether `text` (a template tag or an expression) is straight-line code: then each of
-/// its instructions costs at most what its inputs weigh ([`SLICE_INPUT`]) or a guarded
-/// filter charges before it works, and it has as many instructions as its text. A rule
-/// whose templates (included ones too) and expressions all are, and whose status reads
-/// no JSONPath with `..` (whose paths grow with nesting, not weight), is the only kind
-/// whose renders get a first attempt on the runtime.
+/// Whether `text` (a template tag or an expression) is straight-line code: then every
+/// value it builds is at most as big as the inputs it names, times how often its text
+/// names them, and each of its instructions runs once. A rule whose templates (included
+/// ones too: [`straight_template`]) and expressions all are, and whose status JSONPaths
+/// neither descend (`..`, whose paths grow with nesting, not weight) nor filter (`?`, a
+/// query per item, nested ones per item of each), is the only kind whose renders get a
+/// first attempt on the runtime.
 pub(super) fn straight_line(text: &str) -> bool {
     !UNBOUNDED.is_match(text)
+}
+
+/// Whether every tag of template `source` (`{{ }}`, `{% %}`; comments `{# #}` do not
+/// count) is [`straight_line`]. A tag ends at the first `}}` or `%}` outside a string
+/// literal, as minijinja reads it, so a `"}}"` in a literal cannot hide the rest of the
+/// tag from the check; an unterminated tag runs to the end of the source.
+pub(super) fn straight_template(source: &str) -> bool {
+    let b = source.as_bytes();
+    let mut i = 0;
+    while i + 1 < b.len() {
+        let (close, comment) = match (b[i], b[i + 1]) {
+            (b'{', b'{') => (b'}', false),
+            (b'{', b'%') => (b'%', false),
+            (b'{', b'#') => (b'#', true),
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let start = i + 2;
+        let mut j = start;
+        let mut quote: Option<u8> = None;
+        let end = loop {
+            if j + 1 >= b.len() {
+                break b.len();
+            }
+            match quote {
+                Some(_) if b[j] == b'\\' => j += 1,
+                Some(q) if b[j] == q => quote = None,
+                Some(_) => {}
+                None if !comment && (b[j] == b'"' || b[j] == b'\'') => quote = Some(b[j]),
+                None if b[j] == close && b[j + 1] == b'}' => break j,
+                None => {}
+            }
+            j += 1;
+        };
+        // `start` and `end` sit next to ASCII bytes (or at the end): char boundaries.
+        if !comment && !straight_line(source.get(start..end).unwrap_or("*")) {
+            return false;
+        }
+        i = end.saturating_add(2);
+    }
+    true
 }
 
 /// What one value costs the gate besides its text: about what converting it takes.
@@ -221,13 +268,31 @@ mod tests {
 
     #[test]
     fn deep_nesting_is_walked_without_recursion() {
-        // Deeper than serde_json parses by default (128), not so deep that dropping the
-        // value (recursive) overflows a test thread's stack in a debug build.
+        // 100,000 levels: a recursive walk would overflow a test thread's 2 MiB stack. The
+        // value is leaked, not dropped: serde_json drops it recursively.
         let mut v = json!("leaf");
-        for _ in 0..500 {
+        for _ in 0..100_000 {
             v = Json::Array(vec![v]);
         }
-        assert!(weighs_at_most([&v], 1 << 20));
+        assert!(weighs_at_most([&v], 1 << 22));
         assert!(!weighs_at_most([&v], 1000));
+        std::mem::forget(v);
+    }
+
+    #[test]
+    fn a_tag_ends_outside_string_literals() {
+        assert!(straight_template("a: {{ x ~ \"}}\" }} b: {{ y | upper }}"));
+        // The `*` after a literal `}}` is still inside the tag.
+        assert!(!straight_template("a: {{ (\"}}\" ~ x) * 1000 }}"));
+        assert!(!straight_template(
+            "a: {{ ('%}' ~ x) }}{% for i in y %}{% endfor %}"
+        ));
+        assert!(!straight_template("{% set a = x ~ x %}{{ a }}"));
+        // Comments and plain text do not count; an unterminated tag runs to the end.
+        assert!(straight_template(
+            "# for each range *\n{# for i in range(9) * 2 #}{{ x }}"
+        ));
+        assert!(!straight_template("{{ x * "));
+        assert!(straight_template("{{ \"a\\\"}}\" }}"));
     }
 }

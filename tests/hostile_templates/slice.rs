@@ -113,6 +113,10 @@ fn only_straight_line_rules_get_a_first_attempt() {
         "{{ range(parent.spec.n) | length }}",
         "{{ \"-\" * parent.spec.n }}",
         "{{ parent.spec.n ** 2 }}",
+        "{% set a = parent.spec.v ~ parent.spec.v %}{{ a }}",
+        "{% with a = parent.spec.v %}{{ a }}{% endwith %}",
+        // A literal `}}` does not end the tag before its `*`.
+        "{{ ('}}' ~ parent.spec.v) * 1000 }}",
     ];
     for body in not {
         let t = format!("{HEAD}data:\n  v: \"{body}\"\n");
@@ -124,6 +128,7 @@ fn only_straight_line_rules_get_a_first_attempt() {
     for extra in [
         "      includeWhen: \"range(3) | length > 0\"\n",
         "  status:\n    all: \"$..name\"\n",
+        "  status:\n    some: \"$.parent.spec.items[?@.a == 1]\"\n",
     ] {
         let rule = load(extra, &ok).unwrap_or_else(|d| panic!("load failed ({extra}):\n{d}"));
         assert!(!rule.can_slice(), "not straight-line: {extra}");
@@ -131,6 +136,10 @@ fn only_straight_line_rules_get_a_first_attempt() {
     let rule = load("  status:\n    name: \"$.parent.metadata.name\"\n", &ok)
         .unwrap_or_else(|d| panic!("{d}"));
     assert!(rule.can_slice(), "a plain JSONPath status");
+    // Words in comments and plain text do not count.
+    let commented = format!("{HEAD}# for each range * 2\ndata: {{# for i in range(9) #}}{{}}\n");
+    let rule = load("", &commented).unwrap_or_else(|d| panic!("{d}"));
+    assert!(rule.can_slice(), "comments and text: {commented}");
 }
 
 #[test]
