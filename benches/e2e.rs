@@ -90,6 +90,26 @@ struct Bench {
 }
 
 impl Bench {
+    /// Waits, after a phase converged, until the contender has gone quiet: its own write
+    /// and reconcile counters unchanged and under 10 ms of CPU per half second, for two
+    /// seconds in a row (at most 30 s). Returns the seconds waited. What a phase's writes
+    /// bring back after the parents report ready (the children's watch events, the
+    /// reconciles they cause, Events still waiting in an outbox) counts for that phase,
+    /// not the next one.
+    async fn settle(&self, p: &Proc) -> f64 {
+        let t0 = Instant::now();
+        let mut last = (p.counters().await, p.usage().cpu_seconds);
+        let mut quiet = 0;
+        while quiet < 4 && t0.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let now = (p.counters().await, p.usage().cpu_seconds);
+            let still = now.0 == last.0 && now.1 - last.1 < 0.010;
+            quiet = if still { quiet + 1 } else { 0 };
+            last = now;
+        }
+        t0.elapsed().as_secs_f64()
+    }
+
     async fn snap(&self, p: &Proc) -> Snap {
         let (writes, reconciles) = p.counters().await;
         let api = cluster::apiserver_writes(&self.client)

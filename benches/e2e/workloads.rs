@@ -63,6 +63,8 @@ impl Bench {
         let mut timeline = vec![(0.0, 0)];
         let ok = cluster::wait_count(t0, n, timeout, || tracker.converged(1), &mut timeline).await;
         let secs = t0.elapsed().as_secs_f64();
+        // The work the converge's writes bring back counts for the converge.
+        let settled = self.settle(&p).await;
         let s1 = self.snap(&p).await;
         let mut phase = self.timed_phase(
             kind,
@@ -72,6 +74,7 @@ impl Bench {
             &[("POST benches", n as f64)],
         );
         phase["parents_created_seconds"] = json!(created);
+        phase["settled_seconds"] = json!(settled);
         out["converge"] = phase;
         if !ok || !p.alive() {
             self.notes.push(format!(
@@ -93,7 +96,7 @@ impl Bench {
                 cluster::wait_count(t0, n, timeout, || tracker.converged(2), &mut timeline).await;
             let secs = t0.elapsed().as_secs_f64();
             // Writes that trail convergence count for the update, not the steady window.
-            tokio::time::sleep(Duration::from_secs(5)).await;
+            let settled = self.settle(&p).await;
             let s2 = self.snap(&p).await;
             let mut phase = self.timed_phase(
                 kind,
@@ -103,6 +106,7 @@ impl Bench {
                 &[("PATCH benches", n as f64)],
             );
             phase["children_checked"] = json!(self.check_children(kind, &ns, n).await);
+            phase["settled_seconds"] = json!(settled);
             out["update"] = phase;
 
             // Steady state.
@@ -176,7 +180,7 @@ impl Bench {
             )
             .await;
             let secs = t0.elapsed().as_secs_f64();
-            tokio::time::sleep(Duration::from_secs(5)).await;
+            let settled = self.settle(&p).await;
             let s2 = self.snap(&p).await;
             let mut phase = self.timed_phase(
                 kind,
@@ -186,6 +190,7 @@ impl Bench {
                 &[],
             );
             phase["children"] = json!(n);
+            phase["settled_seconds"] = json!(settled);
             phase["key"] = json!(format!("{} and parents' {}", children.key(), parents.key()));
             out["template"] = phase;
         }
