@@ -78,6 +78,9 @@ pub struct Metrics {
     /// Reconciles that stopped after observing: inputs unchanged since one that had
     /// nothing to do.
     pub reconciles_skipped: Family<RuleLabel, Counter>,
+    /// Children's watch events that were the answer a reconcile awaited to its own write
+    /// and brought no reconcile (`memo::Steady::expects`).
+    pub child_events_awaited: Family<RuleLabel, Counter>,
     pub rule_running: Family<RuleLabel, Gauge>,
     pub reloads: Family<ReloadLabel, Counter>,
     pub ruleset_valid: Gauge,
@@ -170,6 +173,12 @@ impl Metrics {
             "reconciles_skipped",
             "Reconciles that stopped after observing: the parent, its children and its references unchanged since a reconcile that had nothing to do",
             reconciles_skipped.clone(),
+        );
+        let child_events_awaited = Family::<RuleLabel, Counter>::default();
+        registry.register(
+            "child_events_awaited",
+            "Children's watch events that carried a version this process had just written, awaited by the parent's last reconcile, and brought no reconcile",
+            child_events_awaited.clone(),
         );
         let rule_running = Family::<RuleLabel, Gauge>::default();
         registry.register(
@@ -276,6 +285,7 @@ impl Metrics {
             render_errors,
             renders_offloaded,
             reconciles_skipped,
+            child_events_awaited,
             rule_running,
             reloads,
             ruleset_valid,
@@ -303,6 +313,7 @@ impl Metrics {
         let _ = self.renders_offloaded.get_or_create(&label);
         let _ = self.render_errors.get_or_create(&label);
         let _ = self.reconciles_skipped.get_or_create(&label);
+        let _ = self.child_events_awaited.get_or_create(&label);
     }
 
     pub fn write(&self, rule: &str, verb: &str) {

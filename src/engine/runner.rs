@@ -6,20 +6,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use kube::Client;
 use kube::api::{Api, ApiResource, GroupVersionKind};
 use kube::core::discovery::Scope as KubeScope;
 use kube::discovery::pinned_kind;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tracing::warn;
 
 use super::EngineConfig;
 use super::status::{EngineStatus, RuleState};
 use super::streams::{
-    CacheSync, ChangedFilter, LIST_PAGE_SIZE, admission, owners_of, packed, relisted,
+    CacheSync, ChangedFilter, LIST_PAGE_SIZE, admission, owners_of, packed, parent_seen, relisted,
+    unawaited,
 };
 use super::turns::{NoBackoff, Turns};
 use crate::meta::{labels, split_api_version};
@@ -322,39 +323,12 @@ impl RuleRunner {
                 }
             })
             .reflect(parent_writer)
-            .map({
-                let status_writes = status_writes.clone();
-                let ref_indexes = ref_indexes.clone();
-                let parents = parent_reader.clone();
-                let parent_ar = r.parent.clone();
-                move |event| {
-                    if let Ok(e) = &event {
-                        status_writes.observe(e);
-                        match e {
-                            watcher::Event::Delete(o) => {
-                                let key = (o.namespace(), o.name_any());
-                                ref_indexes.iter().for_each(|i| i.forget(&key));
-                            }
-                            // The parents deleted while the watch was down go too.
-                            watcher::Event::InitDone if !ref_indexes.is_empty() => {
-                                let exists = |(ns, name): &(Option<String>, String)| {
-                                    let mut oref = kube::runtime::reflector::ObjectRef::new_with(
-                                        name,
-                                        parent_ar.clone(),
-                                    );
-                                    if let Some(ns) = ns {
-                                        oref = oref.within(ns);
-                                    }
-                                    parents.get(&oref).is_some()
-                                };
-                                ref_indexes.iter().for_each(|i| i.retain(exists));
-                            }
-                            _ => {}
-                        }
-                    }
-                    event
-                }
-            })
+            .map(parent_seen(
+                status_writes.clone(),
+                ref_indexes.clone(),
+                parent_reader.clone(),
+                r.parent.clone(),
+            ))
             .map(relisted(relisted_tx.clone()))
             .applied_objects()
             .filter({
@@ -372,6 +346,13 @@ impl RuleRunner {
         .with_config(ControllerConfig::default().concurrency(self.config.concurrency))
         .trigger_backoff(NoBackoff);
         let child_selector = labels::child_selector(&name);
+        // Children applied by this process, until their watch events come.
+        let applied = Arc::new(crate::reconcile::memo::Applied::default());
+        let awaited = self
+            .metrics
+            .child_events_awaited
+            .get_or_create(&metrics::rule(&name))
+            .clone();
         let mut kinds = Vec::new();
         let mut cache_ids = vec![parent_cache];
         for (i, (ar, namespaced)) in r.kinds.iter().enumerate() {
@@ -418,6 +399,12 @@ impl RuleRunner {
                 event
             })
             .map(relisted(relisted_tx.clone()))
+            .filter(unawaited(
+                r.parent.clone(),
+                self.steady.clone(),
+                applied.clone(),
+                awaited.clone(),
+            ))
             .touched_objects();
             let owners = owners_of(r.parent.clone(), r.parent_namespaced);
             controller = controller.watches_stream_with(
@@ -509,6 +496,7 @@ impl RuleRunner {
             refs,
             paused,
             steady: self.steady.clone(),
+            applied,
             orphans_pending: self.orphans_pending.clone(),
         }));
         let mut stop_signal = stopped.clone();

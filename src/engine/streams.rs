@@ -11,8 +11,17 @@ use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::status::EngineStatus;
+use crate::reconcile::StatusWrites;
 use crate::reconcile::admission::{Admitted, CacheBudget};
+use crate::reconcile::memo::{Applied, Steady};
+use crate::reconcile::refs::RefIndex;
 use crate::reconcile::wire::Wire;
+use futures::future::{Ready, ready};
+use kube::runtime::reflector::{ObjectRef, Store};
+use prometheus_client::metrics::counter::Counter;
+
+/// A watch stream's item, in its cached form.
+type WatchResult = Result<watcher::Event<DynamicObject>, watcher::Error>;
 
 /// Objects per page of an initial listing: a page is read whole before it is decoded,
 /// so this bounds what one listing holds at once (children may be up to ~1.5 MiB each).
@@ -193,6 +202,74 @@ pub(super) fn owners_of(
                 }
             })
             .collect()
+    }
+}
+
+/// A pass-through of the parents' events that tells the status writes what the cache
+/// holds, and the reference indexes which parents are gone (those deleted while the
+/// watch was down too, at the end of a relist).
+pub(super) fn parent_seen(
+    status_writes: Arc<StatusWrites>,
+    ref_indexes: Vec<Arc<RefIndex>>,
+    parents: Store<DynamicObject>,
+    parent_ar: ApiResource,
+) -> impl FnMut(WatchResult) -> WatchResult {
+    move |event| {
+        if let Ok(e) = &event {
+            status_writes.observe(e);
+            match e {
+                watcher::Event::Delete(o) => {
+                    let key = (o.namespace(), o.name_any());
+                    ref_indexes.iter().for_each(|i| i.forget(&key));
+                }
+                watcher::Event::InitDone if !ref_indexes.is_empty() => {
+                    let exists = |(ns, name): &(Option<String>, String)| {
+                        let mut oref = ObjectRef::new_with(name, parent_ar.clone());
+                        if let Some(ns) = ns {
+                            oref = oref.within(ns);
+                        }
+                        parents.get(&oref).is_some()
+                    };
+                    ref_indexes.iter().for_each(|i| i.retain(exists));
+                }
+                _ => {}
+            }
+        }
+        event
+    }
+}
+
+/// A filter of one child kind's events that leaves out the watch events of this
+/// process's own writes which the parent's last reconcile awaits
+/// ([`Steady::expects`]): each would bring a reconcile with nothing to do. Deletions,
+/// relists and every other version go through. Counted in
+/// `rulebook_child_events_awaited_total{rule}`.
+pub(super) fn unawaited(
+    parent: ApiResource,
+    steady: Arc<Steady>,
+    applied: Arc<Applied>,
+    counted: Counter,
+) -> impl FnMut(&WatchResult) -> Ready<bool> {
+    move |event| {
+        let Ok(watcher::Event::Apply(o)) = event else {
+            return ready(true);
+        };
+        let m = &o.metadata;
+        let rv = m.resource_version.as_deref().and_then(|v| v.parse().ok());
+        let (Some(uid), Some(rv)) = (m.uid.as_deref(), rv) else {
+            return ready(true);
+        };
+        let owner = (m.owner_references.iter().flatten()).find(|r| {
+            r.controller == Some(true)
+                && r.api_version == parent.api_version
+                && r.kind == parent.kind
+        });
+        if owner.is_some_and(|p| steady.expects(&p.uid, uid, rv)) {
+            applied.caught_up(uid, rv);
+            counted.inc();
+            return ready(false);
+        }
+        ready(true)
     }
 }
 

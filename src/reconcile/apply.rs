@@ -312,6 +312,14 @@ async fn settle(
         }
     };
     ctx.applied.record(&applied, &d.hash);
+    if !ctx.rule.depends_on_own_writes()
+        && let (Some(child), Some(rv)) = (applied.uid(), applied.resource_version())
+        && let Ok(rv) = rv.parse()
+    {
+        // The watch event this write brings needs no reconcile (`Steady::await_write`).
+        ctx.steady
+            .await_write(uid, parent.metadata.namespace.as_deref(), &child, rv);
+    }
     ctx.metrics
         .children_applied
         .get_or_create(&metrics::rule(&ctx.rule.name))

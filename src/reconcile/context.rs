@@ -75,6 +75,9 @@ pub struct ContextParts {
     /// What this rule version's reconciles found steady (the engine keeps it across
     /// restarts of the same version).
     pub steady: Arc<Steady>,
+    /// Children applied by this process, until the cache has the applied version (shared
+    /// with the children's watches, which see the version arrive).
+    pub applied: Arc<Applied>,
     /// Set while the engine lets go of children of kinds an earlier version of the rule
     /// had ([`OrphansPending`]).
     pub orphans_pending: Arc<OrphansPending>,
@@ -198,7 +201,7 @@ pub struct RuleContext {
     /// Parents whose last reconcile had nothing to do, by the fingerprint of its inputs.
     pub(super) steady: Arc<Steady>,
     /// Children applied by this process, until the cache has the applied version.
-    pub(super) applied: Applied,
+    pub(super) applied: Arc<Applied>,
     /// Children created by this process in the last few seconds, by kind and name.
     pub(super) created: Created,
     /// Whether parents' status records `ruleVersion` (see `status.rs`).
@@ -232,7 +235,7 @@ impl RuleContext {
             fights: Fights::default(),
             let_go: Mutex::default(),
             steady: p.steady,
-            applied: Applied::default(),
+            applied: p.applied,
             created: Created::default(),
             records_version: std::sync::atomic::AtomicBool::new(records_version),
             orphans_pending: p.orphans_pending,

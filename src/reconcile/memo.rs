@@ -115,19 +115,100 @@ pub fn identity_of(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMet
     Some(h.finish())
 }
 
-/// Per parent UID, the fingerprint of its last reconcile that had nothing to do, and the
+/// Per parent UID, the fingerprint of its last reconcile that had nothing to do, the
 /// hash of the parent's namespace (`None` for a cluster-scoped parent), so a sharded
-/// replica forgets what it remembers of parents that left its share.
+/// replica forgets what it remembers of parents that left its share, and the children
+/// whose watch events this process's own writes will bring ([`Steady::expects`]).
 #[derive(Default)]
-pub struct Steady(Mutex<HashMap<String, (u64, Option<u64>)>>);
+pub struct Steady(Mutex<HashMap<String, Entry>>);
+
+/// Writes awaited per parent at most (then forgotten: a miss costs a reconcile that
+/// stops early).
+const AWAITED_MAX: usize = 64;
+
+struct Entry {
+    /// `None` while only writes are awaited.
+    fingerprint: Option<u64>,
+    namespace: Option<u64>,
+    /// Children written, as (hash of UID, resourceVersion of the write's answer), until
+    /// that version's watch event comes.
+    awaited: Vec<(u64, u64)>,
+}
 
 impl Steady {
     pub fn holds(&self, uid: &str, fingerprint: u64) -> bool {
-        lock(&self.0).get(uid).map(|(f, _)| *f) == Some(fingerprint)
+        lock(&self.0).get(uid).and_then(|e| e.fingerprint) == Some(fingerprint)
     }
+    /// A reconcile of parent `uid` that wrote nothing had these inputs.
     pub fn mark(&self, uid: &str, namespace: Option<&str>, fingerprint: u64) {
-        let ns = namespace.map(crate::shard::fnv1a);
-        lock(&self.0).insert(uid.to_string(), (fingerprint, ns));
+        let entry = Entry {
+            fingerprint: Some(fingerprint),
+            namespace: namespace.map(crate::shard::fnv1a),
+            awaited: Vec::new(),
+        };
+        lock(&self.0).insert(uid.to_string(), entry);
+    }
+    /// A reconcile of parent `uid` wrote, and its writes leave the inputs `fingerprint`
+    /// counts: the writes it awaits stay awaited.
+    pub fn mark_written(&self, uid: &str, namespace: Option<&str>, fingerprint: u64) {
+        let mut m = lock(&self.0);
+        match m.get_mut(uid) {
+            Some(e) => e.fingerprint = Some(fingerprint),
+            None => {
+                let entry = Entry {
+                    fingerprint: Some(fingerprint),
+                    namespace: namespace.map(crate::shard::fnv1a),
+                    awaited: Vec::new(),
+                };
+                m.insert(uid.to_string(), entry);
+            }
+        }
+    }
+    /// A reconcile of parent `parent` wrote child `child`, and the answer carried
+    /// resourceVersion `rv`: that version's watch event is awaited. Only for rules whose
+    /// reconciles read neither the live children nor the parent's status, so that the
+    /// writing reconcile's outcome is what another would have: it marks the inputs its
+    /// writes leave ([`Steady::mark_written`]); or it fails, or waits for a child it
+    /// wrote before, and is retried either way.
+    pub fn await_write(&self, parent: &str, namespace: Option<&str>, child: &str, rv: u64) {
+        let mut m = lock(&self.0);
+        let e = m.entry(parent.to_string()).or_insert_with(|| Entry {
+            fingerprint: None,
+            namespace: namespace.map(crate::shard::fnv1a),
+            awaited: Vec::new(),
+        });
+        // One version awaited a child: an earlier one's event may still come, and then
+        // brings a reconcile that stops early; nothing piles up.
+        let child = crate::shard::fnv1a(child);
+        e.awaited.retain(|(c, _)| *c != child);
+        if e.awaited.len() >= AWAITED_MAX {
+            e.awaited = Vec::new();
+        }
+        e.awaited.push((child, rv));
+    }
+    /// Whether a watch event of child `child` at resourceVersion `rv` is one awaited for
+    /// parent `parent` ([`Steady::await_write`]): the answer to this process's own write.
+    /// It needs no reconcile: while the writing reconcile runs, it leaves (or retries)
+    /// exactly those inputs; after it, the cache moves towards the inputs it marked (with
+    /// all its writes in, a reconcile would stop at the fingerprint; before, it would count
+    /// the children behind as written: `Applied::keys_as_applied`), and the status counts
+    /// them already. Any other version of the child (an edit by someone else, even right
+    /// after), its deletion or a relist does not match, nor does a write awaited by a
+    /// parent since forgotten. Each awaited event matches once.
+    pub fn expects(&self, parent: &str, child: &str, rv: u64) -> bool {
+        let mut m = lock(&self.0);
+        let Some(entry) = m.get_mut(parent) else {
+            return false;
+        };
+        let key = (crate::shard::fnv1a(child), rv);
+        let Some(i) = entry.awaited.iter().position(|a| *a == key) else {
+            return false;
+        };
+        entry.awaited.swap_remove(i);
+        if entry.awaited.is_empty() {
+            entry.awaited = Vec::new();
+        }
+        true
     }
     pub fn forget(&self, uid: &str) {
         lock(&self.0).remove(uid);
@@ -139,7 +220,7 @@ impl Steady {
     /// Keeps only the parents whose namespace hash `keep` holds (and every
     /// cluster-scoped one: such a rule moves whole, and runs here only when it is ours).
     pub fn retain_namespaces(&self, keep: impl Fn(u64) -> bool) {
-        lock(&self.0).retain(|_, (_, ns)| ns.is_none_or(&keep));
+        lock(&self.0).retain(|_, e| e.namespace.is_none_or(&keep));
     }
     pub fn len(&self) -> usize {
         lock(&self.0).len()
@@ -184,6 +265,44 @@ impl Applied {
             }
             None => false,
         }
+    }
+
+    /// Forgets the entry of child `uid` when the cache has caught up with it (its watch
+    /// event at `rv` came and brought no reconcile: [`Steady::expects`]).
+    pub fn caught_up(&self, uid: &str, rv: u64) {
+        let mut m = lock(&self.0);
+        if m.get(uid).is_some_and(|(written, _)| rv >= *written) {
+            m.remove(uid);
+        }
+    }
+
+    /// The [`ChildKey`]s of `children`, each one the cache holds in an older version than
+    /// this process applied keyed by the version it applied: the inputs as they are about
+    /// to be, which is what the reconcile that applied it fingerprinted for the one its
+    /// writes bring ([`keys`] else). So when a parent's two changed children reach the
+    /// cache one event at a time, the reconcile the first brings stops early too, instead
+    /// of rendering again to find the other pending. A version newer than the one applied
+    /// (someone else's write) is taken as it is, and does not match.
+    pub fn keys_as_applied(&self, children: &[(usize, Arc<DynamicObject>)]) -> Vec<ChildKey> {
+        let m = lock(&self.0);
+        if m.is_empty() {
+            return keys(children);
+        }
+        children
+            .iter()
+            .map(|(k, o)| {
+                let written = o
+                    .metadata
+                    .uid
+                    .as_deref()
+                    .and_then(|uid| m.get(uid))
+                    .filter(|(written, _)| rv(o).is_some_and(|seen| seen < *written));
+                match written {
+                    Some((written, _)) => (*k, o.uid(), Some(written.to_string())),
+                    None => (*k, o.uid(), o.resource_version()),
+                }
+            })
+            .collect()
     }
 
     /// Forgets the entries of `children` that the cache has caught up with: a reconcile
@@ -282,6 +401,31 @@ mod tests {
     }
 
     #[test]
+    fn a_child_behind_in_the_cache_is_keyed_by_the_version_applied() {
+        let applied = Applied::default();
+        let cached = |uid: &str, rv: &str| (0usize, Arc::new(obj(uid, rv)));
+        // Nothing applied: the keys as cached.
+        let kids = vec![cached("a", "5"), cached("b", "7")];
+        assert_eq!(applied.keys_as_applied(&kids), keys(&kids));
+        // `a` applied at 9, the cache still at 5: keyed as 9, as the reconcile that
+        // applied it keyed it for the one its writes bring.
+        applied.record(&obj("a", "9"), "h");
+        let as_applied = applied.keys_as_applied(&kids);
+        assert_eq!(as_applied[0], (0, Some("a".into()), Some("9".into())));
+        assert_eq!(as_applied[1], (0, Some("b".into()), Some("7".into())));
+        assert_eq!(as_applied, keys(&[cached("a", "9"), cached("b", "7")]));
+        // The cache caught up, or someone else wrote after: as cached.
+        assert_eq!(
+            applied.keys_as_applied(&[cached("a", "9")]),
+            keys(&[cached("a", "9")])
+        );
+        assert_eq!(
+            applied.keys_as_applied(&[cached("a", "12")]),
+            keys(&[cached("a", "12")])
+        );
+    }
+
+    #[test]
     fn identity_is_what_makes_a_parent_worth_reconciling() {
         let p = |generation: i64, labels: Json, annotations: Json| -> DynamicObject {
             serde_json::from_value(json!({
@@ -305,6 +449,59 @@ mod tests {
             ))
         );
         assert_eq!(identity(&obj("u", "3")), None, "no generation");
+    }
+
+    #[test]
+    fn only_the_awaited_versions_of_this_process_s_writes_are_expected() {
+        let s = Steady::default();
+        s.await_write("p", Some("n"), "a", 10);
+        assert!(!s.holds("p", 7), "awaiting writes is no fingerprint");
+        s.await_write("p", Some("n"), "b", 11);
+        s.mark_written("p", Some("n"), 7);
+        assert!(s.holds("p", 7));
+        // Another version of a child (someone else's edit), another child, another
+        // parent: not expected.
+        assert!(!s.expects("p", "a", 12));
+        assert!(!s.expects("p", "c", 10));
+        assert!(!s.expects("q", "a", 10));
+        // Each awaited version once; the fingerprint stays.
+        assert!(s.expects("p", "a", 10));
+        assert!(!s.expects("p", "a", 10));
+        assert!(s.holds("p", 7));
+        // A reconcile that wrote nothing since forgets what is awaited...
+        s.mark("p", Some("n"), 8);
+        assert!(!s.expects("p", "b", 11));
+        // ...as does forgetting the parent.
+        s.await_write("p", Some("n"), "a", 20);
+        s.forget("p");
+        assert!(!s.expects("p", "a", 20));
+        // One version awaited a child: the latest written.
+        s.await_write("p", Some("n"), "a", 30);
+        s.await_write("p", Some("n"), "a", 31);
+        assert!(!s.expects("p", "a", 30));
+        assert!(s.expects("p", "a", 31));
+        // A parent's awaited writes are bounded.
+        for i in 0..=AWAITED_MAX {
+            s.await_write("p", Some("n"), &format!("c{i}"), 40);
+        }
+        assert!(!s.expects("p", "c0", 40), "the oldest were forgotten");
+        assert!(s.expects("p", &format!("c{AWAITED_MAX}"), 40));
+    }
+
+    #[test]
+    fn a_child_whose_version_came_is_caught_up() {
+        let a = Applied::default();
+        a.record(&obj("u", "10"), "h");
+        a.caught_up("u", 9);
+        assert!(
+            a.ahead_of_cache(&obj("u", "9"), "h"),
+            "an older version: kept"
+        );
+        a.caught_up("u", 10);
+        assert!(
+            !a.ahead_of_cache(&obj("u", "9"), "h"),
+            "the version applied: gone"
+        );
     }
 
     #[test]

@@ -419,11 +419,13 @@ async fn reconcile_inner(
             let ns = parent.metadata.namespace.as_deref();
             match after {
                 _ if changes.is_empty() => ctx.steady.mark(&uid, ns, inputs(ctx)),
-                // The reconcile its own writes bring stops early too.
+                // The watch events its own writes bring reconcile nothing (each was
+                // awaited as it was written: `Steady::expects`), and a reconcile
+                // something else brings stops early.
                 Some(children) => {
                     let rv = ctx.status_writes.latest_rv(&uid, parent);
-                    ctx.steady
-                        .mark(&uid, ns, memo::fingerprint(parent, rv, children));
+                    let inputs = memo::fingerprint(parent, rv, children);
+                    ctx.steady.mark_written(&uid, ns, inputs);
                 }
                 None => ctx.steady.forget(&uid),
             }
@@ -446,7 +448,10 @@ fn skip_if_steady(
     refs: &std::collections::BTreeMap<String, serde_json::Value>,
 ) -> Option<Action> {
     let rv = ctx.status_writes.latest_rv(uid, parent);
-    let inputs = memo::fingerprint(parent, rv, memo::observed(live_children, refs));
+    // A child this process applied and the cache has not caught up with counts as
+    // applied (`Applied::keys_as_applied`).
+    let kids = ctx.applied.keys_as_applied(live_children);
+    let inputs = memo::fingerprint(parent, rv, memo::observed_of(kids, refs));
     if !ctx.steady.holds(uid, inputs) {
         return None;
     }
