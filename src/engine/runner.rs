@@ -348,6 +348,7 @@ impl RuleRunner {
         let child_selector = labels::child_selector(&name);
         // Children applied by this process, until their watch events come.
         let applied = Arc::new(crate::reconcile::memo::Applied::default());
+        let created = Arc::new(crate::reconcile::memo::Created::default());
         let awaited = self
             .metrics
             .child_events_awaited
@@ -401,8 +402,7 @@ impl RuleRunner {
             .map(relisted(relisted_tx.clone()))
             .filter(unawaited(
                 r.parent.clone(),
-                self.steady.clone(),
-                applied.clone(),
+                (i, self.steady.clone(), applied.clone(), created.clone()),
                 awaited.clone(),
             ))
             .touched_objects();
@@ -497,6 +497,7 @@ impl RuleRunner {
             paused,
             steady: self.steady.clone(),
             applied,
+            created,
             orphans_pending: self.orphans_pending.clone(),
         }));
         let mut stop_signal = stopped.clone();

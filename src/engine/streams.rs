@@ -13,7 +13,7 @@ use tracing::{info, warn};
 use super::status::EngineStatus;
 use crate::reconcile::StatusWrites;
 use crate::reconcile::admission::{Admitted, CacheBudget};
-use crate::reconcile::memo::{Applied, Steady};
+use crate::reconcile::memo::{Applied, Created, Steady};
 use crate::reconcile::refs::RefIndex;
 use crate::reconcile::wire::Wire;
 use futures::future::{Ready, ready};
@@ -246,8 +246,7 @@ pub(super) fn parent_seen(
 /// `rulebook_child_events_awaited_total{rule}`.
 pub(super) fn unawaited(
     parent: ApiResource,
-    steady: Arc<Steady>,
-    applied: Arc<Applied>,
+    (kind, steady, applied, created): (usize, Arc<Steady>, Arc<Applied>, Arc<Created>),
     counted: Counter,
 ) -> impl FnMut(&WatchResult) -> Ready<bool> {
     move |event| {
@@ -265,7 +264,10 @@ pub(super) fn unawaited(
                 && r.kind == parent.kind
         });
         if owner.is_some_and(|p| steady.expects(&p.uid, uid, rv)) {
+            // What a reconcile would have noted on finding the child cached.
             applied.caught_up(uid, rv);
+            let name = m.name.as_deref().unwrap_or_default();
+            created.arrived(|| Created::key(kind, m.namespace.as_deref(), name));
             counted.inc();
             return ready(false);
         }

@@ -78,6 +78,9 @@ pub struct ContextParts {
     /// Children applied by this process, until the cache has the applied version (shared
     /// with the children's watches, which see the version arrive).
     pub applied: Arc<Applied>,
+    /// Children created by this process in the last few seconds (shared with the
+    /// children's watches, which see them arrive).
+    pub created: Arc<Created>,
     /// Set while the engine lets go of children of kinds an earlier version of the rule
     /// had ([`OrphansPending`]).
     pub orphans_pending: Arc<OrphansPending>,
@@ -203,7 +206,7 @@ pub struct RuleContext {
     /// Children applied by this process, until the cache has the applied version.
     pub(super) applied: Arc<Applied>,
     /// Children created by this process in the last few seconds, by kind and name.
-    pub(super) created: Created,
+    pub(super) created: Arc<Created>,
     /// Whether parents' status records `ruleVersion` (see `status.rs`).
     pub(super) records_version: std::sync::atomic::AtomicBool,
     pub(super) orphans_pending: Arc<OrphansPending>,
@@ -236,7 +239,7 @@ impl RuleContext {
             let_go: Mutex::default(),
             steady: p.steady,
             applied: p.applied,
-            created: Created::default(),
+            created: p.created,
             records_version: std::sync::atomic::AtomicBool::new(records_version),
             orphans_pending: p.orphans_pending,
         }

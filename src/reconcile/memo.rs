@@ -7,8 +7,9 @@
 //!   the same status, so it stops after observing: a resync of an unchanged parent costs
 //!   a hash of a few strings, not a render. A reconcile that wrote marks the inputs its
 //!   writes will leave (the children as applied, the parent as its status write left
-//!   it) when its render does not read the live children: the reconcile those writes'
-//!   watch events bring stops early too.
+//!   it) when its render does not read the live children, and awaits those writes'
+//!   watch events, which then bring no reconcile ([`Steady::expects`]); a reconcile that
+//!   comes anyway stops early too.
 //! - [`Applied`]: per child, the resourceVersion and desired hash of Rulebook's last
 //!   apply of it. A reconcile that runs before that apply reached the cache sees the old
 //!   object, which differs from the desired one; it must not apply it a second time.
@@ -186,15 +187,43 @@ impl Steady {
         }
         e.awaited.push((child, rv));
     }
+    /// A reconcile of `parent` begins: what earlier reconciles awaited is no longer
+    /// awaited (it decides from the caches as they are now, and an awaited event it does
+    /// not see would have to bring another: a child it finds missing and does not prune,
+    /// a write it finds pending, a prune refused because the child moved on). Returns
+    /// what was awaited, for [`Steady::resume`].
+    pub fn begin(&self, parent: &str) -> Vec<(u64, u64)> {
+        let mut m = lock(&self.0);
+        m.get_mut(parent)
+            .map(|e| std::mem::take(&mut e.awaited))
+            .unwrap_or_default()
+    }
+    /// The reconcile that began with [`Steady::begin`] stopped at the fingerprint: it
+    /// decided nothing (the inputs are those the last writing reconcile marked, with the
+    /// children behind counted as written), so what that reconcile awaited is awaited
+    /// again. (An awaited event that came in between brought a reconcile; it will not
+    /// come again.)
+    pub fn resume(&self, parent: &str, awaited: Vec<(u64, u64)>) {
+        if awaited.is_empty() {
+            return;
+        }
+        if let Some(e) = lock(&self.0).get_mut(parent) {
+            let mine = std::mem::take(&mut e.awaited);
+            e.awaited = awaited;
+            e.awaited.extend(mine);
+        }
+    }
     /// Whether a watch event of child `child` at resourceVersion `rv` is one awaited for
     /// parent `parent` ([`Steady::await_write`]): the answer to this process's own write.
     /// It needs no reconcile: while the writing reconcile runs, it leaves (or retries)
-    /// exactly those inputs; after it, the cache moves towards the inputs it marked (with
-    /// all its writes in, a reconcile would stop at the fingerprint; before, it would count
-    /// the children behind as written: `Applied::keys_as_applied`), and the status counts
-    /// them already. Any other version of the child (an edit by someone else, even right
-    /// after), its deletion or a relist does not match, nor does a write awaited by a
-    /// parent since forgotten. Each awaited event matches once.
+    /// exactly those inputs; after it, and until another reconcile begins, the cache
+    /// moves towards the inputs it marked (with all its writes in, a reconcile would stop
+    /// at the fingerprint; before, it would count the children behind as written:
+    /// `Applied::keys_as_applied`), and the status counts them already. The caches hold
+    /// the event before this is asked, so a reconcile that begins after it sees it. Any
+    /// other version of the child (an edit by someone else, even right after), its
+    /// deletion or a relist does not match, nor does a write awaited before a reconcile
+    /// that has begun since. Each awaited event matches once.
     pub fn expects(&self, parent: &str, child: &str, rv: u64) -> bool {
         let mut m = lock(&self.0);
         let Some(entry) = m.get_mut(parent) else {
@@ -475,6 +504,18 @@ mod tests {
         s.await_write("p", Some("n"), "a", 20);
         s.forget("p");
         assert!(!s.expects("p", "a", 20));
+        // A reconcile that begins takes what was awaited: nothing is awaited while it
+        // runs, and its own writes are...
+        s.await_write("p", Some("n"), "a", 21);
+        s.mark_written("p", Some("n"), 9);
+        let before = s.begin("p");
+        assert!(!s.expects("p", "a", 21), "awaited by an earlier reconcile");
+        s.await_write("p", Some("n"), "b", 22);
+        // ...and if it stopped at the fingerprint, the earlier ones are awaited again.
+        s.resume("p", before);
+        assert!(s.expects("p", "a", 21));
+        assert!(s.expects("p", "b", 22));
+        assert!(s.holds("p", 9));
         // One version awaited a child: the latest written.
         s.await_write("p", Some("n"), "a", 30);
         s.await_write("p", Some("n"), "a", 31);

@@ -201,11 +201,15 @@ async fn reconcile_inner(
     //    without content, the API server) have them. Nothing changed since a reconcile
     //    that had nothing to do (and no references to look at): nothing to do, and
     //    nothing is even read as JSON.
+    //    What earlier reconciles awaited is not awaited while this one decides from the
+    //    caches (`Steady::begin`), unless it stops at the fingerprint.
+    let awaited = ctx.steady.begin(&uid);
     let live_children = read_stubs(ctx, ctx.owned_children(&uid, namespace.as_deref())).await?;
     let no_refs = std::collections::BTreeMap::new();
     if rule.rule.spec.references.is_empty()
         && let Some(done) = skip_if_steady(ctx, parent, &uid, &live_children, &no_refs)
     {
+        ctx.steady.resume(&uid, awaited);
         return Ok(done);
     }
     let Some(mut parent_json) = cache::to_json(parent) else {
@@ -268,8 +272,10 @@ async fn reconcile_inner(
     if !rule.rule.spec.references.is_empty()
         && let Some(done) = skip_if_steady(ctx, parent, &uid, &live_children, &observed.refs)
     {
+        ctx.steady.resume(&uid, awaited);
         return Ok(done);
     }
+    drop(awaited);
     let live_keys = memo::keys(&live_children);
     let seen = memo::observed_of(live_keys.clone(), &observed.refs);
     let inputs = |ctx: &RuleContext| {
