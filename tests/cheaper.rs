@@ -450,14 +450,7 @@ async fn a_parents_own_writes_bring_no_reconcile() {
     // An edit of every parent: children a and b change.
     let awaited0 = op.metric(&awaited).await;
     for p in &names {
-        parents
-            .patch(
-                p,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"v": "2"}})),
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{test}: edit {p}: {e}"));
+        edit_spec(&parents, test, p, json!({"v": "2"})).await;
     }
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     wait_for(T, "the edit to reach every child a and b", || async {
@@ -528,19 +521,9 @@ async fn a_parent_edited_twice_at_once_ends_as_the_last_edit_says() {
     let parents = kind_api(&client, &ns, kind, T).await;
     let names = put_parents(&parents, kind, &ns).await;
     wait_all_ready(&parents, &names, T).await;
-    let edit = |p: String, spec: Json| {
-        let parents = parents.clone();
-        async move {
-            let patch = Patch::Merge(json!({ "spec": spec }));
-            parents
-                .patch(&p, &PatchParams::default(), &patch)
-                .await
-                .unwrap_or_else(|e| panic!("{test}: edit {p}: {e}"));
-        }
-    };
     for p in &names {
-        edit(p.clone(), json!({"c": "yes", "v": "2"})).await;
-        edit(p.clone(), json!({"c": "no", "v": "1"})).await;
+        edit_spec(&parents, test, p, json!({"c": "yes", "v": "2"})).await;
+        edit_spec(&parents, test, p, json!({"c": "no", "v": "1"})).await;
     }
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     wait_for(
@@ -594,6 +577,23 @@ async fn a_child_that_waits_on_the_parents_status_is_created() {
     })
     .await;
     cleanup_namespace(&client, &ns).await;
+}
+
+/// Merges `spec` into the parent's spec.
+async fn edit_spec(
+    parents: &kube::Api<kube::api::DynamicObject>,
+    test: &str,
+    name: &str,
+    spec: Json,
+) {
+    parents
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": spec })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{test}: edit {name}: {e}"));
 }
 
 /// Whether an audit event is a request of Rulebook's (its user agent).

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::reconcile::recorder::Recorder;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
@@ -189,11 +190,7 @@ pub(super) fn owners_of(
             .owner_references
             .iter()
             .flatten()
-            .filter(|r| {
-                r.controller == Some(true)
-                    && r.api_version == parent.api_version
-                    && r.kind == parent.kind
-            })
+            .filter(|r| controlled_by(r, &parent))
             .map(|r| {
                 let p = kube::runtime::reflector::ObjectRef::new_with(&r.name, parent.clone());
                 match ns {
@@ -203,6 +200,11 @@ pub(super) fn owners_of(
             })
             .collect()
     }
+}
+
+/// Whether an ownerReference is a controller reference to a parent of the rule's kind.
+fn controlled_by(r: &OwnerReference, parent: &ApiResource) -> bool {
+    r.controller == Some(true) && r.api_version == parent.api_version && r.kind == parent.kind
 }
 
 /// A pass-through of the parents' events that tells the status writes what the cache
@@ -258,11 +260,7 @@ pub(super) fn unawaited(
         let (Some(uid), Some(rv)) = (m.uid.as_deref(), rv) else {
             return ready(true);
         };
-        let owner = (m.owner_references.iter().flatten()).find(|r| {
-            r.controller == Some(true)
-                && r.api_version == parent.api_version
-                && r.kind == parent.kind
-        });
+        let owner = (m.owner_references.iter().flatten()).find(|r| controlled_by(r, &parent));
         if owner.is_some_and(|p| steady.expects(&p.uid, uid, rv)) {
             // What a reconcile would have noted on finding the child cached.
             applied.caught_up(uid, rv);
