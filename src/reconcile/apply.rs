@@ -108,22 +108,20 @@ pub(super) async fn apply_child(
     seen: Option<&std::sync::Arc<DynamicObject>>,
 ) -> Result<ChildOutcome, ReconcileError> {
     let t = target(ctx, namespace, d);
-    let cached = t
-        .kind
-        .store
-        .get(&t.oref)
-        .filter(|o| !is_stub(o))
-        .map(|raw| match seen {
-            Some(o)
-                if o.metadata.uid.is_some()
-                    && o.metadata.resource_version.is_some()
-                    && o.metadata.uid == raw.metadata.uid
-                    && o.metadata.resource_version == raw.metadata.resource_version =>
-            {
-                o.clone()
-            }
-            _ => raw,
-        });
+    // The version the reconcile read its children as, if the cache still holds it (no
+    // second unpacking); else what the cache holds now.
+    let still_seen = seen.filter(|o| {
+        let m = &o.metadata;
+        match (m.uid.as_deref(), m.resource_version.as_deref()) {
+            (Some(uid), Some(rv)) => t.kind.store.holds(&t.oref, uid, rv),
+            _ => false,
+        }
+    });
+    let cached = match still_seen {
+        Some(o) => Some(o.clone()),
+        None => t.kind.store.get(&t.oref),
+    }
+    .filter(|o| !is_stub(o));
     let read_error = |source| ReconcileError::Read {
         what: t.what.clone(),
         source,

@@ -137,6 +137,23 @@ impl Packed {
         })
     }
 
+    /// Whether this is the version `resource_version` of the object `uid`, read without
+    /// unpacking the metadata (the two fields are scanned for, nothing else is built).
+    pub fn holds(&self, uid: &str, resource_version: &str) -> bool {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Version<'a> {
+            #[serde(borrow)]
+            uid: Option<std::borrow::Cow<'a, str>>,
+            #[serde(borrow)]
+            resource_version: Option<std::borrow::Cow<'a, str>>,
+        }
+        let meta = &self.text[..self.split as usize];
+        serde_json::from_str::<Version>(meta).is_ok_and(|v| {
+            v.uid.as_deref() == Some(uid) && v.resource_version.as_deref() == Some(resource_version)
+        })
+    }
+
     /// The bytes this form holds.
     pub fn len(&self) -> usize {
         self.text.len()
@@ -426,6 +443,27 @@ mod tests {
         assert_eq!(to_json(&unpacked(&plain)), to_json(&plain));
         packed.data = Json::String("{}".into());
         assert_eq!(unpacked(&packed).data, packed.data);
+    }
+
+    #[test]
+    fn a_stored_child_tells_its_version_without_unpacking() {
+        let mut o: DynamicObject = serde_json::from_value(child()).unwrap();
+        strip_child(&mut o);
+        let (uid, rv) = (
+            o.metadata.uid.clone().unwrap(),
+            o.metadata.resource_version.clone().unwrap(),
+        );
+        let stored = Packed::new(&o).unwrap();
+        assert!(stored.holds(&uid, &rv));
+        assert!(!stored.holds(&uid, "1"));
+        assert!(!stored.holds("other", &rv));
+        // A name or label that reads like the fields is not them.
+        o.metadata.name = Some(rv.clone());
+        o.metadata.labels = Some([("uid".to_string(), "other".to_string())].into());
+        o.metadata.resource_version = Some("8".into());
+        assert!(!Packed::new(&o).unwrap().holds(&uid, &rv));
+        o.metadata.uid = None;
+        assert!(!Packed::new(&o).unwrap().holds(&uid, "8"));
     }
 
     #[test]

@@ -222,9 +222,8 @@ impl Recorder {
             Some(seen) => seen,
             None => {
                 let event = self.event(ev, regarding, &namespace, now);
-                let created = events.create(&PostParams::default(), &event).await?;
                 Seen {
-                    name: created.metadata.name.unwrap_or_default(),
+                    name: create(&events, &event).await?,
                     count: 1,
                     last: now,
                 }
@@ -279,6 +278,26 @@ impl Recorder {
             ..Default::default()
         }
     }
+}
+
+/// Creates `event`, as `Api::create` does, and reads of the answer only the name the
+/// series needs (the Event is written often and read back for nothing else).
+async fn create(events: &Api<K8sEvent>, event: &K8sEvent) -> Result<String, kube::Error> {
+    #[derive(serde::Deserialize)]
+    struct Named {
+        metadata: Name,
+    }
+    #[derive(serde::Deserialize)]
+    struct Name {
+        name: Option<String>,
+    }
+    let body = serde_json::to_vec(event).map_err(kube::Error::SerdeError)?;
+    let mut req = kube::core::Request::new(events.resource_url())
+        .create(&PostParams::default(), body)
+        .map_err(kube::Error::BuildRequest)?;
+    req.extensions_mut().insert("create");
+    let created: Named = events.clone().into_client().request(req).await?;
+    Ok(created.metadata.name.unwrap_or_default())
 }
 
 #[cfg(test)]

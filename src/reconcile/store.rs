@@ -162,6 +162,18 @@ impl ChildStore {
             .map(Arc::new)
     }
 
+    /// Whether the store holds version `resource_version` of object `uid` at `oref`,
+    /// without unpacking it.
+    pub fn holds(
+        &self,
+        oref: &ObjectRef<DynamicObject>,
+        uid: &str,
+        resource_version: &str,
+    ) -> bool {
+        self.with(oref, |p| p.holds(uid, resource_version))
+            .unwrap_or(false)
+    }
+
     /// Whether the child at `oref` is cached without its content (a stub), without
     /// unpacking it; `None` when it is not cached.
     pub fn is_stub(&self, oref: &ObjectRef<DynamicObject>) -> Option<bool> {

@@ -16,6 +16,7 @@ use serde_json::Value as Json;
 use tracing::debug;
 
 use super::gate::WriteGate;
+use super::wire::Wire;
 use crate::meta::FIELD_MANAGER;
 use crate::metrics::Metrics;
 
@@ -153,8 +154,7 @@ impl Writer {
     ) -> Result<DynamicObject, WriteError> {
         self.check()?;
         let body = with_metadata(body, "uid", uid);
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let applied = api.patch(name, &params, &Patch::Apply(body)).await?;
+        let applied = apply_patch(api, name, body).await?;
         self.metrics.write(&self.rule, "apply");
         Ok(applied)
     }
@@ -172,8 +172,7 @@ impl Writer {
     ) -> Result<Created, WriteError> {
         self.check()?;
         let body = with_metadata(body, "resourceVersion", NO_OBJECT_RESOURCE_VERSION);
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        match api.patch(name, &params, &Patch::Apply(body)).await {
+        match apply_patch(api, name, body).await {
             Ok(o) => {
                 self.metrics.write(&self.rule, "apply");
                 Ok(Created::Created(Box::new(o)))
@@ -309,6 +308,27 @@ pub const NO_OBJECT_RESOURCE_VERSION: &str = "18446744073709551615";
 /// always gives an object with metadata; should one lack it, the precondition still goes
 /// in (a `metadata` of its own), and a body that is no object or whose metadata is no
 /// object is one the API server refuses whole: never an apply without the precondition.
+/// A forced server-side apply of `body` to `name`, as `Api::patch` sends it, its answer
+/// read as the child caches read a watched object ([`Wire`]): typed metadata (Rulebook's
+/// own field set as text, other managers' without theirs), the content as packed JSON
+/// text, which is the form every reader of a child takes. `Api::patch` reads it into a
+/// `DynamicObject`, whose flattened content serde buffers whole before building its tree
+/// (the largest part of an update's reconcile in a profile), and an answer nested beyond
+/// serde_json's limit would fail the write that has already happened.
+async fn apply_patch(
+    api: &Api<DynamicObject>,
+    name: &str,
+    body: Box<serde_json::value::RawValue>,
+) -> Result<DynamicObject, kube::Error> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut req = kube::core::Request::new(api.resource_url())
+        .patch(name, &params, &Patch::Apply(body))
+        .map_err(kube::Error::BuildRequest)?;
+    req.extensions_mut().insert("patch");
+    let applied: Wire<false> = api.clone().into_client().request(req).await?;
+    Ok(applied.into_packed())
+}
+
 fn with_metadata(value: &Json, key: &str, val: &str) -> Box<serde_json::value::RawValue> {
     raw_body(serde_json::to_string(&WithMetadata { value, key, val }).unwrap_or_default())
 }
@@ -480,6 +500,61 @@ mod tests {
         // No status yet: null, as the whole object's missing field reads.
         let lean: StatusApplied = serde_json::from_str(r#"{"metadata": {}}"#).unwrap();
         assert!(lean.status.is_null());
+    }
+
+    #[test]
+    fn an_apply_answer_reads_as_a_cached_child_and_as_the_whole_object_would() {
+        let answer = json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "n", "uid": "u", "resourceVersion": "42",
+                "labels": {"rulebook.dev/owner": "p"},
+                "managedFields": [
+                    {"manager": "rulebook", "operation": "Apply", "fieldsType": "FieldsV1",
+                     "fieldsV1": {"f:data": {"f:k": {}}, "f:metadata": {"f:labels": {"f:rulebook.dev/owner": {}}}}},
+                    {"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+                     "fieldsV1": {"f:data": {"f:z": {}}}}]},
+            "data": {"k": "v", "z": "w"}
+        })
+        .to_string();
+        let lean = serde_json::from_str::<Wire<false>>(&answer)
+            .unwrap()
+            .into_packed();
+        let whole: DynamicObject = serde_json::from_str(&answer).unwrap();
+        assert_eq!(lean.types, whole.types);
+        assert_eq!(lean.metadata.uid, whole.metadata.uid);
+        assert_eq!(
+            lean.metadata.resource_version,
+            whole.metadata.resource_version
+        );
+        assert_eq!(
+            super::super::cache::to_json(&lean),
+            super::super::cache::to_json(&whole)
+        );
+        // The drift check reads Rulebook's field set from either form alike.
+        let desired = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "labels": {"rulebook.dev/owner": "p"}}, "data": {"k": "v"}});
+        assert!(super::super::drift::fields_cover(
+            &lean,
+            &desired,
+            FIELD_MANAGER
+        ));
+        assert!(super::super::drift::fields_cover(
+            &whole,
+            &desired,
+            FIELD_MANAGER
+        ));
+        let more = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c"}, "data": {"k": "v", "z": "w"}});
+        assert!(!super::super::drift::fields_cover(
+            &lean,
+            &more,
+            FIELD_MANAGER
+        ));
+        assert!(!super::super::drift::fields_cover(
+            &whole,
+            &more,
+            FIELD_MANAGER
+        ));
     }
 
     #[tokio::test]
