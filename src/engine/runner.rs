@@ -421,6 +421,7 @@ impl RuleRunner {
                 ar: ar.clone(),
                 namespaced: *namespaced,
                 store,
+                content_read: read,
             });
         }
         let mut refs = Vec::new();

@@ -299,7 +299,7 @@ async fn settle(
             )));
         }
     };
-    let applied = match written {
+    let mut applied = match written {
         Ok(o) => o,
         Err(WriteError::NotLeader) => return Err(ReconcileError::NotLeader),
         Err(WriteError::Api(e)) => {
@@ -341,6 +341,10 @@ async fn settle(
         info!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "{verb}");
     } else {
         debug!(rule = %ctx.rule.name, parent = %parent.name_any(), child = %what, "{verb}");
+    }
+    if !t.kind.content_read {
+        // Nothing reads it: the status sees the child as the cache holds it.
+        cache::without_content(&mut applied);
     }
     Ok(Settled::Done(ChildOutcome::Changed(Box::new(Change {
         reason,

@@ -28,6 +28,10 @@ pub struct ChildKind {
     pub namespaced: bool,
     /// The cached children, also by owner UID.
     pub store: Arc<super::store::ChildStore>,
+    /// Whether any child of this kind is read past its metadata
+    /// ([`CompiledRule::reads_child_content`]); if not, its cache keeps no content, and
+    /// neither does the status stage's view of an apply's answer.
+    pub content_read: bool,
 }
 
 impl ChildKind {
