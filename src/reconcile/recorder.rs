@@ -292,11 +292,10 @@ async fn create(events: &Api<K8sEvent>, event: &K8sEvent) -> Result<String, kube
         name: Option<String>,
     }
     let body = serde_json::to_vec(event).map_err(kube::Error::SerdeError)?;
-    let mut req = kube::core::Request::new(events.resource_url())
+    let req = kube::core::Request::new(events.resource_url())
         .create(&PostParams::default(), body)
         .map_err(kube::Error::BuildRequest)?;
-    req.extensions_mut().insert("create");
-    let created: Named = events.clone().into_client().request(req).await?;
+    let created: Named = super::writer::send_as(events, req, "create").await?;
     Ok(created.metadata.name.unwrap_or_default())
 }
 

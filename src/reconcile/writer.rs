@@ -197,11 +197,10 @@ impl Writer {
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let patch = Patch::Apply(apply_body(body));
         // As `Api::patch_status` builds it, with another type to read the answer into.
-        let mut req = kube::core::Request::new(api.resource_url())
+        let req = kube::core::Request::new(api.resource_url())
             .patch_subresource("status", name, &params, &patch)
             .map_err(kube::Error::BuildRequest)?;
-        req.extensions_mut().insert("patch_status");
-        let applied: StatusApplied = api.clone().into_client().request(req).await?;
+        let applied: StatusApplied = send_as(api, req, "patch_status").await?;
         self.metrics.write(&self.rule, "apply_status");
         Ok(applied)
     }
@@ -308,25 +307,32 @@ pub const NO_OBJECT_RESOURCE_VERSION: &str = "18446744073709551615";
 /// always gives an object with metadata; should one lack it, the precondition still goes
 /// in (a `metadata` of its own), and a body that is no object or whose metadata is no
 /// object is one the API server refuses whole: never an apply without the precondition.
-/// A forced server-side apply of `body` to `name`, as `Api::patch` sends it, its answer
-/// read as the child caches read a watched object ([`Wire`]): typed metadata (Rulebook's
-/// own field set as text, other managers' without theirs), the content as packed JSON
-/// text, which is the form every reader of a child takes. `Api::patch` reads it into a
-/// `DynamicObject`, whose flattened content serde buffers whole before building its tree
-/// (the largest part of an update's reconcile in a profile), and an answer nested beyond
-/// serde_json's limit would fail the write that has already happened.
+/// A forced server-side apply of `body` to `name`, its answer read as the child caches
+/// read a watched object ([`Wire`]: typed metadata, packed content). `Api::patch` reads
+/// it into a `DynamicObject`, whose flattened content serde buffers whole before building
+/// its tree, and an answer deeper than serde_json's limit would fail a write already done.
 async fn apply_patch(
     api: &Api<DynamicObject>,
     name: &str,
     body: Box<serde_json::value::RawValue>,
 ) -> Result<DynamicObject, kube::Error> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let mut req = kube::core::Request::new(api.resource_url())
+    let req = kube::core::Request::new(api.resource_url())
         .patch(name, &params, &Patch::Apply(body))
         .map_err(kube::Error::BuildRequest)?;
-    req.extensions_mut().insert("patch");
-    let applied: Wire<false> = api.clone().into_client().request(req).await?;
+    let applied: Wire<false> = send_as(api, req, "patch").await?;
     Ok(applied.into_packed())
+}
+
+/// Sends `req` through `api`'s client, tagged with `verb` as kube-client tags its own,
+/// reading the answer into `T` (the writes whose answers are read in part).
+pub(super) async fn send_as<T: serde::de::DeserializeOwned, K: kube::Resource + Clone>(
+    api: &Api<K>,
+    mut req: http::Request<Vec<u8>>,
+    verb: &'static str,
+) -> Result<T, kube::Error> {
+    req.extensions_mut().insert(verb);
+    api.clone().into_client().request(req).await
 }
 
 fn with_metadata(value: &Json, key: &str, val: &str) -> Box<serde_json::value::RawValue> {
@@ -530,7 +536,6 @@ mod tests {
             super::super::cache::to_json(&lean),
             super::super::cache::to_json(&whole)
         );
-        // The drift check reads Rulebook's field set from either form alike.
         let desired = json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "c", "labels": {"rulebook.dev/owner": "p"}}, "data": {"k": "v"}});
         assert!(super::super::drift::fields_cover(
