@@ -39,30 +39,34 @@ fn the_shipped_tests_pass() {
     }
 }
 
-/// A copy of tests/rules/myweb.yaml in `dir` with `from` replaced by `to`, its paths made
-/// absolute; returns the copy's path.
+/// A copy of tests/rules/myweb.yaml in `dir` with `from` replaced by `to`, with the
+/// fixtures, parent and snapshot it names copied beside it (a test reads only files inside
+/// its repository, here `dir`); returns the copy's path.
 fn variant(dir: &Path, from: &str, to: &str) -> String {
     let root = repo();
     let text = std::fs::read_to_string(root.join("tests/rules/myweb.yaml"))
         .unwrap()
         .replace(from, to)
-        .replace("../../examples/", &format!("{}/examples/", root.display()))
-        .replace(
-            "fixtures/",
-            &format!("{}/tests/rules/fixtures/", root.display()),
-        )
-        .replace(
-            "snapshot: snapshots/",
-            &format!("snapshot: {}/", dir.display()),
-        );
+        .replace("../../examples/", "examples/")
+        .replace("snapshot: snapshots/", "snapshot: ");
     assert!(text.contains(to), "the replacement must apply: {from}");
     let path = dir.join("myweb.yaml");
     std::fs::write(&path, text).unwrap();
-    std::fs::copy(
-        root.join("tests/rules/snapshots/myweb-first-render.yaml"),
-        dir.join("myweb-first-render.yaml"),
-    )
-    .unwrap();
+    for (from, to) in [
+        (
+            "tests/rules/snapshots/myweb-first-render.yaml",
+            "myweb-first-render.yaml",
+        ),
+        ("examples/myweb.yaml", "examples/myweb.yaml"),
+        (
+            "tests/rules/fixtures/myweb-available.yaml",
+            "fixtures/myweb-available.yaml",
+        ),
+    ] {
+        let to = dir.join(to);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(root.join(from), to).unwrap();
+    }
     path.display().to_string()
 }
 
@@ -161,4 +165,104 @@ fn a_broken_test_file_or_no_tests_fail() {
     let (code, out) = rulebook_test(&[broken.to_str().unwrap()]);
     assert_eq!(code, 1, "a test file that does not parse must fail: {out}");
     assert!(out.contains("t.yaml:"), "{out}");
+}
+
+/// A test file in its own repository (`dir/repo`, with `.git`) that names `path` for the
+/// parent, a live object or the snapshot (`field`); returns the file's path and the line.
+fn hostile(dir: &Path, field: &str, path: &str) -> (String, usize) {
+    let repo_dir = dir.join("repo");
+    std::fs::create_dir_all(repo_dir.join(".git")).unwrap();
+    std::fs::create_dir_all(repo_dir.join("tests")).unwrap();
+    std::fs::copy(
+        repo().join("examples/myweb.yaml"),
+        repo_dir.join("myweb.yaml"),
+    )
+    .unwrap();
+    let (parent, observed, snapshot) = match field {
+        "parent" => (path, "../myweb.yaml", "snap.yaml"),
+        "observed" => ("../myweb.yaml", path, "snap.yaml"),
+        _ => ("../myweb.yaml", "../myweb.yaml", path),
+    };
+    let text = format!(
+        "apiVersion: rulebook.dev/v1alpha1\nkind: RuleTest\nmetadata: {{ name: hostile }}\n\
+         spec:\n  parent: {{ file: {parent} }}\n  steps:\n    - name: one\n      \
+         observed: [ {{ file: {observed} }} ]\n      snapshot: {snapshot}\n"
+    );
+    let line = text
+        .lines()
+        .position(|l| l.contains(path))
+        .map(|i| i + 1)
+        .unwrap();
+    let file = repo_dir.join("tests/t.yaml");
+    std::fs::write(&file, text).unwrap();
+    (file.display().to_string(), line)
+}
+
+#[test]
+fn paths_out_of_the_repository_are_refused_with_file_and_line_and_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    // What must never be printed: a file beside the repository, reached by `..`, by an
+    // absolute path, and by a link inside the repository.
+    let outside = dir.path().join("ci-token.yaml");
+    std::fs::write(&outside, "token: s3cr3t-ci-token\n").unwrap();
+    std::fs::create_dir_all(dir.path().join("repo/tests")).unwrap();
+    std::os::unix::fs::symlink(&outside, dir.path().join("repo/tests/link.yaml")).unwrap();
+    let absolute = outside.display().to_string();
+    for field in ["parent", "observed", "snapshot"] {
+        for (path, why) in [
+            ("/etc/passwd", "an absolute path"),
+            (absolute.as_str(), "an absolute path"),
+            ("../../ci-token.yaml", "leaves the repository"),
+            ("link.yaml", "leaves the repository"),
+        ] {
+            let (file, line) = hostile(dir.path(), field, path);
+            let (code, out) = rulebook_test(&[&file]);
+            assert_eq!(code, 1, "{field} {path}: {out}");
+            // `file:line` for the parent (a setup failure) and every step's failure.
+            assert!(
+                out.contains(&format!("t.yaml:{line}: {path}: {why}"))
+                    || out.contains(&format!("t.yaml:{line}: line {line}: {path}: {why}")),
+                "{field} {path}: {out}"
+            );
+            assert!(
+                !out.contains("s3cr3t") && !out.contains("root:x:0"),
+                "{out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn update_never_writes_outside_the_repository() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = dir.path().join("written.yaml");
+    for path in ["../../written.yaml", target.to_str().unwrap()] {
+        let (file, line) = hostile(dir.path(), "snapshot", path);
+        let (code, out) = rulebook_test(&["--update", &file]);
+        assert_eq!(code, 1, "{path}: {out}");
+        assert!(
+            out.contains(&format!("t.yaml:{line}: line {line}: {path}")),
+            "{out}"
+        );
+        assert!(
+            !target.exists(),
+            "{path}: --update wrote outside the repository"
+        );
+    }
+    // Through a link to a directory outside, too.
+    let out_dir = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    std::os::unix::fs::symlink(&out_dir, dir.path().join("repo/tests/out")).unwrap();
+    let (file, _) = hostile(dir.path(), "snapshot", "out/snap.yaml");
+    let (code, out) = rulebook_test(&["--update", &file]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        !out_dir.join("snap.yaml").exists(),
+        "--update followed a link out"
+    );
+    // Inside, it writes.
+    let (file, _) = hostile(dir.path(), "snapshot", "snap.yaml");
+    let (code, out) = rulebook_test(&["--update", &file]);
+    assert_eq!(code, 0, "{out}");
+    assert!(dir.path().join("repo/tests/snap.yaml").exists());
 }

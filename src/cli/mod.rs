@@ -473,27 +473,18 @@ pub fn builtin_scope(rule: &crate::render::CompiledRule) -> impl Fn(usize) -> Sc
     }
 }
 
-/// Built-in kinds that are cluster-scoped, for rendering without discovery.
-pub fn is_cluster_scoped_builtin(api_version: &str, kind: &str) -> bool {
-    matches!(
-        (api_version, kind),
-        ("v1", "Namespace" | "Node" | "PersistentVolume")
-            | (
-                "rbac.authorization.k8s.io/v1",
-                "ClusterRole" | "ClusterRoleBinding"
-            )
-            | ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
-            | ("storage.k8s.io/v1", "StorageClass")
-            | ("scheduling.k8s.io/v1", "PriorityClass")
-    )
-}
+pub use crate::meta::is_cluster_scoped_builtin;
 
 /// Every object of a YAML or JSON stream.
 pub fn read_objects(path: &Path) -> Result<Vec<Json>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let docs: Vec<Json> = serde_saphyr::from_multiple(&text)
-        .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), e))?;
+    parse_objects(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// Every object of a YAML or JSON stream's text.
+pub fn parse_objects(text: &str) -> std::result::Result<Vec<Json>, String> {
+    let docs: Vec<Json> = serde_saphyr::from_multiple(text).map_err(|e| e.to_string())?;
     Ok(docs.into_iter().filter(|d| !d.is_null()).collect())
 }
 

@@ -10,6 +10,7 @@
 
 mod matching;
 mod model;
+mod paths;
 mod schema;
 
 use std::io::Write;
@@ -19,7 +20,7 @@ use anyhow::Result;
 use clap::Args;
 use serde_json::Value as Json;
 
-use super::{RuleDirs, load_or_report, observed, read_objects, to_yaml, with_render_defaults};
+use super::{RuleDirs, load_or_report, observed, parse_objects, to_yaml, with_render_defaults};
 use crate::render::status::desired_status;
 use crate::render::{CompiledRule, RuleSet};
 use model::{Expect, RuleTest, Source, Step};
@@ -37,6 +38,10 @@ pub struct TestArgs {
     /// Write each step's `snapshot:` file from what it renders, instead of comparing.
     #[arg(long)]
     pub update: bool,
+    /// The repository a test file's paths must stay in (fixtures, snapshots); default:
+    /// the nearest directory above the test file holding `.git`, else the file's own.
+    #[arg(long)]
+    pub root: Option<PathBuf>,
 }
 
 /// What one step rendered: its children and status, or its error.
@@ -100,14 +105,26 @@ pub fn run(args: &TestArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
             continue;
         }
         let dir = file.parent().unwrap_or(Path::new("."));
-        match prepare(&set, &test, dir) {
+        let confined = match paths::Confined::for_test(file, args.root.as_deref()) {
+            Ok(c) => c,
             Err(message) => {
                 writeln!(out, "  FAIL (setup): {message}")?;
+                failed += 1;
+                continue;
+            }
+        };
+        let at = Place {
+            dir,
+            confined: &confined,
+        };
+        match prepare(&set, &test, &at) {
+            Err(message) => {
+                writeln!(out, "  FAIL (setup): {}", located(&shown, &message))?;
                 failed += 1;
             }
             Ok((rule, mut parent)) => {
                 for step in &test.spec.steps {
-                    let failures = run_step(rule, &mut parent, step, dir, args.update);
+                    let failures = run_step(rule, &mut parent, step, &at, args.update);
                     if failures.is_empty() {
                         writeln!(out, "  ok    {}", step.name.value)?;
                         passed += 1;
@@ -144,6 +161,19 @@ pub fn run(args: &TestArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
     Ok(if failed == 0 { 0 } else { 1 })
 }
 
+/// `file:N: rest` for a message `line N: rest`, so that a setup failure names its place
+/// as a step's failure does; other messages as they are.
+fn located(file: &str, message: &str) -> String {
+    let line = message
+        .strip_prefix("line ")
+        .and_then(|m| m.split_once(": "))
+        .filter(|(n, _)| n.parse::<u64>().is_ok());
+    match line {
+        Some((n, rest)) => format!("{file}:{n}: {rest}"),
+        None => message.to_string(),
+    }
+}
+
 /// The YAML files under `root` (or `root` itself); a missing default directory is empty.
 fn collect(root: &Path, default: bool, files: &mut Vec<PathBuf>) -> Result<()> {
     if root.is_file() {
@@ -167,13 +197,19 @@ fn collect(root: &Path, default: bool, files: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// Where a test file's relative paths start, and what they must stay in.
+struct Place<'a> {
+    dir: &'a Path,
+    confined: &'a paths::Confined,
+}
+
 /// The test's rule and its parent, with the API server's defaults.
 fn prepare<'a>(
     set: &'a RuleSet,
     test: &RuleTest,
-    dir: &Path,
+    at: &Place,
 ) -> std::result::Result<(&'a CompiledRule, Json), String> {
-    let parent = objects_of(&test.spec.parent, dir)?
+    let parent = objects_of(&test.spec.parent, at)?
         .into_iter()
         .next()
         .ok_or("spec.parent: no object")?;
@@ -203,11 +239,13 @@ fn prepare<'a>(
     Ok((rule, with_render_defaults(rule, parent)))
 }
 
-/// The objects of a source: a file's stream (relative to the test file) or the object.
-fn objects_of(source: &Source, dir: &Path) -> std::result::Result<Vec<Json>, String> {
+/// The objects of a source: a file's stream (relative to the test file, inside the
+/// repository) or the object.
+fn objects_of(source: &Source, at: &Place) -> std::result::Result<Vec<Json>, String> {
     match (&source.file, &source.object) {
         (Some(f), None) => {
-            read_objects(&dir.join(&f.value)).map_err(|e| format!("line {}: {e}", f.line))
+            let text = at.confined.read(at.dir, f)?;
+            parse_objects(&text).map_err(|e| format!("line {}: {}: {e}", f.line, f.value))
         }
         (None, Some(o)) => Ok(vec![o.value.clone()]),
         _ => Err("give exactly one of file and object".into()),
@@ -268,7 +306,7 @@ fn run_step(
     rule: &CompiledRule,
     parent: &mut Json,
     step: &Step,
-    dir: &Path,
+    place: &Place,
     update: bool,
 ) -> Vec<Failure> {
     let mut failures = Vec::new();
@@ -278,10 +316,10 @@ fn run_step(
     }
     let mut objects = Vec::new();
     for s in &step.observed {
-        match objects_of(s, dir) {
+        match objects_of(s, place) {
             Ok(o) => objects.extend(o),
             Err(message) => failures.push(Failure {
-                line: at,
+                line: s.file.as_ref().map_or(at, |f| f.line),
                 message,
                 diff: None,
             }),
@@ -301,41 +339,62 @@ fn run_step(
         });
     }
     if let Some(snap) = &step.snapshot {
-        let path = dir.join(&snap.value);
-        let text = match &outcome {
-            Ok((children, status)) => {
-                let mut docs: Vec<String> = children
-                    .iter()
-                    .filter_map(|c| to_yaml(&without_own_annotations(c)).ok())
-                    .collect();
-                docs.push(to_yaml(&serde_json::json!({"status": status})).unwrap_or_default());
-                docs.join("---\n")
-            }
-            Err(e) => format!("# error\n{e}\n"),
-        };
-        if update {
-            if let Err(e) = std::fs::write(&path, &text) {
-                failures.push(Failure {
-                    line: snap.line,
-                    message: format!("cannot write {}: {e}", path.display()),
-                    diff: None,
-                });
-            }
-        } else {
-            let old = std::fs::read_to_string(&path).unwrap_or_default();
-            if old != text {
-                failures.push(Failure {
-                    line: snap.line,
-                    message: format!(
-                        "differs from the snapshot {} (rulebook test --update writes it)",
-                        snap.value
-                    ),
-                    diff: Some(super::unified_diff("expected", "actual", &old, &text)),
-                });
-            }
-        }
+        failures.extend(compare_snapshot(snap, &outcome, place, update));
     }
     failures
+}
+
+/// A step's snapshot: compared with what the step rendered, or written with `--update`;
+/// only where the test's repository allows.
+fn compare_snapshot(
+    snap: &crate::rules::Loc<String>,
+    outcome: &Outcome,
+    at: &Place,
+    update: bool,
+) -> Option<Failure> {
+    let text = match outcome {
+        Ok((children, status)) => {
+            let mut docs: Vec<String> = children
+                .iter()
+                .filter_map(|c| to_yaml(&without_own_annotations(c)).ok())
+                .collect();
+            docs.push(to_yaml(&serde_json::json!({"status": status})).unwrap_or_default());
+            docs.join("---\n")
+        }
+        Err(e) => format!("# error\n{e}\n"),
+    };
+    let failure = |message| {
+        Some(Failure {
+            line: snap.line,
+            message,
+            diff: None,
+        })
+    };
+    if update {
+        let path = match at.confined.writable(at.dir, snap) {
+            Ok(p) => p,
+            Err(message) => return failure(message),
+        };
+        return match std::fs::write(&path, &text) {
+            Ok(()) => None,
+            Err(e) => failure(format!("cannot write {}: {e}", snap.value)),
+        };
+    }
+    // A snapshot not written yet compares as empty; one the repository does not allow is
+    // refused, and its text never printed.
+    let old = match at.confined.read(at.dir, snap) {
+        Ok(old) => old,
+        Err(_) if at.confined.writable(at.dir, snap).is_ok() => String::new(),
+        Err(message) => return failure(message),
+    };
+    (old != text).then(|| Failure {
+        line: snap.line,
+        message: format!(
+            "differs from the snapshot {} (rulebook test --update writes it)",
+            snap.value
+        ),
+        diff: Some(super::unified_diff("expected", "actual", &old, &text)),
+    })
 }
 
 fn check(expect: &Expect, outcome: &Outcome, at: u64, failures: &mut Vec<Failure>) {
