@@ -73,6 +73,25 @@ pub mod labels {
 }
 
 /// `group/version` → `(group, version)`; the core group is `""`.
+/// Built-in kinds that are cluster-scoped, for rendering and checking without discovery.
+pub fn is_cluster_scoped_builtin(api_version: &str, kind: &str) -> bool {
+    matches!(
+        (api_version, kind),
+        ("v1", "Namespace" | "Node" | "PersistentVolume")
+            | (
+                "rbac.authorization.k8s.io/v1",
+                "ClusterRole" | "ClusterRoleBinding"
+            )
+            | ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+            | ("storage.k8s.io/v1", "StorageClass")
+            | ("scheduling.k8s.io/v1", "PriorityClass")
+            | (
+                "admissionregistration.k8s.io/v1",
+                "ValidatingWebhookConfiguration" | "MutatingWebhookConfiguration"
+            )
+    )
+}
+
 pub fn split_api_version(api_version: &str) -> (&str, &str) {
     match api_version.rsplit_once('/') {
         Some((g, v)) => (g, v),

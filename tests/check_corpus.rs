@@ -268,11 +268,11 @@ fn binary_check_warns_about_an_adopted_child_named_from_the_spec() {
     assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stdout.ends_with("1 rules valid\n"), "stdout:\n{stdout}");
     let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 2, "stderr:\n{stderr}");
+    assert_eq!(lines.len(), 3, "stderr:\n{stderr}");
     assert!(is_diagnostic_line(lines[0]), "{:?}", lines[0]);
     assert!(
         lines[0].starts_with(&format!(
-            "{case}/rules/adopt.yaml:13:13: warning: rule 'adopter': spec.children[0] 'taken' has adopt: true"
+            "{case}/rules/adopt.yaml:14:13: warning: rule 'adopter': spec.children[0] 'taken' has adopt: true"
         )),
         "{:?}",
         lines[0]
@@ -280,7 +280,7 @@ fn binary_check_warns_about_an_adopted_child_named_from_the_spec() {
     for needle in [
         "depends on parent.spec.target",
         "which existing ConfigMap",
-        "parent.metadata.name",
+        "adoptUnsafe: true",
     ] {
         assert!(
             lines[0].contains(needle),
@@ -288,7 +288,15 @@ fn binary_check_warns_about_an_adopted_child_named_from_the_spec() {
             lines[0]
         );
     }
-    assert_eq!(lines[1], "1 warnings");
+    // Named after the parent: its writer chooses that name too (the red team's F7).
+    assert!(
+        lines[1].starts_with(&format!(
+            "{case}/rules/adopt.yaml:19:13: warning: rule 'adopter': spec.children[1] 'own' has adopt: true"
+        )) && lines[1].contains("depends on parent.metadata.name"),
+        "{:?}",
+        lines[1]
+    );
+    assert_eq!(lines[2], "2 warnings");
 }
 
 #[test]

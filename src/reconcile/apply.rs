@@ -223,7 +223,10 @@ async fn settle(
         return Ok(Settled::Done(ChildOutcome::Pending));
     }
 
-    let why = match plan_child(uid, child_spec.adopt, live, seen, d, hash_only) {
+    // A cluster-scoped object is adopted only when the rule accepts the risk: for kinds
+    // whose scope only discovery knows, the load-time check could not refuse it.
+    let adopt = child_spec.adopt && (t.kind.namespaced || child_spec.adopt_unsafe);
+    let why = match plan_child(uid, adopt, live, seen, d, hash_only) {
         ChildStep::UpToDate { report } => {
             // If it came from a GET, or reached the cache after this reconcile read the
             // parent's children, the status must see it all the same.
@@ -239,7 +242,12 @@ async fn settle(
             }));
         }
         ChildStep::Conflict { owner } => {
-            let msg = if child_spec.adopt {
+            let msg = if child_spec.adopt && !adopt {
+                format!(
+                    "{what} already exists and {owner}; Rulebook adopts a cluster-scoped object only with `adoptUnsafe: true` on child '{}'",
+                    d.name
+                )
+            } else if adopt {
                 format!(
                     "{what} already exists and {owner}; Rulebook adopts only objects that have no controller and no other parent's label"
                 )

@@ -1,13 +1,16 @@
 //! `rulebook check` warnings for `adopt: true` children whose object name the parent's
 //! writer can choose. Adoption takes over an existing object that has no controller; if
 //! the name comes from `parent.spec` (or labels, a `forEach` over the spec, ...), a
-//! tenant can point it at any uncontrolled object of that kind in the namespace.
+//! tenant can point it at any uncontrolled object of that kind in the namespace. The
+//! parent's own `metadata.name` is chosen by its writer too: a Tenant named `payments`
+//! adopts the admin's Namespace `payments` (the red team's F7), so it is no safer than
+//! the spec. `adoptUnsafe: true` on the child says the risk is accepted and silences this.
 //!
 //! The check is static: it reads the `name:` lines under the template's top-level
 //! `metadata:` and lists every variable they use, following `{% set %}` definitions in
 //! the template and the `forEach` expression behind `item`. Only
-//! `parent.metadata.name`, `parent.metadata.namespace`, `index`, `rule.*`, literals and
-//! functions are safe. Rendering with sample parents would miss spec fields the samples
+//! `parent.metadata.namespace` (where a namespaced parent's author may already write),
+//! `index`, `rule.*`, literals and functions are safe. Rendering with sample parents would miss spec fields the samples
 //! do not vary and fails on templates that need typed spec values, so the static reading
 //! is the robust one; whatever it cannot read (a name from an include or a macro, a
 //! multi-line tag) is warned about too.
@@ -21,14 +24,9 @@ use regex::Regex;
 use super::CompiledRule;
 use crate::rules::{ChildRule, Diagnostic};
 
-/// Paths that the parent's writer cannot choose freely (a name and namespace identify the
-/// parent itself), and Rulebook's own values.
-const SAFE: &[&str] = &[
-    "parent.metadata.name",
-    "parent.metadata.namespace",
-    "index",
-    "rule",
-];
+/// Paths that the parent's writer cannot choose freely (the namespace it may already write
+/// in), and Rulebook's own values.
+const SAFE: &[&str] = &["parent.metadata.namespace", "index", "rule"];
 
 static SET: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?s)\{%[-+]?\s*set\s+([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*[-+]?%\}")
@@ -57,7 +55,7 @@ pub fn warnings(rule: &CompiledRule) -> Vec<Diagnostic> {
     let globals: BTreeSet<String> = env.globals().map(|(k, _)| k.to_string()).collect();
     let mut out = Vec::new();
     for (i, c) in rule.children().iter().enumerate() {
-        if !c.adopt {
+        if !c.adopt || c.adopt_unsafe {
             continue;
         }
         let Ok(tmpl) = env.get_template(&c.template) else {
@@ -89,8 +87,8 @@ pub fn warnings(rule: &CompiledRule) -> Vec<Diagnostic> {
             format!(
                 "warning: rule '{}': spec.children[{i}] '{}' has adopt: true and {why}; whoever \
                  writes the parent can then choose which existing {} without a controller \
-                 Rulebook takes over. Build the name from parent.metadata.name, \
-                 parent.metadata.namespace and literals, or drop adopt",
+                 Rulebook takes over. Build the name from literals and \
+                 parent.metadata.namespace, drop adopt, or set adoptUnsafe: true to accept it",
                 rule.name, c.name.value, c.kind.value
             ),
         ));
@@ -253,6 +251,11 @@ mod tests {
 
     /// The warnings for one child with `adopt: true`, `forEach` `for_each` and `template`.
     fn warned(template: &str, for_each: &str) -> Vec<String> {
+        warned_with(template, for_each, "")
+    }
+
+    /// [`warned`] with `extra` lines added to the child.
+    fn warned_with(template: &str, for_each: &str, extra: &str) -> Vec<String> {
         let mut rule = String::from(
             "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: a\nspec:\n  \
              parent:\n    apiVersion: t.rulebook.dev/v1\n    kind: A\n  children:\n    \
@@ -262,6 +265,7 @@ mod tests {
         if !for_each.is_empty() {
             rule.push_str(&format!("      forEach: {for_each:?}\n"));
         }
+        rule.push_str(extra);
         let mut templates = BTreeMap::new();
         let head = "apiVersion: v1\nkind: ConfigMap\n";
         templates.insert(
@@ -288,18 +292,34 @@ mod tests {
     }
 
     #[test]
-    fn names_from_the_parent_identity_and_literals_are_fine() {
+    fn names_from_literals_the_namespace_and_rulebook_are_fine() {
         for t in [
             "metadata:\n  name: fixed\n",
-            "metadata:\n  name: {{ parent.metadata.name }}-config\n",
-            "metadata:\n  name: {{ (parent.metadata.name ~ \"-\" ~ parent.metadata.namespace) | lower }}\n",
-            "{% set base = parent.metadata.name ~ \"-x\" %}\nmetadata:\n  name: {{ base }}\n  labels:\n    app: {{ parent.spec.app }}\n",
-            "metadata:\n  name: {{ rule.name }}-{{ parent.metadata.name }}\ndata:\n  x: {{ parent.spec.x }}\n",
+            "metadata:\n  name: {{ parent.metadata.namespace }}-config\n",
+            "{% set base = parent.metadata.namespace ~ \"-x\" %}\nmetadata:\n  name: {{ base }}\n  labels:\n    app: {{ parent.spec.app }}\n",
+            "metadata:\n  name: {{ rule.name }}-x\ndata:\n  x: {{ parent.spec.x }}\n",
         ] {
             assert_eq!(warned(t, ""), Vec::<String>::new(), "{t}");
         }
-        let each = "metadata:\n  name: {{ parent.metadata.name }}-{{ item }}-{{ index }}\n";
+        let each = "metadata:\n  name: fixed-{{ item }}-{{ index }}\n";
         assert_eq!(warned(each, "['a', 'b']"), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_parent_s_own_name_is_chosen_by_its_writer_unless_the_risk_is_accepted() {
+        // The red team's F7: a Tenant named like an admin's Namespace adopted it.
+        for t in [
+            "metadata:\n  name: {{ parent.metadata.name }}\n",
+            "metadata:\n  name: {{ (parent.metadata.name ~ \"-\" ~ parent.metadata.namespace) | lower }}\n",
+            "{% set base = parent.metadata.name ~ \"-x\" %}\nmetadata:\n  name: {{ base }}\n",
+        ] {
+            let w = warned(t, "");
+            assert_eq!(w.len(), 1, "{t}: {w:?}");
+            assert!(w[0].contains("depends on parent.metadata.name"), "{}", w[0]);
+            assert!(w[0].contains("adoptUnsafe: true"), "{}", w[0]);
+            let accepted = warned_with(t, "", "      adoptUnsafe: true\n");
+            assert_eq!(accepted, Vec::<String>::new(), "{t}");
+        }
     }
 
     #[test]

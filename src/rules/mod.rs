@@ -176,6 +176,37 @@ fn parse_documents(file: &str, text: &str) -> (Vec<SourcedRule>, Vec<Diagnostic>
 }
 
 /// Structural checks of one rule that need no templates.
+/// Adoption of a cluster-scoped object takes over something no tenant's namespace holds
+/// (an admin's Namespace with its content, a ClusterRole): only with `adoptUnsafe: true`.
+/// Kinds whose scope only discovery knows are refused at run time instead.
+fn check_adoption(r: &Rule, err: &mut impl FnMut((u64, u64), &str, String)) {
+    for (i, c) in r.spec.children.iter().enumerate() {
+        if c.adopt
+            && !c.adopt_unsafe
+            && crate::meta::is_cluster_scoped_builtin(&c.api_version.value, &c.kind.value)
+        {
+            err(
+                (c.name.line, c.name.col),
+                &format!("spec.children[{i}].adopt"),
+                format!(
+                    "{} is cluster-scoped: adopting one takes over an object outside any \
+                     tenant's namespace (with its content, for a Namespace); set \
+                     `adoptUnsafe: true` on child '{}' if whoever writes the parent may \
+                     choose it",
+                    c.kind.value, c.name.value
+                ),
+            );
+        }
+        if c.adopt_unsafe && !c.adopt {
+            err(
+                (c.name.line, c.name.col),
+                &format!("spec.children[{i}].adoptUnsafe"),
+                "has no effect without `adopt: true`".into(),
+            );
+        }
+    }
+}
+
 fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
     let file = sr.file.as_str();
     let r = &sr.rule;
@@ -271,6 +302,7 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
         }
     }
     check_wait_for(r, &mut err);
+    check_adoption(r, &mut err);
     check_references(r, &mut err);
     for (field, v) in &r.spec.status {
         if !is_status_key(field) {

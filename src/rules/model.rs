@@ -275,6 +275,13 @@ pub struct ChildRule {
     /// Off by default: such an object is reported as a conflict and left alone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub adopt: bool,
+    /// Accept adoption's risks where the parent's author chooses what is taken over: a
+    /// name built from the parent (`metadata.name` included), or a cluster-scoped kind
+    /// (Namespace, ClusterRole, ...). Without it such an `adopt: true` is a `check`
+    /// warning (the name) or a load error (a built-in cluster-scoped kind), and the
+    /// operator never adopts a cluster-scoped object.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopt_unsafe: bool,
     /// `Delete` (default) or `Orphan`: an orphaned child outlives its parent's teardown
     /// (and a rule that stops rendering it) without ownerReference and Rulebook labels.
     /// A parent whose finalizer is released instead (rule removed, `rulebook release`)

@@ -446,7 +446,7 @@ async fn diff_parent(
                 // the child may adopt it.
                 Ok(Some(o))
                     if !controlled_by(&o, &uid)
-                        && !may_adopt(rule.children()[child.child].adopt, &o, &uid) =>
+                        && !may_adopt(adopts(rule, child.child, *namespaced), &o, &uid) =>
                 {
                     d.error = Some(format!(
                         "conflict: {} {child_name} {}; Rulebook would leave it alone",
@@ -555,6 +555,13 @@ fn typed(o: &DynamicObject, ar: &ApiResource) -> Option<Json> {
     map.insert("apiVersion".into(), Json::from(ar.api_version.clone()));
     map.insert("kind".into(), Json::from(ar.kind.clone()));
     Some(j)
+}
+
+/// Whether child `i` may take over an object, as the operator decides (a cluster-scoped
+/// one only with `adoptUnsafe`).
+fn adopts(rule: &CompiledRule, i: usize, namespaced: bool) -> bool {
+    let c = &rule.children()[i];
+    c.adopt && (namespaced || c.adopt_unsafe)
 }
 
 fn display(kind: &str, ns: Option<&str>, name: &str) -> String {
