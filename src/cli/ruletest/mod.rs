@@ -104,45 +104,9 @@ pub fn run(args: &TestArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
             failed += 1;
             continue;
         }
-        let dir = file.parent().unwrap_or(Path::new("."));
-        let confined = match paths::Confined::for_test(file, args.root.as_deref()) {
-            Ok(c) => c,
-            Err(message) => {
-                writeln!(out, "  FAIL (setup): {message}")?;
-                failed += 1;
-                continue;
-            }
-        };
-        let at = Place {
-            dir,
-            confined: &confined,
-        };
-        match prepare(&set, &test, &at) {
-            Err(message) => {
-                writeln!(out, "  FAIL (setup): {}", located(&shown, &message))?;
-                failed += 1;
-            }
-            Ok((rule, mut parent)) => {
-                for step in &test.spec.steps {
-                    let failures = run_step(rule, &mut parent, step, &at, args.update);
-                    if failures.is_empty() {
-                        writeln!(out, "  ok    {}", step.name.value)?;
-                        passed += 1;
-                    } else {
-                        writeln!(out, "  FAIL  {}", step.name.value)?;
-                        for f in failures {
-                            writeln!(out, "    {shown}:{}: {}", f.line, f.message)?;
-                            if let Some(d) = f.diff {
-                                for l in d.lines() {
-                                    writeln!(out, "      {l}")?;
-                                }
-                            }
-                        }
-                        failed += 1;
-                    }
-                }
-            }
-        }
+        let (p, f) = run_steps(&set, &test, file, args, out)?;
+        passed += p;
+        failed += f;
     }
     if passed + failed == 0 {
         writeln!(
@@ -159,6 +123,54 @@ pub fn run(args: &TestArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
     }
     writeln!(out, "{passed} passed, {failed} failed")?;
     Ok(if failed == 0 { 0 } else { 1 })
+}
+
+/// Runs one test file's steps, printing a line per step; returns (passed, failed).
+fn run_steps(
+    set: &RuleSet,
+    test: &RuleTest,
+    file: &Path,
+    args: &TestArgs,
+    out: &mut dyn Write,
+) -> Result<(usize, usize)> {
+    let shown = file.display().to_string();
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let confined = match paths::Confined::for_test(file, args.root.as_deref()) {
+        Ok(c) => c,
+        Err(message) => {
+            writeln!(out, "  FAIL (setup): {message}")?;
+            return Ok((0, 1));
+        }
+    };
+    let at = Place {
+        dir,
+        confined: &confined,
+    };
+    let (rule, mut parent) = match prepare(set, test, &at) {
+        Ok(prepared) => prepared,
+        Err(message) => {
+            writeln!(out, "  FAIL (setup): {}", located(&shown, &message))?;
+            return Ok((0, 1));
+        }
+    };
+    let (mut passed, mut failed) = (0, 0);
+    for step in &test.spec.steps {
+        let failures = run_step(rule, &mut parent, step, &at, args.update);
+        if failures.is_empty() {
+            writeln!(out, "  ok    {}", step.name.value)?;
+            passed += 1;
+            continue;
+        }
+        writeln!(out, "  FAIL  {}", step.name.value)?;
+        for f in failures {
+            writeln!(out, "    {shown}:{}: {}", f.line, f.message)?;
+            for l in f.diff.iter().flat_map(|d| d.lines()) {
+                writeln!(out, "      {l}")?;
+            }
+        }
+        failed += 1;
+    }
+    Ok((passed, failed))
 }
 
 /// `file:N: rest` for a message `line N: rest`, so that a setup failure names its place
@@ -446,53 +458,7 @@ fn check(expect: &Expect, outcome: &Outcome, at: u64, failures: &mut Vec<Failure
         });
     }
     for want in &expect.children {
-        if children
-            .iter()
-            .any(|c| matching::mismatches(&want.value, c).is_empty())
-        {
-            continue;
-        }
-        // The closest child: same kind (and name, if the expectation has one), fewest differences.
-        let same = |c: &&Json| {
-            ["kind", "apiVersion"]
-                .iter()
-                .all(|k| want.value.get(*k).is_none_or(|v| c.get(*k) == Some(v)))
-                && want
-                    .value
-                    .pointer("/metadata/name")
-                    .is_none_or(|n| c.pointer("/metadata/name") == Some(n))
-        };
-        let best = children
-            .iter()
-            .filter(same)
-            .min_by_key(|c| matching::mismatches(&want.value, c).len());
-        match best {
-            Some(c) => {
-                let problems = matching::mismatches(&want.value, c);
-                failures.push(Failure {
-                    line: want.line,
-                    message: format!("{}: {}", display(c), problems.join("; ")),
-                    diff: Some(super::unified_diff(
-                        "expected",
-                        "actual",
-                        &to_yaml(&want.value).unwrap_or_default(),
-                        &to_yaml(&matching::project(&want.value, c)).unwrap_or_default(),
-                    )),
-                });
-            }
-            None => {
-                let names: Vec<String> = children.iter().map(display).collect();
-                failures.push(Failure {
-                    line: want.line,
-                    message: format!(
-                        "no rendered child is {}; rendered: {}",
-                        display(&want.value),
-                        names.join(", ")
-                    ),
-                    diff: None,
-                });
-            }
-        }
+        failures.extend(check_child(want, children));
     }
     if let Some(want) = &expect.status {
         let problems = matching::mismatches(&want.value, status);
@@ -509,6 +475,58 @@ fn check(expect: &Expect, outcome: &Outcome, at: u64, failures: &mut Vec<Failure
             });
         }
     }
+}
+
+/// An expected child no rendered child matches: the closest one's differences (same kind,
+/// and name if the expectation has one; fewest differences), or that none is like it.
+fn check_child(want: &crate::rules::Loc<Json>, children: &[Json]) -> Option<Failure> {
+    if children
+        .iter()
+        .any(|c| matching::mismatches(&want.value, c).is_empty())
+    {
+        return None;
+    }
+    let same = |c: &&Json| {
+        ["kind", "apiVersion"]
+            .iter()
+            .all(|k| want.value.get(*k).is_none_or(|v| c.get(*k) == Some(v)))
+            && want
+                .value
+                .pointer("/metadata/name")
+                .is_none_or(|n| c.pointer("/metadata/name") == Some(n))
+    };
+    let best = children
+        .iter()
+        .filter(same)
+        .min_by_key(|c| matching::mismatches(&want.value, c).len());
+    Some(match best {
+        Some(c) => Failure {
+            line: want.line,
+            message: format!(
+                "{}: {}",
+                display(c),
+                matching::mismatches(&want.value, c).join("; ")
+            ),
+            diff: Some(super::unified_diff(
+                "expected",
+                "actual",
+                &to_yaml(&want.value).unwrap_or_default(),
+                &to_yaml(&matching::project(&want.value, c)).unwrap_or_default(),
+            )),
+        },
+        None => {
+            let names: Vec<String> = children.iter().map(display).collect();
+            Failure {
+                line: want.line,
+                message: format!(
+                    "no rendered child is {}; rendered: {}",
+                    display(&want.value),
+                    names.join(", ")
+                ),
+                diff: None,
+            }
+        }
+    })
 }
 
 /// `Kind/name` of an object.
