@@ -10,6 +10,7 @@ pub mod adopt;
 pub mod budget;
 mod children;
 mod compile;
+mod compile_exprs;
 mod env;
 mod error;
 mod fastyaml;
