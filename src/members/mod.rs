@@ -242,9 +242,60 @@ impl Membership {
             .map_err(|e| debug!(error = %e, "cannot list the shard group's Leases"))
             .ok()?;
         let now = Instant::now();
+        let (stored, present) = self.record_leases(leases.items, now);
+        let (dead, live) = self.split_alive(&present, now);
+        let max_acked = live.iter().map(|m| m.acked).max().unwrap_or(0);
+        // Missing or unreadable while members have acted on one: nobody knows who holds
+        // what, so the next generation revokes everything first (and counts on from the
+        // highest generation any member applied: generations never go back).
+        // (Acknowledgements reach the Leases up to a third of a lease late, so a member
+        // may have applied generation `max_acked + 1` already: the revoke comes after it.)
+        let usable = stored
+            .as_ref()
+            .and_then(|(_, s)| s.as_ref())
+            .filter(|s| s.generation >= max_acked);
+        let revoke = usable.is_none();
+        let current = usable.map(decode).unwrap_or_default();
+        let coordinator = live.first().map(|m| m.id.clone());
+        let mut round = Round {
+            current,
+            coordinator: coordinator.clone(),
+            live: live.clone(),
+            waiting_for: Vec::new(),
+            oversized: Vec::new(),
+        };
+        if coordinator.as_deref() != Some(self.identity.as_str()) || !self.fence_dead(&dead).await {
+            return Some(round);
+        }
+        let stored = stored.map(|(l, _)| l);
+        if revoke {
+            let next = Assignment {
+                generation: max_acked.saturating_add(2),
+                ..Assignment::default()
+            };
+            warn!(
+                generation = next.generation,
+                "the shard assignment is missing or unreadable: revoking every range first"
+            );
+            if self.publish(stored, &next).await {
+                round.current = next;
+            }
+            return Some(round);
+        }
+        self.rebalance_round(kinds, &live, stored, &mut round).await;
+        Some(round)
+    }
+
+    /// Notes each member Lease (when its record last changed, what it says) in `seen`;
+    /// returns the assignment Lease with its parsed content, and the members present.
+    fn record_leases(
+        &mut self,
+        leases: Vec<Lease>,
+        now: Instant,
+    ) -> (Option<(Lease, Option<Stored>)>, Vec<String>) {
         let mut stored: Option<(Lease, Option<Stored>)> = None;
         let mut present = Vec::new();
-        for l in leases.items {
+        for l in leases {
             let labels = l.labels();
             if labels.get(ROLE_LABEL).map(String::as_str) == Some("assignment") {
                 let parsed = l.annotations().get(ASSIGNMENT).and_then(|a| {
@@ -293,23 +344,27 @@ impl Membership {
             entry.lease = l.name_any();
             entry.resource_version = rv;
         }
-        // Alive: this member, and every other whose record changed within a lease and
-        // that has not left (a vanished Lease counts until its last record is that old).
+        (stored, present)
+    }
+
+    /// The dead members (id, Lease, its version, whether it is still there) and the live
+    /// ones, by id. Alive: this member, and every other whose record changed within a
+    /// lease and that has not left (a vanished Lease counts until its last record is that
+    /// old). Members gone for two leases are forgotten.
+    fn split_alive(&mut self, present: &[String], now: Instant) -> (Vec<Dead>, Vec<Member>) {
         let me = self.identity.clone();
         let alive = |id: &str, s: &Seen| {
             id == me || (!s.left && now.duration_since(s.since) < self.duration)
         };
-        let dead: Vec<(String, String, Option<String>, bool)> = self
+        let dead: Vec<Dead> = self
             .seen
             .iter()
             .filter(|(id, s)| !alive(id, s))
-            .map(|(id, s)| {
-                (
-                    id.clone(),
-                    s.lease.clone(),
-                    s.resource_version.clone(),
-                    present.contains(id),
-                )
+            .map(|(id, s)| Dead {
+                id: id.clone(),
+                lease: s.lease.clone(),
+                resource_version: s.resource_version.clone(),
+                present: present.contains(id),
             })
             .collect();
         let mut live: Vec<Member> = self
@@ -322,71 +377,46 @@ impl Membership {
             present.contains(id) || now.duration_since(s.since) < self.duration * 2
         });
         live.sort_by(|a, b| a.id.cmp(&b.id));
-        let max_acked = live.iter().map(|m| m.acked).max().unwrap_or(0);
-        // Missing or unreadable while members have acted on one: nobody knows who holds
-        // what, so the next generation revokes everything first (and counts on from the
-        // highest generation any member applied: generations never go back).
-        // (Acknowledgements reach the Leases up to a third of a lease late, so a member
-        // may have applied generation `max_acked + 1` already: the revoke comes after it.)
-        let usable = stored
-            .as_ref()
-            .and_then(|(_, s)| s.as_ref())
-            .filter(|s| s.generation >= max_acked);
-        let revoke = usable.is_none();
-        let current = usable.map(decode).unwrap_or_default();
-        let coordinator = live.first().map(|m| m.id.clone());
-        let mut round = Round {
-            current,
-            coordinator: coordinator.clone(),
-            live: live.clone(),
-            waiting_for: Vec::new(),
-            oversized: Vec::new(),
-        };
-        if coordinator.as_deref() != Some(self.identity.as_str()) {
-            return Some(round);
-        }
-        // Fence the dead before giving their ranges away: delete each one's Lease with a
-        // precondition on the version seen, so one that renewed meanwhile keeps it (and
-        // this round publishes nothing), and one that did not finds it gone and drops
-        // its claims before it could renew (see `fence`).
-        for (id, name, rv, is_present) in &dead {
-            if !is_present {
-                continue;
-            }
+        (dead, live)
+    }
+
+    /// Fences the dead before their ranges are given away: deletes each one's Lease with
+    /// a precondition on the version seen, so one that renewed meanwhile keeps it, and
+    /// one that did not finds it gone and drops its claims before it could renew (see
+    /// `fence`). `false`: this round publishes nothing (one renewed, or a delete failed).
+    async fn fence_dead(&self, dead: &[Dead]) -> bool {
+        for d in dead.iter().filter(|d| d.present) {
             let dp = DeleteParams {
                 preconditions: Some(Preconditions {
-                    resource_version: rv.clone(),
+                    resource_version: d.resource_version.clone(),
                     uid: None,
                 }),
                 ..DeleteParams::default()
             };
-            match self.api.delete(name, &dp).await {
-                Ok(_) => info!(member = %id, "removed a dead member's Lease"),
+            match self.api.delete(&d.lease, &dp).await {
+                Ok(_) => info!(member = %d.id, "removed a dead member's Lease"),
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(kube::Error::Api(e)) if e.code == 409 => {
-                    debug!(member = %id, "a dead member's Lease changed: it renewed; not publishing this round");
-                    return Some(round);
+                    debug!(member = %d.id, "a dead member's Lease changed: it renewed; not publishing this round");
+                    return false;
                 }
                 Err(e) => {
-                    warn!(member = %id, error = %e, "cannot remove a dead member's Lease; not publishing this round");
-                    return Some(round);
+                    warn!(member = %d.id, error = %e, "cannot remove a dead member's Lease; not publishing this round");
+                    return false;
                 }
             }
         }
-        if revoke {
-            let next = Assignment {
-                generation: max_acked.saturating_add(2),
-                ..Assignment::default()
-            };
-            warn!(
-                generation = next.generation,
-                "the shard assignment is missing or unreadable: revoking every range first"
-            );
-            if self.publish(stored.map(|(l, _)| l), &next).await {
-                round.current = next;
-            }
-            return Some(round);
-        }
+        true
+    }
+
+    /// The coordinator's plan from the parents' load, published when it moves anything.
+    async fn rebalance_round(
+        &mut self,
+        kinds: &ParentKinds,
+        live: &[Member],
+        stored: Option<Lease>,
+        round: &mut Round,
+    ) {
         // Counted a few times per rebalance period (at most every 15 s), within a third
         // of a lease (the last counts stand otherwise).
         let every = (self.rebalance / 4).min(Duration::from_secs(15));
@@ -402,7 +432,7 @@ impl Membership {
         let rebalance = self
             .last_target_change
             .is_none_or(|t| t.elapsed() >= self.rebalance);
-        let p = plan(&round.current, &live, &load, rebalance);
+        let p = plan(&round.current, live, &load, rebalance);
         round.waiting_for = p.waiting_for;
         round.oversized = p
             .oversized
@@ -413,13 +443,21 @@ impl Membership {
             if next.target != round.current.target {
                 self.last_target_change = Some(Instant::now());
             }
-            if self.publish(stored.map(|(l, _)| l), &next).await {
+            if self.publish(stored, &next).await {
                 info!(generation = next.generation, owners = ?next.owners.iter().map(|(k, v)| (k.clone(), v.encode())).collect::<Vec<_>>(), "published a shard assignment");
                 round.current = next;
             }
         }
-        Some(round)
     }
+}
+
+/// A member counted dead, and what fencing it needs.
+struct Dead {
+    id: String,
+    lease: String,
+    resource_version: Option<String>,
+    /// Its Lease is still there (one already gone needs no fencing).
+    present: bool,
 }
 
 struct Seen {
