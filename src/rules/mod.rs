@@ -242,6 +242,23 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
         );
     }
     check_kind_ref(&r.spec.parent, "spec.parent", &mut err);
+    check_children(r, &mut err);
+    check_wait_for(r, &mut err);
+    check_adoption(r, &mut err);
+    check_references(r, &mut err);
+    check_status(r, &mut err);
+    check_crd(r, &mut err);
+    if let Some(resync) = &r.spec.resync
+        && let Err(e) = parse_duration(resync)
+    {
+        err(at(resync), "spec.resync", e.to_string());
+    }
+    check_finalize(r, &mut err);
+}
+
+/// Each child's name, kind, apiVersion (one per kind) and template path.
+fn check_children(r: &Rule, err: &mut impl FnMut((u64, u64), &str, String)) {
+    let at = |l: &Loc<String>| (l.line, l.col);
     let mut seen = BTreeSet::new();
     // (group, kind) → the first child's index and apiVersion: two versions of one kind
     // are the same objects, and two caches of them would each prune the other's.
@@ -285,7 +302,7 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
                 kind: c.kind.clone(),
             },
             &key,
-            &mut err,
+            err,
         );
         let t = c.template.as_str();
         if t.is_empty()
@@ -301,9 +318,10 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
             );
         }
     }
-    check_wait_for(r, &mut err);
-    check_adoption(r, &mut err);
-    check_references(r, &mut err);
+}
+
+/// Status keys: JSON field names, and none that Rulebook writes itself.
+fn check_status(r: &Rule, err: &mut impl FnMut((u64, u64), &str, String)) {
     for (field, v) in &r.spec.status {
         if !is_status_key(field) {
             err(
@@ -322,6 +340,10 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
             );
         }
     }
+}
+
+/// The CRD section, each problem at the key it comes from.
+fn check_crd(r: &Rule, err: &mut impl FnMut((u64, u64), &str, String)) {
     for (key, msg) in crd::validate(r) {
         let at = r
             .spec
@@ -342,11 +364,12 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
             .unwrap_or((r.spec.parent.kind.line, r.spec.parent.kind.col));
         err(at, &key, msg);
     }
-    if let Some(resync) = &r.spec.resync
-        && let Err(e) = parse_duration(resync)
-    {
-        err(at(resync), "spec.resync", e.to_string());
-    }
+}
+
+/// The finalize child: one of the rule's children, one object, rendered from the parent
+/// alone; and its timeout.
+fn check_finalize(r: &Rule, err: &mut impl FnMut((u64, u64), &str, String)) {
+    let at = |l: &Loc<String>| (l.line, l.col);
     if let Some(f) = r.spec.deletion.as_ref().and_then(|d| d.finalize.as_ref()) {
         match r
             .spec
