@@ -25,7 +25,7 @@ OUT=deploy/base/ruleset
 die() { echo "deploy/sync-ruleset.sh: $*" >&2; exit 1; }
 [[ -d $RULES ]] || die "no rules directory $RULES"
 
-# The files the operator reads, as the loader (src/rules/mod.rs) finds them: symlinks
+# The files the operator reads, as the loader (crates/rulebook-core/src/rules/mod.rs) finds them: symlinks
 # followed, names starting with '.' skipped; rule files only *.yaml/*.yml.
 list() { # DIR [find predicates...]
   local dir=$1; shift

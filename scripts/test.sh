@@ -73,6 +73,10 @@ for line in sys.stdin:
     kind = t["kind"][0]
     if kind in ("lib", "bin", "test"):
         name = t["name"] if kind == "test" else kind
+        # The pure core (crates/rulebook-core) has unit tests of its own.
+        if kind == "lib" and "rulebook-core" in m.get("package_id", ""):
+            name = "core"
+
         print(name + "\t" + m["executable"])
 ' <"$logs/build.json")
 
@@ -84,7 +88,7 @@ fi
 # The first step's order: the long ones, then the rest by name.
 order=()
 declare -A queued=()
-for n in "${long_first[@]}" lib bin; do
+for n in "${long_first[@]}" lib core bin; do
 	if [[ -n "${exe[$n]:-}" ]]; then
 		order+=("$n")
 		queued[$n]=1

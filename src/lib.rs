@@ -10,12 +10,13 @@ pub mod engine;
 pub mod http;
 pub mod leader;
 pub mod members;
-pub mod meta;
 pub mod metrics;
 pub mod operator;
 pub mod rbac;
 pub mod reconcile;
 pub mod reload;
-pub mod render;
-pub mod rules;
 pub mod shard;
+
+// The pure core, a crate of its own (crates/rulebook-core): `crate::rules`, `crate::render`
+// and `crate::meta` name it as before.
+pub use rulebook_core::{meta, render, rules};

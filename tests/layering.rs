@@ -1,7 +1,12 @@
-//! The layers of `src/`, checked: each top-level module may use only modules of lower
-//! layers (imports point down: meta → rules → render → reconcile → engine → operator →
-//! cli), and no source file grows past 600 lines. Reads the sources as text, so an
-//! upward `crate::` path anywhere outside tests and comments fails it.
+//! The layers, checked. The pure core (meta, rules, render) is a crate of its own,
+//! `crates/rulebook-core`, whose dependency tree (read from Cargo.lock) holds no
+//! Kubernetes client, HTTP stack or async runtime: the compiler keeps its code from
+//! calling them. Above it, each top-level module of both crates may use only modules of
+//! lower layers (imports point down: meta → rules → render → reconcile → engine →
+//! operator → cli), read from the sources as text, so an upward `crate::` path anywhere
+//! outside tests and comments fails it. Size is measured in functions (the before-stop
+//! hook lists those over 100 lines); a file past 900 lines is one that holds more than one
+//! thing.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -25,7 +30,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("cli", 7),
 ];
 
-const MAX_LINES: usize = 600;
+const MAX_LINES: usize = 900;
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("src/") {
@@ -108,21 +113,90 @@ fn violations(files: &[(String, String)]) -> Vec<(String, String, String)> {
     out
 }
 
+/// Every source file of both crates, by its path below its crate's `src/` (the core's
+/// `rules/…`, `render/…` and `meta.rs` are top-level modules as the operator's are).
 fn read_src() -> Vec<(String, String)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut paths = Vec::new();
-    sources(&root, &mut paths);
-    paths
-        .into_iter()
-        .map(|p| {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    for root in [
+        manifest.join("src"),
+        manifest.join("crates/rulebook-core/src"),
+    ] {
+        let mut paths = Vec::new();
+        sources(&root, &mut paths);
+        out.extend(paths.into_iter().map(|p| {
             let rel = p
                 .strip_prefix(&root)
                 .expect("under src")
                 .to_string_lossy()
                 .replace('\\', "/");
             (rel, std::fs::read_to_string(&p).expect("readable"))
-        })
-        .collect()
+        }));
+    }
+    out
+}
+
+/// The packages `name` depends on, directly or not, as Cargo.lock lists them.
+fn dependency_tree(lock: &str, name: &str) -> BTreeSet<String> {
+    let mut deps: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for block in lock.split("[[package]]").skip(1) {
+        let Some(pkg) = block
+            .lines()
+            .find_map(|l| l.strip_prefix("name = \""))
+            .map(|n| n.trim_end_matches('"').to_string())
+        else {
+            continue;
+        };
+        let list = block
+            .split_once("dependencies = [")
+            .map(|(_, rest)| rest.split(']').next().unwrap_or(""))
+            .unwrap_or("");
+        let names = list
+            .split(',')
+            .filter_map(|d| d.trim().trim_matches('"').split(' ').next())
+            .filter(|d| !d.is_empty())
+            .map(str::to_string);
+        deps.entry(pkg).or_default().extend(names);
+    }
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![name.to_string()];
+    while let Some(p) = todo.pop() {
+        for d in deps.get(&p).into_iter().flatten() {
+            if seen.insert(d.clone()) {
+                todo.push(d.clone());
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn the_core_crate_has_no_kubernetes_client_http_or_runtime_below_it() {
+    let lock = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.lock"))
+        .expect("Cargo.lock");
+    let core = dependency_tree(&lock, "rulebook-core");
+    assert!(
+        core.contains("minijinja"),
+        "the core's tree was not read: {core:?}"
+    );
+    let operator = dependency_tree(&lock, "rulebook");
+    for forbidden in [
+        "kube",
+        "kube-client",
+        "k8s-openapi",
+        "hyper",
+        "tokio",
+        "tower",
+    ] {
+        assert!(
+            operator.contains(forbidden),
+            "{forbidden}: the check would not see it"
+        );
+        assert!(
+            !core.contains(forbidden),
+            "rulebook-core depends on {forbidden}"
+        );
+    }
 }
 
 #[test]
@@ -168,7 +242,7 @@ fn the_check_catches_an_upward_import() {
 }
 
 #[test]
-fn no_source_file_is_over_600_lines() {
+fn no_source_file_is_over_900_lines() {
     let long: Vec<String> = read_src()
         .into_iter()
         .filter(|(_, text)| text.lines().count() > MAX_LINES)
