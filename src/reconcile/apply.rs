@@ -19,7 +19,7 @@ use super::drift::{Drift, fields_cover};
 use super::error::ReconcileError;
 use super::events::{Change, other_managers};
 use super::memo;
-use super::plan::{ChildStep, Live, plan_child};
+use super::plan::{ChildStep, Live, conflict_message, plan_child};
 use super::wire::{self, is_stub};
 use super::writer::{Created, WriteError};
 use crate::meta::FIELD_MANAGER;
@@ -239,16 +239,7 @@ async fn settle(
             }));
         }
         ChildStep::Conflict { owner } => {
-            let msg = if child_spec.adopt {
-                format!(
-                    "{what} already exists and {owner}; Rulebook adopts only objects that have no controller and no other parent's label"
-                )
-            } else {
-                format!(
-                    "{what} already exists and {owner}; Rulebook leaves it alone (set `adopt: true` on child '{}' to take it over)",
-                    d.name
-                )
-            };
+            let msg = conflict_message(what, &owner, child_spec.adopt, &d.name);
             return Err(ReconcileError::Conflict(msg));
         }
         ChildStep::Unreadable => {

@@ -200,6 +200,21 @@ pub fn may_adopt(adopt: bool, o: &DynamicObject, uid: &str) -> bool {
             .is_none_or(|owner| owner == uid)
 }
 
+/// The `Conflict` condition's message for child `child` (`what`: `Kind ns/name`), whose
+/// name an object of someone else's (`owner`: [`owner_description`]) holds; `rulebook
+/// diff` says the same.
+pub fn conflict_message(what: &str, owner: &str, adopt: bool, child: &str) -> String {
+    if adopt {
+        format!(
+            "{what} already exists and {owner}; Rulebook adopts only objects that have no controller and no other parent's label"
+        )
+    } else {
+        format!(
+            "{what} already exists and {owner}; Rulebook leaves it alone (set `adopt: true` on child '{child}' to take it over)"
+        )
+    }
+}
+
 /// Who an object that is not this parent's belongs to, for the conflict message.
 pub fn owner_description(o: &DynamicObject) -> String {
     match o
