@@ -188,6 +188,10 @@ pub struct RbacArgs {
     /// its default name is then `rulebook-diff`.
     #[arg(long)]
     pub diff_role: bool,
+    /// With `--diff-role`: a namespace whose parents' Secret references `rulebook diff`
+    /// reads (the Secret part of the role is bound there only); repeat for several.
+    #[arg(long = "namespace", requires = "diff_role")]
+    pub diff_namespaces: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -333,6 +337,7 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
         sharding: args.sharding,
         lease_name: args.lease_name.clone(),
         diff_role: args.diff_role,
+        diff_namespaces: args.diff_namespaces.clone(),
     };
     write_stream(&crate::rbac::manifests(&set, &opts), out)?;
     Ok(0)

@@ -19,7 +19,7 @@ use super::drift::{Drift, fields_cover};
 use super::error::ReconcileError;
 use super::events::{Change, other_managers};
 use super::memo;
-use super::plan::{ChildStep, Live, plan_child};
+use super::plan::{Adoption, ChildStep, Live, conflict_message, plan_child};
 use super::wire::{self, is_stub};
 use super::writer::{Created, WriteError};
 use crate::meta::FIELD_MANAGER;
@@ -223,10 +223,8 @@ async fn settle(
         return Ok(Settled::Done(ChildOutcome::Pending));
     }
 
-    // A cluster-scoped object is adopted only when the rule accepts the risk: for kinds
-    // whose scope only discovery knows, the load-time check could not refuse it.
-    let adopt = child_spec.adopt && (t.kind.namespaced || child_spec.adopt_unsafe);
-    let why = match plan_child(uid, adopt, live, seen, d, hash_only) {
+    let adoption = Adoption::of(child_spec, t.kind.namespaced);
+    let why = match plan_child(uid, adoption.allowed(), live, seen, d, hash_only) {
         ChildStep::UpToDate { report } => {
             // If it came from a GET, or reached the cache after this reconcile read the
             // parent's children, the status must see it all the same.
@@ -242,21 +240,7 @@ async fn settle(
             }));
         }
         ChildStep::Conflict { owner } => {
-            let msg = if child_spec.adopt && !adopt {
-                format!(
-                    "{what} already exists and {owner}; Rulebook adopts a cluster-scoped object only with `adoptUnsafe: true` on child '{}'",
-                    d.name
-                )
-            } else if adopt {
-                format!(
-                    "{what} already exists and {owner}; Rulebook adopts only objects that have no controller and no other parent's label"
-                )
-            } else {
-                format!(
-                    "{what} already exists and {owner}; Rulebook leaves it alone (set `adopt: true` on child '{}' to take it over)",
-                    d.name
-                )
-            };
+            let msg = conflict_message(what, &owner, adoption, &d.name);
             return Err(ReconcileError::Conflict(msg));
         }
         ChildStep::Unreadable => {

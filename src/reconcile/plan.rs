@@ -200,6 +200,50 @@ pub fn may_adopt(adopt: bool, o: &DynamicObject, uid: &str) -> bool {
             .is_none_or(|owner| owner == uid)
 }
 
+/// Whether a child may take over an existing object without a controller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Adoption {
+    /// `adopt` is off: someone else's object is a conflict.
+    Off,
+    On,
+    /// `adopt: true` on a cluster-scoped kind without `adoptUnsafe: true`: refused (the
+    /// load-time check refuses the built-in kinds; this covers the kinds only discovery
+    /// knows).
+    ClusterScopedRefused,
+}
+
+impl Adoption {
+    /// The adoption a child of `namespaced` scope gets from its rule.
+    pub fn of(child: &crate::rules::ChildRule, namespaced: bool) -> Adoption {
+        match (child.adopt, namespaced || child.adopt_unsafe) {
+            (false, _) => Adoption::Off,
+            (true, true) => Adoption::On,
+            (true, false) => Adoption::ClusterScopedRefused,
+        }
+    }
+
+    pub fn allowed(self) -> bool {
+        self == Adoption::On
+    }
+}
+
+/// The `Conflict` condition's message for child `child` (`what`: `Kind ns/name`), whose
+/// name an object of someone else's (`owner`: [`owner_description`]) holds; `rulebook
+/// diff` says the same.
+pub fn conflict_message(what: &str, owner: &str, adoption: Adoption, child: &str) -> String {
+    match adoption {
+        Adoption::On => format!(
+            "{what} already exists and {owner}; Rulebook adopts only objects that have no controller and no other parent's label"
+        ),
+        Adoption::ClusterScopedRefused => format!(
+            "{what} already exists and {owner}; Rulebook adopts a cluster-scoped object only with `adoptUnsafe: true` on child '{child}'"
+        ),
+        Adoption::Off => format!(
+            "{what} already exists and {owner}; Rulebook leaves it alone (set `adopt: true` on child '{child}' to take it over)"
+        ),
+    }
+}
+
 /// Who an object that is not this parent's belongs to, for the conflict message.
 pub fn owner_description(o: &DynamicObject) -> String {
     match o

@@ -2,16 +2,47 @@
 //! dry-run apply of the rendered child would leave it, both cut down to what a reviewer
 //! should see — no server bookkeeping (managedFields, resourceVersion, uid, timestamps,
 //! status), no Rulebook annotations that change with every rule edit, no kubectl
-//! last-applied copy, and no Secret values (a changed key shows as changed, never its
-//! value). And the parent's status: the fields the rule writes and its `Ready`
+//! last-applied copy, and Secret values shown as `<redacted>` (a changed key shows as
+//! changed; the output as a whole is cleaned of values besides, [`super::clean`]). And the parent's status: the fields the rule writes and its `Ready`
 //! condition, as they are and as Rulebook would write them.
 
 use serde_json::{Map, Value as Json};
 
+use super::clean::Redactor;
 use crate::cli::{strip_annotations, to_yaml, unified_diff};
 use crate::meta::labels;
 use crate::reconcile::plan::plan_status;
+use crate::render::status::ConditionState;
 use crate::render::{CompiledRule, Observed};
+
+/// The two sides of an object or a status, kept as values until the output is printed:
+/// their strings are cleaned of Secret values before they become YAML (which may fold a
+/// long string over lines, cutting a value into pieces too short to recognise).
+#[derive(Debug, Default)]
+pub struct Sides {
+    /// The labels of the diff's two sides.
+    pub from: String,
+    pub to: String,
+    pub before: Option<Json>,
+    pub after: Option<Json>,
+}
+
+impl Sides {
+    /// The unified diff of the two sides as YAML, cleaned by `clean`.
+    pub fn diff(&self, clean: &Redactor) -> String {
+        let text = |o: &Option<Json>| {
+            o.as_ref()
+                .and_then(|o| to_yaml(&clean.json(o.clone())).ok())
+                .unwrap_or_default()
+        };
+        unified_diff(
+            &self.from,
+            &self.to,
+            &text(&self.before),
+            &text(&self.after),
+        )
+    }
+}
 
 /// Metadata the API server keeps for itself.
 const SERVER_METADATA: &[&str] = &[
@@ -93,26 +124,27 @@ pub fn redact(live: Option<&Json>, new: Option<&Json>) -> (Option<Json>, Option<
 }
 
 /// The diff of the parent's status, when Rulebook would write a different one (compared
-/// without `lastTransitionTime`, which only says when).
+/// without `lastTransitionTime`, which only says when). `failure`: the condition of a
+/// reconcile that would fail (a conflict), which the operator writes with the rule's
+/// fields instead of the readiness.
 pub(super) fn status_diff(
     rule: &CompiledRule,
     parent: &Json,
     observed: &Observed,
     desired: &[crate::render::DesiredChild],
     name: &str,
-) -> Result<Option<(String, String)>, String> {
+    failure: Option<&ConditionState>,
+) -> Result<Option<Sides>, String> {
     let report = rule
         .status(parent, observed, desired)
         .map_err(|e| e.to_string())?;
     let managed: Vec<&str> = rule.rule.spec.status.keys().map(String::as_str).collect();
     let now = crate::reconcile::status::now_rfc3339();
-    let Some(want) = plan_status(
-        parent,
-        &managed,
-        &report.fields,
-        &report.readiness.condition(),
-        &now,
-    ) else {
+    let condition = match failure {
+        Some(c) => c.clone(),
+        None => report.readiness.condition(),
+    };
+    let Some(want) = plan_status(parent, &managed, &report.fields, &condition, &now) else {
         return Ok(None);
     };
     let live = parent.get("status").cloned().unwrap_or(Json::Null);
@@ -142,16 +174,12 @@ pub(super) fn status_diff(
     if before == after {
         return Ok(None);
     }
-    let text = |v: &Json| to_yaml(v).unwrap_or_default();
-    Ok(Some((
-        name.to_string(),
-        unified_diff(
-            &format!("{name} status (live)"),
-            &format!("{name} status (rendered)"),
-            &text(&before),
-            &text(&after),
-        ),
-    )))
+    Ok(Some(Sides {
+        from: format!("{name} status (live)"),
+        to: format!("{name} status (rendered)"),
+        before: Some(before),
+        after: Some(after),
+    }))
 }
 
 #[cfg(test)]

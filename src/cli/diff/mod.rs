@@ -3,39 +3,46 @@
 //! (listed once per kind), a render against them, a server-side **dry-run** apply of each
 //! rendered child (so the API server's defaulting and admission decide what the object
 //! would become), and a unified diff of each object that would change, be created, be
-//! pruned or orphaned, and of the parent's status. Secret values are never printed.
+//! pruned or orphaned, and of the parent's status.
+//!
+//! A pull request's rules are untrusted code run with the diff's credential, so:
+//! everything printed is cleaned of every Secret value the run saw ([`clean`]); with
+//! `--base-rules`, a reference may only read what the base branch's rule of the same name
+//! reads for the same parent ([`base`]), and no Secret child is read at all (its values
+//! would reach the templates); the role `rulebook rbac --diff-role` prints grants no Secret
+//! read beyond the references' ([`crate::rbac`]).
 //!
 //! Read-only by construction: the client's write gate never opens, so only reads and dry
 //! runs reach the API server. Exit 0 when nothing would change, 1 when something would,
-//! 2 on an error (a parent that does not render counts as one).
+//! 2 on an error (a parent that does not render, a conflict, a refused reference).
 
+mod base;
+mod clean;
 mod compare;
+mod parent;
 mod refs;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use futures::StreamExt;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use super::{RuleDirs, load_or_report, to_yaml, unified_diff};
+use super::{RuleDirs, load_or_report};
 use crate::engine::{kind_api, resolve_kind};
-use crate::meta::{FIELD_MANAGER, labels};
+use crate::meta::labels;
 use crate::metrics::Metrics;
 use crate::reconcile::gate::LeaseGate;
-use crate::reconcile::plan::{controlled_by, may_adopt, owner_description};
-use crate::reconcile::writer::apply_body;
-use crate::render::redact as redact_secrets;
-use crate::render::{CompiledRule, Observed, Scope};
-use crate::rules::DeletionPolicy;
-use compare::{normalize, redact, status_diff};
+use crate::reconcile::plan::controlled_by;
+use crate::render::{CompiledRule, RuleSet};
+use clean::Redactor;
 
 #[derive(Args, Debug)]
 pub struct DiffArgs {
@@ -59,6 +66,29 @@ pub struct DiffArgs {
     /// Parents evaluated at once.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// The rules directory of the base branch (a checkout of it): each reference may only
+    /// read what the base rule of the same name reads for the same parent, and no Secret
+    /// child is read. For pull requests from people who may not read what the diff's
+    /// credential can.
+    #[arg(long)]
+    pub base_rules: Option<PathBuf>,
+    /// The base branch's templates directory (default: `templates` beside `--base-rules`).
+    #[arg(long, requires = "base_rules")]
+    pub base_templates: Option<PathBuf>,
+    /// With `--base-rules`: read references the base rules do not read (and Secret parents)
+    /// all the same. Secret children are still not read.
+    #[arg(long, requires = "base_rules")]
+    pub allow_new_references: bool,
+}
+
+/// A rendered child that was not compared (a Secret `diff` does not read).
+#[derive(Debug, Serialize)]
+pub struct NotCompared {
+    pub parent: String,
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub name: String,
+    pub why: String,
 }
 
 /// One object that would change.
@@ -71,7 +101,10 @@ pub struct ObjectChange {
     pub kind: String,
     pub namespace: Option<String>,
     pub name: String,
+    /// Filled in when the output is printed, from `sides`.
     pub diff: String,
+    #[serde(skip)]
+    sides: compare::Sides,
 }
 
 /// What would happen to one rule's parents and children.
@@ -93,6 +126,14 @@ pub struct RuleReport {
     pub objects: Vec<ObjectChange>,
     /// `(parent, diff)` of the status Rulebook would write.
     pub statuses: Vec<(String, String)>,
+    /// Rendered children not compared: Secrets `diff` does not read.
+    pub not_compared: Vec<NotCompared>,
+    /// Every Secret value read or rendered, for cleaning the output.
+    #[serde(skip)]
+    seen: BTreeSet<String>,
+    /// `statuses`, until the output is printed.
+    #[serde(skip)]
+    status_sides: Vec<(String, compare::Sides)>,
 }
 
 impl RuleReport {
@@ -101,10 +142,16 @@ impl RuleReport {
     }
 }
 
-/// Runs `rulebook diff`; returns the exit code.
+/// Runs `rulebook diff`; returns the exit code. Everything it prints, on standard output
+/// and standard error, is cleaned of the Secret values the run read or rendered first.
 pub async fn diff(args: &DiffArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
     let Some(set) = load_or_report(&args.dirs, err)? else {
         return Ok(2);
+    };
+    let base = match load_base(args, err)? {
+        Base::Unchecked => None,
+        Base::Loaded(base) => Some(base),
+        Base::Invalid => return Ok(2),
     };
     let config = crate::operator::client_config(args.kubeconfig.as_ref(), "diff").await?;
     // A gate that never opens: only reads and dry runs pass the client.
@@ -122,49 +169,124 @@ pub async fn diff(args: &DiffArgs, out: &mut dyn Write, err: &mut dyn Write) -> 
         None => set.rules.values().collect(),
     };
     let mut reports = Vec::new();
-    let mut failed = false;
+    let mut failures = Vec::new();
     for rule in rules {
-        match diff_rule(&client, rule, args, err).await {
+        let base = base.as_ref().map(|b| b.rules.get(&rule.name).cloned());
+        match diff_rule(&client, rule, base, args, err).await {
             Ok(r) => reports.push(r),
-            Err(e) => {
-                writeln!(err, "rule '{}': {e:#}", rule.name)?;
-                failed = true;
-            }
+            Err(e) => failures.push(format!("rule '{}': {e:#}", rule.name)),
         }
     }
-    if args.output == "json" {
-        writeln!(out, "{}", serde_json::to_string_pretty(&reports)?)?;
-    } else {
-        for r in &reports {
-            print_report(r, out)?;
-        }
-    }
-    let errors = failed || reports.iter().any(|r| !r.errors.is_empty());
+    let errors = !failures.is_empty() || reports.iter().any(|r| !r.errors.is_empty());
+    let changes = reports.iter().any(RuleReport::changes);
+    print(reports, &failures, args, out, err)?;
     Ok(if errors {
         2
-    } else if reports.iter().any(RuleReport::changes) {
+    } else if changes {
         1
     } else {
         0
     })
 }
 
-fn print_report(r: &RuleReport, out: &mut dyn Write) -> Result<()> {
+/// `--base-rules`, read.
+enum Base {
+    /// None given.
+    Unchecked,
+    Loaded(RuleSet),
+    /// Given, and not valid (its errors printed).
+    Invalid,
+}
+
+fn load_base(args: &DiffArgs, err: &mut dyn Write) -> Result<Base> {
+    let Some(rules) = &args.base_rules else {
+        writeln!(
+            err,
+            "rulebook diff: references are not checked against a base (no --base-rules): \
+             the rules read whatever this credential can; run it only on rules you trust"
+        )?;
+        return Ok(Base::Unchecked);
+    };
+    // As `RuleDirs` defaults them: `templates` beside the rules.
+    let templates = args
+        .base_templates
+        .clone()
+        .unwrap_or_else(|| rules.parent().unwrap_or(Path::new("")).join("templates"));
+    let dirs = RuleDirs {
+        rules: rules.clone(),
+        templates,
+    };
+    Ok(match load_or_report(&dirs, err)? {
+        Some(base) => Base::Loaded(base),
+        None => {
+            writeln!(
+                err,
+                "rulebook diff: the base rules ({}) do not load",
+                rules.display()
+            )?;
+            Base::Invalid
+        }
+    })
+}
+
+/// The reports and the rules that failed, on `out` and `err`, cleaned of every Secret
+/// value any report saw: the objects and statuses before they become YAML, then all of
+/// the text.
+fn print(
+    mut reports: Vec<RuleReport>,
+    failures: &[String],
+    args: &DiffArgs,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<()> {
+    let seen: BTreeSet<String> = reports
+        .iter()
+        .flat_map(|r| r.seen.iter().cloned())
+        .collect();
+    let clean = Redactor::new(&seen);
+    for r in &mut reports {
+        for o in &mut r.objects {
+            o.diff = o.sides.diff(&clean);
+        }
+        r.statuses = r
+            .status_sides
+            .iter()
+            .map(|(parent, s)| (parent.clone(), s.diff(&clean)))
+            .collect();
+    }
+    for f in failures {
+        writeln!(err, "{}", clean.text(f))?;
+    }
+    if args.output == "json" {
+        let json = clean.json(serde_json::to_value(&reports)?);
+        writeln!(out, "{}", serde_json::to_string_pretty(&json)?)?;
+    } else {
+        let mut text = String::new();
+        for r in &reports {
+            print_report(r, &mut text);
+        }
+        write!(out, "{}", clean.text(&text))?;
+    }
+    Ok(())
+}
+
+fn print_report(r: &RuleReport, out: &mut String) {
+    use std::fmt::Write;
     for o in &r.objects {
-        writeln!(out, "# {} of {}: {}", o.change, o.parent, o.kind)?;
-        write!(out, "{}", o.diff)?;
+        let _ = writeln!(out, "# {} of {}: {}", o.change, o.parent, o.kind);
+        out.push_str(&o.diff);
     }
     for (parent, d) in &r.statuses {
-        writeln!(out, "# status of {parent}")?;
-        write!(out, "{d}")?;
+        let _ = writeln!(out, "# status of {parent}");
+        out.push_str(d);
     }
     for (parent, e) in &r.errors {
-        writeln!(out, "# error: {parent}: {e}")?;
+        let _ = writeln!(out, "# error: {parent}: {e}");
     }
-    writeln!(
+    let _ = writeln!(
         out,
-        "rule {}: {} parents; children: {} unchanged, {} changed, {} created, {} pruned, {} orphaned \
-         ({} re-applied for Rulebook's annotations only); status: {} changed; errors: {}",
+        "rule {}: {} parents; children: {} unchanged, {} changed, {} created, {} pruned, {} orphaned, \
+         {} not compared ({} re-applied for Rulebook's annotations only); status: {} changed; errors: {}",
         r.rule,
         r.parents,
         r.unchanged,
@@ -172,11 +294,11 @@ fn print_report(r: &RuleReport, out: &mut dyn Write) -> Result<()> {
         r.created,
         r.pruned,
         r.orphaned,
+        r.not_compared.len(),
         r.annotations_only,
         r.status_changed,
         r.errors.len()
-    )?;
-    Ok(())
+    );
 }
 
 /// A rule's kinds, as discovery has them.
@@ -188,37 +310,86 @@ struct Kinds {
     of_child: Vec<usize>,
     /// Each reference's kind, in rule order.
     refs: Vec<(ApiResource, bool)>,
+    /// Child kinds (index in `children`) whose objects are not read, with why: Secrets,
+    /// in a pull request's diff or when the credential may not list them.
+    not_read: BTreeMap<usize, String>,
+    /// `--base-rules` (without `--allow-new-references`): what the references are
+    /// checked against.
+    base: Option<refs::Base>,
 }
 
+impl Kinds {
+    /// Whether child kind `k` is `v1` `Secret`.
+    fn is_secret(&self, k: usize) -> bool {
+        self.children.get(k).is_some_and(|(ar, _)| is_secret(ar))
+    }
+
+    async fn resolve(client: &Client, rule: &CompiledRule) -> Result<Kinds> {
+        let p = &rule.rule.spec.parent;
+        let parent = resolve_kind(client, "parent", &p.api_version, &p.kind).await?;
+        let mut children: Vec<(ApiResource, bool)> = Vec::new();
+        let mut of_child = Vec::new();
+        for c in rule.children() {
+            let found = children.iter().position(|(ar, _)| {
+                ar.api_version == c.api_version.value && ar.kind == c.kind.value
+            });
+            let i = match found {
+                Some(i) => i,
+                None => {
+                    children.push(resolve_kind(client, "child", &c.api_version, &c.kind).await?);
+                    children.len() - 1
+                }
+            };
+            of_child.push(i);
+        }
+        Ok(Kinds {
+            parent,
+            children,
+            of_child,
+            refs: refs::resolve(client, rule).await?,
+            not_read: BTreeMap::new(),
+            base: None,
+        })
+    }
+}
+
+fn is_secret(ar: &ApiResource) -> bool {
+    ar.group.is_empty() && ar.kind == "Secret"
+}
+
+/// Why a pull request's diff reads no Secret child.
+const NOT_READ_IN_PR: &str = "a pull request's diff (--base-rules) never reads a Secret child: its templates could print the values";
+
+/// `base`: with `--base-rules`, the base branch's rule of this name (`None` inside: new
+/// in the pull request).
 async fn diff_rule(
     client: &Client,
     rule: &CompiledRule,
+    base: Option<Option<Arc<CompiledRule>>>,
     args: &DiffArgs,
     err: &mut dyn Write,
 ) -> Result<RuleReport> {
-    let p = &rule.rule.spec.parent;
-    let parent = resolve_kind(client, "parent", &p.api_version, &p.kind).await?;
-    let mut children: Vec<(ApiResource, bool)> = Vec::new();
-    let mut of_child = Vec::new();
-    for c in rule.children() {
-        let found = children
-            .iter()
-            .position(|(ar, _)| ar.api_version == c.api_version.value && ar.kind == c.kind.value);
-        let i = match found {
-            Some(i) => i,
-            None => {
-                children.push(resolve_kind(client, "child", &c.api_version, &c.kind).await?);
-                children.len() - 1
+    let mut kinds = Kinds::resolve(client, rule).await?;
+    if let Some(base_rule) = base {
+        if !args.allow_new_references {
+            let base_parent = base_rule.as_ref().map(|b| &b.rule.spec.parent);
+            let same_parent = base_parent.is_some_and(|b| {
+                b.api_version.value == rule.rule.spec.parent.api_version.value
+                    && b.kind.value == rule.rule.spec.parent.kind.value
+            });
+            if is_secret(&kinds.parent.0) && !same_parent {
+                anyhow::bail!(
+                    "its parents are Secrets, which the base rules do not read; refused (--allow-new-references)"
+                );
             }
-        };
-        of_child.push(i);
+            kinds.base = Some(refs::Base::resolve(client, base_rule).await);
+        }
+        for k in 0..kinds.children.len() {
+            if kinds.is_secret(k) {
+                kinds.not_read.insert(k, NOT_READ_IN_PR.to_string());
+            }
+        }
     }
-    let kinds = Kinds {
-        parent,
-        children,
-        of_child,
-        refs: refs::resolve(client, rule).await?,
-    };
     let parents = list_all(
         &kind_api(
             client,
@@ -229,29 +400,7 @@ async fn diff_rule(
         args.selector.as_deref(),
     )
     .await?;
-    // The rule's live children, listed once per kind, by owner UID.
-    let selector = labels::child_selector(&rule.name);
-    let mut owned: HashMap<String, Vec<(usize, DynamicObject)>> = HashMap::new();
-    let within = if kinds.parent.1 {
-        args.namespace.as_deref()
-    } else {
-        None
-    };
-    for (k, (ar, namespaced)) in kinds.children.iter().enumerate() {
-        let api = kind_api(
-            client,
-            ar,
-            *namespaced,
-            if *namespaced { within } else { None },
-        );
-        for o in list_all(&api, Some(&selector)).await? {
-            if let Some(uid) = o.labels().get(labels::OWNER).cloned()
-                && controlled_by(&o, &uid)
-            {
-                owned.entry(uid).or_default().push((k, o));
-            }
-        }
-    }
+    let owned = list_children(client, rule, &mut kinds, args).await?;
     let mut report = RuleReport {
         rule: rule.name.clone(),
         parents: parents.len(),
@@ -265,7 +414,7 @@ async fn diff_rule(
         .map(|p| async move {
             let uid = p.uid().unwrap_or_default();
             let live = owned.get(&uid).map(Vec::as_slice).unwrap_or(&[]);
-            diff_parent(client, rule, kinds, p, live).await
+            parent::diff_parent(client, rule, kinds, p, live).await
         })
         .buffer_unordered(args.concurrency.max(1));
     let mut done = 0;
@@ -274,35 +423,97 @@ async fn diff_rule(
         if progress {
             write!(err, "\r{}: {done}/{total} parents", rule.name)?;
         }
-        report.unchanged += one.unchanged;
-        report.annotations_only += one.annotations_only;
-        for o in one.objects {
-            match o.change {
-                "created" => report.created += 1,
-                "changed" => report.changed += 1,
-                "pruned" => report.pruned += 1,
-                _ => report.orphaned += 1,
-            }
-            report.objects.push(o);
-        }
-        if let Some(s) = one.status {
-            report.status_changed += 1;
-            report.statuses.push(s);
-        }
-        report.errors.extend(one.error.map(|e| (one.parent, e)));
+        report.add(one);
     }
     if progress && total > 0 {
         writeln!(err)?;
     }
     let key = |o: &ObjectChange| (o.parent.clone(), o.kind.clone(), o.name.clone());
     report.objects.sort_by_key(key);
-    report.statuses.sort();
+    report.status_sides.sort_by(|a, b| a.0.cmp(&b.0));
     report.errors.sort();
+    report
+        .not_compared
+        .sort_by(|a, b| (&a.parent, &a.name).cmp(&(&b.parent, &b.name)));
     Ok(report)
 }
 
+impl RuleReport {
+    fn add(&mut self, one: parent::ParentDiff) {
+        self.unchanged += one.unchanged;
+        self.annotations_only += one.annotations_only;
+        for o in one.objects {
+            match o.change {
+                "created" => self.created += 1,
+                "changed" => self.changed += 1,
+                "pruned" => self.pruned += 1,
+                _ => self.orphaned += 1,
+            }
+            self.objects.push(o);
+        }
+        if let Some(s) = one.status {
+            self.status_changed += 1;
+            self.status_sides.push((one.parent.clone(), s));
+        }
+        self.not_compared.extend(one.not_compared);
+        self.seen.extend(one.seen);
+        self.errors.extend(one.error.map(|e| (one.parent, e)));
+    }
+}
+
+/// The rule's live children, listed once per kind, by owner UID. A Secret kind the
+/// credential may not list is not read (`kinds.not_read`), nor compared.
+async fn list_children(
+    client: &Client,
+    rule: &CompiledRule,
+    kinds: &mut Kinds,
+    args: &DiffArgs,
+) -> Result<HashMap<String, Vec<(usize, DynamicObject)>>> {
+    let selector = labels::child_selector(&rule.name);
+    let mut owned: HashMap<String, Vec<(usize, DynamicObject)>> = HashMap::new();
+    let within = if kinds.parent.1 {
+        args.namespace.as_deref()
+    } else {
+        None
+    };
+    for k in 0..kinds.children.len() {
+        if kinds.not_read.contains_key(&k) {
+            continue;
+        }
+        let (ar, namespaced) = &kinds.children[k];
+        let api = kind_api(
+            client,
+            ar,
+            *namespaced,
+            if *namespaced { within } else { None },
+        );
+        let objects = match list_all(&api, Some(&selector)).await {
+            Ok(objects) => objects,
+            Err(kube::Error::Api(e)) if e.code == 403 && kinds.is_secret(k) => {
+                kinds.not_read.insert(
+                    k,
+                    "the credential may not list Secrets (the diff role grants none)".into(),
+                );
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for o in objects {
+            if let Some(uid) = o.labels().get(labels::OWNER).cloned()
+                && controlled_by(&o, &uid)
+            {
+                owned.entry(uid).or_default().push((k, o));
+            }
+        }
+    }
+    Ok(owned)
+}
+
 /// Every object of `api` (with the label selector), a page at a time.
-async fn list_all(api: &Api<DynamicObject>, selector: Option<&str>) -> Result<Vec<DynamicObject>> {
+async fn list_all(
+    api: &Api<DynamicObject>,
+    selector: Option<&str>,
+) -> Result<Vec<DynamicObject>, kube::Error> {
     let mut params = ListParams::default().limit(500);
     if let Some(s) = selector {
         params = params.labels(s);
@@ -318,231 +529,6 @@ async fn list_all(api: &Api<DynamicObject>, selector: Option<&str>) -> Result<Ve
     }
 }
 
-/// What one parent would see.
-struct ParentDiff {
-    parent: String,
-    unchanged: usize,
-    annotations_only: usize,
-    objects: Vec<ObjectChange>,
-    status: Option<(String, String)>,
-    error: Option<String>,
-}
-
-async fn diff_parent(
-    client: &Client,
-    rule: &CompiledRule,
-    kinds: &Kinds,
-    parent: &DynamicObject,
-    live: &[(usize, DynamicObject)],
-) -> ParentDiff {
-    let ns = parent.namespace();
-    let name = match &ns {
-        Some(ns) => format!("{} {ns}/{}", kinds.parent.0.kind, parent.name_any()),
-        None => format!("{} {}", kinds.parent.0.kind, parent.name_any()),
-    };
-    let mut d = ParentDiff {
-        parent: name,
-        unchanged: 0,
-        annotations_only: 0,
-        objects: Vec::new(),
-        status: None,
-        error: None,
-    };
-    if parent.metadata.deletion_timestamp.is_some() {
-        return d; // the operator renders nothing for a parent being deleted
-    }
-    let uid = parent.uid().unwrap_or_default();
-    // With its apiVersion and kind (list items of built-in kinds come without them).
-    let Some(parent_json) = typed(parent, &kinds.parent.0) else {
-        d.error = Some("the parent cannot be read".into());
-        return d;
-    };
-    // As the operator reads them: a namespaced parent's children only in its namespace
-    // (an object elsewhere claiming its UID is someone else's); a cluster-scoped parent's
-    // only in the namespaces its render places children in.
-    let mut live: Vec<&(usize, DynamicObject)> = live
-        .iter()
-        .filter(|(k, o)| !kinds.parent.1 || !kinds.children[*k].1 || o.namespace() == ns)
-        .collect();
-    let scope = |i: usize| match kinds.of_child.get(i).map(|k| kinds.children[*k].1) {
-        Some(false) => Scope::Cluster,
-        _ => Scope::Namespaced,
-    };
-    let found = match refs::dereference(client, rule, kinds, &parent_json).await {
-        Ok(found) => found,
-        Err(e) => {
-            d.error = Some(e);
-            return d;
-        }
-    };
-    let render = |live: &[&(usize, DynamicObject)]| {
-        let objects = live
-            .iter()
-            .filter_map(|(k, o)| typed(o, &kinds.children[*k].0));
-        let mut observed = Observed::from_objects(objects);
-        observed.refs = found.clone();
-        let desired = rule.render(&parent_json, &observed, &scope);
-        (observed, desired)
-    };
-    let (mut observed, mut desired) = render(&live);
-    if !kinds.parent.1
-        && let Ok(rendered) = &desired
-    {
-        let places: BTreeSet<String> = rendered
-            .iter()
-            .filter_map(|c| {
-                c.object
-                    .pointer("/metadata/namespace")
-                    .and_then(Json::as_str)
-            })
-            .map(str::to_string)
-            .collect();
-        let before = live.len();
-        live.retain(|(k, o)| {
-            !kinds.children[*k].1 || o.namespace().is_some_and(|n| places.contains(&n))
-        });
-        if live.len() != before {
-            (observed, desired) = render(&live);
-        }
-    }
-    // Error lines go to CI logs: Secret values the parent's objects hold (references,
-    // children as they are and as they would be) are taken out, as the operator takes
-    // them out of conditions and events.
-    let desired = match desired {
-        Ok(desired) => desired,
-        Err(e) => {
-            d.error = Some(redact_secrets(&e.to_string(), &observed.secret_values()));
-            return d;
-        }
-    };
-    let secrets = observed.secret_values_with(&desired);
-    let mut wanted = BTreeSet::new();
-    for child in &desired {
-        let (ar, namespaced) = &kinds.children[kinds.of_child[child.child]];
-        let child_ns = namespaced.then(|| {
-            child
-                .object
-                .pointer("/metadata/namespace")
-                .and_then(Json::as_str)
-                .map(str::to_string)
-                .or(ns.clone())
-        });
-        let child_ns = child_ns.flatten();
-        let child_name = child.object_name().to_string();
-        wanted.insert((
-            kinds.of_child[child.child],
-            child_ns.clone(),
-            child_name.clone(),
-        ));
-        let api = kind_api(client, ar, *namespaced, child_ns.as_deref());
-        let current = match live.iter().find(|(k, o)| {
-            *k == kinds.of_child[child.child]
-                && o.namespace() == child_ns
-                && o.name_any() == child_name
-        }) {
-            Some((_, o)) => Some(o.clone()),
-            None => match api.get_opt(&child_name).await {
-                // Someone else's object: the operator leaves it alone (a conflict), unless
-                // the child may adopt it.
-                Ok(Some(o))
-                    if !controlled_by(&o, &uid)
-                        && !may_adopt(adopts(rule, child.child, *namespaced), &o, &uid) =>
-                {
-                    d.error = Some(format!(
-                        "conflict: {} {child_name} {}; Rulebook would leave it alone",
-                        ar.kind,
-                        owner_description(&o)
-                    ));
-                    continue;
-                }
-                Ok(o) => o,
-                Err(e) => {
-                    d.error = Some(format!("reading {} {child_name}: {e}", ar.kind));
-                    return d;
-                }
-            },
-        };
-        let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
-        let after = match api
-            .patch(
-                &child_name,
-                &params,
-                &Patch::Apply(apply_body(&child.object)),
-            )
-            .await
-        {
-            Ok(o) => o,
-            Err(e) => {
-                let e = redact_secrets(&e.to_string(), &secrets);
-                d.error = Some(format!("dry-run apply of {} {child_name}: {e}", ar.kind));
-                return d;
-            }
-        };
-        let before = current.as_ref().and_then(|o| typed(o, ar));
-        let after = serde_json::to_value(&after).ok();
-        let (b, a) = (
-            before.as_ref().map(normalize),
-            after.as_ref().map(normalize),
-        );
-        if b.is_some() && b == a {
-            d.unchanged += 1;
-            if before.as_ref().map(|o| &o["metadata"]["annotations"])
-                != after.as_ref().map(|o| &o["metadata"]["annotations"])
-            {
-                d.annotations_only += 1;
-            }
-            continue;
-        }
-        let (b, a) = redact(b.as_ref(), a.as_ref());
-        let what = display(&ar.kind, child_ns.as_deref(), &child_name);
-        let text = |o: &Option<Json>| o.as_ref().and_then(|o| to_yaml(o).ok()).unwrap_or_default();
-        let change = if b.is_some() { "changed" } else { "created" };
-        d.objects.push(ObjectChange {
-            parent: d.parent.clone(),
-            change,
-            kind: ar.kind.clone(),
-            namespace: child_ns.clone(),
-            name: child_name.clone(),
-            diff: unified_diff(
-                &format!("{what} (live)"),
-                &format!("{what} (rendered)"),
-                &text(&b),
-                &text(&a),
-            ),
-        });
-    }
-    // Live children no longer rendered: pruned, or orphaned by their policy.
-    for (k, o) in live.iter().copied() {
-        let key = (*k, o.namespace(), o.name_any());
-        if wanted.contains(&key) {
-            continue;
-        }
-        let orphan = o
-            .labels()
-            .get(labels::CHILD)
-            .and_then(|c| rule.children().iter().find(|x| &x.name.value == c))
-            .is_some_and(|c| c.deletion_policy == DeletionPolicy::Orphan);
-        let (ar, _) = &kinds.children[*k];
-        let json = typed(o, ar).map(|j| normalize(&j));
-        let (b, _) = redact(json.as_ref(), None);
-        let what = display(&ar.kind, o.namespace().as_deref(), &o.name_any());
-        let before = b.as_ref().and_then(|o| to_yaml(o).ok()).unwrap_or_default();
-        d.objects.push(ObjectChange {
-            parent: d.parent.clone(),
-            change: if orphan { "orphaned" } else { "pruned" },
-            kind: ar.kind.clone(),
-            namespace: o.namespace(),
-            name: o.name_any(),
-            diff: unified_diff(&format!("{what} (live)"), "/dev/null", &before, ""),
-        });
-    }
-    match status_diff(rule, &parent_json, &observed, &desired, &d.parent) {
-        Ok(s) => d.status = s,
-        Err(e) => d.error = d.error.take().or(Some(redact_secrets(&e, &secrets))),
-    }
-    d
-}
-
 /// `o` as JSON with its apiVersion and kind (items of a list come without them).
 /// The object as the operator's reconcile gives it to a rule: with its `apiVersion` and
 /// `kind`, without `metadata.managedFields`.
@@ -555,13 +541,6 @@ fn typed(o: &DynamicObject, ar: &ApiResource) -> Option<Json> {
     map.insert("apiVersion".into(), Json::from(ar.api_version.clone()));
     map.insert("kind".into(), Json::from(ar.kind.clone()));
     Some(j)
-}
-
-/// Whether child `i` may take over an object, as the operator decides (a cluster-scoped
-/// one only with `adoptUnsafe`).
-fn adopts(rule: &CompiledRule, i: usize, namespaced: bool) -> bool {
-    let c = &rule.children()[i];
-    c.adopt && (namespaced || c.adopt_unsafe)
 }
 
 fn display(kind: &str, ns: Option<&str>, name: &str) -> String {

@@ -9,6 +9,9 @@ use serde_json::{Value as Json, json};
 use crate::meta::split_api_version;
 use crate::render::RuleSet;
 
+mod diff;
+pub use diff::{DIFF_DRY_RUN_VERBS, DIFF_READ_VERBS};
+
 pub const PARENT_VERBS: &[&str] = &["get", "list", "watch"];
 pub const STATUS_VERBS: &[&str] = &["patch"];
 /// On every parent kind: Rulebook's finalizer and the record of `Orphan` kinds (`teardown`).
@@ -58,62 +61,60 @@ fn add(
 
 /// Everything a rule set needs, merged and sorted.
 pub fn needs(set: &RuleSet) -> Vec<Need> {
-    gather(set, false)
-}
-
-/// What the operator (`diff: false`) or `rulebook diff` needs of each rule's kinds.
-fn gather(set: &RuleSet, diff: bool) -> Vec<Need> {
     let mut needs = BTreeMap::new();
-    // References by literal name: (group, resource) → (names, verbs).
-    let mut named: BTreeMap<(String, String), (BTreeSet<String>, BTreeSet<String>)> =
-        BTreeMap::new();
+    // References by literal name: (group, resource) → names.
+    let mut named: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
     for r in set.rules.values() {
         let p = &r.rule.spec.parent;
         let (group, _) = split_api_version(&p.api_version);
         let plural = plural_of(set, &p.api_version, &p.kind);
-        if diff {
-            add(&mut needs, group, &plural, DIFF_PARENT_VERBS);
-        } else {
-            add(&mut needs, group, &plural, PARENT_VERBS);
-            add(&mut needs, group, &format!("{plural}/status"), STATUS_VERBS);
-            // Adding and removing Rulebook's finalizer and the record of `Orphan` kinds,
-            // and marking the finalize step done: also for a rule that needs none now,
-            // whose parents may carry what an earlier version put there (its finalizer
-            // comes off, a teardown takes a kind off the record).
-            add(&mut needs, group, &plural, FINALIZER_VERBS);
-        }
+        add(&mut needs, group, &plural, PARENT_VERBS);
+        add(&mut needs, group, &format!("{plural}/status"), STATUS_VERBS);
+        // Adding and removing Rulebook's finalizer and the record of `Orphan` kinds,
+        // and marking the finalize step done: also for a rule that needs none now,
+        // whose parents may carry what an earlier version put there (its finalizer
+        // comes off, a teardown takes a kind off the record).
+        add(&mut needs, group, &plural, FINALIZER_VERBS);
         for reference in &r.rule.spec.references {
             let (group, _) = split_api_version(&reference.api_version);
             let plural = plural_of(set, &reference.api_version, &reference.kind);
-            let verbs = if diff { DIFF_PARENT_VERBS } else { REF_VERBS };
             match crate::render::cache_filter(reference).fields {
                 // The cache watches that one object (a field selector on its name), which
                 // Kubernetes authorizes by name for list and watch too.
                 Some(f) => {
-                    let entry: &mut (BTreeSet<String>, BTreeSet<String>) =
-                        named.entry((group.to_string(), plural)).or_default();
-                    entry
-                        .0
+                    named
+                        .entry((group.to_string(), plural))
+                        .or_default()
                         .insert(f.trim_start_matches("metadata.name=").to_string());
-                    entry.1.extend(verbs.iter().map(|v| v.to_string()));
                 }
-                None => add(&mut needs, group, &plural, verbs),
+                None => add(&mut needs, group, &plural, REF_VERBS),
             }
         }
-        let child_verbs = if diff { DIFF_CHILD_VERBS } else { CHILD_VERBS };
         for c in &r.rule.spec.children {
             let (group, _) = split_api_version(&c.api_version);
-            add(
-                &mut needs,
-                group,
-                &plural_of(set, &c.api_version, &c.kind),
-                child_verbs,
-            );
+            let plural = plural_of(set, &c.api_version, &c.kind);
+            add(&mut needs, group, &plural, CHILD_VERBS);
         }
     }
+    let by_name = named
+        .into_iter()
+        .map(|(key, names)| (key, (names, verbs_of(REF_VERBS))))
+        .collect();
+    merge(needs, by_name)
+}
+
+fn verbs_of(verbs: &[&str]) -> BTreeSet<String> {
+    verbs.iter().map(|v| v.to_string()).collect()
+}
+
+/// `needs` on every object of a resource, and `named` (names, verbs) on some: one list,
+/// sorted, without a by-name grant that a grant on every object already covers.
+fn merge(
+    needs: BTreeMap<(String, String), BTreeSet<String>>,
+    named: BTreeMap<(String, String), (BTreeSet<String>, BTreeSet<String>)>,
+) -> Vec<Need> {
     let mut out: Vec<Need> = Vec::new();
     for ((group, resource), (names, verbs)) in named {
-        // Already granted on every object of the resource: nothing to add.
         if needs
             .get(&(group.clone(), resource.clone()))
             .is_some_and(|have: &BTreeSet<String>| verbs.is_subset(have))
@@ -162,6 +163,9 @@ pub struct RbacOptions {
     pub lease_name: String,
     /// The role of `rulebook diff` instead of the operator's.
     pub diff_role: bool,
+    /// With `diff_role`: the namespaces whose parents' Secret references `rulebook diff`
+    /// may read (RoleBindings there).
+    pub diff_namespaces: Vec<String>,
 }
 
 /// What `run --install-crds` does to a CRD: read it (`get`), apply it (`patch`; an apply
@@ -177,7 +181,7 @@ pub const LEASE_VERBS: &[&str] = &["get", "list", "update", "watch"];
 /// CRDs to those the rules define, Leases to the one Lease.
 pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
     if opts.diff_role {
-        return bind(diff_rules(set), opts);
+        return diff::manifests(set, opts);
     }
     let mut rules: Vec<Json> = needs(set).into_iter().map(rule_of).collect();
     rules.push(json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}));
@@ -228,40 +232,45 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
     bind(rules, opts)
 }
 
-/// What `rulebook diff` needs: read every parent and child, and dry-run apply children.
-/// Kubernetes authorizes a dry run as the write itself (`patch`, and `create` for an
-/// apply that would create), so the role carries those verbs; `rulebook diff` itself
-/// never sends a write that is not a dry run (its client's write gate never opens).
-pub const DIFF_PARENT_VERBS: &[&str] = &["get", "list"];
-pub const DIFF_CHILD_VERBS: &[&str] = &["create", "get", "list", "patch"];
-
-fn diff_rules(set: &RuleSet) -> Vec<Json> {
-    gather(set, true).into_iter().map(rule_of).collect()
-}
-
 /// A ClusterRole with `rules`, and its binding to the options' ServiceAccount.
 fn bind(rules: Vec<Json>, opts: &RbacOptions) -> Vec<Json> {
-    let labels =
-        json!({"app.kubernetes.io/name": "rulebook", "app.kubernetes.io/managed-by": "rulebook"});
     vec![
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": {"name": opts.name, "labels": labels},
-            "rules": rules,
-        }),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": opts.name, "labels": labels},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": opts.name},
-            "subjects": [{
-                "kind": "ServiceAccount",
-                "namespace": opts.service_account.0,
-                "name": opts.service_account.1,
-            }],
-        }),
+        cluster_role(&opts.name, rules),
+        binding(None, &opts.name, &opts.name, opts),
     ]
+}
+
+fn labels() -> Json {
+    json!({"app.kubernetes.io/name": "rulebook", "app.kubernetes.io/managed-by": "rulebook"})
+}
+
+fn cluster_role(name: &str, rules: Vec<Json>) -> Json {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name, "labels": labels()},
+        "rules": rules,
+    })
+}
+
+/// A binding of ClusterRole `role` to the options' ServiceAccount: cluster-wide, or in
+/// `namespace` only (a RoleBinding).
+fn binding(namespace: Option<&str>, name: &str, role: &str, opts: &RbacOptions) -> Json {
+    let mut metadata = json!({"name": name, "labels": labels()});
+    if let Some(ns) = namespace {
+        metadata["namespace"] = json!(ns);
+    }
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": if namespace.is_some() { "RoleBinding" } else { "ClusterRoleBinding" },
+        "metadata": metadata,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{
+            "kind": "ServiceAccount",
+            "namespace": opts.service_account.0,
+            "name": opts.service_account.1,
+        }],
+    })
 }
 
 #[cfg(test)]
