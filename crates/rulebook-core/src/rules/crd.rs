@@ -53,50 +53,13 @@ pub fn crd_for(rule: &Rule) -> Option<Json> {
         .as_ref()
         .map(|s| s.value.clone())
         .unwrap_or_else(|| "Namespaced".into());
-    let mut columns: Vec<Json> = crd
-        .printer_columns
-        .iter()
-        .map(|c| {
-            let mut col = json!({"name": c.name, "type": c.type_, "jsonPath": c.json_path});
-            if let Some(d) = &c.description {
-                col["description"] = json!(d);
-            }
-            if let Some(p) = c.priority {
-                col["priority"] = json!(p);
-            }
-            col
-        })
-        .collect();
-    columns.push(json!({
-        "name": "Ready",
-        "type": "string",
-        "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status",
-    }));
-    columns.push(json!({"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}));
+    let columns = printer_columns(crd);
     let spec_schema = crd
         .spec_schema
         .as_ref()
         .map(|s| s.value.clone())
         .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
-    let mut status_props = crd
-        .status_schema
-        .as_ref()
-        .and_then(|s| s.value.get("properties").cloned())
-        .and_then(|p| p.as_object().cloned())
-        .unwrap_or_else(Map::new);
-    status_props.insert(
-        "observedGeneration".into(),
-        json!({"type": "integer", "format": "int64"}),
-    );
-    status_props.insert("conditions".into(), conditions_schema());
-    status_props.insert(
-        crate::meta::STATUS_RULE_VERSION.into(),
-        json!({"type": "string", "description": "The version of the Rulebook rule (a hash of the rule and its templates) that last reconciled this object"}),
-    );
-    let mut status_schema = json!({"type": "object", "properties": status_props});
-    if crd.status_schema.is_none() {
-        status_schema["x-kubernetes-preserve-unknown-fields"] = json!(true);
-    }
+    let status_schema = status_schema(crd);
     Some(json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -130,6 +93,56 @@ pub fn crd_for(rule: &Rule) -> Option<Json> {
             }],
         },
     }))
+}
+
+/// The printer columns a rule names, then Ready and Age.
+fn printer_columns(crd: &CrdSpec) -> Vec<Json> {
+    let mut columns: Vec<Json> = crd
+        .printer_columns
+        .iter()
+        .map(|c| {
+            let mut col = json!({"name": c.name, "type": c.type_, "jsonPath": c.json_path});
+            if let Some(d) = &c.description {
+                col["description"] = json!(d);
+            }
+            if let Some(p) = c.priority {
+                col["priority"] = json!(p);
+            }
+            col
+        })
+        .collect();
+    columns.push(json!({
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status",
+    }));
+    columns.push(json!({"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}));
+    columns
+}
+
+/// The status schema: the rule's fields, and those Rulebook writes itself (conditions,
+/// observedGeneration, the rule version).
+fn status_schema(crd: &CrdSpec) -> Json {
+    let mut status_props = crd
+        .status_schema
+        .as_ref()
+        .and_then(|s| s.value.get("properties").cloned())
+        .and_then(|p| p.as_object().cloned())
+        .unwrap_or_else(Map::new);
+    status_props.insert(
+        "observedGeneration".into(),
+        json!({"type": "integer", "format": "int64"}),
+    );
+    status_props.insert("conditions".into(), conditions_schema());
+    status_props.insert(
+        crate::meta::STATUS_RULE_VERSION.into(),
+        json!({"type": "string", "description": "The version of the Rulebook rule (a hash of the rule and its templates) that last reconciled this object"}),
+    );
+    let mut status_schema = json!({"type": "object", "properties": status_props});
+    if crd.status_schema.is_none() {
+        status_schema["x-kubernetes-preserve-unknown-fields"] = json!(true);
+    }
+    status_schema
 }
 
 /// `status.conditions` per the API conventions (metav1.Condition), a list map keyed by type.
@@ -211,6 +224,12 @@ pub fn breaking_changes(old: &Json, new: &Json, path: &str, out: &mut Vec<String
             }
         }
     }
+    tightened(old, new, &here, out);
+}
+
+/// The constraints of one schema node that `new` makes stricter than `old`: bounds,
+/// enum values, patterns and formats.
+fn tightened(old: &Json, new: &Json, here: &str, out: &mut Vec<String>) {
     for (k, tighter_if_greater) in [
         ("minimum", true),
         ("minLength", true),
