@@ -30,7 +30,7 @@ use crate::engine::{kind_api, resolve_kind};
 use crate::meta::{FIELD_MANAGER, labels};
 use crate::metrics::Metrics;
 use crate::reconcile::gate::LeaseGate;
-use crate::reconcile::plan::{controlled_by, may_adopt, owner_description};
+use crate::reconcile::plan::{is_child_of, may_adopt, owner_description};
 use crate::reconcile::writer::apply_body;
 use crate::render::redact as redact_secrets;
 use crate::render::{CompiledRule, Observed, Scope};
@@ -246,7 +246,7 @@ async fn diff_rule(
         );
         for o in list_all(&api, Some(&selector)).await? {
             if let Some(uid) = o.labels().get(labels::OWNER).cloned()
-                && controlled_by(&o, &uid)
+                && is_child_of(&o, &uid)
             {
                 owned.entry(uid).or_default().push((k, o));
             }
@@ -445,7 +445,7 @@ async fn diff_parent(
                 // Someone else's object: the operator leaves it alone (a conflict), unless
                 // the child may adopt it.
                 Ok(Some(o))
-                    if !controlled_by(&o, &uid)
+                    if !is_child_of(&o, &uid)
                         && !may_adopt(rule.children()[child.child].adopt, &o, &uid) =>
                 {
                     d.error = Some(format!(
