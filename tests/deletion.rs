@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use faults_kit::teardown::*;
 use faults_kit::*;
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::{Value as Json, json};
 
 const T: Duration = Duration::from_secs(120);
@@ -108,7 +109,11 @@ async fn finalize_job_then_reverse_waves_and_orphan() {
         "{test}: the next wave started before the held child was gone"
     );
     let pvc = get_json(&pvcs, "db1-data").await.expect("db1-data");
-    assert_eq!(pvc["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+    assert_eq!(owner_label(&pvc), Some(uid.as_str()));
+    assert!(
+        pvc["metadata"]["ownerReferences"].is_null(),
+        "{test}: an Orphan child carries no ownerReference for the garbage collector to follow"
+    );
     let released = Instant::now();
     merge(&cms, "db1-svc", json!({"metadata": {"finalizers": null}})).await;
 
@@ -222,15 +227,16 @@ async fn finalize_job_then_reverse_waves_and_orphan() {
     assert!(conflict.contains("db1-data"), "{test}: {conflict}");
     let pvc = get_json(&pvcs, "db1-data").await.expect("db1-data");
     assert!(
-        pvc["metadata"]["ownerReferences"].is_null(),
-        "{test}: adopted silently"
+        faults_kit::teardown::released(&pvc),
+        "{test}: adopted silently: {}",
+        pvc["metadata"]
     );
     // ... until the rule says `adopt: true`.
     d.rule("db.yaml", &database_rule(rule, kind, "60s", true));
     let new_uid = uid_of(&get_json(&parents, "db1").await.expect("db1"));
     wait_for(T, "the orphan to be adopted with adopt: true", || async {
         let pvc = get_json(&pvcs, "db1-data").await?;
-        (pvc["metadata"]["ownerReferences"][0]["uid"] == new_uid.as_str()).then_some(())
+        (owner_label(&pvc) == Some(new_uid.as_str())).then_some(())
     })
     .await;
     eprintln!(
@@ -432,7 +438,7 @@ async fn removing_the_rule_releases_its_finalizers() {
             .await
             .unwrap_or_else(|| panic!("{test}: {n}-cm is gone"));
         assert!(
-            cm["metadata"]["ownerReferences"].is_null(),
+            released(&cm),
             "{test}: {n}-cm still owned after the release: {}",
             cm["metadata"]
         );
@@ -539,7 +545,7 @@ async fn release_command_frees_parents_without_the_operator() {
         let cm = get_json(&cms, n)
             .await
             .unwrap_or_else(|| panic!("{test}: {n} was deleted: its policy is Orphan"));
-        assert!(cm["metadata"]["ownerReferences"].is_null(), "{test}: {n}");
+        assert!(released(&cm), "{test}: {n}: {}", cm["metadata"]);
     }
     cleanup_namespace(&client, &ns).await;
 }
@@ -628,7 +634,7 @@ async fn teardown_runs_on_the_generated_rbac() {
         "persistentvolumeclaims",
     );
     let pvc = get_json(&pvcs, "db-data").await.expect("the orphaned PVC");
-    assert!(pvc["metadata"]["ownerReferences"].is_null(), "{test}");
+    assert!(released(&pvc), "{test}: {}", pvc["metadata"]);
     let log = op.log_tail();
     assert!(
         !log.contains("forbidden") && !log.contains("Forbidden"),
@@ -769,6 +775,403 @@ async fn an_orphaned_stub_keeps_its_other_owners() {
         owners,
         [anchor_uid],
         "{test}: the orphaned child lost its other owner, or kept the parent"
+    );
+    drop(op);
+    cleanup_namespace(&client, &ns).await;
+}
+
+/// A cluster-scoped parent's teardown acts only where its render placed children (the
+/// namespaces it records on itself): a tenant who may edit objects in another namespace
+/// makes a ConfigMap there that claims the parent (its labels, a controller reference to
+/// its UID, a finalizer of its own) and another that claims to be its `Orphan` child;
+/// a third, in the children's namespace, is made after the parent's deletion began.
+/// Deleting the parent deletes its real children in their waves, lets go of its `Orphan`
+/// child, and is done in bounded time: none of the lookalikes is deleted, patched or
+/// waited for by Rulebook (audit log), and they are still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_scoped_parents_teardown_stays_where_it_placed_children() {
+    let test = "a_cluster_scoped_parents_teardown_stays_where_it_placed_children";
+    let client = client().await;
+    let target = namespace(&client, "deletion-global").await;
+    let other = namespace(&client, "deletion-global-eve").await;
+    let (kind, rule) = ("DelGlobal", "delglobal");
+    let d = RuleDir::new();
+    d.template(
+        "a.yaml",
+        &format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{{{ parent.metadata.name ~ \"-a\" }}}}\n  \
+             namespace: {target}\n  finalizers: [\"{HOLD}\"]\ndata:\n  k: v\n"
+        ),
+    );
+    d.template(
+        "keep.yaml",
+        &format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{{{ parent.metadata.name ~ \"-keep\" }}}}\n  \
+             namespace: {target}\ndata:\n  k: v\n"
+        ),
+    );
+    let mut text = rule_text(
+        rule,
+        kind,
+        &[
+            child("a", "v1", "ConfigMap", "a.yaml", &[]),
+            child(
+                "keep",
+                "v1",
+                "ConfigMap",
+                "keep.yaml",
+                &["deletionPolicy: Orphan"],
+            ),
+        ],
+    )
+    .replace("  crd:\n", "  crd:\n    scope: Cluster\n");
+    text.push_str("  deletion:\n    order: reverse\n");
+    d.rule("g.yaml", &text);
+    let op = Operator::start(&d.rules, &d.templates, None, &["--install-crds"]).await;
+    let globals = api(&client, None, API_VERSION, kind, &plural(kind));
+    wait_for(T, "the cluster-scoped CRD to be served", || async {
+        globals.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
+    let name = unique("global");
+    put(
+        &globals,
+        &json!({"apiVersion": API_VERSION, "kind": kind, "metadata": {"name": name}, "spec": {}}),
+    )
+    .await;
+    wait_all_ready(&globals, &[name.clone()].into(), T).await;
+    let p = get_json(&globals, &name).await.expect("the parent");
+    let uid = uid_of(&p);
+    assert_eq!(
+        p["metadata"]["annotations"]["rulebook.dev/child-namespaces"],
+        target.as_str(),
+        "{test}: the parent records where its children are"
+    );
+    let cms = |ns: &str| api(&client, Some(ns), "v1", "ConfigMap", "configmaps");
+    let (in_target, in_other) = (cms(&target), cms(&other));
+
+    // The lookalikes in a namespace the parent places nothing in.
+    let marks = json!({
+        "app.kubernetes.io/managed-by": "rulebook",
+        "rulebook.dev/rule": rule,
+        "rulebook.dev/owner": uid,
+        "rulebook.dev/child": "a",
+    });
+    let controller = json!([{"apiVersion": API_VERSION, "kind": kind, "name": name,
+                             "uid": uid, "controller": true}]);
+    let fake = |ns: &str, name: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": name, "namespace": ns, "labels": marks,
+                            "ownerReferences": controller, "finalizers": [HOLD]},
+               "data": {"k": "fake"}})
+    };
+    put(&in_other, &fake(&other, "eve-fake")).await;
+    let mut orphan_marks = marks.clone();
+    orphan_marks["rulebook.dev/child"] = json!("keep");
+    put(
+        &in_other,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "eve-orphan", "namespace": other, "labels": orphan_marks,
+                             "annotations": {"rulebook.dev/deletion-policy": "Orphan",
+                                             "rulebook.dev/parent-name": name}}}),
+    )
+    .await;
+
+    let audit = Audit::mark();
+    let deleted_at = Instant::now();
+    remove(&globals, &name).await;
+    // The teardown waits for its held child; meanwhile a lookalike appears among the
+    // children, after the deletion began.
+    wait_for(T, "the held child to be deleted", || async {
+        let a = get_json(&in_target, &format!("{name}-a")).await?;
+        a["metadata"]["deletionTimestamp"].is_string().then_some(())
+    })
+    .await;
+    // Made after the deletion: creation times are in seconds, and one made in the
+    // deletion's second counts as made before it.
+    let deletion: jiff::Timestamp =
+        get_json(&globals, &name).await.expect("the parent")["metadata"]["deletionTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse().ok())
+            .expect("a deletionTimestamp");
+    wait_for(T, "the second after the deletion's", || async {
+        (jiff::Timestamp::now() >= deletion + jiff::SignedDuration::from_secs(1)).then_some(())
+    })
+    .await;
+    put(&in_target, &fake(&target, "late-fake")).await;
+    // Seen by the operator's cache (its watch event wakes the parent) before the held
+    // child goes: the parent's status still names only its own child.
+    wait_for(
+        T,
+        "the parent to say it waits for its held child",
+        || async {
+            let p = get_json(&globals, &name).await?;
+            let c = condition(&p, "Deleting")?;
+            (c["reason"] == "DeletingChildren").then_some(())
+        },
+    )
+    .await;
+    merge(
+        &in_target,
+        &format!("{name}-a"),
+        json!({"metadata": {"finalizers": null}}),
+    )
+    .await;
+    wait_for(T, "the parent to be gone", || async {
+        get_json(&globals, &name).await.is_none().then_some(())
+    })
+    .await;
+    let took = deleted_at.elapsed();
+
+    assert!(
+        get_json(&in_target, &format!("{name}-a")).await.is_none(),
+        "{test}: the real child is left"
+    );
+    let keep = get_json(&in_target, &format!("{name}-keep"))
+        .await
+        .expect("the Orphan child survives");
+    assert!(released(&keep), "{test}: {}", keep["metadata"]);
+    for (api, fake) in [
+        (&in_other, "eve-fake"),
+        (&in_other, "eve-orphan"),
+        (&in_target, "late-fake"),
+    ] {
+        assert!(
+            get_json(api, fake).await.is_some(),
+            "{test}: the lookalike {fake} is gone"
+        );
+    }
+    let orphan = get_json(&in_other, "eve-orphan").await.expect("eve-orphan");
+    assert_eq!(
+        owner_label(&orphan),
+        Some(uid.as_str()),
+        "{test}: let go of"
+    );
+    let written: Vec<String> = rulebook_writes(&audit, &other)
+        .iter()
+        .map(describe_audit)
+        .collect();
+    assert!(
+        written.is_empty(),
+        "{test}: Rulebook wrote in a namespace the parent places nothing in: {written:#?}"
+    );
+    let deleted: Vec<String> = rulebook_deletes(&audit, &target)
+        .iter()
+        .filter(|e| e["objectRef"]["name"] == "late-fake")
+        .map(describe_audit)
+        .collect();
+    assert!(
+        deleted.is_empty(),
+        "{test}: Rulebook deleted a lookalike made after the deletion began: {deleted:#?}"
+    );
+    eprintln!(
+        "{test}: parent deleted with a lookalike in another namespace and one made during its \
+         teardown: gone in {:.1} s; Rulebook's deletes in the other namespace: 0",
+        took.as_secs_f64()
+    );
+    drop(op);
+    for (api, fake) in [(&in_other, "eve-fake"), (&in_target, "late-fake")] {
+        merge(api, fake, json!({"metadata": {"finalizers": null}})).await;
+    }
+    cleanup_namespace(&client, &target).await;
+    cleanup_namespace(&client, &other).await;
+}
+
+/// Children with `deletionPolicy: Orphan` carry no ownerReference, so they outlive every
+/// propagation policy: a parent deleted in the foreground (the garbage collector deletes
+/// every dependent it finds at once, before the teardown could let go of them), in the
+/// background, or with `orphan` (the collector strips the dependents' references first).
+/// Each time the Orphan children stay (never deleted: audit log), are let go of, and the
+/// parent says so (`Orphaned`); the other child goes. An `Orphan` child that still has
+/// the ownerReference an older Rulebook put on it loses it at its next apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_child_outlives_every_propagation_policy() {
+    let test = "an_orphan_child_outlives_every_propagation_policy";
+    let client = client().await;
+    let ns = namespace(&client, "deletion-propagation").await;
+    let (kind, rule) = ("DelPropagation", "delpropagation");
+    let d = RuleDir::new();
+    d.template(
+        "pvc.yaml",
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: {{ parent.metadata.name ~ \"-data\" }}\n\
+         spec:\n  accessModes: [ReadWriteOnce]\n  resources:\n    requests:\n      storage: 1Gi\n",
+    );
+    d.template("ledger.yaml", &configmap_template("ledger", "  l: x\n"));
+    d.template("plain.yaml", &configmap_template("plain", "  k: v\n"));
+    d.rule(
+        "r.yaml",
+        &rule_text(
+            rule,
+            kind,
+            &[
+                child(
+                    "data",
+                    "v1",
+                    "PersistentVolumeClaim",
+                    "pvc.yaml",
+                    &["deletionPolicy: Orphan"],
+                ),
+                child(
+                    "ledger",
+                    "v1",
+                    "ConfigMap",
+                    "ledger.yaml",
+                    &["deletionPolicy: Orphan"],
+                ),
+                child("plain", "v1", "ConfigMap", "plain.yaml", &[]),
+            ],
+        ),
+    );
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    let pvcs = api(
+        &client,
+        Some(&ns),
+        "v1",
+        "PersistentVolumeClaim",
+        "persistentvolumeclaims",
+    );
+    let policies = [
+        ("fg", DeleteParams::foreground()),
+        ("bg", DeleteParams::background()),
+        ("or", DeleteParams::orphan()),
+    ];
+    let names: BTreeSet<String> = policies.iter().map(|(n, _)| n.to_string()).collect();
+    for n in &names {
+        put(&parents, &parent(kind, &ns, n, json!({}))).await;
+    }
+    wait_all_ready(&parents, &names, T).await;
+    let mut uids = std::collections::BTreeMap::new();
+    for n in &names {
+        let uid = uid_of(&get_json(&parents, n).await.expect("parent"));
+        for (api, child) in [(&pvcs, format!("{n}-data")), (&cms, format!("{n}-ledger"))] {
+            let o = get_json(api, &child).await.expect("an Orphan child");
+            assert_eq!(owner_label(&o), Some(uid.as_str()), "{test}: {child}");
+            assert!(
+                o["metadata"]["ownerReferences"].is_null(),
+                "{test}: {child} carries an ownerReference: {}",
+                o["metadata"]
+            );
+            assert_eq!(
+                o["metadata"]["annotations"]["rulebook.dev/parent-name"],
+                n.as_str()
+            );
+        }
+        let plain = get_json(&cms, &format!("{n}-plain")).await.expect("plain");
+        assert_eq!(plain["metadata"]["ownerReferences"][0]["uid"], uid.as_str());
+        uids.insert(n.clone(), uid);
+    }
+
+    // An older Rulebook's `Orphan` child: its apply (field manager `rulebook`) carried the
+    // ownerReference, and another desired hash. The next apply drops the reference.
+    let old = get_json(&cms, "fg-ledger").await.expect("fg-ledger");
+    let mut body = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "fg-ledger", "namespace": ns,
+                     "labels": old["metadata"]["labels"],
+                     "annotations": old["metadata"]["annotations"],
+                     "ownerReferences": [{"apiVersion": API_VERSION, "kind": kind, "name": "fg",
+                                          "uid": uids["fg"], "controller": true}]},
+        "data": old["data"]});
+    body["metadata"]["annotations"]["rulebook.dev/desired-hash"] = json!("older");
+    let older: DynamicObject = serde_json::from_value(body).expect("object");
+    cms.patch(
+        "fg-ledger",
+        &PatchParams::apply("rulebook").force(),
+        &Patch::Apply(&older),
+    )
+    .await
+    .expect("apply as an older Rulebook");
+    wait_for(
+        T,
+        "the older reference to be dropped by the next apply",
+        || async {
+            let o = get_json(&cms, "fg-ledger").await?;
+            (o["metadata"]["ownerReferences"].is_null()
+                && o["metadata"]["annotations"]["rulebook.dev/desired-hash"] != "older")
+                .then_some(())
+        },
+    )
+    .await;
+
+    // The garbage collector must watch the kind for the foreground deletion to proceed.
+    gc_watches(
+        &client,
+        &parent(kind, &ns, "canary", json!({})),
+        &plural(kind),
+    )
+    .await;
+    let audit = Audit::mark();
+    for (n, params) in &policies {
+        parents.delete(n, params).await.expect("delete the parent");
+    }
+    wait_for(T, "the parents to be gone", || async {
+        let left = list(&parents, None).await;
+        left.iter()
+            .all(|o| !names.contains(&name_of(o)))
+            .then_some(())
+    })
+    .await;
+    let deletes: Vec<String> = audit
+        .writes(&ns)
+        .iter()
+        .filter(|e| e["verb"] == "delete")
+        .map(describe_audit)
+        .collect();
+    for (n, _) in &policies {
+        for (api, child) in [(&pvcs, format!("{n}-data")), (&cms, format!("{n}-ledger"))] {
+            let o = get_json(api, &child)
+                .await
+                .unwrap_or_else(|| panic!("{test}: {child} was deleted: {deletes:#?}"));
+            assert!(
+                o["metadata"]["deletionTimestamp"].is_null(),
+                "{test}: {child} is being deleted: {deletes:#?}"
+            );
+            assert!(released(&o), "{test}: {child}: {}", o["metadata"]);
+        }
+        assert!(
+            !deletes.iter().any(|e| e.contains(&format!("/{n}-data "))
+                || e.contains(&format!("/{n}-ledger "))),
+            "{test}: an Orphan child of {n} was deleted: {deletes:#?}"
+        );
+    }
+    for n in ["fg", "bg"] {
+        wait_for(T, &format!("{n}-plain to go with its parent"), || async {
+            get_json(&cms, &format!("{n}-plain"))
+                .await
+                .is_none()
+                .then_some(())
+        })
+        .await;
+    }
+    for (n, _) in &policies {
+        let orphaned = poll_for(T, || async {
+            let events = events_for(&client, &ns, n).await;
+            let ours = |what: &str| {
+                events.iter().any(|e| {
+                    e["reason"] == "Orphaned"
+                        && e["note"]
+                            .as_str()
+                            .is_some_and(|m| m.contains(&format!("{n}-{what}")))
+                })
+            };
+            (ours("data") && ours("ledger")).then_some(())
+        })
+        .await;
+        assert!(
+            orphaned.is_some(),
+            "{test}: no Orphaned events on {n}: {:#?}",
+            events_for(&client, &ns, n)
+                .await
+                .iter()
+                .map(|e| (e["reason"].clone(), e["note"].clone()))
+                .collect::<Vec<_>>()
+        );
+    }
+    eprintln!(
+        "{test}: foreground, background and orphan deletion: every Orphan child kept and let go of; \
+         {} deletes in the namespace",
+        deletes.len()
     );
     drop(op);
     cleanup_namespace(&client, &ns).await;

@@ -88,6 +88,11 @@ async fn an_orphan_child_outlives_its_removal_from_the_rule() {
             "{}: the policy is on the object",
             o.name_any()
         );
+        assert!(
+            o.owner_references().is_empty(),
+            "{}: an Orphan child carries no ownerReference",
+            o.name_any()
+        );
     }
 
     // Both leave the rule: the Secret kind with it, the ConfigMap kind stays (`config`).
@@ -97,7 +102,7 @@ async fn an_orphan_child_outlives_its_removal_from_the_rule() {
         let after = wait_for(T, &format!("{what} {name} to be let go of"), || async {
             match api.get_opt(&name).await.ok()? {
                 None => Some(None),
-                Some(o) => o.owner_references().is_empty().then_some(Some(o)),
+                Some(o) => released(&o).then_some(Some(o)),
             }
         })
         .await;
@@ -166,8 +171,8 @@ async fn an_orphan_child_outlives_a_parent_deleted_across_the_edit() {
     let after = wait_for(T, "the ledger to be orphaned or deleted", || async {
         match cms.get_opt("h-ledger").await.ok()? {
             None => Some(None),
-            Some(o) if o.owner_references().is_empty() => Some(Some(o)),
-            // Still owned: the garbage collector has not come to it yet.
+            Some(o) if released(&o) => Some(Some(o)),
+            // Still the parent's.
             Some(_) => None,
         }
     })
@@ -182,9 +187,9 @@ async fn an_orphan_child_outlives_a_parent_deleted_across_the_edit() {
 /// to them: the child of a parent deleted meanwhile is let go of before its finalizer
 /// comes off (before, the garbage collector deleted it with its parent), and so is that of
 /// a parent deleted later, which keeps the kind on its record and the finalizer until
-/// then. Nothing else is touched: a lookalike with the parent's marks but no controller
-/// reference keeps them, and a child of that kind without the `Orphan` record goes with
-/// its parent. Entries a tenant made up do not hold anything: a kind nobody serves has
+/// then. Nothing else is touched: a lookalike with the parent's marks but neither a
+/// controller reference nor the `Orphan` record keeps them, and a child of that kind
+/// without the `Orphan` record goes with its parent. Entries a tenant made up do not hold anything: a kind nobody serves has
 /// no objects, a malformed entry is not read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() {
@@ -238,8 +243,7 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
         "rulebook.dev/owner": kept_uid,
     });
     let lookalike = json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "lookalike", "namespace": ns, "labels": marks,
-                     "annotations": {"rulebook.dev/deletion-policy": "Orphan"}}});
+        "metadata": {"name": "lookalike", "namespace": ns, "labels": marks}});
     apply(&secrets, lookalike).await;
     let owned_plain = json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "kept-plain", "namespace": ns, "labels": marks,
@@ -261,7 +265,7 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
             let after = wait_for(T, &format!("{name} to be let go of"), || async {
                 match secrets.get_opt(&name).await.ok()? {
                     None => Some(None),
-                    Some(o) => o.owner_references().is_empty().then_some(Some(o)),
+                    Some(o) => released(&o).then_some(Some(o)),
                 }
             })
             .await
@@ -295,14 +299,11 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
     wait_ready(&stashers, "kept", "True", None, T).await;
     let p = stashers.get("kept").await.unwrap();
     assert!(p.finalizers().contains(&FINALIZER.to_string()));
-    assert_eq!(
-        secrets
-            .get("kept-vault")
-            .await
-            .unwrap()
-            .owner_references()
-            .len(),
-        1
+    let kept_vault = secrets.get("kept-vault").await.unwrap();
+    assert_eq!(kept_vault.labels().get(OWNER), Some(&kept_uid));
+    assert!(
+        kept_vault.owner_references().is_empty(),
+        "an Orphan child carries no ownerReference"
     );
     // The garbage collector must have seen `kept` to delete its plain child after it.
     gc_watches(&client, &parent("Stasher", &ns, "kept"), "stashers").await;
@@ -409,9 +410,9 @@ impl Renaming {
             .expect("the ledger was deleted: its policy is Orphan");
         assert_eq!(after.uid(), self.ledger, "the same ledger");
         assert!(
-            after.owner_references().is_empty(),
-            "the ledger is still owned: {:?}",
-            after.owner_references()
+            released(&after),
+            "the ledger is still the parent's: {:?}",
+            after.metadata
         );
     }
 }
@@ -502,6 +503,14 @@ async fn an_orphan_child_outlives_a_rename_while_its_parent_is_deleted() {
     }
 }
 
+const OWNER: &str = "rulebook.dev/owner";
+
+/// Whether a child has been let go of: no ownerReference (an `Orphan` child never has
+/// one) and no owner label.
+fn released(o: &DynamicObject) -> bool {
+    o.owner_references().is_empty() && !o.labels().contains_key(OWNER)
+}
+
 fn has_finalizer(p: &DynamicObject) -> bool {
     p.finalizers().contains(&FINALIZER.to_string())
 }
@@ -584,7 +593,7 @@ async fn a_teardown_waits_for_orphans_it_may_not_list() {
     .await;
     assert!(why.contains("forbidden"), "{why}");
     let held = secrets.get("w-vault").await.unwrap();
-    assert_eq!(held.owner_references().len(), 1, "still the parent's");
+    assert!(!released(&held), "still the parent's");
 
     // Allowed again: the teardown lets go of it and finishes.
     apply_all(&client, &with_secrets).await;
@@ -594,7 +603,7 @@ async fn a_teardown_waits_for_orphans_it_may_not_list() {
     .await;
     let after = secrets.get("w-vault").await.unwrap();
     assert_eq!(after.uid(), before.uid());
-    assert!(after.owner_references().is_empty());
+    assert!(released(&after));
 }
 
 /// After the clean-up of a dropped `Orphan` kind has let go of every child of it, each
@@ -636,6 +645,6 @@ async fn the_record_and_the_finalizer_come_off_once_the_clean_up_is_done() {
     let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
     for n in &names {
         let s = secrets.get(&format!("{n}-vault")).await.unwrap();
-        assert!(s.owner_references().is_empty(), "{n}-vault let go of");
+        assert!(released(&s), "{n}-vault let go of");
     }
 }

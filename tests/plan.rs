@@ -136,6 +136,69 @@ fn drift_is_repaired_when_someone_else_took_a_field() {
     assert_eq!(step, ChildStep::UpToDate { report: false });
 }
 
+/// `live(None, owner, …)` as an `Orphan` child: it recorded the policy, and carries no
+/// ownerReference.
+fn orphan_child(owner: &str, hash: &str) -> DynamicObject {
+    let mut o = live(
+        None,
+        Some(owner),
+        hash,
+        json!({"f:metadata": {}, "f:data": {"f:k": {}}}),
+    );
+    o.metadata
+        .annotations
+        .get_or_insert_default()
+        .insert("rulebook.dev/deletion-policy".into(), "Orphan".into());
+    o
+}
+
+#[test]
+fn an_orphan_child_without_an_owner_reference_is_its_parents_alone() {
+    // Its own parent's: kept up to date like any child (no adoption needed).
+    let ours = orphan_child(PARENT, HASH);
+    let step = plan_child(
+        PARENT,
+        false,
+        Live::Cached(&ours),
+        true,
+        &desired("v"),
+        false,
+    );
+    assert_eq!(step, ChildStep::UpToDate { report: false });
+    let older = orphan_child(PARENT, "h0");
+    let step = plan_child(
+        PARENT,
+        false,
+        Live::Cached(&older),
+        true,
+        &desired("w"),
+        false,
+    );
+    assert_eq!(
+        step,
+        ChildStep::Apply {
+            why: Drift::DesiredChanged,
+            adopt: false
+        }
+    );
+    // Another parent's `Orphan` child has no controller, but is never adopted.
+    let theirs = orphan_child("uid-other", HASH);
+    for adopt in [false, true] {
+        let step = plan_child(
+            PARENT,
+            adopt,
+            Live::Fetched(&theirs),
+            false,
+            &desired("v"),
+            false,
+        );
+        assert!(
+            matches!(&step, ChildStep::Conflict { owner } if owner.contains("another parent")),
+            "{step:?}"
+        );
+    }
+}
+
 #[test]
 fn adoption_is_refused_for_objects_with_a_controller_or_another_parents_label() {
     let fields = json!({});

@@ -29,6 +29,7 @@ use crate::reconcile::WriteGate;
 use crate::reconcile::context::{BackoffPolicy, OrphansPending};
 use crate::reconcile::orphan_patch;
 use crate::reconcile::shard_gate::ShardGate;
+use crate::reconcile::wire::orphan_owner;
 use crate::reconcile::writer::{Deleted, Patched, WriteError, Writer};
 use crate::render::CompiledRule;
 use crate::rules::DeletionPolicy;
@@ -233,8 +234,9 @@ impl Cleanups {
 }
 
 /// Whether `m` is a child that a parent of `rule` created: its owner label is the UID of
-/// its controller reference, and that controller is of the rule's parent kind. Labels
-/// alone are public: anyone may put them on objects of their own.
+/// its controller reference, and that controller is of the rule's parent kind; or it is
+/// an `Orphan` child, which has no ownerReference ([`orphan_owner`]: only ever let go of,
+/// never deleted). Labels alone are public: anyone may put them on objects of their own.
 fn child_of_rule(m: &ObjectMeta, rule: &CompiledRule) -> bool {
     let parent = &rule.rule.spec.parent;
     let parent_group = split_api_version(&parent.api_version.value).0;
@@ -244,7 +246,7 @@ fn child_of_rule(m: &ObjectMeta, rule: &CompiledRule) -> bool {
             && owner == Some(&r.uid)
             && r.kind == parent.kind.value
             && split_api_version(&r.api_version).0 == parent_group
-    })
+    }) || orphan_owner(m).is_some()
 }
 
 /// The policy of a child of `old` of `kind` (`(apiVersion, kind)`): its child's in `old`
@@ -462,7 +464,10 @@ async fn let_go(
     let rule = &d.old.name;
     let child = m.name.clone().unwrap_or_default();
     for _ in 0..=CHANGED_RETRIES {
-        let orphan = policy(&m, &d.old, (api_version, kind)) == DeletionPolicy::Orphan;
+        // One without an ownerReference is let go of whatever the old rule said: nothing
+        // but the labels anyone may write says it is a child.
+        let orphan = policy(&m, &d.old, (api_version, kind)) == DeletionPolicy::Orphan
+            || orphan_owner(&m).is_some();
         let done = if orphan {
             let owner = m
                 .labels

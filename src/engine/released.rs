@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 use crate::reconcile::ReconcileError;
 use crate::reconcile::WriteGate;
 use crate::reconcile::teardown::finalizer_patch;
+use crate::reconcile::teardown::places;
 use crate::reconcile::teardown::recorded::{Kind, OrphansOf, orphan_children, recorded_in};
 use crate::reconcile::writer::{Patched, WriteError, Writer};
 use crate::render::CompiledRule;
@@ -230,6 +231,10 @@ async fn orphans_first(
     let (Some(uid), Some(name)) = (meta.uid.as_deref(), meta.name.as_deref()) else {
         return Ok(Vec::new());
     };
+    // A cluster-scoped parent's children: where it recorded placing them.
+    let recorded = (!namespaced)
+        .then(|| places::recorded_in(meta.annotations.as_ref().unwrap_or(&Default::default())))
+        .flatten();
     let parent = OrphansOf {
         client,
         writer,
@@ -238,6 +243,7 @@ async fn orphans_first(
         namespaced,
         name,
         namespace: meta.namespace.as_deref(),
+        namespaces: recorded.as_ref(),
         uid,
         skip_rule: None,
         rule_policy: None,

@@ -12,11 +12,12 @@ use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::status::EngineStatus;
+use crate::meta::labels;
 use crate::reconcile::StatusWrites;
 use crate::reconcile::admission::{Admitted, CacheBudget};
 use crate::reconcile::memo::{Applied, Created, Steady};
 use crate::reconcile::refs::RefIndex;
-use crate::reconcile::wire::Wire;
+use crate::reconcile::wire::{Wire, orphan_owner};
 use futures::future::{Ready, ready};
 use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus_client::metrics::counter::Counter;
@@ -172,7 +173,9 @@ pub(super) fn parent_changed(o: &DynamicObject) -> Option<u64> {
 /// scheduler keys by the reference, so a Tenant woken by a child and by its own watch was
 /// two entries, which may reconcile at the same time — the one that ran on the older view
 /// can then write its status last. (Seen once under load: a Tenant left "not ready:
-/// quota" after its ResourceQuota got its status.)
+/// quota" after its ResourceQuota got its status.) An `Orphan` child, which has no
+/// ownerReference, wakes the parent its annotation names
+/// ([`labels::PARENT_NAME`]): the rule's children are all of this parent kind.
 pub(super) fn owners_of(
     parent: ApiResource,
     parent_namespaced: bool,
@@ -186,13 +189,18 @@ pub(super) fn owners_of(
             .namespace
             .as_deref()
             .filter(|_| parent_namespaced);
+        let orphan = orphan_owner(&o.metadata)
+            .and(o.metadata.annotations.as_ref())
+            .and_then(|a| a.get(labels::PARENT_NAME));
         o.metadata
             .owner_references
             .iter()
             .flatten()
             .filter(|r| controlled_by(r, &parent))
-            .map(|r| {
-                let p = kube::runtime::reflector::ObjectRef::new_with(&r.name, parent.clone());
+            .map(|r| &r.name)
+            .chain(orphan)
+            .map(|name| {
+                let p = kube::runtime::reflector::ObjectRef::new_with(name, parent.clone());
                 match ns {
                     Some(ns) => p.within(ns),
                     None => p,
@@ -200,6 +208,15 @@ pub(super) fn owners_of(
             })
             .collect()
     }
+}
+
+/// The UID of the parent whose child `m` is, for the rule's parent kind: its controller
+/// reference's, or an `Orphan` child's owner label.
+fn owner_uid<'a>(m: &'a kube::api::ObjectMeta, parent: &ApiResource) -> Option<&'a str> {
+    (m.owner_references.iter().flatten())
+        .find(|r| controlled_by(r, parent))
+        .map(|r| r.uid.as_str())
+        .or_else(|| orphan_owner(m))
 }
 
 /// Whether an ownerReference is a controller reference to a parent of the rule's kind.
@@ -260,8 +277,7 @@ pub(super) fn unawaited(
         let (Some(uid), Some(rv)) = (m.uid.as_deref(), rv) else {
             return ready(true);
         };
-        let owner = (m.owner_references.iter().flatten()).find(|r| controlled_by(r, &parent));
-        if owner.is_some_and(|p| steady.expects(&p.uid, uid, rv)) {
+        if owner_uid(m, &parent).is_some_and(|p| steady.expects(p, uid, rv)) {
             // What a reconcile would have noted on finding the child cached.
             applied.caught_up(uid, rv);
             let name = m.name.as_deref().unwrap_or_default();
@@ -325,7 +341,7 @@ impl ChangedFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use serde_json::{Value as Json, json};
     use std::time::{Duration, Instant};
 
     fn parent(uid: &str, generation: i64, status: &str) -> DynamicObject {
@@ -366,6 +382,46 @@ mod tests {
         // Namespaced parent: the child's namespace, as kube-runtime does.
         let refs = owners_of(tenant, true)(child);
         assert_eq!(refs[0].namespace.as_deref(), Some("team"));
+    }
+
+    #[test]
+    fn an_orphan_child_wakes_the_parent_it_names() {
+        let tenant = ApiResource {
+            group: "xyz.com".into(),
+            version: "v1".into(),
+            api_version: "xyz.com/v1".into(),
+            kind: "Tenant".into(),
+            plural: "tenants".into(),
+        };
+        let child = |policy: &str, refs: Json| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "data", "namespace": "team",
+                    "labels": {"rulebook.dev/owner": "u1"},
+                    "annotations": {"rulebook.dev/deletion-policy": policy,
+                                    "rulebook.dev/parent-name": "t"},
+                    "ownerReferences": refs}
+            }))
+            .unwrap()
+        };
+        let refs = owners_of(tenant.clone(), false)(child("Orphan", json!([])));
+        assert_eq!(
+            refs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+            ["t"]
+        );
+        // Not an `Orphan` child (its annotations are anyone's to write): no one.
+        assert!(owners_of(tenant.clone(), false)(child("Delete", json!([]))).is_empty());
+        // With a controller, that one alone.
+        let controlled = child(
+            "Orphan",
+            json!([{"apiVersion": "xyz.com/v1", "kind": "Tenant", "name": "t2", "uid": "u2",
+                    "controller": true}]),
+        );
+        let refs = owners_of(tenant, false)(controlled);
+        assert_eq!(
+            refs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+            ["t2"]
+        );
     }
 
     #[test]

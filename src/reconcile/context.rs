@@ -14,7 +14,7 @@ use kube::{Client, ResourceExt};
 
 use super::fight::Fights;
 use super::memo::{Applied, Created, Steady};
-use super::plan::controlled_by;
+use super::plan::is_child_of;
 use super::refs::RefKind;
 use super::status::StatusWrites;
 use super::writer::Writer;
@@ -181,6 +181,19 @@ impl Paused {
     }
 }
 
+/// What a process remembers of one parent's teardown (forgotten when it is done, or the
+/// parent is gone). A restart forgets it: the children let go of are found again in the
+/// cluster, and the wait for children in deletion starts again.
+#[derive(Debug, Default)]
+pub struct TeardownMemory {
+    /// The children this process has deleted or orphaned (UIDs), so each is let go once
+    /// even before the caches show it going.
+    pub let_go: HashSet<String>,
+    /// When this process first found one of the parent's children in deletion: the
+    /// teardown waits for such children at most `teardown::WAVE_TIMEOUT` from then.
+    pub waiting_since: Option<std::time::Instant>,
+}
+
 /// Everything one rule's reconciles share.
 pub struct RuleContext {
     pub rule: Arc<CompiledRule>,
@@ -202,9 +215,8 @@ pub struct RuleContext {
     /// (`events.rs`), shared with the sends in flight.
     pub(super) last_warning: Arc<Mutex<HashMap<String, (u64, u64)>>>,
     pub(super) fights: Fights,
-    /// Per parent being torn down: the children this process has deleted or orphaned,
-    /// so each is let go once even before the caches show it going.
-    pub(super) let_go: Mutex<HashMap<String, HashSet<String>>>,
+    /// Per parent being torn down, what this process remembers of its teardown.
+    pub(super) teardowns: Mutex<HashMap<String, TeardownMemory>>,
     /// Parents whose last reconcile had nothing to do, by the fingerprint of its inputs.
     pub(super) steady: Arc<Steady>,
     /// Children applied by this process, until the cache has the applied version.
@@ -240,7 +252,7 @@ impl RuleContext {
             hash_only: Mutex::default(),
             last_warning: Arc::default(),
             fights: Fights::default(),
-            let_go: Mutex::default(),
+            teardowns: Mutex::default(),
             steady: p.steady,
             applied: p.applied,
             created: p.created,
@@ -305,7 +317,7 @@ impl RuleContext {
                     continue;
                 }
                 if o.labels().get(labels::OWNER).map(String::as_str) == Some(uid)
-                    && controlled_by(&o, uid)
+                    && is_child_of(&o, uid)
                 {
                     out.push((k, o));
                 }
@@ -353,13 +365,13 @@ impl RuleContext {
         if !gone.is_empty() {
             let mut failures = lock(&self.failures);
             let mut warnings = lock(&self.last_warning);
-            let mut let_go = lock(&self.let_go);
+            let mut teardowns = lock(&self.teardowns);
             for uid in &gone {
                 self.paused.set(uid, false);
                 self.steady.forget(uid);
                 failures.remove(uid);
                 warnings.remove(uid);
-                let_go.remove(uid);
+                teardowns.remove(uid);
             }
         }
         if self.status_writes.take_relisted() {
@@ -384,7 +396,7 @@ impl RuleContext {
         let keep = |uid: &str| live.contains(uid);
         lock(&self.failures).retain(|uid, _| keep(uid));
         lock(&self.last_warning).retain(|uid, _| keep(uid));
-        lock(&self.let_go).retain(|uid, _| keep(uid));
+        lock(&self.teardowns).retain(|uid, _| keep(uid));
         self.paused.retain(keep);
         self.steady.retain_uids(keep);
     }

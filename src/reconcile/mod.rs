@@ -67,6 +67,7 @@ use plan::plan_prunes;
 use prune::leave_child;
 use refs::Dereferenced;
 use status::{write_paused, write_status};
+use teardown::places::Recorded;
 
 pub use context::{BackoffPolicy, ChildKind, ContextParts, ParentKind, Paused, RuleContext};
 pub use error::{Reason, ReconcileError};
@@ -300,6 +301,15 @@ async fn reconcile_inner(
         Ok(d) => d,
         Err(e) => return render_failed(ctx, parent, &parent_json, &observed, e, "Render").await,
     };
+    // A cluster-scoped parent records where its children go before any is applied
+    // there: its teardown looks nowhere else.
+    match teardown::places::record(ctx, parent, &uid, &desired).await? {
+        Recorded::Same | Recorded::Written => {}
+        Recorded::Stale => return Ok(Action::requeue(Duration::from_millis(500))),
+        Recorded::TooMany(e) => {
+            return render_failed(ctx, parent, &parent_json, &observed, e, "Render").await;
+        }
+    }
 
     // 3. Apply, in rule order; the first failure stops the rest (later children may
     //    depend on earlier ones) — but a conflict: an object someone else holds, or fights

@@ -63,7 +63,7 @@ pub fn plan_child(
         Live::Fetched(o) => (Some(o), true),
     };
     let object = match object {
-        Some(o) if controlled_by(o, parent_uid) => Some(o),
+        Some(o) if is_child_of(o, parent_uid) => Some(o),
         Some(o) if may_adopt(adopt, o, parent_uid) => {
             return ChildStep::Apply {
                 why: Drift::Missing,
@@ -180,10 +180,18 @@ pub fn reported_on_parent(reason: &str, rollout: bool) -> bool {
 /// (Cluster API writes one, reason `Paused`) is never taken for it.
 pub const PAUSED_REASON: &str = "PausedByAnnotation";
 
+/// Whether `o`'s controller reference is the parent with UID `uid`.
 pub fn controlled_by(o: &DynamicObject, uid: &str) -> bool {
     o.owner_references()
         .iter()
         .any(|r| r.uid == uid && r.controller == Some(true))
+}
+
+/// Whether `o` is a child of the parent with UID `uid`: its controller reference is the
+/// parent, or it is one of the parent's `Orphan` children, which carry no ownerReference
+/// ([`super::wire::orphan_owner`]).
+pub fn is_child_of(o: &DynamicObject, uid: &str) -> bool {
+    controlled_by(o, uid) || super::wire::orphan_owner(&o.metadata) == Some(uid)
 }
 
 /// Whether a child with `adopt: true` may take over `o`: only an object without any

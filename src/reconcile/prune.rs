@@ -1,6 +1,7 @@
 //! Stage 4 of a reconcile: delete what this parent owns and no longer renders (and, in
 //! a teardown, every child). Only children the parent's caches show as its own (owner
-//! label and controller reference both naming its UID, in its namespace), each deleted
+//! label and controller reference both naming its UID — an `Orphan` child has no
+//! ownerReference, and recorded its policy instead — in its namespace), each deleted
 //! with UID and resourceVersion preconditions, so neither a replacement of the same name
 //! nor an object changed since it was read (its controller reference taken back) is
 //! touched. A child with `deletionPolicy: Orphan` (in the rule, or recorded on the object
@@ -56,22 +57,38 @@ pub(super) fn deletion_policy(
     }
 }
 
-/// Lets go of a child the parent no longer wants: deletes it, or orphans it when its
-/// policy says so.
+/// What letting go of `obj` does: its [`deletion_policy`] — but an object without a
+/// controller reference (an `Orphan` child, not applied since its child became `Delete`)
+/// is only orphaned: Rulebook deletes only objects whose controller reference is the
+/// parent.
+pub(super) fn let_go_as(
+    ctx: &RuleContext,
+    kind: &ChildKind,
+    obj: &DynamicObject,
+) -> DeletionPolicy {
+    if super::wire::orphan_owner(&obj.metadata).is_some() {
+        return DeletionPolicy::Orphan;
+    }
+    deletion_policy(ctx, kind, obj)
+}
+
+/// Lets go of a child the parent no longer wants: deletes it, or orphans it
+/// ([`let_go_as`]).
 pub(super) async fn leave_child(
     ctx: &RuleContext,
     parent: &DynamicObject,
     kind: &ChildKind,
     obj: &DynamicObject,
 ) -> Result<Option<Change>, ReconcileError> {
-    match deletion_policy(ctx, kind, obj) {
+    match let_go_as(ctx, kind, obj) {
         DeletionPolicy::Delete => let_go_of(ctx, parent, kind, obj, true).await,
         DeletionPolicy::Orphan => let_go_of(ctx, parent, kind, obj, false).await,
     }
 }
 
 /// The merge patch that orphans `obj` from the parent with UID `parent_uid`: its
-/// controller reference to the parent and Rulebook's labels and annotations removed,
+/// controller reference to the parent (one an older Rulebook put on an `Orphan` child,
+/// or a `Delete` child's) and Rulebook's labels and annotations removed,
 /// conditional on the resourceVersion the caller saw.
 pub fn orphan_patch(obj: &DynamicObject, parent_uid: &str) -> Json {
     let refs: Vec<_> = obj
@@ -102,6 +119,7 @@ pub fn orphan_patch(obj: &DynamicObject, parent_uid: &str) -> Json {
         labels::RULE_VERSION,
         labels::INDEX,
         labels::DELETION_POLICY,
+        labels::PARENT_NAME,
     ];
     json!({"metadata": {
         "resourceVersion": obj.resource_version(),

@@ -59,7 +59,8 @@ pub fn is_stub(o: &DynamicObject) -> bool {
 }
 
 /// Whether an object's labels and ownerReferences agree that it is a Rulebook child:
-/// its owner label is the UID of its controller reference.
+/// its owner label is the UID of its controller reference, or it is an `Orphan` child
+/// ([`orphan_owner`]).
 pub fn could_be_child(meta: &ObjectMeta) -> bool {
     let Some(owner) = meta.labels.as_ref().and_then(|l| l.get(labels::OWNER)) else {
         return false;
@@ -68,6 +69,23 @@ pub fn could_be_child(meta: &ObjectMeta) -> bool {
         .iter()
         .flatten()
         .any(|r| r.controller == Some(true) && &r.uid == owner)
+        || orphan_owner(meta).is_some()
+}
+
+/// The parent UID of a child whose `deletionPolicy` is `Orphan`, which carries no
+/// ownerReference (the garbage collector follows every one, foreground deletion whatever
+/// its `blockOwnerDeletion`): its owner label, when it has no controller at all and
+/// recorded `Orphan`. As public as the labels of any object: whoever may write an object
+/// can make it claim a parent this way, as with a controller reference; what Rulebook
+/// does to such an object is confined to where the parent places children (its
+/// namespace, or the namespaces a cluster-scoped parent records).
+pub fn orphan_owner(meta: &ObjectMeta) -> Option<&str> {
+    let owner = meta.labels.as_ref()?.get(labels::OWNER)?;
+    let recorded = (meta.annotations.as_ref()).and_then(|a| a.get(labels::DELETION_POLICY));
+    let orphan = crate::rules::DeletionPolicy::recorded(recorded.map(String::as_str))
+        == crate::rules::DeletionPolicy::Orphan;
+    let controlled = (meta.owner_references.iter().flatten()).any(|r| r.controller == Some(true));
+    (orphan && !controlled && !owner.is_empty()).then_some(owner.as_str())
 }
 
 impl<const CHILD: bool> kube::Resource for Wire<CHILD> {

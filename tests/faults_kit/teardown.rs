@@ -66,6 +66,24 @@ pub fn database_templates(d: &RuleDir) {
     );
 }
 
+/// Whether a child has been let go of: no ownerReference (an `Orphan` child never has
+/// one) and none of Rulebook's labels.
+pub fn released(o: &Json) -> bool {
+    let labels = o["metadata"]["labels"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    o["metadata"]["ownerReferences"].is_null()
+        && !labels
+            .keys()
+            .any(|k| k.starts_with("rulebook.dev/") || k == "app.kubernetes.io/managed-by")
+}
+
+/// The parent UID a child's owner label names.
+pub fn owner_label(o: &Json) -> Option<&str> {
+    o["metadata"]["labels"]["rulebook.dev/owner"].as_str()
+}
+
 pub fn finalizers(o: &Json) -> Vec<String> {
     o["metadata"]["finalizers"]
         .as_array()

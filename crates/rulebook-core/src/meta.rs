@@ -22,7 +22,9 @@ pub mod labels {
     pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
     pub const MANAGED_BY_VALUE: &str = "rulebook";
     pub const RULE: &str = "rulebook.dev/rule";
-    /// The UID of the parent; with the controller ownerReference, what pruning trusts.
+    /// The UID of the parent; with the controller ownerReference (or, on a child whose
+    /// `deletionPolicy` is `Orphan`, which carries none, with [`DELETION_POLICY`]), what
+    /// pruning trusts.
     pub const OWNER: &str = "rulebook.dev/owner";
     /// The rule's child name (`spec.children[].name`) that produced the object.
     pub const CHILD: &str = "rulebook.dev/child";
@@ -49,6 +51,17 @@ pub mod labels {
     /// commas), so that children of a kind the rule no longer has are found and let go
     /// of from any process, after any restart (`reconcile::teardown::recorded`).
     pub const ORPHAN_KINDS: &str = "rulebook.dev/orphan-kinds";
+    /// On a child whose `deletionPolicy` is `Orphan`: the name of its parent. Such a child
+    /// carries no ownerReference (the garbage collector would follow it, and foreground
+    /// deletion deletes every dependent whatever its policy); this is how its watch events
+    /// find the parent. Its owner is [`OWNER`], as on every child.
+    pub const PARENT_NAME: &str = "rulebook.dev/parent-name";
+    /// On a cluster-scoped parent with Rulebook's finalizer: the namespaces its render
+    /// places namespaced children in (sorted, separated by commas), recorded before any
+    /// child is applied there. Its teardown looks for children nowhere else: anyone who
+    /// may edit objects in some namespace can make one that claims the parent
+    /// (`reconcile::teardown::places`).
+    pub const CHILD_NAMESPACES: &str = "rulebook.dev/child-namespaces";
 
     /// Every label and annotation key Rulebook writes or reads on an object (a stub keeps
     /// these and no other: anyone may set keys with Rulebook's prefix on their objects).
@@ -64,6 +77,8 @@ pub mod labels {
         FINALIZED,
         PAUSED,
         ORPHAN_KINDS,
+        PARENT_NAME,
+        CHILD_NAMESPACES,
     ];
 
     /// The label selector of a rule's children: `managed-by=rulebook,rule=<rule>`.

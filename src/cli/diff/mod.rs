@@ -40,7 +40,7 @@ use crate::engine::{kind_api, resolve_kind};
 use crate::meta::labels;
 use crate::metrics::Metrics;
 use crate::reconcile::gate::LeaseGate;
-use crate::reconcile::plan::controlled_by;
+use crate::reconcile::plan::is_child_of;
 use crate::render::{CompiledRule, RuleSet};
 use clean::Redactor;
 
@@ -500,7 +500,7 @@ async fn list_children(
         };
         for o in objects {
             if let Some(uid) = o.labels().get(labels::OWNER).cloned()
-                && controlled_by(&o, &uid)
+                && is_child_of(&o, &uid)
             {
                 owned.entry(uid).or_default().push((k, o));
             }

@@ -18,7 +18,7 @@ use crate::engine::kind_api;
 use crate::meta::{FIELD_MANAGER, labels};
 use crate::reconcile::ReconcileError;
 use crate::reconcile::plan::{
-    Adoption, conflict_message, controlled_by, may_adopt, owner_description,
+    Adoption, conflict_message, is_child_of, may_adopt, owner_description,
 };
 use crate::reconcile::writer::apply_body;
 use crate::render::{CompiledRule, DesiredChild, Observed, RenderError, Scope};
@@ -320,7 +320,7 @@ async fn compare_child(
         None => match api.get_opt(&name).await {
             // Someone else's object: the operator leaves it alone (a conflict), unless
             // the child may adopt it.
-            Ok(Some(o)) if !controlled_by(&o, uid) => {
+            Ok(Some(o)) if !is_child_of(&o, uid) => {
                 let adoption = Adoption::of(&rule.children()[child.child], *namespaced);
                 if !may_adopt(adoption.allowed(), &o, uid) {
                     let owner = owner_description(&o);

@@ -25,7 +25,7 @@ use crate::reconcile::error::ReconcileError;
 use crate::reconcile::events::{event, event_about};
 use crate::reconcile::observe::read_stubs;
 use crate::reconcile::offload::{finalize_done_off_runtime, render_finalize_off_runtime};
-use crate::reconcile::plan::{FinalizeOutcome, FinalizeState, controlled_by};
+use crate::reconcile::plan::{FinalizeOutcome, FinalizeState, is_child_of};
 use crate::reconcile::writer::{Created, Patched, WriteError};
 
 /// The finalize step as the cluster shows it, and how messages name its child.
@@ -190,8 +190,13 @@ pub(super) async fn start_finalize(
         }
     };
     let t = target(ctx, fresh.namespace().as_deref(), &desired);
+    // A cluster-scoped parent's teardown looks only where the parent recorded placing
+    // children: the finalize child's namespace is recorded before it is created.
+    if !super::places::record_finalize_child(ctx, &fresh, t.oref.namespace.as_deref()).await? {
+        return Ok(Action::requeue(STALE_RETRY));
+    }
     match t.api.get_opt(&t.name).await {
-        Ok(Some(o)) if controlled_by(&o, &uid) => return Ok(Action::requeue(STALE_RETRY)),
+        Ok(Some(o)) if is_child_of(&o, &uid) => return Ok(Action::requeue(STALE_RETRY)),
         Ok(Some(_)) => {
             failed(
                 ctx,

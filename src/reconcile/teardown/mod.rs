@@ -14,32 +14,39 @@
 //! resumes where it was. Patches to the parent and to orphaned children are conditional
 //! on the resourceVersion read, deletes on the child's UID; the finalize child is created
 //! only after its name was looked up on the API server. No step waits forever: the
-//! finalize step has its timeout, and a wave whose objects stay in deletion longer than
-//! [`WAVE_TIMEOUT`] (someone else's finalizer) is left to the garbage collector.
+//! finalize step has its timeout, and the waves wait for objects held in deletion
+//! (someone else's finalizer) [`WAVE_TIMEOUT`] at most in all, then go on without them.
+//!
+//! A teardown touches only the parent's own children: labelled with its UID and
+//! controlled by it (or, an `Orphan` child, which has no ownerReference, recorded so),
+//! made before its deletion (but the finalize child), and — a cluster-scoped parent's —
+//! in the namespaces it recorded placing children in ([`places`]).
 
+mod children;
 mod finalize;
+pub mod places;
 pub mod recorded;
 
-use std::collections::HashSet;
 use std::time::Duration;
 
-use kube::api::{Api, DynamicObject, ListParams};
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
 use serde_json::{Value as Json, json};
 use tracing::{info, warn};
 
 use super::context::{RuleContext, lock};
 use super::error::ReconcileError;
 use super::events::{Cause, event, report_changes};
-use super::plan::{FinalizeOutcome, Owned, TeardownStep, plan_teardown};
-use super::prune::{child_rule, deletion_policy, leave_child};
+use super::plan::{FinalizeOutcome, TeardownStep, plan_teardown};
+use super::prune::deletion_policy;
 use super::status::write_deleting;
 use super::writer::{Patched, WriteError};
 use crate::meta::{FINALIZER, labels, split_api_version};
 use crate::render::status::ConditionState;
 use crate::rules::DeletionPolicy;
+use children::{Wave, run_wave, still_awaited, teardown_children, uncached_children, wave_states};
 use finalize::{finalize_state, mark, start_finalize};
 
 /// How often a waiting teardown looks again without being woken by a watch event.
@@ -48,8 +55,8 @@ const RECHECK: Duration = Duration::from_secs(30);
 const ORPHAN_RECHECK: Duration = Duration::from_secs(1);
 /// How soon a step is retried after its conditional write found the object changed.
 const STALE_RETRY: Duration = Duration::from_millis(500);
-/// How long a wave waits for an object already in deletion (held by someone else's
-/// finalizer) before the teardown goes on without it.
+/// How long a teardown waits for objects already in deletion (held by someone else's
+/// finalizer), in all, before it goes on without them.
 pub const WAVE_TIMEOUT: Duration = Duration::from_secs(600);
 
 pub(super) fn has_finalizer(o: &DynamicObject) -> bool {
@@ -130,7 +137,7 @@ fn owns_recorded_orphans(ctx: &RuleContext, parent: &DynamicObject) -> bool {
     let Some(uid) = parent.uid() else {
         return false;
     };
-    ctx.owned_children(&uid, parent.namespace().as_deref())
+    teardown_children(ctx, parent, &uid)
         .iter()
         .any(|(k, o)| deletion_policy(ctx, &ctx.kinds[*k], o) == DeletionPolicy::Orphan)
 }
@@ -200,47 +207,9 @@ pub(super) async fn teardown(
         // (and of the rest) before the finalizer comes off.
     }
     let parent_json = super::cache::to_json(parent);
-    let mut owned = ctx.owned_children(uid, parent.namespace().as_deref());
-    let stalled: Vec<String> = owned
-        .iter()
-        .filter(|(_, o)| overdue(o))
-        .map(|(k, o)| format!("{} {}", ctx.kinds[*k].ar.kind, o.name_any()))
-        .collect();
-    if !stalled.is_empty() {
-        event(
-            ctx,
-            parent,
-            EventType::Warning,
-            "DeletionStalled",
-            "Teardown",
-            format!(
-                "{} still in deletion after {}s (someone else's finalizer?): the teardown goes on without waiting for them",
-                stalled.join(", "),
-                WAVE_TIMEOUT.as_secs()
-            ),
-        );
-        owned.retain(|(_, o)| !overdue(o));
-    }
+    let owned = still_awaited(ctx, parent, uid);
     let finalizing = finalize_state(ctx, parent, parent_json.as_ref(), &owned).await?;
-    let states: Vec<Owned> = {
-        let mut let_go = lock(&ctx.let_go);
-        // Only the children still owned need remembering: a child let go that is gone
-        // is forgotten, so objects a tenant keeps creating under a parent being torn
-        // down do not pile up here.
-        if let Some(mine) = let_go.get_mut(uid) {
-            let still: HashSet<String> = owned.iter().filter_map(|(_, o)| o.uid()).collect();
-            mine.retain(|child| still.contains(child));
-        }
-        let mine = let_go.get(uid);
-        owned
-            .iter()
-            .map(|(_, o)| Owned {
-                position: child_rule(ctx, o).map_or(usize::MAX, |(i, _)| i),
-                going: o.meta().deletion_timestamp.is_some()
-                    || mine.is_some_and(|m| o.uid().is_some_and(|u| m.contains(&u))),
-            })
-            .collect()
-    };
+    let states = wave_states(ctx, uid, &owned);
     let order = ctx
         .rule
         .rule
@@ -249,115 +218,28 @@ pub(super) async fn teardown(
         .as_ref()
         .map(|d| d.order)
         .unwrap_or_default();
-    let status = |reason: &str, message: String| {
-        let parent_json = parent_json.clone();
-        let step = ConditionState::new(true, reason, &message);
-        async move {
-            match parent_json {
-                Some(p) => write_deleting(ctx, parent, &p, &step).await,
-                None => Ok(()),
-            }
-        }
-    };
     match plan_teardown(finalizing.state, &states, order) {
         TeardownStep::StartFinalize => start_finalize(ctx, parent).await,
         TeardownStep::AwaitFinalize { remaining } => {
-            status(
-                "Finalizing",
-                format!(
-                    "waiting for {}: doneWhen is not true yet (timeout at {})",
-                    finalizing.what, finalizing.deadline
-                ),
-            )
-            .await?;
+            let message = format!(
+                "waiting for {}: doneWhen is not true yet (timeout at {})",
+                finalizing.what, finalizing.deadline
+            );
+            deleting(ctx, parent, parent_json.as_ref(), "Finalizing", &message).await?;
             Ok(Action::requeue(
                 (remaining + Duration::from_secs(1)).min(RECHECK),
             ))
         }
         TeardownStep::MarkFinalized(outcome) => {
-            let (type_, reason, note) = match outcome {
-                FinalizeOutcome::Done => (
-                    EventType::Normal,
-                    "Finalized",
-                    format!(
-                        "{}: doneWhen is true; deleting the children",
-                        finalizing.what
-                    ),
-                ),
-                FinalizeOutcome::TimedOut => (
-                    EventType::Warning,
-                    "FinalizeTimedOut",
-                    format!(
-                        "{}: doneWhen was not true within {}s; deleting the children anyway",
-                        finalizing.what,
-                        ctx.rule.finalize_timeout().as_secs()
-                    ),
-                ),
-                FinalizeOutcome::Failed => (
-                    EventType::Warning,
-                    "FinalizeFailed",
-                    "the finalize step could not run; deleting the children anyway".into(),
-                ),
-            };
-            match mark(ctx, parent, outcome).await? {
-                Patched::Patched => {
-                    event(ctx, parent, type_, reason, "Finalize", note);
-                    Ok(Action::await_change())
-                }
-                Patched::Stale => Ok(Action::requeue(STALE_RETRY)),
-            }
+            mark_finalized(ctx, parent, &finalizing.what, outcome).await
         }
         TeardownStep::Wave { act, waiting } => {
-            let mut changes = Vec::new();
-            let mut failure = None;
-            for &i in &act {
-                let (k, o) = &owned[i];
-                match leave_child(ctx, parent, &ctx.kinds[*k], o).await {
-                    Ok(Some(change)) => {
-                        if let Some(child) = o.uid() {
-                            lock(&ctx.let_go)
-                                .entry(uid.to_string())
-                                .or_default()
-                                .insert(child);
-                        }
-                        changes.push(change);
-                    }
-                    // Gone already, or (orphaning) changed since it was read: looked at
-                    // again on the next pass.
-                    Ok(None) => {}
-                    Err(e) => {
-                        failure.get_or_insert(e);
-                    }
-                }
-            }
-            report_changes(ctx, parent, &changes, Cause::Inputs);
-            if let Some(e) = failure {
-                return Err(e);
-            }
-            let names: Vec<String> = act
-                .iter()
-                .chain(&waiting)
-                .map(|&i| {
-                    let (k, o) = &owned[i];
-                    format!("{} {}", ctx.kinds[*k].ar.kind, o.name_any())
-                })
-                .collect();
-            status(
-                "DeletingChildren",
-                format!("waiting for {} to be gone", names.join(", ")),
-            )
-            .await?;
-            // A deleted child's last watch event names its owner and wakes this parent;
-            // an orphaned one leaves the child cache without owner or labels, and does not.
-            let orphans = act.iter().chain(&waiting).any(|&i| {
-                let (k, o) = &owned[i];
-                deletion_policy(ctx, &ctx.kinds[*k], o) == DeletionPolicy::Orphan
-            });
-            Ok(Action::requeue(if orphans {
-                ORPHAN_RECHECK
-            } else {
-                RECHECK
-            }))
+            let wave = Wave {
+                owned: &owned,
+                act: &act,
+                waiting: &waiting,
+            };
+            run_wave(ctx, parent, uid, parent_json.as_ref(), wave).await
         }
         TeardownStep::RemoveFinalizer => {
             if uncached_children(ctx, parent, uid).await? {
@@ -365,6 +247,58 @@ pub(super) async fn teardown(
             }
             finish(ctx, parent, uid, "every child is gone").await
         }
+    }
+}
+
+/// The parent's `Deleting` condition says which step the teardown is at.
+pub(super) async fn deleting(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    parent_json: Option<&Json>,
+    reason: &str,
+    message: &str,
+) -> Result<(), ReconcileError> {
+    match parent_json {
+        Some(p) => {
+            write_deleting(ctx, parent, p, &ConditionState::new(true, reason, message)).await
+        }
+        None => Ok(()),
+    }
+}
+
+/// Records on the parent that the finalize step of `what` is over, and how.
+async fn mark_finalized(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    what: &str,
+    outcome: FinalizeOutcome,
+) -> Result<Action, ReconcileError> {
+    let (type_, reason, note) = match outcome {
+        FinalizeOutcome::Done => (
+            EventType::Normal,
+            "Finalized",
+            format!("{what}: doneWhen is true; deleting the children"),
+        ),
+        FinalizeOutcome::TimedOut => (
+            EventType::Warning,
+            "FinalizeTimedOut",
+            format!(
+                "{what}: doneWhen was not true within {}s; deleting the children anyway",
+                ctx.rule.finalize_timeout().as_secs()
+            ),
+        ),
+        FinalizeOutcome::Failed => (
+            EventType::Warning,
+            "FinalizeFailed",
+            "the finalize step could not run; deleting the children anyway".into(),
+        ),
+    };
+    match mark(ctx, parent, outcome).await? {
+        Patched::Patched => {
+            event(ctx, parent, type_, reason, "Finalize", note);
+            Ok(Action::await_change())
+        }
+        Patched::Stale => Ok(Action::requeue(STALE_RETRY)),
     }
 }
 
@@ -488,84 +422,10 @@ async fn finish(
     .await?
     {
         Patched::Patched => {
-            lock(&ctx.let_go).remove(uid);
+            lock(&ctx.teardowns).remove(uid);
             info!(rule = %ctx.rule.name, parent = %parent.name_any(), why, "teardown done: finalizer removed");
             Ok(Action::await_change())
         }
         Patched::Stale => Ok(Action::requeue(STALE_RETRY)),
     }
-}
-
-/// Objects a page of [`uncached_children`] lists at most.
-const UNCACHED_PAGE: u32 = 25;
-
-/// Whether `o` has been in deletion longer than [`WAVE_TIMEOUT`].
-fn overdue(o: &DynamicObject) -> bool {
-    o.meta().deletion_timestamp.as_ref().is_some_and(|t| {
-        Duration::try_from(jiff::Timestamp::now().duration_since(t.0))
-            .is_ok_and(|d| d > WAVE_TIMEOUT)
-    })
-}
-
-/// Before the finalizer comes off: whether the API server holds a child of the parent
-/// that the caches have not shown yet (created just before the deletion), not already
-/// in deletion — it would be left to the garbage collector, its policy unheeded.
-async fn uncached_children(
-    ctx: &RuleContext,
-    parent: &DynamicObject,
-    uid: &str,
-) -> Result<bool, ReconcileError> {
-    let selector = format!(
-        "{},{}={uid}",
-        labels::child_selector(&ctx.rule.name),
-        labels::OWNER
-    );
-    let ns = parent.namespace();
-    let parent_name = parent.name_any();
-    for kind in &ctx.kinds {
-        let within = if ctx.parent.namespaced {
-            ns.as_deref()
-        } else {
-            None
-        };
-        // A page at a time: the labels are public, and anyone may put them on objects
-        // of any size in their namespace.
-        let api = kind.api(&ctx.client, within);
-        let mut token: Option<String> = None;
-        loop {
-            let mut params = ListParams::default().labels(&selector).limit(UNCACHED_PAGE);
-            if let Some(t) = &token {
-                params = params.continue_token(t);
-            }
-            let page = api
-                .list_metadata(&params)
-                .await
-                .map_err(|source| ReconcileError::Read {
-                    what: format!("{} children", kind.ar.kind),
-                    source,
-                })?;
-            // The parent's controller reference, of a size the caches keep: one padded
-            // past what a stub keeps would never be seen by the waves, and would hold
-            // the finalizer for ever.
-            let left = page.items.iter().any(|o| {
-                o.metadata.deletion_timestamp.is_none()
-                    && o.metadata.owner_references.iter().flatten().any(|r| {
-                        r.uid == uid
-                            && r.controller == Some(true)
-                            && r.kind == ctx.parent.ar.kind
-                            && r.name == parent_name
-                            && split_api_version(&r.api_version).0 == ctx.parent.ar.group
-                            && super::admission::kept_size(r)
-                    })
-            });
-            if left {
-                return Ok(true);
-            }
-            token = page.metadata.continue_.filter(|t| !t.is_empty());
-            if token.is_none() {
-                break;
-            }
-        }
-    }
-    Ok(false)
 }

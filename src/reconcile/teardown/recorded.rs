@@ -30,7 +30,9 @@ use super::super::context::RuleContext;
 use super::super::error::ReconcileError;
 use super::super::events::Change;
 use super::super::prune::{deletion_policy, orphan_patch};
+use super::super::wire::orphan_owner;
 use super::super::writer::{Patched, WriteError, Writer};
+use super::places::Places;
 use crate::meta::{is_dns_label, labels, split_api_version};
 use crate::rules::DeletionPolicy;
 
@@ -124,6 +126,9 @@ pub struct OrphansOf<'a> {
     pub namespaced: bool,
     pub name: &'a str,
     pub namespace: Option<&'a str>,
+    /// A cluster-scoped parent's recorded namespaces ([`super::places`]): its namespaced
+    /// children are looked for there only. `None`: everywhere.
+    pub namespaces: Option<&'a BTreeSet<String>>,
     pub uid: &'a str,
     /// Children labelled with this rule are not looked at: they are the rule's own, which
     /// its caches show and its teardown handles as the rule says now.
@@ -137,7 +142,12 @@ pub struct OrphansOf<'a> {
 pub type RulePolicy<'a> = dyn Fn(&DynamicObject) -> bool + Send + Sync + 'a;
 
 impl<'a> OrphansOf<'a> {
-    pub(super) fn of(ctx: &'a RuleContext, parent: &'a DynamicObject, uid: &'a str) -> Self {
+    pub(super) fn of(
+        ctx: &'a RuleContext,
+        parent: &'a DynamicObject,
+        places: &'a Places,
+        uid: &'a str,
+    ) -> Self {
         OrphansOf {
             client: &ctx.client,
             writer: &ctx.writer,
@@ -146,6 +156,7 @@ impl<'a> OrphansOf<'a> {
             namespaced: ctx.parent.namespaced,
             name: parent.meta().name.as_deref().unwrap_or_default(),
             namespace: parent.meta().namespace.as_deref(),
+            namespaces: places.namespaces(),
             uid,
             skip_rule: None,
             rule_policy: None,
@@ -181,7 +192,8 @@ pub(super) async fn let_go_of_kinds(
     uid: &str,
     kinds: &[Kind],
 ) -> Result<(Vec<(Kind, ReconcileError)>, Vec<Change>), ReconcileError> {
-    let of = OrphansOf::of(ctx, parent, uid);
+    let places = Places::of(ctx.parent.namespaced, parent);
+    let of = OrphansOf::of(ctx, parent, &places, uid);
     let mut left = Vec::new();
     let mut changes = Vec::new();
     for kind in kinds {
@@ -217,6 +229,7 @@ pub(super) async fn let_go_of_foreign(
 ) -> (Vec<Change>, Result<(), ReconcileError>) {
     let mut done = Vec::new();
     let mut result = Ok(());
+    let places = Places::of(ctx.parent.namespaced, parent);
     for kind in &ctx.kinds {
         // A child the rule still has (same name and kind) goes as the rule says now: one
         // it made `Delete` is not let go of here, and its apply relabels it.
@@ -225,7 +238,7 @@ pub(super) async fn let_go_of_foreign(
         let of = OrphansOf {
             skip_rule: Some(&ctx.rule.name),
             rule_policy: Some(&says_orphan),
-            ..OrphansOf::of(ctx, parent, uid)
+            ..OrphansOf::of(ctx, parent, &places, uid)
         };
         result = orphan_children_at(&of, &kind.ar, kind.namespaced, &mut done).await;
         if result.is_err() {
@@ -280,15 +293,42 @@ async fn orphan_children_at(
     namespaced: bool,
     done: &mut Vec<Orphaned>,
 ) -> Result<(), ReconcileError> {
+    let apis: Vec<Api<DynamicObject>> = match (of.namespaced, of.namespace, of.namespaces) {
+        // A namespaced parent owns nothing cluster-scoped, and nothing elsewhere.
+        (true, _, _) if !namespaced => return Ok(()),
+        (true, Some(ns), _) => vec![Api::namespaced_with(of.client.clone(), ns, ar)],
+        // A cluster-scoped parent: where it recorded placing children.
+        (false, _, Some(set)) if namespaced => set
+            .iter()
+            .map(|ns| Api::namespaced_with(of.client.clone(), ns, ar))
+            .collect(),
+        _ => vec![Api::all_with(of.client.clone(), ar)],
+    };
+    let mut not_done = None;
+    for api in apis {
+        if let Some(what) = orphan_children_in(of, ar, namespaced, &api, done).await? {
+            not_done.get_or_insert(what);
+        }
+    }
+    match not_done {
+        None => Ok(()),
+        Some(what) => Err(ReconcileError::Conflict(format!(
+            "{what} kept changing while it was let go of"
+        ))),
+    }
+}
+
+/// [`orphan_children_at`] where `api` lists. `Some`: one that kept changing.
+async fn orphan_children_in(
+    of: &OrphansOf<'_>,
+    ar: &ApiResource,
+    namespaced: bool,
+    api: &Api<DynamicObject>,
+    done: &mut Vec<Orphaned>,
+) -> Result<Option<String>, ReconcileError> {
     let read = |source| ReconcileError::Read {
         what: format!("{} children with deletionPolicy Orphan", ar.kind),
         source,
-    };
-    let api: Api<DynamicObject> = match (of.namespaced, of.namespace) {
-        // A namespaced parent owns nothing cluster-scoped, and nothing elsewhere.
-        (true, _) if !namespaced => return Ok(()),
-        (true, Some(ns)) => Api::namespaced_with(of.client.clone(), ns, ar),
-        _ => Api::all_with(of.client.clone(), ar),
     };
     // Rulebook's mark and the parent's UID, not the rule's name: a parent's children are
     // its own whatever rule made them (`rulebook release` may not know the rule).
@@ -329,19 +369,14 @@ async fn orphan_children_at(
         }
         token = page.metadata.continue_.filter(|t| !t.is_empty());
         if token.is_none() {
-            break;
+            return Ok(not_done);
         }
-    }
-    match not_done {
-        None => Ok(()),
-        Some(what) => Err(ReconcileError::Conflict(format!(
-            "{what} kept changing while it was let go of"
-        ))),
     }
 }
 
 /// Whether `obj` is a child of this very parent (controller reference by UID, kind and
-/// name) that recorded `Orphan`, and not already being deleted.
+/// name; or, having none, its owner label) that recorded `Orphan`, and not already being
+/// deleted.
 fn owned_orphan(of: &OrphansOf<'_>, obj: &DynamicObject) -> bool {
     obj.meta().deletion_timestamp.is_none()
         && of
@@ -352,13 +387,13 @@ fn owned_orphan(of: &OrphansOf<'_>, obj: &DynamicObject) -> bool {
                 .get(labels::DELETION_POLICY)
                 .map(String::as_str),
         ) == DeletionPolicy::Orphan
-        && obj.owner_references().iter().any(|r| {
+        && (obj.owner_references().iter().any(|r| {
             r.uid == of.uid
                 && r.controller == Some(true)
                 && r.kind == of.kind
                 && r.name == of.name
                 && split_api_version(&r.api_version).0 == of.group
-        })
+        }) || orphan_owner(&obj.metadata) == Some(of.uid))
 }
 
 /// A change after the listing is read again and the patch retried this many times.

@@ -310,24 +310,32 @@ impl CompiledRule {
                 ann.remove(labels::INDEX);
             }
         }
+        // An `Orphan` child carries no ownerReference: the garbage collector follows
+        // every one (foreground deletion deletes each dependent, whatever its policy and
+        // `blockOwnerDeletion`), so it would not outlive every kind of deletion. Its
+        // owner label and recorded policy say whose it is; its parent's name, for its
+        // watch events.
         match c.deletion_policy.annotation() {
             Some(policy) => {
                 ann.insert(labels::DELETION_POLICY.into(), policy.into());
+                ann.insert(labels::PARENT_NAME.into(), parent.name.into());
+                meta.remove("ownerReferences");
             }
             None => {
                 ann.remove(labels::DELETION_POLICY);
+                ann.remove(labels::PARENT_NAME);
+                meta.insert(
+                    "ownerReferences".into(),
+                    serde_json::json!([{
+                        "apiVersion": parent.api_version,
+                        "kind": parent.kind,
+                        "name": parent.name,
+                        "uid": parent.uid,
+                        "controller": true,
+                    }]),
+                );
             }
         }
-        meta.insert(
-            "ownerReferences".into(),
-            serde_json::json!([{
-                "apiVersion": parent.api_version,
-                "kind": parent.kind,
-                "name": parent.name,
-                "uid": parent.uid,
-                "controller": true,
-            }]),
-        );
         for forbidden in [
             "uid",
             "resourceVersion",
