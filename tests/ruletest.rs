@@ -59,8 +59,8 @@ fn variant(dir: &Path, from: &str, to: &str) -> String {
     let path = dir.join("myweb.yaml");
     std::fs::write(&path, text).unwrap();
     std::fs::copy(
-        root.join("tests/rules/snapshots/myweb-first-render.yaml"),
-        dir.join("myweb-first-render.yaml"),
+        root.join("tests/rules/snapshots/myweb-page-in-place.yaml"),
+        dir.join("myweb-page-in-place.yaml"),
     )
     .unwrap();
     path.display().to_string()
@@ -93,7 +93,7 @@ fn a_broken_expectation_fails_with_its_line_and_a_diff() {
         out.contains("-  type: ClusterIP") && out.contains("+  type: NodePort"),
         "{out}"
     );
-    assert!(out.trim_end().ends_with("4 passed, 1 failed"), "{out}");
+    assert!(out.trim_end().ends_with("5 passed, 1 failed"), "{out}");
 }
 
 #[test]
@@ -122,10 +122,10 @@ fn a_changed_snapshot_fails_until_updated() {
     let dir = tempfile::tempdir().unwrap();
     let file = variant(
         dir.path(),
-        "name: first render",
-        "name: first render (copy)",
+        "name: the Deployment once the page exists",
+        "name: the Deployment once the page exists (copy)",
     );
-    let snap = dir.path().join("myweb-first-render.yaml");
+    let snap = dir.path().join("myweb-page-in-place.yaml");
     let edited = std::fs::read_to_string(&snap)
         .unwrap()
         .replace("replicas: 2", "replicas: 9");
