@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::reload::*;
 use common::*;
 use kube::api::{Api, DynamicObject};
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 
 const T: Duration = Duration::from_secs(120);
 

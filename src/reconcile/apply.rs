@@ -101,14 +101,14 @@ async fn look_up(ctx: &RuleContext, namespace: Option<&str>, d: &DesiredChild) -
 enum Found {
     Absent,
     Cached(Arc<DynamicObject>),
-    Fetched(DynamicObject),
+    Fetched(Box<DynamicObject>),
 }
 
 impl Found {
     fn live(&self) -> Live<'_> {
         match self {
             Found::Absent => Live::Absent,
-            Found::Cached(o) => Live::Cached(&**o),
+            Found::Cached(o) => Live::Cached(o),
             Found::Fetched(o) => Live::Fetched(o),
         }
     }
@@ -128,7 +128,7 @@ pub(super) enum Prepared<'a> {
     /// version (or none). The status would be computed from that: the reconcile leaves it
     /// to the next, which the object's watch event brings.
     Pending,
-    Planned(Planned<'a>),
+    Planned(Box<Planned<'a>>),
 }
 
 /// A desired child with its plan.
@@ -175,7 +175,7 @@ pub(super) fn prepare<'a>(
     };
     let found = match (cached, fetched) {
         (Some(o), _) => Found::Cached(o),
-        (None, Some(o)) => Found::Fetched(o),
+        (None, Some(o)) => Found::Fetched(Box::new(o)),
         (None, None) => Found::Absent,
     };
     match &found {
@@ -199,12 +199,12 @@ pub(super) fn prepare<'a>(
         _ => {}
     }
     let step = plan_found(ctx, uid, d, &found, seen.is_some());
-    Ok(Prepared::Planned(Planned {
+    Ok(Prepared::Planned(Box::new(Planned {
         t,
         found,
         seen: seen.is_some(),
         step,
-    }))
+    })))
 }
 
 fn plan_found(
@@ -253,7 +253,7 @@ pub(super) async fn carry_out(
             source: refusal,
         });
     };
-    let found = Found::Fetched(found);
+    let found = Found::Fetched(Box::new(found));
     let step = plan_found(ctx, uid, d, &found, planned.seen);
     let again = Planned {
         t,

@@ -98,7 +98,7 @@ pub(super) async fn apply_children(
             failures.held(hold, d.label());
             continue;
         }
-        match carry_out(ctx, parent, uid, d, planned).await {
+        match carry_out(ctx, parent, uid, d, *planned).await {
             Ok(ChildOutcome::Changed(change)) => changes.push(*change),
             Ok(ChildOutcome::UpToDate) => {}
             Err(e @ ReconcileError::Conflict(_)) => {
