@@ -324,6 +324,33 @@ fn binary_check_warns_about_a_reference_that_caches_a_whole_kind() {
     assert_eq!(lines[1], "1 warnings");
 }
 
+/// Issue 41, F6: a child that reads a sibling's Secret without `waitFor`ing it. The
+/// ServiceAccount it waits for and the Secret that is no child are not warned about.
+#[test]
+fn binary_check_warns_about_a_child_naming_a_sibling_it_does_not_wait_for() {
+    let case = "tests/corpus/warnings/child-names-a-sibling-it-does-not-wait-for";
+    let (code, stdout, stderr) = rulebook(&[
+        "check",
+        "--rules",
+        &format!("{case}/rules"),
+        "--templates",
+        &format!("{case}/templates"),
+    ]);
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "stderr:\n{stderr}");
+    assert!(is_diagnostic_line(lines[0]), "{:?}", lines[0]);
+    assert!(
+        lines[0].starts_with(&format!(
+            "{case}/rules/app.yaml:17:13: warning: rule 'app': spec.children[1] 'app' names the \
+             Secret of child 'creds' but does not wait for it; add `waitFor: [creds]`"
+        )),
+        "{:?}",
+        lines[0]
+    );
+    assert_eq!(lines[1], "1 warnings");
+}
+
 #[test]
 fn binary_check_of_a_missing_directory_fails_cleanly() {
     let (code, _, stderr) = rulebook(&[

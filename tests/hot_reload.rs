@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use common::reload::*;
 use common::*;
 use kube::api::{Api, DynamicObject};
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 
 const T: Duration = Duration::from_secs(120);
 
@@ -444,43 +444,4 @@ async fn a_child_kind_dropped_from_a_rule_is_pruned() {
         cms.get_opt("s").await.unwrap().unwrap().metadata.uid,
         cm_uid
     );
-}
-
-/// A conflict stops only its own child: an object of a child's name that someone else
-/// holds (here created before the parent) leaves the children after it in rule order to
-/// be applied all the same — before, the first conflict stopped them, which whoever may
-/// create or edit one object could bring about at will (for a cluster-scoped parent, in
-/// one tenant's namespace against the children in every other's).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_conflict_stops_only_its_own_child() {
-    let client = client().await;
-    let ns = namespace(&client, "reload-conflict").await;
-    let dir = tempfile::tempdir().unwrap();
-    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
-    let first = Extra {
-        name: "first",
-        kind: "ConfigMap",
-        line: "",
-        body: "data:\n  f: x\n",
-    };
-    with_children(&rules, &templates, "Blocked", &[first], true);
-    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
-    apply(
-        &cms,
-        json!({"apiVersion": "v1", "kind": "ConfigMap",
-               "metadata": {"name": "b-first", "namespace": ns}, "data": {"theirs": "yes"}}),
-    )
-    .await;
-    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
-    let blocked = parents_api(&client, &ns, "Blocked").await;
-    apply(&blocked, parent("Blocked", &ns, "b")).await;
-    wait_ready(&blocked, "b", "False", Some("Conflict"), T).await;
-    let second = wait_for(T, "the child after the conflicting one", || async {
-        cms.get_opt("b").await.ok()?
-    })
-    .await;
-    assert_eq!(to_json(&second)["data"]["marker"], "x");
-    let theirs = to_json(&cms.get("b-first").await.unwrap());
-    assert_eq!(theirs["data"], json!({"theirs": "yes"}), "left alone");
-    assert!(theirs["metadata"]["ownerReferences"].is_null());
 }

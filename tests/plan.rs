@@ -7,8 +7,8 @@ use std::sync::Arc;
 use kube::api::DynamicObject;
 use rulebook::reconcile::drift::Drift;
 use rulebook::reconcile::plan::{
-    ChildStep, FinalizeOutcome, FinalizeState, Live, Owned, TeardownStep, plan_child, plan_prunes,
-    plan_status, plan_teardown,
+    ApplyGate, ChildStep, Dependencies, FinalizeOutcome, FinalizeState, Hold, Live, Owned,
+    TeardownStep, plan_applies, plan_child, plan_prunes, plan_status, plan_teardown,
 };
 use rulebook::render::DesiredChild;
 use rulebook::render::status::ConditionState;
@@ -489,4 +489,201 @@ fn a_rollout_reports_everything_on_the_parent_but_its_updates() {
     for reason in ["Created", "Repaired", "Pruned", "Orphaned"] {
         assert!(reported_on_parent(reason, true), "{reason} in a rollout");
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// What holds a write back: a conflict holds the parent, a failure its dependents.
+
+/// A desired child `name` (rule child `child`) with `object`.
+fn desired_object(child: usize, name: &str, object: Json) -> DesiredChild {
+    DesiredChild {
+        child,
+        name: name.into(),
+        index: None,
+        object,
+        hash: HASH.into(),
+    }
+}
+
+fn secret(child: usize, name: &str) -> DesiredChild {
+    desired_object(
+        child,
+        "secret",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+               "data": {"password": "c2VjcmV0"}}),
+    )
+}
+
+/// A Deployment whose pods read Secret `secret` (in the parent's namespace).
+fn deployment(child: usize, secret: &str) -> DesiredChild {
+    desired_object(
+        child,
+        "app",
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "p"},
+        "spec": {"template": {"spec": {"containers": [{"name": "app", "image": "x",
+          "env": [{"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}}]
+        }]}}}}),
+    )
+}
+
+fn configmap(child: usize) -> DesiredChild {
+    desired_object(
+        child,
+        "settings",
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "p-settings"},
+               "data": {"k": "v"}}),
+    )
+}
+
+fn missing() -> ChildStep {
+    ChildStep::Apply {
+        why: Drift::Missing,
+        adopt: false,
+    }
+}
+
+/// The shipped Project rule's shape, without its `waitFor`: the Deployment names the
+/// Secret child's object, and a ConfigMap beside them names nothing.
+fn project_like(deployment_first: bool) -> (Vec<DesiredChild>, usize, usize, usize) {
+    if deployment_first {
+        let d = vec![
+            deployment(0, "p-credentials"),
+            secret(1, "p-credentials"),
+            configmap(2),
+        ];
+        (d, 1, 0, 2)
+    } else {
+        let d = vec![
+            secret(0, "p-credentials"),
+            deployment(1, "p-credentials"),
+            configmap(2),
+        ];
+        (d, 0, 1, 2)
+    }
+}
+
+#[test]
+fn a_child_goes_after_the_siblings_it_names_or_waits_for() {
+    let no_waits = vec![Vec::new(); 3];
+    // The Deployment first in rule order: the Secret it reads is written before it.
+    let (d, s, app, cm) = project_like(true);
+    let deps = Dependencies::of(&d, &no_waits, Some("ns"));
+    assert_eq!(deps.on(app), [s]);
+    assert!(deps.on(s).is_empty() && deps.on(cm).is_empty());
+    assert_eq!(deps.order(), [s, app, cm]);
+    // A Secret of another name, or in another namespace, is no sibling.
+    let d = vec![deployment(0, "shared"), secret(1, "p-credentials")];
+    let deps = Dependencies::of(&d, &[vec![], vec![]], Some("ns"));
+    assert!(deps.on(0).is_empty());
+    assert_eq!(deps.order(), [0, 1]);
+    let mut elsewhere = secret(1, "p-credentials");
+    elsewhere.object["metadata"]["namespace"] = json!("other");
+    let d = vec![deployment(0, "p-credentials"), elsewhere];
+    assert!(
+        Dependencies::of(&d, &[vec![], vec![]], Some("ns"))
+            .on(0)
+            .is_empty()
+    );
+    // `waitFor`: the ConfigMap (rule child 0) waits for the Deployment (rule child 2).
+    let d = vec![
+        configmap(0),
+        secret(1, "p-credentials"),
+        deployment(2, "p-credentials"),
+    ];
+    let deps = Dependencies::of(&d, &[vec![2], vec![], vec![]], Some("ns"));
+    assert_eq!(deps.on(0), [2]);
+    assert_eq!(deps.order(), [1, 2, 0]);
+    // A cycle is broken in rule order, and every child is written once.
+    let d = vec![configmap(0), configmap(1)];
+    let deps = Dependencies::of(&d, &[vec![1], vec![0]], Some("ns"));
+    assert_eq!(deps.order(), [0, 1]);
+}
+
+/// F6 of the third red-team report: a foreign Secret named like the Secret child is a
+/// conflict, and then nothing new is written for the parent — not the Deployment that
+/// would read the foreign Secret, not an unrelated child either — whatever the rule order.
+#[test]
+fn a_conflict_holds_every_write_of_the_parent() {
+    let foreign = live(None, None, "", json!({}));
+    for deployment_first in [false, true] {
+        let (d, s, app, cm) = project_like(deployment_first);
+        let deps = Dependencies::of(&d, &[vec![], vec![], vec![]], Some("ns"));
+        let mut steps = vec![missing(), missing(), missing()];
+        steps[s] = plan_child(PARENT, false, Live::Fetched(&foreign), false, &d[s], false);
+        assert!(
+            matches!(steps[s], ChildStep::Conflict { .. }),
+            "{:?}",
+            steps[s]
+        );
+        let holds = plan_applies(&steps, &deps);
+        assert_eq!(
+            holds[app],
+            Some(Hold::Conflict(s)),
+            "first: {deployment_first}"
+        );
+        assert_eq!(
+            holds[cm],
+            Some(Hold::Conflict(s)),
+            "first: {deployment_first}"
+        );
+        assert_eq!(holds[s], None, "the conflict itself is no apply");
+        // A child already up to date needs no write and is left as it is.
+        steps[cm] = ChildStep::UpToDate { report: false };
+        assert_eq!(plan_applies(&steps, &deps)[cm], None);
+    }
+    // Without a conflict, everything goes.
+    let (d, ..) = project_like(false);
+    let deps = Dependencies::of(&d, &[vec![], vec![], vec![]], Some("ns"));
+    assert_eq!(
+        plan_applies(&[missing(), missing(), missing()], &deps),
+        [None, None, None]
+    );
+}
+
+/// A conflict found only when the Secret's create is refused (the caches hold no foreign
+/// object): the Deployment that names it comes after it, so it is held before it is
+/// written; so is everything after.
+#[test]
+fn a_conflict_found_at_the_write_holds_what_comes_after() {
+    let (d, s, app, cm) = project_like(true);
+    let deps = Dependencies::of(&d, &[vec![], vec![], vec![]], Some("ns"));
+    let mut gate = ApplyGate::new(&deps);
+    let order = deps.order();
+    assert_eq!(order[0], s);
+    assert_eq!(gate.hold(s), None);
+    gate.conflict(s); // the create was refused: the name is someone else's
+    assert_eq!(gate.hold(app), Some(Hold::Conflict(s)));
+    assert_eq!(gate.hold(cm), Some(Hold::Conflict(s)));
+}
+
+/// A child that failed holds the children that depend on it (by name or by `waitFor`,
+/// and theirs in turn), and only those: an independent child is written.
+#[test]
+fn a_failed_child_holds_its_dependents_only() {
+    // Rule children: 0 Deployment (names the Secret), 1 Secret, 2 ConfigMap (independent),
+    // 3 ConfigMap that waits for the Deployment.
+    let d = vec![
+        deployment(0, "p-credentials"),
+        secret(1, "p-credentials"),
+        configmap(2),
+        desired_object(
+            3,
+            "after-app",
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "p-after"}}),
+        ),
+    ];
+    let deps = Dependencies::of(&d, &[vec![], vec![], vec![], vec![0]], Some("ns"));
+    assert_eq!(deps.order(), [1, 0, 2, 3]);
+    let mut gate = ApplyGate::new(&deps);
+    assert_eq!(gate.hold(1), None);
+    gate.failed(1); // the API server refused the Secret
+    assert_eq!(gate.hold(0), Some(Hold::After(1)));
+    assert_eq!(gate.hold(2), None, "an independent child is applied");
+    assert_eq!(gate.hold(3), Some(Hold::After(0)), "held in turn");
+    // Planned so before any write (a child whose content cannot be read) alike.
+    let steps = vec![missing(), ChildStep::Unreadable, missing(), missing()];
+    assert_eq!(
+        plan_applies(&steps, &deps),
+        [Some(Hold::After(1)), None, None, Some(Hold::After(0))]
+    );
 }

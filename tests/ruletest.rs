@@ -54,13 +54,17 @@ fn variant(dir: &Path, from: &str, to: &str) -> String {
     std::fs::write(&path, text).unwrap();
     for (from, to) in [
         (
-            "tests/rules/snapshots/myweb-first-render.yaml",
-            "myweb-first-render.yaml",
+            "tests/rules/snapshots/myweb-page-in-place.yaml",
+            "myweb-page-in-place.yaml",
         ),
         ("examples/myweb.yaml", "examples/myweb.yaml"),
         (
             "tests/rules/fixtures/myweb-available.yaml",
             "fixtures/myweb-available.yaml",
+        ),
+        (
+            "tests/rules/fixtures/myweb-page.yaml",
+            "fixtures/myweb-page.yaml",
         ),
     ] {
         let to = dir.join(to);
@@ -97,7 +101,7 @@ fn a_broken_expectation_fails_with_its_line_and_a_diff() {
         out.contains("-  type: ClusterIP") && out.contains("+  type: NodePort"),
         "{out}"
     );
-    assert!(out.trim_end().ends_with("4 passed, 1 failed"), "{out}");
+    assert!(out.trim_end().ends_with("5 passed, 1 failed"), "{out}");
 }
 
 #[test]
@@ -126,10 +130,10 @@ fn a_changed_snapshot_fails_until_updated() {
     let dir = tempfile::tempdir().unwrap();
     let file = variant(
         dir.path(),
-        "name: first render",
-        "name: first render (copy)",
+        "name: the Deployment once the page exists",
+        "name: the Deployment once the page exists (copy)",
     );
-    let snap = dir.path().join("myweb-first-render.yaml");
+    let snap = dir.path().join("myweb-page-in-place.yaml");
     let edited = std::fs::read_to_string(&snap)
         .unwrap()
         .replace("replicas: 2", "replicas: 9");

@@ -1,10 +1,12 @@
-//! Stage 3 of a reconcile: each desired child, in rule order, is found in the cache (a GET
-//! for one cached without content), planned ([`super::plan::plan_child`]) and, when the
-//! plan says so, applied with one server-side apply. A child no cache holds is created
-//! with an apply the API server refuses if the name is taken (it may belong to a foreign
-//! object); only then is it read and planned again. Drift repairs pass the fight check
-//! first.
+//! One desired child in stage 3 of a reconcile (`apply_stage.rs` runs the stage): found
+//! in the cache (a GET for one cached without content) and planned
+//! ([`super::plan::plan_child`]) before anything is written ([`prepare`]), then, when the
+//! plan says so and the stage lets it, applied with one server-side apply ([`carry_out`]).
+//! A child no cache holds is created with an apply the API server refuses if the name is
+//! taken (it may belong to a foreign object); only then is it read and planned again.
+//! Drift repairs pass the fight check first.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use kube::api::{Api, DynamicObject};
@@ -95,18 +97,60 @@ async fn look_up(ctx: &RuleContext, namespace: Option<&str>, d: &DesiredChild) -
     }
 }
 
-/// Applies one desired child when the plan says so. `lookup` is what
+/// What a reconcile found under a desired child's name, owned.
+enum Found {
+    Absent,
+    Cached(Arc<DynamicObject>),
+    Fetched(Box<DynamicObject>),
+}
+
+impl Found {
+    fn live(&self) -> Live<'_> {
+        match self {
+            Found::Absent => Live::Absent,
+            Found::Cached(o) => Live::Cached(o),
+            Found::Fetched(o) => Live::Fetched(o),
+        }
+    }
+
+    fn object(&self) -> Option<&DynamicObject> {
+        match self {
+            Found::Absent => None,
+            Found::Cached(o) => Some(&**o),
+            Found::Fetched(o) => Some(o),
+        }
+    }
+}
+
+/// A desired child as the caches (or a read) show it, before anything is written.
+pub(super) enum Prepared<'a> {
+    /// Applied (or created) by this process moments ago; the cache still has the older
+    /// version (or none). The status would be computed from that: the reconcile leaves it
+    /// to the next, which the object's watch event brings.
+    Pending,
+    Planned(Box<Planned<'a>>),
+}
+
+/// A desired child with its plan.
+pub(super) struct Planned<'a> {
+    t: Target<'a>,
+    found: Found,
+    /// The reconcile observed (and rendered with) the object.
+    seen: bool,
+    pub step: ChildStep,
+}
+
+/// Finds and plans one desired child, writing nothing. `lookup` is what
 /// [`look_up_uncached`] found for it; `seen` the child as the reconcile observed it, if
 /// it did (reused while the cache still holds that version).
-pub(super) async fn apply_child(
-    ctx: &RuleContext,
-    parent: &DynamicObject,
+pub(super) fn prepare<'a>(
+    ctx: &'a RuleContext,
     uid: &str,
     namespace: Option<&str>,
     d: &DesiredChild,
     lookup: Lookup,
-    seen: Option<&std::sync::Arc<DynamicObject>>,
-) -> Result<ChildOutcome, ReconcileError> {
+    seen: Option<&Arc<DynamicObject>>,
+) -> Result<Prepared<'a>, ReconcileError> {
     let t = target(ctx, namespace, d);
     // The version the reconcile read its children as, if the cache still holds it (no
     // second unpacking); else what the cache holds now.
@@ -122,62 +166,111 @@ pub(super) async fn apply_child(
         None => t.kind.store.get(&t.oref),
     }
     .filter(|o| !is_stub(o));
-    let read_error = |source| ReconcileError::Read {
-        what: t.what.clone(),
-        source,
-    };
     let fetched = match (&cached, lookup) {
-        (None, Some(found)) => found.map_err(read_error)?,
+        (None, Some(found)) => found.map_err(|source| ReconcileError::Read {
+            what: t.what.clone(),
+            source,
+        })?,
         _ => None,
     };
-    let live = match (&cached, &fetched) {
-        (Some(o), _) => Live::Cached(o),
-        (None, Some(o)) => Live::Fetched(o),
-        (None, None) => Live::Absent,
+    let found = match (cached, fetched) {
+        (Some(o), _) => Found::Cached(o),
+        (None, Some(o)) => Found::Fetched(Box::new(o)),
+        (None, None) => Found::Absent,
     };
-    if cached.is_some() {
-        ctx.created.arrived(|| created_key(ctx, d, &t));
-    } else if matches!(live, Live::Absent)
-        && ctx
-            .created
-            .on_its_way(&created_key(ctx, d, &t), Instant::now())
-    {
-        // Created by this process moments ago; the cache has not seen it yet. Its watch
-        // event reconciles the parent again, with the object in the cache.
-        return Ok(ChildOutcome::Pending);
-    }
-    match settle(ctx, parent, uid, d, &t, live, seen.is_some()).await? {
-        Settled::Done(outcome) => Ok(outcome),
-        Settled::Taken(refusal) => {
-            // The name is taken though no cache holds it (a foreign object, or one of
-            // ours the cache has not seen yet): read it and plan again.
-            let Some(found) = t.api.get_opt(&t.name).await.map_err(read_error)? else {
-                // Nothing there: gone again already, or the 409 was about something
-                // else. Either way the create failed; the parent says so and retries.
-                return Err(ReconcileError::Apply {
-                    what: t.what.clone(),
-                    source: refusal,
-                });
-            };
-            match settle(
-                ctx,
-                parent,
-                uid,
-                d,
-                &t,
-                Live::Fetched(&found),
-                seen.is_some(),
-            )
-            .await?
-            {
-                Settled::Done(outcome) => Ok(outcome),
-                // Unreachable: a fetched object is never created.
-                Settled::Taken(refusal) => Err(ReconcileError::Apply {
-                    what: t.what.clone(),
-                    source: refusal,
-                }),
+    match &found {
+        Found::Cached(o) => {
+            ctx.created.arrived(|| created_key(ctx, d, &t));
+            if ctx.applied.ahead_of_cache(o, &d.hash) {
+                // Applied by this process already; the cache has not caught up yet. Its
+                // watch event reconciles the parent again, with the object as applied.
+                return Ok(Prepared::Pending);
             }
         }
+        // Created by this process moments ago; the cache has not seen it yet. Its watch
+        // event reconciles the parent again, with the object in the cache.
+        Found::Absent
+            if ctx
+                .created
+                .on_its_way(&created_key(ctx, d, &t), Instant::now()) =>
+        {
+            return Ok(Prepared::Pending);
+        }
+        _ => {}
+    }
+    let step = plan_found(ctx, uid, d, &found, seen.is_some());
+    Ok(Prepared::Planned(Box::new(Planned {
+        t,
+        found,
+        seen: seen.is_some(),
+        step,
+    })))
+}
+
+fn plan_found(
+    ctx: &RuleContext,
+    uid: &str,
+    d: &DesiredChild,
+    found: &Found,
+    seen: bool,
+) -> ChildStep {
+    let live_uid = found.object().and_then(|o| o.uid()).unwrap_or_default();
+    let hash_only = lock(&ctx.hash_only).contains(&live_uid);
+    let adoption = Adoption::of(
+        &ctx.rule.children()[d.child],
+        ctx.kind_of(d.child).namespaced,
+    );
+    plan_child(uid, adoption.allowed(), found.live(), seen, d, hash_only)
+}
+
+/// Carries out the plan of one desired child: a write for an `Apply` step (a create for
+/// a child no cache holds: refused when the name is taken, and then the object is read
+/// and planned again), a report for the status, or the failure its plan is.
+pub(super) async fn carry_out(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+    d: &DesiredChild,
+    planned: Planned<'_>,
+) -> Result<ChildOutcome, ReconcileError> {
+    let refusal = match settle(ctx, parent, uid, d, &planned).await? {
+        Settled::Done(outcome) => return Ok(outcome),
+        Settled::Taken(refusal) => refusal,
+    };
+    // The name is taken though no cache holds it (a foreign object, or one of ours the
+    // cache has not seen yet): read it and plan again.
+    let t = planned.t;
+    let found = t
+        .api
+        .get_opt(&t.name)
+        .await
+        .map_err(|source| ReconcileError::Read {
+            what: t.what.clone(),
+            source,
+        })?;
+    let Some(found) = found else {
+        // Nothing there: gone again already, or the 409 was about something else. Either
+        // way the create failed; the parent says so and retries.
+        return Err(ReconcileError::Apply {
+            what: t.what.clone(),
+            source: refusal,
+        });
+    };
+    let found = Found::Fetched(Box::new(found));
+    let step = plan_found(ctx, uid, d, &found, planned.seen);
+    let again = Planned {
+        t,
+        found,
+        seen: planned.seen,
+        step,
+    };
+    match settle(ctx, parent, uid, d, &again).await? {
+        Settled::Done(outcome) => Ok(outcome),
+        // Unreachable: a fetched object is never created.
+        Settled::Taken(refusal) => Err(ReconcileError::Apply {
+            what: again.t.what.clone(),
+            source: refusal,
+        }),
     }
 }
 
@@ -197,38 +290,40 @@ enum Settled {
     Taken(kube::Error),
 }
 
-/// Plans one desired child against `live` and carries the plan out.
+/// The failure of a child whose name belongs to an object this parent does not control.
+fn conflict(ctx: &RuleContext, d: &DesiredChild, what: &str, owner: &str) -> ReconcileError {
+    let adoption = Adoption::of(
+        &ctx.rule.children()[d.child],
+        ctx.kind_of(d.child).namespaced,
+    );
+    ReconcileError::Conflict(conflict_message(what, owner, adoption, &d.name))
+}
+
+/// The failure of a child whose live content cannot be read.
+fn unreadable(what: &str) -> ReconcileError {
+    ReconcileError::InvalidChild(format!(
+        "{what} cannot be read: its content is nested more deeply than Rulebook reads ({} levels)",
+        wire::MAX_DEPTH
+    ))
+}
+
+/// Carries out one planned step.
 async fn settle(
     ctx: &RuleContext,
     parent: &DynamicObject,
     uid: &str,
     d: &DesiredChild,
-    t: &Target<'_>,
-    live: Live<'_>,
-    seen: bool,
+    planned: &Planned<'_>,
 ) -> Result<Settled, ReconcileError> {
-    let child_spec = &ctx.rule.children()[d.child];
+    let t = &planned.t;
     let what = &t.what;
-    let live_object: Option<&DynamicObject> = match live {
-        Live::Cached(o) | Live::Fetched(o) => Some(o),
-        Live::Absent => None,
-    };
+    let live_object = planned.found.object();
     let live_uid = live_object.and_then(|o| o.uid()).unwrap_or_default();
-    let hash_only = lock(&ctx.hash_only).contains(&live_uid);
-    if let Live::Cached(o) = live
-        && ctx.applied.ahead_of_cache(o, &d.hash)
-    {
-        // Applied by this process already; the cache has not caught up yet. Its watch
-        // event reconciles the parent again, with the object as applied.
-        return Ok(Settled::Done(ChildOutcome::Pending));
-    }
-
-    let adoption = Adoption::of(child_spec, t.kind.namespaced);
-    let why = match plan_child(uid, adoption.allowed(), live, seen, d, hash_only) {
+    let why = match &planned.step {
         ChildStep::UpToDate { report } => {
             // If it came from a GET, or reached the cache after this reconcile read the
             // parent's children, the status must see it all the same.
-            return Ok(Settled::Done(match (report, live_object) {
+            return Ok(Settled::Done(match (*report, live_object) {
                 (true, Some(o)) => ChildOutcome::Changed(Box::new(Change {
                     reason: "Fetched",
                     what: what.clone(),
@@ -239,17 +334,9 @@ async fn settle(
                 _ => ChildOutcome::UpToDate,
             }));
         }
-        ChildStep::Conflict { owner } => {
-            let msg = conflict_message(what, &owner, adoption, &d.name);
-            return Err(ReconcileError::Conflict(msg));
-        }
-        ChildStep::Unreadable => {
-            return Err(ReconcileError::InvalidChild(format!(
-                "{what} cannot be read: its content is nested more deeply than Rulebook reads ({} levels)",
-                wire::MAX_DEPTH
-            )));
-        }
-        ChildStep::Apply { why, .. } => why,
+        ChildStep::Conflict { owner } => return Err(conflict(ctx, d, what, owner)),
+        ChildStep::Unreadable => return Err(unreadable(what)),
+        ChildStep::Apply { why, .. } => why.clone(),
     };
 
     if why == Drift::FieldsChanged {
@@ -264,7 +351,21 @@ async fn settle(
         ctx.fights
             .before_repair(&live_uid, what, by, &ctx.backoff, Instant::now())?;
     }
+    write(ctx, parent, uid, d, t, live_object, why).await
+}
 
+/// Writes one desired child planned as `why`: creates it (`live_object` is `None`) or
+/// applies it to the live object, and records the write.
+async fn write(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+    d: &DesiredChild,
+    t: &Target<'_>,
+    live_object: Option<&DynamicObject>,
+    why: Drift,
+) -> Result<Settled, ReconcileError> {
+    let what = &t.what;
     // The write carries the ownership check to the API server: a create is refused if
     // the name is taken; an update, if the name now belongs to another object than the
     // one planned against (or to none).
@@ -356,8 +457,4 @@ pub(super) enum ChildOutcome {
     /// Written (or read from the API server, for the status to see).
     Changed(Box<Change>),
     UpToDate,
-    /// Applied (or created) by this process moments ago; the cache still has the older
-    /// version (or none). The status would be computed from that: the reconcile leaves it
-    /// to the next, which the object's watch event brings.
-    Pending,
 }

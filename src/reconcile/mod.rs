@@ -11,7 +11,8 @@
 //!    stops here, `ReferenceMissing`);
 //! 2. render the desired children (a first attempt on the runtime within a slice of
 //!    the parent's budget, else on the blocking pool: `offload.rs`);
-//! 3. apply those the plan says differ;
+//! 3. apply those the plan says differ, dependencies first; a conflict holds the parent's
+//!    writes, a failure its dependents';
 //! 4. prune what the parent owns and no longer renders (or orphan it);
 //! 5. status;
 //! 6. events.
@@ -21,6 +22,7 @@
 
 pub mod admission;
 mod apply;
+mod apply_stage;
 pub mod cache;
 pub mod context;
 pub mod drift;
@@ -44,7 +46,6 @@ pub mod teardown;
 pub mod wire;
 pub mod writer;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -59,7 +60,6 @@ use tracing::warn;
 use crate::meta::JsonAt;
 use crate::metrics::{self, ResultLabels};
 use crate::render::Observed;
-use apply::{ChildOutcome, apply_child, look_up_uncached};
 use events::{Cause, children_after, event, observed_after, report_changes};
 use observe::{Confined, confine_to_rendered_namespaces, read_stubs, unreadable_parent};
 use offload::{render_off_runtime, status_off_runtime, targets_off_runtime};
@@ -311,37 +311,19 @@ async fn reconcile_inner(
         }
     }
 
-    // 3. Apply, in rule order; the first failure stops the rest (later children may
-    //    depend on earlier ones) — but a conflict: an object someone else holds, or fights
-    //    over, stops only its own child. It is one object, which whoever may edit it can
-    //    bring about at will; the others (a cluster-scoped parent's in other tenants'
-    //    namespaces, say) go on, and a child that waits for it waits.
-    let mut failure: Option<ReconcileError> = None;
-    let mut changes = Vec::new();
-    let mut pending = false;
-    let lookups = look_up_uncached(ctx, namespace.as_deref(), &desired).await;
-    // The children `observed` holds; one that reached the cache since is read again.
-    let in_observed: HashMap<(usize, String), &Arc<DynamicObject>> = live_children
-        .iter()
-        .map(|(k, o)| ((*k, o.name_any()), o))
-        .collect();
-    for (d, lookup) in desired.iter().zip(lookups) {
-        let seen = in_observed
-            .get(&(ctx.kind_of_child[d.child], d.object_name().to_string()))
-            .copied();
-        match apply_child(ctx, parent, &uid, namespace.as_deref(), d, lookup, seen).await {
-            Ok(ChildOutcome::Changed(change)) => changes.push(*change),
-            Ok(ChildOutcome::UpToDate) => {}
-            Ok(ChildOutcome::Pending) => pending = true,
-            Err(err @ (ReconcileError::Conflict(_) | ReconcileError::Fight { .. })) => {
-                failure.get_or_insert(err);
-            }
-            Err(err) => {
-                failure.get_or_insert(err);
-                break;
-            }
-        }
-    }
+    // 3. Apply (`apply_stage.rs`): rule order, except that a child goes after the
+    //    siblings it waits for or names; a conflict holds every write of the parent, a
+    //    failure the children that depend on it.
+    let applied = apply_stage::apply_children(
+        ctx,
+        parent,
+        &uid,
+        namespace.as_deref(),
+        &desired,
+        &live_children,
+    )
+    .await;
+    let (mut changes, pending, mut failure) = (applied.changes, applied.pending, applied.failure);
 
     // 4. Prune what this parent owns and no longer renders.
     let wanted: Vec<(usize, Option<&str>, &str)> = desired

@@ -1,12 +1,14 @@
 //! The decisions of a reconcile, as pure functions of what it observed: for each desired
-//! child whether to apply it (and why), leave it, or refuse it; which owned children to
-//! prune; whether the parent's status needs a write; whether its changes are only a rule
+//! child whether to apply it (and why), leave it, or refuse it; in which order the
+//! children are written and which are held back (a conflict holds the parent, a failure
+//! its dependents); which owned children to prune; whether the parent's status needs a write; whether its changes are only a rule
 //! rollout's (reported once, not per parent); the next step of a parent's
 //! teardown. No API calls, no locks, no clock:
 //! the stages in `apply.rs`, `prune.rs` and `status.rs` carry the plan out, and
 //! `tests/plan.rs` specifies it with objects built in code.
 
-use std::collections::HashSet;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,8 +18,10 @@ use serde_json::{Map, Value as Json};
 
 use super::cache;
 use super::drift::{Drift, drift};
+use crate::meta::JsonAt;
 use crate::meta::{FIELD_MANAGER, STATUS_RULE_VERSION, labels};
 use crate::render::DesiredChild;
+use crate::render::mentions::{Named, mentions};
 use crate::render::status::{self, ConditionState};
 use crate::rules::DeletionOrder;
 
@@ -92,6 +96,217 @@ pub fn plan_child(
         },
         Some(why) => ChildStep::Apply { why, adopt: false },
     }
+}
+
+/// For each desired child (by its position in the render's list), the positions of the
+/// siblings it depends on: the objects of the children it `waitFor`s, and those its
+/// content names ([`crate::render::mentions`]: the Secret a Pod reads, the ServiceAccount
+/// it runs as, the Namespace it goes in, ...).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dependencies {
+    on: Vec<Vec<usize>>,
+}
+
+impl Dependencies {
+    /// `wait_for[c]`: the positions in `spec.children` of the children child `c` waits
+    /// for; `namespace`: the parent's, where a namespaced child that names none goes.
+    pub fn of(desired: &[DesiredChild], wait_for: &[Vec<usize>], namespace: Option<&str>) -> Self {
+        let mut on = vec![Vec::new(); desired.len()];
+        if wait_for.iter().any(|w| !w.is_empty()) {
+            let mut by_child: HashMap<usize, Vec<usize>> = HashMap::new();
+            for (i, d) in desired.iter().enumerate() {
+                by_child.entry(d.child).or_default().push(i);
+            }
+            for (i, d) in desired.iter().enumerate() {
+                for c in wait_for.get(d.child).into_iter().flatten() {
+                    on[i].extend(by_child.get(c).into_iter().flatten());
+                }
+            }
+        }
+        // The siblings others may name: by kind, namespace and name.
+        let named: HashMap<(Named, Option<&str>, &str), usize> = desired
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| {
+                let kind = Named::of(d.api_version(), d.kind())?;
+                let ns = (kind != Named::Namespace)
+                    .then(|| own_namespace(d, namespace))
+                    .flatten();
+                Some(((kind, ns, d.object_name()), i))
+            })
+            .collect();
+        if !named.is_empty() {
+            for (i, d) in desired.iter().enumerate() {
+                let ns = own_namespace(d, namespace);
+                for m in mentions(&d.object) {
+                    let at = match m.kind {
+                        Named::Namespace => None,
+                        _ => m.namespace.or(ns),
+                    };
+                    if let Some(&j) = named.get(&(m.kind, at, m.name)) {
+                        on[i].push(j);
+                    }
+                }
+            }
+        }
+        for (i, deps) in on.iter_mut().enumerate() {
+            deps.retain(|&j| j != i);
+            deps.sort_unstable();
+            deps.dedup();
+        }
+        Dependencies { on }
+    }
+
+    /// The positions the child at `i` depends on.
+    pub fn on(&self, i: usize) -> &[usize] {
+        self.on.get(i).map_or(&[], Vec::as_slice)
+    }
+
+    /// The order to write the children in: rule order, except that a child comes after
+    /// those it depends on (a cycle is broken in rule order). A conflict found only when a
+    /// child is written then stops the children that name it before any of them is written.
+    pub fn order(&self) -> Vec<usize> {
+        let n = self.on.len();
+        if self.on.iter().all(Vec::is_empty) {
+            return (0..n).collect();
+        }
+        let mut unplaced_deps: Vec<usize> = self.on.iter().map(Vec::len).collect();
+        let mut dependents = vec![Vec::new(); n];
+        for (i, deps) in self.on.iter().enumerate() {
+            for &j in deps {
+                dependents[j].push(i);
+            }
+        }
+        let mut ready: BinaryHeap<Reverse<usize>> = (0..n)
+            .filter(|&i| unplaced_deps[i] == 0)
+            .map(Reverse)
+            .collect();
+        let mut placed = vec![false; n];
+        let mut order = Vec::with_capacity(n);
+        let mut first_unplaced = 0;
+        while order.len() < n {
+            let i = match ready.pop() {
+                Some(Reverse(i)) => i,
+                None => {
+                    // A cycle: the first child not placed yet goes next.
+                    while placed[first_unplaced] {
+                        first_unplaced += 1;
+                    }
+                    first_unplaced
+                }
+            };
+            if placed[i] {
+                continue;
+            }
+            placed[i] = true;
+            order.push(i);
+            for &d in &dependents[i] {
+                unplaced_deps[d] = unplaced_deps[d].saturating_sub(1);
+                if unplaced_deps[d] == 0 && !placed[d] {
+                    ready.push(Reverse(d));
+                }
+            }
+        }
+        order
+    }
+}
+
+/// The namespace a desired child goes in: its own, else the parent's.
+fn own_namespace<'a>(d: &'a DesiredChild, namespace: Option<&'a str>) -> Option<&'a str> {
+    d.object
+        .at(&["metadata", "namespace"])
+        .and_then(Json::as_str)
+        .or(namespace)
+}
+
+/// Why a desired child that needs a write is not written in this reconcile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// The child at this position is in conflict (its name is someone else's object):
+    /// nothing new is written for the parent until that is resolved.
+    Conflict(usize),
+    /// The child at this position, which this one depends on, failed or was held.
+    After(usize),
+}
+
+/// What a reconcile has learned of its children so far, as it writes them in
+/// [`Dependencies::order`]: whether the next one may be written. A conflict holds every
+/// write of the parent: a child may name the conflicting object in ways no reading
+/// finds, and an object of the child's name that is someone else's is the one case
+/// where writing the others would hand that object to the parent's children. A failure
+/// holds only the children that depend on it: the others are written (a failing child
+/// must not keep a later, unrelated one — a NetworkPolicy — from being applied).
+#[derive(Debug)]
+pub struct ApplyGate<'a> {
+    deps: &'a Dependencies,
+    conflict: Option<usize>,
+    stopped: Vec<bool>,
+}
+
+impl<'a> ApplyGate<'a> {
+    pub fn new(deps: &'a Dependencies) -> Self {
+        ApplyGate {
+            deps,
+            conflict: None,
+            stopped: vec![false; deps.on.len()],
+        }
+    }
+
+    /// Takes in the step planned for the child at `i` before anything is written.
+    pub fn planned(&mut self, i: usize, step: &ChildStep) {
+        match step {
+            ChildStep::Conflict { .. } => self.conflict(i),
+            ChildStep::Unreadable => self.failed(i),
+            ChildStep::UpToDate { .. } | ChildStep::Apply { .. } => {}
+        }
+    }
+
+    /// The child at `i` is in conflict: planned so from the cache, or found so when its
+    /// create was refused.
+    pub fn conflict(&mut self, i: usize) {
+        self.conflict.get_or_insert(i);
+        self.failed(i);
+    }
+
+    /// The child at `i` failed (its read or its write).
+    pub fn failed(&mut self, i: usize) {
+        if let Some(s) = self.stopped.get_mut(i) {
+            *s = true;
+        }
+    }
+
+    /// `None` when the child at `i`, which needs a write, may have it; else why not. A
+    /// held child holds the children that depend on it in turn.
+    pub fn hold(&mut self, i: usize) -> Option<Hold> {
+        let hold = self.conflict.map(Hold::Conflict).or_else(|| {
+            self.deps
+                .on(i)
+                .iter()
+                .find(|&&j| self.stopped.get(j).copied().unwrap_or(false))
+                .map(|&j| Hold::After(j))
+        });
+        if hold.is_some() {
+            self.failed(i);
+        }
+        hold
+    }
+}
+
+/// For each planned step (by position), whether its write is held back, given only what
+/// was planned before any write: `None` for a step that is not an `Apply` or may go.
+/// (The reconcile goes on with the same [`ApplyGate`] as writes fail or are refused.)
+pub fn plan_applies(steps: &[ChildStep], deps: &Dependencies) -> Vec<Option<Hold>> {
+    let mut gate = ApplyGate::new(deps);
+    for (i, s) in steps.iter().enumerate() {
+        gate.planned(i, s);
+    }
+    let mut out = vec![None; steps.len()];
+    for i in deps.order() {
+        if let (Some(ChildStep::Apply { .. }), Some(slot)) = (steps.get(i), out.get_mut(i)) {
+            *slot = gate.hold(i);
+        }
+    }
+    out
 }
 
 /// The positions in `owned` (this parent's live children, by kind index) of those no

@@ -15,6 +15,7 @@ mod env;
 mod error;
 mod fastyaml;
 mod guarded;
+pub mod mentions;
 mod ready;
 pub mod refs;
 mod secrets;
@@ -22,6 +23,7 @@ mod set;
 mod slice;
 pub mod status;
 mod status_eval;
+pub mod unwaited;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, LazyLock};
@@ -413,6 +415,20 @@ impl CompiledRule {
             .and_then(|f| f.timeout.as_ref())
             .and_then(|t| parse_duration(t).ok())
             .unwrap_or(Duration::from_secs(600))
+    }
+
+    /// For each child, the positions in `spec.children` of the children it `waitFor`s.
+    pub fn wait_for_positions(&self) -> Vec<Vec<usize>> {
+        let children = self.children();
+        children
+            .iter()
+            .map(|c| {
+                c.wait_for
+                    .iter()
+                    .filter_map(|w| children.iter().position(|o| o.name.value == w.value))
+                    .collect()
+            })
+            .collect()
     }
 
     /// The bounds this rule renders within.

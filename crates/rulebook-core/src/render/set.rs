@@ -48,6 +48,7 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
             .flat_map(|r| {
                 let mut w = super::adopt::warnings(r);
                 w.extend(super::refs::warnings(r));
+                w.extend(super::unwaited::warnings(r));
                 w
             })
             .collect();
