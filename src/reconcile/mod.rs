@@ -29,6 +29,7 @@ mod events;
 mod fight;
 pub mod gate;
 pub mod gate_body;
+pub mod inflight;
 pub mod memo;
 mod observe;
 mod offload;
@@ -58,14 +59,15 @@ use tracing::warn;
 
 use crate::meta::JsonAt;
 use crate::metrics::{self, ResultLabels};
-use crate::render::Observed;
+use crate::render::{Observed, ParentBudget};
 use apply::{ChildOutcome, apply_child, look_up_uncached};
 use events::{Cause, children_after, event, observed_after, report_changes};
+use inflight::InputPermit;
 use observe::{Confined, confine_to_rendered_namespaces, read_stubs, unreadable_parent};
 use offload::{render_off_runtime, status_off_runtime, targets_off_runtime};
 use plan::plan_prunes;
 use prune::leave_child;
-use refs::Dereferenced;
+use refs::{Selection, Stop};
 use status::{write_paused, write_status};
 
 pub use context::{BackoffPolicy, ChildKind, ContextParts, ParentKind, Paused, RuleContext};
@@ -98,6 +100,7 @@ pub async fn reconcile(
         ))
         .unwrap_or(parent);
     let uid = parent.uid();
+    let key = (parent.namespace(), parent.name_any());
     let result = reconcile_inner(parent, &ctx).await;
     gauge.dec();
     ctx.metrics
@@ -118,12 +121,13 @@ pub async fn reconcile(
     if result.is_ok()
         && let Some(uid) = uid
     {
-        ctx.note_success(&uid);
+        ctx.note_success(&uid, &key);
     }
     result
 }
 
-/// The controller's error policy: exponential backoff per parent, capped.
+/// The controller's error policy: exponential backoff per parent, capped; the retry
+/// comes through the rule's turns when it ends ([`memo::Backoffs`]).
 pub fn error_policy(
     parent: Arc<DynamicObject>,
     err: &ReconcileError,
@@ -142,6 +146,15 @@ pub fn error_policy(
         ReconcileError::Render(_) => ctx.backoff.delay(n.saturating_add(4)),
         _ => ctx.backoff.delay(n),
     };
+    // The retry comes from the backoffs (`memo::Backoffs::retries`) through the rule's
+    // turns, as every other trigger: a flood of failing parents retried together takes
+    // its namespace's turns, not every worker. Until then, a change of an object the
+    // parent references waits (the retry reads it): a tenant's edits cannot cut its
+    // failing parents' backoff short.
+    ctx.backoffs.failed(
+        (parent.namespace(), parent.name_any()),
+        tokio::time::Instant::now() + delay,
+    );
     match err {
         ReconcileError::NotLeader => debug!("not the leader"),
         _ => {
@@ -151,7 +164,7 @@ pub fn error_policy(
             debug!(rule = %ctx.rule.name, parent = %parent.name_any(), error = %err, "reconcile failed");
         }
     }
-    Action::requeue(delay)
+    Action::await_change()
 }
 
 async fn reconcile_inner(
@@ -231,42 +244,21 @@ async fn reconcile_inner(
         // already counts that write).
         p.insert("status".into(), status);
     }
-    let mut observed = Observed::from_objects(
+    let observed = Observed::from_objects(
         live_children
             .iter()
             .filter_map(|(k, o)| cache::to_json_as(o, &ctx.kinds[*k].ar)),
     );
 
     // 1b. Dereference: where the references point (an expression over the parent), and
-    //     what is there. A required object missing: nothing is applied or pruned.
-    let mut budget = rule.budget();
-    if !rule.rule.spec.references.is_empty() {
-        if !ctx.references_listed() {
-            // A required reference would look missing. Each reference cache's listing
-            // reconciles every parent when it completes.
-            debug!(rule = %ctx.rule.name, parent = %parent.name_any(), "reference caches not listed yet; deferred");
-            return Ok(Action::await_change());
-        }
-        let (targets, p, o, b) = targets_off_runtime(ctx, parent_json, observed, budget).await?;
-        (parent_json, observed, budget) = (p, o, b);
-        let targets = match targets {
-            Ok(t) => t,
-            Err(e) => {
-                return render_failed(ctx, parent, &parent_json, &observed, e, "Render").await;
-            }
+    //     what is there. A required object missing: nothing is applied or pruned. The
+    //     inputs' weight is held in the process's budget until the status is evaluated.
+    let inputs = (parent_json, observed, rule.budget());
+    let (parent_json, observed, budget, permit) =
+        match dereference(ctx, parent, &live_children, inputs).await? {
+            Inputs::Ready(p, o, b, permit) => (p, o, b, permit),
+            Inputs::Stop(done) => return done,
         };
-        let key = (namespace.clone(), parent.name_any());
-        match refs::look_up(ctx, &key, targets).await? {
-            Dereferenced::Found(found) => observed.refs = found,
-            Dereferenced::Missing(message) => {
-                return reference_missing(ctx, parent, &parent_json, message).await;
-            }
-            Dereferenced::TooMany(message) => {
-                let e = crate::render::RenderError::budget(rule.file.clone(), None, message);
-                return render_failed(ctx, parent, &parent_json, &observed, e, "Render").await;
-            }
-        }
-    }
 
     // With references: the same once they are looked up.
     if !rule.rule.spec.references.is_empty()
@@ -388,6 +380,8 @@ async fn reconcile_inner(
     let secrets = observed.secret_values_with(&desired);
     let (report, parent_json) =
         status_off_runtime(ctx, parent_json, observed, desired, budget).await?;
+    // Nothing of the inputs is held any more.
+    drop(permit);
     let report = match report {
         Ok(report) => report,
         Err(mut e) => {
@@ -442,6 +436,95 @@ async fn reconcile_inner(
     // 6. Events: one per kind of change.
     report_changes(ctx, parent, &changes, cause);
     result
+}
+
+/// What stage 1b hands on: the parent's inputs with its references read, and the permit
+/// for their weight ([`inflight`]); or how the reconcile ends.
+enum Inputs {
+    Ready(serde_json::Value, Observed, ParentBudget, InputPermit),
+    Stop(Result<Action, ReconcileError>),
+}
+
+/// Stage 1b: where the references point and what they select, as cached; the weight of
+/// the parent, its live children and those objects acquired from the process's budget of
+/// inputs in flight (waiting for room, or failing a parent whose inputs weigh more than
+/// one reconcile may hold); and only then the objects read into JSON.
+async fn dereference(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    live_children: &[(usize, Arc<DynamicObject>)],
+    (mut parent_json, mut observed, mut budget): (serde_json::Value, Observed, ParentBudget),
+) -> Result<Inputs, ReconcileError> {
+    let rule = &ctx.rule;
+    let mut selected = None;
+    if !rule.rule.spec.references.is_empty() {
+        if !ctx.references_listed() {
+            // A required reference would look missing. Each reference cache's listing
+            // reconciles every parent when it completes.
+            debug!(rule = %ctx.rule.name, parent = %parent.name_any(), "reference caches not listed yet; deferred");
+            return Ok(Inputs::Stop(Ok(Action::await_change())));
+        }
+        let (targets, p, o, b) = targets_off_runtime(ctx, parent_json, observed, budget).await?;
+        (parent_json, observed, budget) = (p, o, b);
+        let targets = match targets {
+            Ok(t) => t,
+            Err(e) => {
+                let done = render_failed(ctx, parent, &parent_json, &observed, e, "Render");
+                return Ok(Inputs::Stop(done.await));
+            }
+        };
+        let key = (parent.namespace(), parent.name_any());
+        match refs::select(ctx, &key, targets).await? {
+            Selection::Selected(s) => selected = Some(s),
+            Selection::Stopped(stop) => {
+                let done = stopped(ctx, parent, &parent_json, &observed, stop);
+                return Ok(Inputs::Stop(done.await));
+            }
+        }
+    }
+    let weight = refs::cached_bytes(parent)
+        .saturating_add(
+            live_children
+                .iter()
+                .map(|(_, o)| refs::cached_bytes(o))
+                .sum(),
+        )
+        .saturating_add(selected.as_ref().map_or(0, refs::Selected::weight));
+    let permit = match ctx.inputs.acquire(weight).await {
+        Ok(p) => p,
+        Err(over) => {
+            let stop = Stop::TooMany(over.to_string());
+            let done = stopped(ctx, parent, &parent_json, &observed, stop);
+            return Ok(Inputs::Stop(done.await));
+        }
+    };
+    if let Some(s) = selected {
+        match refs::read(ctx, s).await? {
+            Ok(found) => observed.refs = found,
+            Err(stop) => {
+                let done = stopped(ctx, parent, &parent_json, &observed, stop);
+                return Ok(Inputs::Stop(done.await));
+            }
+        }
+    }
+    Ok(Inputs::Ready(parent_json, observed, budget, permit))
+}
+
+/// A parent its references stop: `ReferenceMissing`, or `RenderBudgetExceeded`.
+async fn stopped(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    parent_json: &serde_json::Value,
+    observed: &Observed,
+    stop: Stop,
+) -> Result<Action, ReconcileError> {
+    match stop {
+        Stop::Missing(message) => reference_missing(ctx, parent, parent_json, message).await,
+        Stop::TooMany(message) => {
+            let e = crate::render::RenderError::budget(ctx.rule.file.clone(), None, message);
+            render_failed(ctx, parent, parent_json, observed, e, "Render").await
+        }
+    }
 }
 
 /// `Some(action)` when the parent's inputs are those of a reconcile that had nothing to

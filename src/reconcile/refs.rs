@@ -231,24 +231,57 @@ fn known_labels(o: &DynamicObject) -> Option<&BTreeMap<String, String>> {
     (!is_stub(o) || admission::labels_kept(&o.metadata)).then(|| o.labels())
 }
 
-/// What the references of one parent found.
-pub(super) enum Dereferenced {
-    /// `refs.<name>` for the template context (missing optional ones absent).
-    Found(BTreeMap<String, Json>),
+/// Why a parent's references stop its reconcile.
+pub(super) enum Stop {
     /// A required object is missing: nothing is applied or pruned.
     Missing(String),
-    /// A selector matches more objects than a parent may read (`Limits::max_for_each`).
+    /// A selector matches more objects than a parent may read (`Limits::max_for_each`),
+    /// or the objects take more bytes (`Limits::parent_reference_bytes`).
     TooMany(String),
 }
 
-/// Looks up each target in its cache (an object cached without content is read from the
-/// API server). Targets are tracked first, so an object created meanwhile wakes the parent;
-/// a parent deleted while this reconcile ran is forgotten again at once.
-pub(super) async fn look_up(
+/// What one parent's references select, as the caches hold it: nothing is read into
+/// JSON yet, and [`Selected::weight`] says how much the reading may take.
+pub(super) struct Selected {
+    found: Vec<(RefTarget, Found)>,
+    weight: usize,
+}
+
+/// What one target selected.
+enum Found {
+    One(Arc<DynamicObject>),
+    /// By a selector, ordered by name.
+    Many(Vec<Arc<DynamicObject>>),
+    /// An optional object that is not there.
+    Absent,
+}
+
+impl Selected {
+    /// Bytes of the objects selected, as cached (content and metadata); with objects
+    /// cached without content among them, what the parent may read in all
+    /// ([`crate::render::Limits::parent_reference_bytes`]), as their size is known only
+    /// once they are read.
+    pub(super) fn weight(&self) -> usize {
+        self.weight
+    }
+}
+
+/// What [`select`] found: the objects, or why the parent stops before reading them.
+pub(super) enum Selection {
+    Selected(Selected),
+    Stopped(Stop),
+}
+
+/// Finds what each target selects in its cache (asking the API server only which stubs
+/// a selector matches, by their metadata). Targets are tracked first, so an object
+/// created meanwhile wakes the parent; a parent deleted while this reconcile ran is
+/// forgotten again at once. Objects that take more than the parent may read, as cached,
+/// stop the parent here, before any is read.
+pub(super) async fn select(
     ctx: &RuleContext,
     parent: &Key,
     targets: Vec<RefTarget>,
-) -> Result<Dereferenced, ReconcileError> {
+) -> Result<Selection, ReconcileError> {
     let spec = &ctx.rule.rule.spec.references;
     for t in &targets {
         if let Some(kind) = ctx.refs.get(t.reference) {
@@ -262,88 +295,155 @@ pub(super) async fn look_up(
     if ctx.parent_store.get(&oref).is_none() {
         ctx.refs.iter().for_each(|k| k.index.forget(parent));
     }
-    let limit = ctx.rule.limits().max_for_each;
-    let bytes = ctx.rule.limits().parent_reference_bytes;
-    let mut left = bytes;
-    let over = |r: &crate::rules::Reference| {
-        Dereferenced::TooMany(format!(
-            "refs.{}: the objects read take more than {} MiB, the limit per parent",
-            r.name.value,
-            bytes >> 20
-        ))
-    };
-    let mut found = BTreeMap::new();
+    let allowed = ctx.rule.limits().parent_reference_bytes;
+    let (mut known, mut stubs) = (0usize, false);
+    let mut found = Vec::with_capacity(targets.len());
     for t in targets {
         let (Some(kind), Some(r)) = (ctx.refs.get(t.reference), spec.get(t.reference)) else {
             continue;
         };
-        match &t.select {
+        let f = match &t.select {
             RefSelect::Name(name) => match cached(kind, &t.namespace, name) {
-                Some(o) => match full(ctx, kind, o, &mut left).await? {
-                    Read::Found(o) => {
-                        found.insert(r.name.value.clone(), o);
-                    }
-                    Read::Gone if r.optional => {}
-                    Read::Gone => return Ok(missing(r, &t)),
-                    Read::Over => return Ok(over(r)),
-                },
-                None if r.optional => {}
-                None => return Ok(missing(r, &t)),
+                Some(o) => Found::One(o),
+                None if r.optional => Found::Absent,
+                None => return Ok(Selection::Stopped(missing(r, &t))),
             },
-            RefSelect::Labels(want) => {
-                let mut names = kind.index.members(&t.namespace);
-                names.sort();
-                let mut selected = Vec::new();
-                let mut unknown = HashMap::new();
-                for o in names.iter().filter_map(|n| cached(kind, &t.namespace, n)) {
-                    match known_labels(&o) {
-                        Some(l) if t.selects_labels(l) => selected.push(o),
-                        Some(_) => {}
-                        None => {
-                            unknown.insert(o.uid().unwrap_or_default(), o);
-                        }
-                    }
+            RefSelect::Labels(want) => match by_labels(ctx, kind, &t, want).await? {
+                Ok(list) => Found::Many(list),
+                Err(too_many) => {
+                    return Ok(Selection::Stopped(Stop::TooMany(format!(
+                        "refs.{}: {too_many}",
+                        r.name.value
+                    ))));
                 }
-                if !unknown.is_empty() && selected.len() <= limit {
-                    let room = limit - selected.len();
-                    let listed = list_selected(ctx, kind, &t.namespace, want, &unknown, room);
-                    selected.extend(listed.await?);
+            },
+        };
+        for o in f.objects() {
+            if is_stub(o) {
+                stubs = true;
+            } else {
+                known = known.saturating_add(cached_bytes(o));
+            }
+        }
+        if known > allowed {
+            return Ok(Selection::Stopped(over(r, allowed)));
+        }
+        found.push((t, f));
+    }
+    let weight = if stubs { allowed } else { known };
+    Ok(Selection::Selected(Selected { found, weight }))
+}
+
+impl Found {
+    fn objects(&self) -> impl Iterator<Item = &Arc<DynamicObject>> {
+        let (one, many) = match self {
+            Found::One(o) => (Some(o), &[][..]),
+            Found::Many(list) => (None, list.as_slice()),
+            Found::Absent => (None, &[][..]),
+        };
+        one.into_iter().chain(many)
+    }
+}
+
+/// The cached objects `t`'s selector `want` matches (stubs whose labels were dropped
+/// asked of the API server), ordered by name; `Err` with the message when more match
+/// than a parent may read.
+async fn by_labels(
+    ctx: &RuleContext,
+    kind: &RefKind,
+    t: &RefTarget,
+    want: &BTreeMap<String, String>,
+) -> Result<Result<Vec<Arc<DynamicObject>>, String>, ReconcileError> {
+    let limit = ctx.rule.limits().max_for_each;
+    let mut names = kind.index.members(&t.namespace);
+    names.sort();
+    let mut selected = Vec::new();
+    let mut unknown = HashMap::new();
+    for o in names.iter().filter_map(|n| cached(kind, &t.namespace, n)) {
+        match known_labels(&o) {
+            Some(l) if t.selects_labels(l) => selected.push(o),
+            Some(_) => {}
+            None => {
+                unknown.insert(o.uid().unwrap_or_default(), o);
+            }
+        }
+    }
+    if !unknown.is_empty() && selected.len() <= limit {
+        let room = limit - selected.len();
+        let listed = list_selected(ctx, kind, &t.namespace, want, &unknown, room);
+        selected.extend(listed.await?);
+    }
+    if selected.len() > limit {
+        // With stubs among them, counting stopped past the limit.
+        let at_least = if unknown.is_empty() { "" } else { "at least " };
+        return Ok(Err(format!(
+            "{at_least}{} objects match, more than the limit of {limit}",
+            selected.len()
+        )));
+    }
+    selected.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    Ok(Ok(selected))
+}
+
+/// The `TooMany` of a reference whose objects take more than `allowed` bytes.
+fn over(r: &crate::rules::Reference, allowed: usize) -> Stop {
+    Stop::TooMany(format!(
+        "refs.{}: the objects read take more than {} MiB, the limit per parent",
+        r.name.value,
+        allowed >> 20
+    ))
+}
+
+/// `refs.<name>` for the template context (missing optional ones absent).
+pub(super) type Refs = BTreeMap<String, Json>;
+
+/// Reads what [`select`] found into JSON for the templates, `refs.<name>` (an object
+/// cached without content from the API server), each charged to what the parent may
+/// still read before its JSON is built.
+pub(super) async fn read(
+    ctx: &RuleContext,
+    selected: Selected,
+) -> Result<Result<Refs, Stop>, ReconcileError> {
+    let spec = &ctx.rule.rule.spec.references;
+    let allowed = ctx.rule.limits().parent_reference_bytes;
+    let mut left = allowed;
+    let mut out = BTreeMap::new();
+    for (t, f) in selected.found {
+        let (Some(kind), Some(r)) = (ctx.refs.get(t.reference), spec.get(t.reference)) else {
+            continue;
+        };
+        match f {
+            Found::Absent => {}
+            Found::One(o) => match full(ctx, kind, o, &mut left).await? {
+                Read::Found(o) => {
+                    out.insert(r.name.value.clone(), o);
                 }
-                if selected.len() > limit {
-                    // With stubs among them, counting stopped past the limit.
-                    let at_least = if unknown.is_empty() { "" } else { "at least " };
-                    return Ok(Dereferenced::TooMany(format!(
-                        "refs.{}: {at_least}{} objects match, more than the limit of {limit}",
-                        r.name.value,
-                        selected.len()
-                    )));
-                }
+                Read::Gone if r.optional => {}
+                Read::Gone => return Ok(Err(missing(r, &t))),
+                Read::Over => return Ok(Err(over(r, allowed))),
+            },
+            Found::Many(selected) => {
                 let mut list = Vec::with_capacity(selected.len());
                 for o in selected {
-                    let name = o.name_any();
                     let read = is_stub(&o);
                     match full(ctx, kind, o, &mut left).await? {
                         // A stub is read now: it counts if it still matches.
                         Read::Found(o) if !read || t.selects_labels(&labels_of(&o)) => {
-                            list.push((name, o));
+                            list.push(o);
                         }
                         Read::Found(_) | Read::Gone => {}
-                        Read::Over => return Ok(over(r)),
+                        Read::Over => return Ok(Err(over(r, allowed))),
                     }
                 }
-                list.sort_by(|a, b| a.0.cmp(&b.0));
-                found.insert(
-                    r.name.value.clone(),
-                    Json::Array(list.into_iter().map(|(_, o)| o).collect()),
-                );
+                out.insert(r.name.value.clone(), Json::Array(list));
             }
         }
     }
-    Ok(Dereferenced::Found(found))
+    Ok(Ok(out))
 }
 
 /// The `ReferenceMissing` message: the reference and where it looked, never a value.
-fn missing(r: &crate::rules::Reference, t: &RefTarget) -> Dereferenced {
+fn missing(r: &crate::rules::Reference, t: &RefTarget) -> Stop {
     let narrowed = match &r.watch_selector {
         Some(sel) => format!(
             " (Rulebook sees only objects matching watchSelector '{}')",
@@ -351,7 +451,7 @@ fn missing(r: &crate::rules::Reference, t: &RefTarget) -> Dereferenced {
         ),
         None => String::new(),
     };
-    Dereferenced::Missing(format!(
+    Stop::Missing(format!(
         "refs.{}: {} not found{narrowed}",
         r.name.value,
         t.describe(&r.kind.value)
@@ -375,16 +475,22 @@ enum Read {
     Over,
 }
 
-/// Charges `o`'s bytes (content and metadata) to what the parent may still read.
-fn charge(o: &DynamicObject, left: &mut usize) -> bool {
+/// Bytes of `o` (content and metadata) as cached, or as read.
+pub(super) fn cached_bytes(o: &DynamicObject) -> usize {
     let content = match &o.data {
         Json::String(packed) => packed.len(),
+        Json::Null => 0,
         other => {
             let mut n = Counted(0);
             serde_json::to_writer(&mut n, other).map_or(usize::MAX, |()| n.0)
         }
     };
-    let bytes = content.saturating_add(admission::metadata_bytes(&o.metadata));
+    content.saturating_add(admission::metadata_bytes(&o.metadata))
+}
+
+/// Charges `o`'s bytes (content and metadata) to what the parent may still read.
+fn charge(o: &DynamicObject, left: &mut usize) -> bool {
+    let bytes = cached_bytes(o);
     match left.checked_sub(bytes) {
         Some(l) => {
             *left = l;
