@@ -80,7 +80,12 @@ async fn heavy_watch_expired_while_paused() {
 /// killed, the failing parents must keep their backoff, and a parent of another namespace
 /// must converge during the edits. The operator is the test build's binary (its
 /// dependencies are optimized, `Cargo.toml`'s dev profile; a release build would take
-/// ten minutes of the machine's two cores): it allocates what the release build does.
+/// ten minutes of the machine's two cores): it allocates what the release build does,
+/// but reconciles less often, so it frees less memory per second. At the deploy's
+/// `--concurrency 4` the code before the fix peaked at 448 MiB in this build and lived
+/// (the report's release build was OOM-killed); at 8, as two rules of 4 over the same
+/// pool, it was OOM-killed here too. The budget of inputs in flight is global, so 8
+/// must hold as well as 4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "heavy: run alone: the end of `make test`, or `make test-faults`"]
 async fn heavy_reference_flood_under_a_memory_limit() {
