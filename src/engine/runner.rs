@@ -337,17 +337,10 @@ impl RuleRunner {
                 let mut changed = ChangedFilter::new();
                 move |r| futures::future::ready(r.as_ref().map_or(true, |o| changed.changed(o)))
             });
-        // Every trigger goes through the namespaces' turns; kube-runtime gets them as
-        // they come (`reconcile_on` below).
-        // The parents in error backoff: a change of what they reference waits it out.
+        // Every trigger goes through the namespaces' turns, a failed parent's retry too
+        // (`backoffs`); kube-runtime gets them as they come (`reconcile_on` below).
         let backoffs = Arc::new(crate::reconcile::memo::Backoffs::default());
-        let held = backoffs.clone();
-        let turns = Turns::new(
-            self.config.concurrency.into(),
-            &self.metrics,
-            &name,
-            Box::new(move |k| held.holds(k, tokio::time::Instant::now())),
-        );
+        let turns = Turns::new(self.config.concurrency, &self.metrics, &name, &backoffs);
         let mut controller = Controller::for_stream_with(
             turns.watched(parent_stream),
             parent_reader.clone(),
@@ -475,7 +468,6 @@ impl RuleRunner {
                 every,
             )));
         }
-        // Each failed parent when its backoff ends, through the turns.
         controller = controller.reconcile_on(turns.keyed(backoffs.clone().retries()));
         controller = controller.reconcile_on(turns.handed_out(r.parent.clone()));
         let counting = super::status::count_cached(

@@ -43,6 +43,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::metrics::{self, Metrics};
+use crate::reconcile::memo::Backoffs;
 
 /// A parent: `(namespace, name)`.
 pub type Key = (Option<String>, String);
@@ -83,12 +84,18 @@ struct State {
 
 impl Turns {
     /// The turns of rule `rule`'s reconciles, counted in
-    /// `rulebook_reconciles_waiting{rule}`; `held` tells the parents in error backoff.
-    pub fn new(concurrency: usize, metrics: &Metrics, rule: &str, held: Held) -> Arc<Turns> {
+    /// `rulebook_reconciles_waiting{rule}`; `backoffs` holds the parents in error backoff.
+    pub fn new(
+        concurrency: u16,
+        metrics: &Metrics,
+        rule: &str,
+        backoffs: &Arc<Backoffs>,
+    ) -> Arc<Turns> {
+        let backoffs = backoffs.clone();
         Turns::with_gauge(
-            concurrency,
+            concurrency.into(),
             metrics.waiting.get_or_create(&metrics::rule(rule)).clone(),
-            held,
+            Box::new(move |k| backoffs.holds(k, tokio::time::Instant::now())),
         )
     }
 

@@ -24,10 +24,9 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 
+pub use crate::metrics::InputMetrics;
 use crate::render::budget::human_bytes;
 
 /// Bytes of inputs in flight at once by default (`run --inputs-in-flight-mib`).
@@ -45,17 +44,6 @@ pub struct OverBudget {
     pub need: usize,
     pub most: usize,
     pub total: usize,
-}
-
-/// What the budget counts on `/metrics`.
-#[derive(Clone, Default)]
-pub struct InputMetrics {
-    /// `rulebook_inputs_in_flight_bytes`.
-    pub in_flight: Gauge,
-    /// `rulebook_inputs_waits_total`: requests that could not be granted at once.
-    pub waits: Counter,
-    /// `rulebook_inputs_refused_total`: requests over [`InputBudget::big_max`].
-    pub refused: Counter,
 }
 
 /// The process's budget of reconcile inputs in flight (see the module comment).

@@ -23,6 +23,7 @@ pub mod admission;
 mod apply;
 pub mod cache;
 pub mod context;
+mod dereference;
 pub mod drift;
 pub mod error;
 mod events;
@@ -59,15 +60,14 @@ use tracing::warn;
 
 use crate::meta::JsonAt;
 use crate::metrics::{self, ResultLabels};
-use crate::render::{Observed, ParentBudget};
+use crate::render::Observed;
 use apply::{ChildOutcome, apply_child, look_up_uncached};
+use dereference::{Inputs, dereference};
 use events::{Cause, children_after, event, observed_after, report_changes};
-use inflight::InputPermit;
 use observe::{Confined, confine_to_rendered_namespaces, read_stubs, unreadable_parent};
-use offload::{render_off_runtime, status_off_runtime, targets_off_runtime};
+use offload::{render_off_runtime, status_off_runtime};
 use plan::plan_prunes;
 use prune::leave_child;
-use refs::{Selection, Stop};
 use status::{write_paused, write_status};
 
 pub use context::{BackoffPolicy, ChildKind, ContextParts, ParentKind, Paused, RuleContext};
@@ -436,95 +436,6 @@ async fn reconcile_inner(
     // 6. Events: one per kind of change.
     report_changes(ctx, parent, &changes, cause);
     result
-}
-
-/// What stage 1b hands on: the parent's inputs with its references read, and the permit
-/// for their weight ([`inflight`]); or how the reconcile ends.
-enum Inputs {
-    Ready(serde_json::Value, Observed, ParentBudget, InputPermit),
-    Stop(Result<Action, ReconcileError>),
-}
-
-/// Stage 1b: where the references point and what they select, as cached; the weight of
-/// the parent, its live children and those objects acquired from the process's budget of
-/// inputs in flight (waiting for room, or failing a parent whose inputs weigh more than
-/// one reconcile may hold); and only then the objects read into JSON.
-async fn dereference(
-    ctx: &RuleContext,
-    parent: &DynamicObject,
-    live_children: &[(usize, Arc<DynamicObject>)],
-    (mut parent_json, mut observed, mut budget): (serde_json::Value, Observed, ParentBudget),
-) -> Result<Inputs, ReconcileError> {
-    let rule = &ctx.rule;
-    let mut selected = None;
-    if !rule.rule.spec.references.is_empty() {
-        if !ctx.references_listed() {
-            // A required reference would look missing. Each reference cache's listing
-            // reconciles every parent when it completes.
-            debug!(rule = %ctx.rule.name, parent = %parent.name_any(), "reference caches not listed yet; deferred");
-            return Ok(Inputs::Stop(Ok(Action::await_change())));
-        }
-        let (targets, p, o, b) = targets_off_runtime(ctx, parent_json, observed, budget).await?;
-        (parent_json, observed, budget) = (p, o, b);
-        let targets = match targets {
-            Ok(t) => t,
-            Err(e) => {
-                let done = render_failed(ctx, parent, &parent_json, &observed, e, "Render");
-                return Ok(Inputs::Stop(done.await));
-            }
-        };
-        let key = (parent.namespace(), parent.name_any());
-        match refs::select(ctx, &key, targets).await? {
-            Selection::Selected(s) => selected = Some(s),
-            Selection::Stopped(stop) => {
-                let done = stopped(ctx, parent, &parent_json, &observed, stop);
-                return Ok(Inputs::Stop(done.await));
-            }
-        }
-    }
-    let weight = refs::cached_bytes(parent)
-        .saturating_add(
-            live_children
-                .iter()
-                .map(|(_, o)| refs::cached_bytes(o))
-                .sum(),
-        )
-        .saturating_add(selected.as_ref().map_or(0, refs::Selected::weight));
-    let permit = match ctx.inputs.acquire(weight).await {
-        Ok(p) => p,
-        Err(over) => {
-            let stop = Stop::TooMany(over.to_string());
-            let done = stopped(ctx, parent, &parent_json, &observed, stop);
-            return Ok(Inputs::Stop(done.await));
-        }
-    };
-    if let Some(s) = selected {
-        match refs::read(ctx, s).await? {
-            Ok(found) => observed.refs = found,
-            Err(stop) => {
-                let done = stopped(ctx, parent, &parent_json, &observed, stop);
-                return Ok(Inputs::Stop(done.await));
-            }
-        }
-    }
-    Ok(Inputs::Ready(parent_json, observed, budget, permit))
-}
-
-/// A parent its references stop: `ReferenceMissing`, or `RenderBudgetExceeded`.
-async fn stopped(
-    ctx: &RuleContext,
-    parent: &DynamicObject,
-    parent_json: &serde_json::Value,
-    observed: &Observed,
-    stop: Stop,
-) -> Result<Action, ReconcileError> {
-    match stop {
-        Stop::Missing(message) => reference_missing(ctx, parent, parent_json, message).await,
-        Stop::TooMany(message) => {
-            let e = crate::render::RenderError::budget(ctx.rule.file.clone(), None, message);
-            render_failed(ctx, parent, parent_json, observed, e, "Render").await
-        }
-    }
 }
 
 /// `Some(action)` when the parent's inputs are those of a reconcile that had nothing to

@@ -216,7 +216,7 @@ impl RefIndex {
     }
 
     /// Names of the cached objects in `namespace`.
-    fn members(&self, namespace: &Option<String>) -> Vec<String> {
+    pub(super) fn members(&self, namespace: &Option<String>) -> Vec<String> {
         lock(&self.maps)
             .members
             .get(namespace)
@@ -227,238 +227,15 @@ impl RefIndex {
 
 /// An object's labels, unless a stub dropped them (too large to keep,
 /// [`admission::KEPT_REFERENCE_LABEL_BYTES`]).
-fn known_labels(o: &DynamicObject) -> Option<&BTreeMap<String, String>> {
+pub(super) fn known_labels(o: &DynamicObject) -> Option<&BTreeMap<String, String>> {
     (!is_stub(o) || admission::labels_kept(&o.metadata)).then(|| o.labels())
 }
 
-/// Why a parent's references stop its reconcile.
-pub(super) enum Stop {
-    /// A required object is missing: nothing is applied or pruned.
-    Missing(String),
-    /// A selector matches more objects than a parent may read (`Limits::max_for_each`),
-    /// or the objects take more bytes (`Limits::parent_reference_bytes`).
-    TooMany(String),
-}
-
-/// What one parent's references select, as the caches hold it: nothing is read into
-/// JSON yet, and [`Selected::weight`] says how much the reading may take.
-pub(super) struct Selected {
-    found: Vec<(RefTarget, Found)>,
-    weight: usize,
-}
-
-/// What one target selected.
-enum Found {
-    One(Arc<DynamicObject>),
-    /// By a selector, ordered by name.
-    Many(Vec<Arc<DynamicObject>>),
-    /// An optional object that is not there.
-    Absent,
-}
-
-impl Selected {
-    /// Bytes of the objects selected, as cached (content and metadata); with objects
-    /// cached without content among them, what the parent may read in all
-    /// ([`crate::render::Limits::parent_reference_bytes`]), as their size is known only
-    /// once they are read.
-    pub(super) fn weight(&self) -> usize {
-        self.weight
-    }
-}
-
-/// What [`select`] found: the objects, or why the parent stops before reading them.
-pub(super) enum Selection {
-    Selected(Selected),
-    Stopped(Stop),
-}
-
-/// Finds what each target selects in its cache (asking the API server only which stubs
-/// a selector matches, by their metadata). Targets are tracked first, so an object
-/// created meanwhile wakes the parent; a parent deleted while this reconcile ran is
-/// forgotten again at once. Objects that take more than the parent may read, as cached,
-/// stop the parent here, before any is read.
-pub(super) async fn select(
-    ctx: &RuleContext,
-    parent: &Key,
-    targets: Vec<RefTarget>,
-) -> Result<Selection, ReconcileError> {
-    let spec = &ctx.rule.rule.spec.references;
-    for t in &targets {
-        if let Some(kind) = ctx.refs.get(t.reference) {
-            kind.index.track(parent.clone(), t.clone());
-        }
-    }
-    let mut oref = ObjectRef::new_with(&parent.1, ctx.parent.ar.clone());
-    if let Some(ns) = &parent.0 {
-        oref = oref.within(ns);
-    }
-    if ctx.parent_store.get(&oref).is_none() {
-        ctx.refs.iter().for_each(|k| k.index.forget(parent));
-    }
-    let allowed = ctx.rule.limits().parent_reference_bytes;
-    let (mut known, mut stubs) = (0usize, false);
-    let mut found = Vec::with_capacity(targets.len());
-    for t in targets {
-        let (Some(kind), Some(r)) = (ctx.refs.get(t.reference), spec.get(t.reference)) else {
-            continue;
-        };
-        let f = match &t.select {
-            RefSelect::Name(name) => match cached(kind, &t.namespace, name) {
-                Some(o) => Found::One(o),
-                None if r.optional => Found::Absent,
-                None => return Ok(Selection::Stopped(missing(r, &t))),
-            },
-            RefSelect::Labels(want) => match by_labels(ctx, kind, &t, want).await? {
-                Ok(list) => Found::Many(list),
-                Err(too_many) => {
-                    return Ok(Selection::Stopped(Stop::TooMany(format!(
-                        "refs.{}: {too_many}",
-                        r.name.value
-                    ))));
-                }
-            },
-        };
-        for o in f.objects() {
-            if is_stub(o) {
-                stubs = true;
-            } else {
-                known = known.saturating_add(cached_bytes(o));
-            }
-        }
-        if known > allowed {
-            return Ok(Selection::Stopped(over(r, allowed)));
-        }
-        found.push((t, f));
-    }
-    let weight = if stubs { allowed } else { known };
-    Ok(Selection::Selected(Selected { found, weight }))
-}
-
-impl Found {
-    fn objects(&self) -> impl Iterator<Item = &Arc<DynamicObject>> {
-        let (one, many) = match self {
-            Found::One(o) => (Some(o), &[][..]),
-            Found::Many(list) => (None, list.as_slice()),
-            Found::Absent => (None, &[][..]),
-        };
-        one.into_iter().chain(many)
-    }
-}
-
-/// The cached objects `t`'s selector `want` matches (stubs whose labels were dropped
-/// asked of the API server), ordered by name; `Err` with the message when more match
-/// than a parent may read.
-async fn by_labels(
-    ctx: &RuleContext,
+pub(super) fn cached(
     kind: &RefKind,
-    t: &RefTarget,
-    want: &BTreeMap<String, String>,
-) -> Result<Result<Vec<Arc<DynamicObject>>, String>, ReconcileError> {
-    let limit = ctx.rule.limits().max_for_each;
-    let mut names = kind.index.members(&t.namespace);
-    names.sort();
-    let mut selected = Vec::new();
-    let mut unknown = HashMap::new();
-    for o in names.iter().filter_map(|n| cached(kind, &t.namespace, n)) {
-        match known_labels(&o) {
-            Some(l) if t.selects_labels(l) => selected.push(o),
-            Some(_) => {}
-            None => {
-                unknown.insert(o.uid().unwrap_or_default(), o);
-            }
-        }
-    }
-    if !unknown.is_empty() && selected.len() <= limit {
-        let room = limit - selected.len();
-        let listed = list_selected(ctx, kind, &t.namespace, want, &unknown, room);
-        selected.extend(listed.await?);
-    }
-    if selected.len() > limit {
-        // With stubs among them, counting stopped past the limit.
-        let at_least = if unknown.is_empty() { "" } else { "at least " };
-        return Ok(Err(format!(
-            "{at_least}{} objects match, more than the limit of {limit}",
-            selected.len()
-        )));
-    }
-    selected.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    Ok(Ok(selected))
-}
-
-/// The `TooMany` of a reference whose objects take more than `allowed` bytes.
-fn over(r: &crate::rules::Reference, allowed: usize) -> Stop {
-    Stop::TooMany(format!(
-        "refs.{}: the objects read take more than {} MiB, the limit per parent",
-        r.name.value,
-        allowed >> 20
-    ))
-}
-
-/// `refs.<name>` for the template context (missing optional ones absent).
-pub(super) type Refs = BTreeMap<String, Json>;
-
-/// Reads what [`select`] found into JSON for the templates, `refs.<name>` (an object
-/// cached without content from the API server), each charged to what the parent may
-/// still read before its JSON is built.
-pub(super) async fn read(
-    ctx: &RuleContext,
-    selected: Selected,
-) -> Result<Result<Refs, Stop>, ReconcileError> {
-    let spec = &ctx.rule.rule.spec.references;
-    let allowed = ctx.rule.limits().parent_reference_bytes;
-    let mut left = allowed;
-    let mut out = BTreeMap::new();
-    for (t, f) in selected.found {
-        let (Some(kind), Some(r)) = (ctx.refs.get(t.reference), spec.get(t.reference)) else {
-            continue;
-        };
-        match f {
-            Found::Absent => {}
-            Found::One(o) => match full(ctx, kind, o, &mut left).await? {
-                Read::Found(o) => {
-                    out.insert(r.name.value.clone(), o);
-                }
-                Read::Gone if r.optional => {}
-                Read::Gone => return Ok(Err(missing(r, &t))),
-                Read::Over => return Ok(Err(over(r, allowed))),
-            },
-            Found::Many(selected) => {
-                let mut list = Vec::with_capacity(selected.len());
-                for o in selected {
-                    let read = is_stub(&o);
-                    match full(ctx, kind, o, &mut left).await? {
-                        // A stub is read now: it counts if it still matches.
-                        Read::Found(o) if !read || t.selects_labels(&labels_of(&o)) => {
-                            list.push(o);
-                        }
-                        Read::Found(_) | Read::Gone => {}
-                        Read::Over => return Ok(Err(over(r, allowed))),
-                    }
-                }
-                out.insert(r.name.value.clone(), Json::Array(list));
-            }
-        }
-    }
-    Ok(Ok(out))
-}
-
-/// The `ReferenceMissing` message: the reference and where it looked, never a value.
-fn missing(r: &crate::rules::Reference, t: &RefTarget) -> Stop {
-    let narrowed = match &r.watch_selector {
-        Some(sel) => format!(
-            " (Rulebook sees only objects matching watchSelector '{}')",
-            sel.value
-        ),
-        None => String::new(),
-    };
-    Stop::Missing(format!(
-        "refs.{}: {} not found{narrowed}",
-        r.name.value,
-        t.describe(&r.kind.value)
-    ))
-}
-
-fn cached(kind: &RefKind, ns: &Option<String>, name: &str) -> Option<Arc<DynamicObject>> {
+    ns: &Option<String>,
+    name: &str,
+) -> Option<Arc<DynamicObject>> {
     let mut oref = ObjectRef::new_with(name, kind.ar.clone());
     if let Some(ns) = ns {
         oref = oref.within(ns);
@@ -467,7 +244,7 @@ fn cached(kind: &RefKind, ns: &Option<String>, name: &str) -> Option<Arc<Dynamic
 }
 
 /// What [`full`] read.
-enum Read {
+pub(super) enum Read {
     Found(Json),
     /// Not there (any more), or another object by that name now.
     Gone,
@@ -516,7 +293,7 @@ impl std::io::Write for Counted {
 /// The object's JSON (with its apiVersion and kind); one cached without content is read
 /// from the API server, and counts only if it is still the object cached (same UID).
 /// Each is charged to `left` before its JSON is built.
-async fn full(
+pub(super) async fn full(
     ctx: &RuleContext,
     kind: &RefKind,
     o: Arc<DynamicObject>,
@@ -550,7 +327,7 @@ async fn full(
 /// [`LIST_PAGE`] at a time (a tenant's object may carry a megabyte of metadata), until
 /// more than `room` are found. A selector that no label can satisfy (a key or value
 /// that is not a valid label) matches none and is not sent.
-async fn list_selected(
+pub(super) async fn list_selected(
     ctx: &RuleContext,
     kind: &RefKind,
     ns: &Option<String>,
@@ -592,7 +369,7 @@ async fn list_selected(
 const LIST_PAGE: u32 = 25;
 
 /// `metadata.labels` of an object's JSON.
-fn labels_of(o: &Json) -> BTreeMap<String, String> {
+pub(super) fn labels_of(o: &Json) -> BTreeMap<String, String> {
     o.at(&["metadata", "labels"])
         .and_then(Json::as_object)
         .map(|l| {
