@@ -183,6 +183,17 @@ fn vm_hwm(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// CPU seconds a process has used (user and system), from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which is in parentheses and may hold spaces).
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    // utime and stime are fields 14 and 15 of the line: 12 and 13 after the command.
+    Some((ticks(11)? + ticks(12)?) / 100.0)
+}
+
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1u32 << 20)
 }
@@ -295,6 +306,34 @@ async fn edit_every_half_second(
     n
 }
 
+/// A parent of namespace `other` reading 3 small ConfigMaps, created now: how long it
+/// takes to be Ready (the operator must live meanwhile).
+async fn converge_elsewhere(
+    client: &kube::Client,
+    other: &str,
+    kind: &str,
+    op: &mut Operator,
+    cg: &MemoryCgroup,
+) -> Duration {
+    let small = api(client, Some(other), "v1", "ConfigMap", "configmaps");
+    for i in 0..3 {
+        put(&small, &pool_cm(other, &format!("small-{i}"), "small", "s")).await;
+    }
+    let others = api(client, Some(other), API_VERSION, kind, &plural(kind));
+    put(
+        &others,
+        &parent(kind, other, "calm", json!({"team": "small"})),
+    )
+    .await;
+    let t = Instant::now();
+    let what = "the other namespace's parent to be Ready";
+    while_alive(op, cg, Duration::from_secs(120), what, || async {
+        get_json(&others, "calm").await.filter(is_ready)
+    })
+    .await;
+    t.elapsed()
+}
+
 /// The scenario (see the module comment).
 pub async fn reference_flood(kind: &str, f: Flood) -> FloodReport {
     let test = format!(
@@ -361,28 +400,9 @@ pub async fn reference_flood(kind: &str, f: Flood) -> FloodReport {
     let ready = std::sync::atomic::AtomicBool::new(false);
     let editing = edit_every_half_second(&cms, f.configmaps, f.edits_for, &ready);
     let converging = async {
-        let small = api(&client, Some(&other), "v1", "ConfigMap", "configmaps");
-        for i in 0..3 {
-            put(
-                &small,
-                &pool_cm(&other, &format!("small-{i}"), "small", "s"),
-            )
-            .await;
-        }
-        let others = api(&client, Some(&other), API_VERSION, kind, &plural(kind));
-        put(
-            &others,
-            &parent(kind, &other, "calm", json!({"team": "small"})),
-        )
-        .await;
-        let t = Instant::now();
-        let what = "the other namespace's parent to be Ready";
-        while_alive(&mut op, &cg, Duration::from_secs(120), what, || async {
-            get_json(&others, "calm").await.filter(is_ready)
-        })
-        .await;
+        let took = converge_elsewhere(&client, &other, kind, &mut op, &cg).await;
         ready.store(true, std::sync::atomic::Ordering::SeqCst);
-        t.elapsed()
+        took
     };
     let (edits, other_ready_after) = tokio::join!(editing, converging);
     assert_alive(&mut op, &cg, "after the edits");
@@ -390,12 +410,13 @@ pub async fn reference_flood(kind: &str, f: Flood) -> FloodReport {
     let peak_flood = cg.peak();
     let hwm_flood = vm_hwm(op.pid()).unwrap_or(0);
     println!(
-        "{test}: {edits} edits at 0.5 s: {failed_during_edits} render_failed reconciles ({:.2} per parent); the other namespace's parent Ready {:.2} s after its creation; peak {:.0} MiB (cgroup), VmHWM {:.0} MiB, limit hit {} times",
+        "{test}: {edits} edits at 0.5 s: {failed_during_edits} render_failed reconciles ({:.2} per parent); the other namespace's parent Ready {:.2} s after its creation; peak {:.0} MiB (cgroup), VmHWM {:.0} MiB, limit hit {} times; {:.1} CPU-s since the start",
         failed_during_edits / f.parents as f64,
         other_ready_after.as_secs_f64(),
         mib(peak_flood),
         mib(hwm_flood),
-        cg.failcnt()
+        cg.failcnt(),
+        cpu_seconds(op.pid()).unwrap_or(0.0)
     );
     let (peak_restart, hwm_restart) = restart_sweep(&test, op, &cg, start, &f, &rule).await;
     FloodReport {
@@ -440,10 +461,11 @@ where
     let peak = cg.peak();
     let hwm = vm_hwm(op.pid()).unwrap_or(0);
     println!(
-        "{test}: restarted, every parent reconciled (and failed) again {:.1} s after the start; peak {:.0} MiB (cgroup), VmHWM {:.0} MiB",
+        "{test}: restarted, every parent reconciled (and failed) again {:.1} s after the start; peak {:.0} MiB (cgroup), VmHWM {:.0} MiB; {:.1} CPU-s",
         t.elapsed().as_secs_f64(),
         mib(peak),
-        mib(hwm)
+        mib(hwm),
+        cpu_seconds(op.pid()).unwrap_or(0.0)
     );
     (peak, hwm)
 }
