@@ -12,6 +12,19 @@ use rulebook::cli::{Cli, Command, run_offline};
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's options (read before `main`; `_RJEM_MALLOC_CONF` in the environment overrides
+/// them). Freed memory goes back to the system within about 100 ms, purged by jemalloc's
+/// background threads: by default each of its arenas (8 on 2 cores) keeps freed pages for
+/// 10 s, and purges them only when that arena allocates again. A tenant whose 40 parents
+/// each read ~15 MB of referenced objects made the operator free hundreds of MB a second:
+/// in a 512 MiB cgroup it was OOM-killed with the default although its reconciles held
+/// ~100 MB at once; with a 1 s decay it peaked at 228-398 MiB, with 100 ms at 186-215 MiB,
+/// with 0 at 136-158 MiB, for the same CPU within the noise
+/// (`heavy_reference_flood_under_a_memory_limit`, docs/faults.md).
+#[allow(non_upper_case_globals)]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static malloc_conf: &[u8; 59] = b"background_thread:true,dirty_decay_ms:100,muzzy_decay_ms:0\0";
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Command::Run(args) = cli.command {

@@ -60,6 +60,17 @@ fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
+/// What the budget of reconcile inputs in flight (`reconcile::inflight`) counts.
+#[derive(Clone, Default)]
+pub struct InputMetrics {
+    /// `rulebook_inputs_in_flight_bytes`.
+    pub in_flight: Gauge,
+    /// `rulebook_inputs_waits_total`: requests that could not be granted at once.
+    pub waits: Counter,
+    /// `rulebook_inputs_refused_total`: requests over what one may hold.
+    pub refused: Counter,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub reconciles: Family<ResultLabels, Counter>,
@@ -100,6 +111,8 @@ pub struct Metrics {
     pub cached_objects: Family<CacheLabels, Gauge>,
     pub shard_mode: Family<ModeLabel, Gauge>,
     pub shard_share: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// The budget of reconcile inputs in flight (`reconcile::inflight`).
+    pub inputs: InputMetrics,
 }
 
 impl Default for Metrics {
@@ -264,7 +277,24 @@ impl Metrics {
             "The share of the namespace hash space this replica holds (sharded), in percent",
             shard_share.clone(),
         );
+        let inputs = InputMetrics::default();
+        registry.register(
+            "inputs_in_flight_bytes",
+            "Bytes of reconcile inputs (parents, live children, referenced objects, as cached) held by the reconciles running now, all rules (run --inputs-in-flight-mib bounds them)",
+            inputs.in_flight.clone(),
+        );
+        registry.register(
+            "inputs_waits",
+            "Reconciles that waited for room in the budget of inputs in flight before reading their inputs",
+            inputs.waits.clone(),
+        );
+        registry.register(
+            "inputs_refused",
+            "Reconciles whose inputs weighed more than one reconcile may hold at once (the parent failed with RenderBudgetExceeded)",
+            inputs.refused.clone(),
+        );
         Metrics {
+            inputs,
             registry,
             cached_objects,
             shard_mode,

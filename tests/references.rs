@@ -520,6 +520,68 @@ async fn what_a_parent_reads_is_bounded_in_bytes() {
     cleanup_namespace(&client, &ns).await;
 }
 
+/// A parent that failed keeps its error backoff when an object it references changes
+/// (issue 41, F3: every edit of one ConfigMap reconciled all of a tenant's failing
+/// parents at once). Forty edits of the referenced ConfigMap in ten seconds reconcile the
+/// failing parent at most twice (its requeues), not forty times; the change that fixes
+/// it is read by the requeue at the end of the backoff, and the parent converges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_parent_keeps_its_backoff_on_reference_edits() {
+    let test = "a_failing_parent_keeps_its_backoff_on_reference_edits";
+    let client = client().await;
+    let ns = namespace(&client, "refs-backoff").await;
+    let kind = "RefBackoff";
+    let rule = "refbackoff";
+    let d = literal_reference_rule(
+        rule,
+        kind,
+        ("conf", "ConfigMap", "conf", &ns),
+        "  good: {{ refs.conf.data.good }}",
+    );
+    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    put(&cms, &team_cm(&ns, "conf", "none", json!({"n": "0"}))).await;
+    put(&parents, &parent(kind, &ns, "p1", json!({}))).await;
+    wait_for(T, "p1 to report RenderFailed", || async {
+        let p = get_json(&parents, "p1").await?;
+        (condition(&p, "Ready")?["reason"] == "RenderFailed").then_some(())
+    })
+    .await;
+    let failed = format!("rulebook_reconciles_total{{rule=\"{rule}\",result=\"render_failed\"}}");
+    let before = op.metric(&failed).await;
+    let start = tokio::time::Instant::now();
+    for n in 1..=40u32 {
+        merge(&cms, "conf", json!({"data": {"n": n.to_string()}})).await;
+        tokio::time::sleep_until(start + Duration::from_millis(250) * n).await;
+    }
+    let during = op.metric(&failed).await - before;
+    println!(
+        "{test}: 40 edits of the referenced ConfigMap in {:.1} s: {during} reconciles of the failing parent",
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        during <= 2.0,
+        "{test}: edits of a referenced object cut the failing parent's backoff short: {during} reconciles during 40 edits"
+    );
+    // The fix, read at the end of the backoff.
+    merge(&cms, "conf", json!({"data": {"good": "yes"}})).await;
+    let fixed = Instant::now();
+    wait_all_ready(
+        &parents,
+        &["p1".to_string()].into(),
+        Duration::from_secs(150),
+    )
+    .await;
+    println!(
+        "{test}: Ready {:.1} s after the fix (the rest of its backoff)",
+        fixed.elapsed().as_secs_f64()
+    );
+    let copy = get_json(&cms, "p1-copy").await.expect("the child");
+    assert_eq!(copy["data"]["good"], "yes", "{test}");
+    cleanup_namespace(&client, &ns).await;
+}
+
 /// A rule that names another namespace literally reads from it (by a literal name, so its
 /// cache watches that one object).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

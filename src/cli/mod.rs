@@ -108,6 +108,11 @@ pub struct RunArgs {
     /// MiB of content (parents, children, referenced objects) cached in all.
     #[arg(long, default_value_t = 256)]
     pub cache_total_mib: usize,
+    /// MiB of reconcile inputs (parents, live children, referenced objects, as cached)
+    /// that all reconciles together hold at once; a reconcile waits for room before it
+    /// reads its inputs.
+    #[arg(long, default_value_t = 64)]
+    pub inputs_in_flight_mib: usize,
     /// `namespace`: replicas share the parents by the hash of their namespace, each
     /// announcing itself with a Lease (`--lease-name` names the group); replaces
     /// `--leader-elect`.
@@ -146,6 +151,7 @@ impl RunArgs {
             check_permissions: self.check_permissions,
             cache_namespace_mib: self.cache_namespace_mib,
             cache_total_mib: self.cache_total_mib,
+            inputs_in_flight_mib: self.inputs_in_flight_mib,
             sharding: self.sharding == "namespace",
             shard_filter_client: self.shard_filter == "client",
             shard_rebalance_seconds: self.shard_rebalance_seconds,

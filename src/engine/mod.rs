@@ -32,6 +32,7 @@ use tracing::{Instrument, info, info_span, warn};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
 use crate::reconcile::admission::{CacheBudget, CacheLimits};
+use crate::reconcile::inflight::InputBudget;
 use crate::reconcile::outbox::{Outbox, OutboxLimits};
 use crate::reconcile::recorder::Recorder;
 use crate::render::{CompiledRule, RuleSet};
@@ -60,6 +61,9 @@ pub struct EngineConfig {
     pub check_permissions: bool,
     /// Bounds on cached child content.
     pub cache: CacheLimits,
+    /// Bytes of reconcile inputs (as cached) held at once by all reconciles
+    /// (`reconcile::inflight`).
+    pub inputs_in_flight: usize,
     /// This replica's share of the parents (`run --sharding namespace`), or everything.
     pub shard: Option<sharded::Sharding>,
 }
@@ -74,6 +78,7 @@ impl Default for EngineConfig {
             instance: None,
             check_permissions: true,
             cache: CacheLimits::default(),
+            inputs_in_flight: crate::reconcile::inflight::DEFAULT_TOTAL,
             shard: None,
         }
     }
@@ -94,6 +99,8 @@ pub struct Engine {
     pub status: Arc<EngineStatus>,
     running: BTreeMap<String, RunningRule>,
     budget: Arc<CacheBudget>,
+    /// Reconcile inputs in flight, for every rule.
+    inputs: Arc<InputBudget>,
     /// Releases of finalizers in flight, by parent `(apiVersion, kind)`.
     releases: BTreeMap<(String, String), JoinHandle<()>>,
     /// Per rule version, what its reconciles found steady: kept across restarts of the
@@ -154,6 +161,7 @@ impl Engine {
         gate: Arc<dyn WriteGate>,
     ) -> Engine {
         let budget = Arc::new(CacheBudget::new(config.cache.clone(), metrics.clone()));
+        let inputs = InputBudget::new(config.inputs_in_flight, metrics.inputs.clone());
         let outbox = Outbox::new(OutboxLimits::DEFAULT, metrics.events_dropped.clone())
             .counting(metrics.events_unsent.clone());
         Engine {
@@ -165,6 +173,7 @@ impl Engine {
             status: Arc::default(),
             running: BTreeMap::new(),
             budget,
+            inputs,
             releases: BTreeMap::new(),
             steady: BTreeMap::new(),
             cleanups: Cleanups::default(),
@@ -306,6 +315,7 @@ impl Engine {
             gate: self.gate.clone(),
             status: self.status.clone(),
             budget: self.budget.clone(),
+            inputs: self.inputs.clone(),
             outbox: self.outbox.clone(),
         };
         let span = info_span!("rule", rule = %name);

@@ -57,6 +57,8 @@ pub(super) struct RuleRunner {
     pub(super) gate: Arc<dyn WriteGate>,
     pub(super) status: Arc<EngineStatus>,
     pub(super) budget: Arc<CacheBudget>,
+    /// Reconcile inputs in flight, for every rule.
+    pub(super) inputs: Arc<crate::reconcile::inflight::InputBudget>,
     /// What this rule version's reconciles found steady (kept across restarts).
     pub(super) steady: Arc<crate::reconcile::memo::Steady>,
     /// The process's event outbox (one for every rule).
@@ -335,9 +337,10 @@ impl RuleRunner {
                 let mut changed = ChangedFilter::new();
                 move |r| futures::future::ready(r.as_ref().map_or(true, |o| changed.changed(o)))
             });
-        // Every trigger goes through the namespaces' turns; kube-runtime gets them as
-        // they come (`reconcile_on` below).
-        let turns = Turns::new(self.config.concurrency.into(), &self.metrics, &name);
+        // Every trigger goes through the namespaces' turns, a failed parent's retry too
+        // (`backoffs`); kube-runtime gets them as they come (`reconcile_on` below).
+        let backoffs = Arc::new(crate::reconcile::memo::Backoffs::default());
+        let turns = Turns::new(self.config.concurrency, &self.metrics, &name, &backoffs);
         let mut controller = Controller::for_stream_with(
             turns.watched(parent_stream),
             parent_reader.clone(),
@@ -439,7 +442,9 @@ impl RuleRunner {
             let mapper_index = index.clone();
             controller = controller.watches_stream_with(
                 stream,
-                turns.mapped(move |o: kube::api::DynamicObject| mapper_index.parents_for(&o)),
+                turns.mapped_unless_held(move |o: kube::api::DynamicObject| {
+                    mapper_index.parents_for(&o)
+                }),
                 ar.clone(),
             );
             refs.push(RefKind {
@@ -463,6 +468,7 @@ impl RuleRunner {
                 every,
             )));
         }
+        controller = controller.reconcile_on(turns.keyed(backoffs.clone().retries()));
         controller = controller.reconcile_on(turns.handed_out(r.parent.clone()));
         let counting = super::status::count_cached(
             self.metrics.clone(),
@@ -500,6 +506,8 @@ impl RuleRunner {
             applied,
             created,
             orphans_pending: self.orphans_pending.clone(),
+            backoffs: backoffs.clone(),
+            inputs: self.inputs.clone(),
         }));
         let mut stop_signal = stopped.clone();
         let shutdown = async move {

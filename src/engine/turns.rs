@@ -17,11 +17,20 @@
 //!
 //! Triggers of a parent already waiting here merge into its one entry, as they did in
 //! kube-runtime's queue; a trigger of one handed out and not finished yet queues it once
-//! more after it finishes. A waiting parent costs its name in two maps; kube-runtime
-//! itself never holds more than `--concurrency` of them (plus its own timed requeues:
-//! backoffs and `Action::requeue`, which do not pass here).
+//! more after it finishes.
+//!
+//! A failed parent's retry comes here too when its backoff ends (`memo::Backoffs`), so
+//! forty failing parents retried together take their namespace's turns rather than every
+//! worker. Until then, a change of an object it references does not reconcile it
+//! ([`Turns::mapped_unless_held`], with the rule's `held` predicate): the retry reads the
+//! object. Otherwise every edit of one object that twenty failing parents select would
+//! reconcile all twenty at once, each time (issue 41, F3). Such a trigger of a parent
+//! still running is weighed when it finishes (after its failure has set its backoff),
+//! and one of a waiting parent when its turn comes. A waiting parent costs its name in
+//! two maps; kube-runtime itself never holds more than `--concurrency` of them (plus its
+//! own timed requeues, `Action::requeue`, which do not pass here).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
@@ -34,26 +43,40 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::metrics::{self, Metrics};
+use crate::reconcile::memo::Backoffs;
 
 /// A parent: `(namespace, name)`.
 pub type Key = (Option<String>, String);
 
+/// Whether a parent is held back from triggers that may wait (in error backoff).
+pub type Held = Box<dyn Fn(&Key) -> bool + Send + Sync>;
+
 /// The reconcile turns of one rule.
 pub struct Turns {
     state: Mutex<State>,
+    held: Held,
     /// The controller's side of [`Turns::next`], woken when a turn may be handed out.
     waker: AtomicWaker,
     /// `rulebook_reconciles_waiting{rule}`.
     gauge: Gauge,
 }
 
+/// Whether a parent handed out was triggered again meanwhile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Again {
+    No,
+    /// Only by triggers that a backoff holds back: queued unless it is held once done.
+    UnlessHeld,
+    Yes,
+}
+
 struct State {
     /// Parents handed out at once, at most.
     capacity: usize,
-    /// Handed out and not finished; `true`: triggered again meanwhile.
-    running: HashMap<Key, bool>,
-    /// Waiting parents (each in `by_namespace` once).
-    waiting: HashSet<Key>,
+    /// Handed out and not finished, and whether triggered again meanwhile.
+    running: HashMap<Key, Again>,
+    /// Waiting parents (each in `by_namespace` once), and how they were triggered.
+    waiting: HashMap<Key, Again>,
     by_namespace: HashMap<Option<String>, VecDeque<String>>,
     /// The namespaces with parents waiting, in the order of their turns.
     order: VecDeque<Option<String>>,
@@ -61,21 +84,29 @@ struct State {
 
 impl Turns {
     /// The turns of rule `rule`'s reconciles, counted in
-    /// `rulebook_reconciles_waiting{rule}`.
-    pub fn new(concurrency: usize, metrics: &Metrics, rule: &str) -> Arc<Turns> {
+    /// `rulebook_reconciles_waiting{rule}`; `backoffs` holds the parents in error backoff.
+    pub fn new(
+        concurrency: u16,
+        metrics: &Metrics,
+        rule: &str,
+        backoffs: &Arc<Backoffs>,
+    ) -> Arc<Turns> {
+        let backoffs = backoffs.clone();
         Turns::with_gauge(
-            concurrency,
+            concurrency.into(),
             metrics.waiting.get_or_create(&metrics::rule(rule)).clone(),
+            Box::new(move |k| backoffs.holds(k, tokio::time::Instant::now())),
         )
     }
 
-    fn with_gauge(concurrency: usize, gauge: Gauge) -> Arc<Turns> {
+    fn with_gauge(concurrency: usize, gauge: Gauge, held: Held) -> Arc<Turns> {
         gauge.set(0);
         Arc::new(Turns {
+            held,
             state: Mutex::new(State {
                 capacity: concurrency.max(1),
                 running: HashMap::new(),
-                waiting: HashSet::new(),
+                waiting: HashMap::new(),
                 by_namespace: HashMap::new(),
                 order: VecDeque::new(),
             }),
@@ -86,12 +117,25 @@ impl Turns {
 
     /// Parent `key` should be reconciled.
     pub fn trigger(&self, key: Key) {
-        let mut s = lock(&self.state);
-        if let Some(again) = s.running.get_mut(&key) {
-            *again = true;
+        self.trigger_as(key, Again::Yes);
+    }
+
+    /// Parent `key` should be reconciled, unless it is held (in error backoff) now or,
+    /// if it is running, once it is done.
+    pub fn trigger_unless_held(&self, key: Key) {
+        if (self.held)(&key) {
             return;
         }
-        s.enqueue(key);
+        self.trigger_as(key, Again::UnlessHeld);
+    }
+
+    fn trigger_as(&self, key: Key, how: Again) {
+        let mut s = lock(&self.state);
+        if let Some(again) = s.running.get_mut(&key) {
+            *again = (*again).max(how);
+            return;
+        }
+        s.enqueue(key, how);
         self.publish(&s);
         drop(s);
         self.waker.wake();
@@ -104,8 +148,10 @@ impl Turns {
             // Not one handed out here (a timed requeue of kube-runtime's own).
             return;
         };
-        if again {
-            s.enqueue(key.clone());
+        // Its failure, if it failed, has set its backoff by now (kube-runtime applies
+        // the error policy before it reports the reconcile).
+        if again == Again::Yes || (again == Again::UnlessHeld && !(self.held)(key)) {
+            s.enqueue(key.clone(), again);
         }
         self.publish(&s);
         drop(s);
@@ -130,8 +176,13 @@ impl Turns {
             }
             let Some(name) = next else { continue };
             let key = (ns, name);
-            s.waiting.remove(&key);
-            s.running.insert(key.clone(), false);
+            // Queued only by triggers that a backoff holds back, and held by now (it
+            // failed meanwhile, run by its own retry): its retry comes when it ends.
+            if s.waiting.remove(&key) == Some(Again::UnlessHeld) && (self.held)(&key) {
+                self.publish(&s);
+                continue;
+            }
+            s.running.insert(key.clone(), Again::No);
             self.publish(&s);
             return Some(key);
         }
@@ -198,6 +249,21 @@ impl Turns {
         }
     }
 
+    /// Like [`Turns::mapped`], for objects whose change may wait out a parent's error
+    /// backoff ([`Turns::trigger_unless_held`]): referenced objects.
+    pub fn mapped_unless_held<T>(
+        self: &Arc<Self>,
+        to_parents: impl Fn(T) -> Vec<Key> + Send + Sync + 'static,
+    ) -> impl Fn(T) -> Vec<ObjectRef<DynamicObject>> + Send + Sync + 'static {
+        let turns = self.clone();
+        move |o| {
+            to_parents(o)
+                .into_iter()
+                .for_each(|k| turns.trigger_unless_held(k));
+            Vec::new()
+        }
+    }
+
     /// Triggers every cached parent for each item of `relists`; gives kube-runtime
     /// nothing (for `reconcile_on`, which also keeps polling it).
     pub fn all_on(
@@ -210,6 +276,19 @@ impl Turns {
             for p in parents.state() {
                 turns.trigger((p.namespace(), p.name_any()));
             }
+            futures::future::ready(None)
+        })
+    }
+
+    /// Triggers each parent `keys` names (retries after a backoff); gives kube-runtime
+    /// nothing.
+    pub fn keyed(
+        self: &Arc<Self>,
+        keys: impl Stream<Item = Key> + Send + 'static,
+    ) -> impl Stream<Item = ObjectRef<DynamicObject>> + Send + 'static {
+        let turns = self.clone();
+        keys.filter_map(move |k| {
+            turns.trigger(k);
             futures::future::ready(None)
         })
     }
@@ -249,10 +328,12 @@ impl Turns {
 }
 
 impl State {
-    fn enqueue(&mut self, key: Key) {
-        if !self.waiting.insert(key.clone()) {
+    fn enqueue(&mut self, key: Key, how: Again) {
+        if let Some(was) = self.waiting.get_mut(&key) {
+            *was = (*was).max(how);
             return;
         }
+        self.waiting.insert(key.clone(), how);
         let (ns, name) = key;
         let queue = self.by_namespace.entry(ns.clone()).or_default();
         queue.push_back(name);
@@ -306,7 +387,7 @@ mod tests {
     /// that was not handed out here changes nothing.
     #[tokio::test]
     async fn namespaces_take_turns() {
-        let turns = Turns::with_gauge(2, Gauge::default());
+        let turns = Turns::with_gauge(2, Gauge::default(), Box::new(|_| false));
         for i in 0..10 {
             turns.trigger(key("flood", &format!("p{i}")));
         }
@@ -348,5 +429,52 @@ mod tests {
         let s = lock(&turns.state);
         assert!(s.running.is_empty() && s.waiting.is_empty() && s.order.is_empty());
         assert_eq!(turns.gauge.get(), 0);
+    }
+
+    /// A parent in error backoff is not queued by a trigger that may wait (a reference's
+    /// change), neither at once nor when its running reconcile finishes having failed;
+    /// any other trigger still queues it, and one that is not held is queued as before.
+    #[tokio::test]
+    async fn a_held_parent_waits_out_its_backoff_on_reference_triggers() {
+        use std::collections::HashSet;
+        let held: Arc<Mutex<HashSet<Key>>> = Arc::default();
+        let h = held.clone();
+        let turns = Turns::with_gauge(4, Gauge::default(), Box::new(move |k| lock(&h).contains(k)));
+        let mut next = turns.clone().next();
+        lock(&held).insert(key("big", "p0"));
+        turns.trigger_unless_held(key("big", "p0"));
+        turns.trigger_unless_held(key("big", "p1"));
+        assert_eq!(next.next().await, Some(key("big", "p1")));
+        assert!(futures::poll!(next.next()).is_pending(), "p0 is held");
+        // p1 fails while a reference changes: held once done, it is not queued again.
+        turns.trigger_unless_held(key("big", "p1"));
+        lock(&held).insert(key("big", "p1"));
+        turns.done(&key("big", "p1"));
+        assert!(futures::poll!(next.next()).is_pending(), "p1 is held");
+        // Its own change (the parent's watch) still queues a held parent.
+        turns.trigger(key("big", "p0"));
+        assert_eq!(next.next().await, Some(key("big", "p0")));
+        // A reference's change of a running parent not held queues it once more after
+        // it succeeds.
+        lock(&held).clear();
+        turns.trigger_unless_held(key("big", "p0"));
+        turns.done(&key("big", "p0"));
+        let again = tokio::time::timeout(std::time::Duration::from_secs(5), next.next()).await;
+        assert_eq!(again.ok().flatten(), Some(key("big", "p0")));
+        turns.done(&key("big", "p0"));
+        assert!(futures::poll!(next.next()).is_pending());
+        // Queued by a reference's change, then held before its turn came (its own retry
+        // ran and failed meanwhile): dropped when its turn comes.
+        let mut full = Vec::new();
+        for i in 0..4 {
+            turns.trigger(key("other", &format!("q{i}")));
+            full.push(next.next().await);
+        }
+        turns.trigger_unless_held(key("big", "p2"));
+        turns.trigger(key("small", "s"));
+        lock(&held).insert(key("big", "p2"));
+        turns.done(&key("other", "q0"));
+        assert_eq!(next.next().await, Some(key("small", "s")), "{full:?}");
+        assert_eq!(turns.gauge.get(), 0, "p2 is no longer waiting");
     }
 }

@@ -66,6 +66,8 @@ pub struct Settings {
     pub cache_namespace_mib: usize,
     /// MiB of child content cached in all.
     pub cache_total_mib: usize,
+    /// MiB of reconcile inputs held at once by all reconciles.
+    pub inputs_in_flight_mib: usize,
     /// Share the parents among replicas by namespace hash (instead of one leader).
     pub sharding: bool,
     /// Filter shards here even when the API server could.
@@ -191,6 +193,7 @@ pub async fn run(args: Settings) -> Result<()> {
             per_namespace: args.cache_namespace_mib.saturating_mul(1 << 20),
             total: args.cache_total_mib.saturating_mul(1 << 20),
         },
+        inputs_in_flight: args.inputs_in_flight_mib.saturating_mul(1 << 20),
         shard: None,
     };
     let mut engine = Engine::new(client.clone(), engine_config, metrics.clone(), write_gate);

@@ -13,7 +13,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
 use super::fight::Fights;
-use super::memo::{Applied, Created, Steady};
+use super::inflight::InputBudget;
+use super::memo::{Applied, Backoffs, Created, Steady};
 use super::plan::is_child_of;
 use super::refs::RefKind;
 use super::status::StatusWrites;
@@ -88,6 +89,11 @@ pub struct ContextParts {
     /// Set while the engine lets go of children of kinds an earlier version of the rule
     /// had ([`OrphansPending`]).
     pub orphans_pending: Arc<OrphansPending>,
+    /// The parents in error backoff (shared with the references' watches, whose changes
+    /// wait them out).
+    pub backoffs: Arc<Backoffs>,
+    /// The process's budget of reconcile inputs in flight (one for every rule).
+    pub inputs: Arc<InputBudget>,
 }
 
 /// Set while the engine lets go of the children of kinds an earlier version of the rule
@@ -226,6 +232,10 @@ pub struct RuleContext {
     /// Whether parents' status records `ruleVersion` (see `status.rs`).
     pub(super) records_version: std::sync::atomic::AtomicBool,
     pub(super) orphans_pending: Arc<OrphansPending>,
+    /// The parents in error backoff, until when.
+    pub(super) backoffs: Arc<Backoffs>,
+    /// The process's budget of reconcile inputs in flight.
+    pub(super) inputs: Arc<InputBudget>,
 }
 
 /// Children checked by hash only, remembered at most (then forgotten and found again).
@@ -258,6 +268,8 @@ impl RuleContext {
             created: p.created,
             records_version: std::sync::atomic::AtomicBool::new(records_version),
             orphans_pending: p.orphans_pending,
+            backoffs: p.backoffs,
+            inputs: p.inputs,
         }
     }
 
@@ -345,12 +357,14 @@ impl RuleContext {
         }
     }
 
-    pub fn note_success(&self, uid: &str) {
+    pub fn note_success(&self, uid: &str, key: &super::memo::ParentKey) {
         lock(&self.failures).remove(uid);
         lock(&self.last_warning).remove(uid);
+        self.backoffs.succeeded(key);
     }
 
-    /// Counts a failure of parent `uid`; returns how many in a row.
+    /// Counts a failure of parent `uid`; returns how many in a row. (Its backoff is
+    /// recorded by the error policy, which decides it.)
     pub fn note_failure(&self, uid: &str) -> u32 {
         let mut f = lock(&self.failures);
         let n = f.entry(uid.to_string()).or_insert(0);

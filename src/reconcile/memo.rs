@@ -19,8 +19,14 @@
 //!   try to create it again (refused: the name is taken) and then read it; it waits for
 //!   the child's watch event instead.
 //!
-//! All are only ever a shortcut (to "nothing to do", or to waiting): a miss costs the
-//! full reconcile.
+//! - [`Backoffs`]: the parents in error backoff, by namespace and name, until when. A
+//!   change of an object such a parent references does not reconcile it before then
+//!   (`engine::turns`): its requeue reads the object at the end of the backoff.
+//!
+//! All but [`Backoffs`] are only ever a shortcut (to "nothing to do", or to waiting): a
+//! miss costs the full reconcile. A [`Backoffs`] entry only ever delays a reconcile
+//! that a reference's change brings, to the requeue its failure scheduled; a restart
+//! forgets them (each parent is reconciled once at start) and so does a success.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -408,6 +414,95 @@ impl Created {
         if !m.is_empty() {
             m.remove(&key());
         }
+    }
+}
+
+/// Tokio's clock: the retries sleep on it (and tests pause it).
+type TokioInstant = tokio::time::Instant;
+
+/// A parent: `(namespace, name)`.
+pub type ParentKey = (Option<String>, String);
+
+/// The parents in error backoff, until when (see the module comment), and their retries:
+/// [`Backoffs::retries`] names each parent when its backoff ends, for the rule's turns to
+/// reconcile it (a retry takes its namespace's turn like any other trigger: a flood of
+/// failing parents retried together does not hold back other namespaces). An entry goes
+/// with the parent's next success or its retry.
+#[derive(Default)]
+pub struct Backoffs {
+    state: Mutex<BackoffState>,
+    /// Woken when a backoff is set: the retries may be due earlier.
+    changed: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct BackoffState {
+    until: HashMap<ParentKey, TokioInstant>,
+    due: std::collections::BTreeSet<(TokioInstant, ParentKey)>,
+}
+
+impl Backoffs {
+    /// Parent `key` failed, to be retried at `until`.
+    pub fn failed(&self, key: ParentKey, until: TokioInstant) {
+        let mut s = lock(&self.state);
+        if let Some(was) = s.until.insert(key.clone(), until) {
+            s.due.remove(&(was, key.clone()));
+        }
+        s.due.insert((until, key));
+        drop(s);
+        self.changed.notify_one();
+    }
+
+    /// Parent `key` reconciled without error: no retry.
+    pub fn succeeded(&self, key: &ParentKey) {
+        let mut s = lock(&self.state);
+        if let Some(was) = s.until.remove(key) {
+            s.due.remove(&(was, key.clone()));
+        }
+    }
+
+    /// Whether parent `key` is in error backoff at `now`.
+    pub fn holds(&self, key: &ParentKey, now: TokioInstant) -> bool {
+        lock(&self.state).until.get(key).is_some_and(|t| *t > now)
+    }
+
+    pub fn len(&self) -> usize {
+        lock(&self.state).until.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The parent whose retry is due at `now`, taken out.
+    fn take_due(&self, now: TokioInstant) -> Result<ParentKey, Option<TokioInstant>> {
+        let mut s = lock(&self.state);
+        match s.due.first() {
+            Some((at, _)) if *at <= now => {}
+            Some((at, _)) => return Err(Some(*at)),
+            None => return Err(None),
+        }
+        let (_, key) = s.due.pop_first().ok_or(None)?;
+        s.until.remove(&key);
+        Ok(key)
+    }
+
+    /// Each parent as its backoff ends.
+    pub fn retries(self: Arc<Self>) -> impl futures::Stream<Item = ParentKey> + Send + 'static {
+        futures::stream::unfold(self, |b| async move {
+            loop {
+                match b.take_due(TokioInstant::now()) {
+                    Ok(key) => return Some((key, b)),
+                    Err(Some(at)) => {
+                        tokio::select! {
+                            () = tokio::time::sleep_until(at) => {}
+                            () = b.changed.notified() => {}
+                        }
+                    }
+                    Err(None) => b.changed.notified().await,
+                }
+            }
+        })
     }
 }
 

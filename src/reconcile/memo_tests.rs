@@ -220,3 +220,51 @@ fn a_created_child_is_on_its_way_until_cached_and_only_for_a_while() {
         "too long ago: deleted since"
     );
 }
+
+#[test]
+fn a_parent_is_held_until_its_backoff_ends_or_it_succeeds() {
+    let b = Backoffs::default();
+    let now = tokio::time::Instant::now();
+    let p = (Some("ns".to_string()), "p".to_string());
+    assert!(!b.holds(&p, now));
+    b.failed(p.clone(), now + Duration::from_secs(16));
+    assert!(b.holds(&p, now));
+    assert!(b.holds(&p, now + Duration::from_secs(15)));
+    assert!(
+        !b.holds(&p, now + Duration::from_secs(16)),
+        "its retry runs then"
+    );
+    b.succeeded(&p);
+    assert!(!b.holds(&p, now));
+    assert!(b.is_empty());
+}
+
+/// Retries come as the backoffs end, earliest first; a success cancels one, a new
+/// failure moves it.
+#[tokio::test]
+async fn retries_come_as_backoffs_end() {
+    use futures::StreamExt;
+    let b = Arc::new(Backoffs::default());
+    let key = |n: &str| (Some("ns".to_string()), n.to_string());
+    let now = tokio::time::Instant::now();
+    b.failed(key("late"), now + Duration::from_millis(320));
+    b.failed(key("early"), now + Duration::from_millis(160));
+    b.failed(key("fixed"), now + Duration::from_millis(10));
+    b.succeeded(&key("fixed"));
+    b.failed(key("moved"), now + Duration::from_millis(20));
+    b.failed(key("moved"), now + Duration::from_millis(200));
+    let mut retries = Box::pin(b.clone().retries());
+    assert_eq!(retries.next().await, Some(key("early")));
+    assert!(tokio::time::Instant::now() >= now + Duration::from_millis(160));
+    assert_eq!(retries.next().await, Some(key("moved")));
+    assert_eq!(retries.next().await, Some(key("late")));
+    assert!(b.is_empty(), "a retried parent is no longer held");
+    // A failure while the stream waits wakes it.
+    let waiting = tokio::spawn(async move { retries.next().await });
+    tokio::task::yield_now().await;
+    b.failed(
+        key("again"),
+        tokio::time::Instant::now() + Duration::from_millis(10),
+    );
+    assert_eq!(waiting.await.ok().flatten(), Some(key("again")));
+}

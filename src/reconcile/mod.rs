@@ -25,12 +25,14 @@ mod apply;
 mod apply_stage;
 pub mod cache;
 pub mod context;
+mod dereference;
 pub mod drift;
 pub mod error;
 mod events;
 mod fight;
 pub mod gate;
 pub mod gate_body;
+pub mod inflight;
 pub mod memo;
 mod observe;
 mod offload;
@@ -60,12 +62,12 @@ use tracing::warn;
 use crate::meta::JsonAt;
 use crate::metrics::{self, ResultLabels};
 use crate::render::Observed;
+use dereference::{Inputs, dereference};
 use events::{Cause, children_after, event, observed_after, report_changes};
 use observe::{Confined, confine_to_rendered_namespaces, read_stubs, unreadable_parent};
-use offload::{render_off_runtime, status_off_runtime, targets_off_runtime};
+use offload::{render_off_runtime, status_off_runtime};
 use plan::plan_prunes;
 use prune::leave_child;
-use refs::Dereferenced;
 use status::{write_paused, write_status};
 use teardown::places::Recorded;
 
@@ -99,6 +101,7 @@ pub async fn reconcile(
         ))
         .unwrap_or(parent);
     let uid = parent.uid();
+    let key = (parent.namespace(), parent.name_any());
     let result = reconcile_inner(parent, &ctx).await;
     gauge.dec();
     ctx.metrics
@@ -119,12 +122,13 @@ pub async fn reconcile(
     if result.is_ok()
         && let Some(uid) = uid
     {
-        ctx.note_success(&uid);
+        ctx.note_success(&uid, &key);
     }
     result
 }
 
-/// The controller's error policy: exponential backoff per parent, capped.
+/// The controller's error policy: exponential backoff per parent, capped; the retry
+/// comes through the rule's turns when it ends ([`memo::Backoffs`]).
 pub fn error_policy(
     parent: Arc<DynamicObject>,
     err: &ReconcileError,
@@ -143,6 +147,15 @@ pub fn error_policy(
         ReconcileError::Render(_) => ctx.backoff.delay(n.saturating_add(4)),
         _ => ctx.backoff.delay(n),
     };
+    // The retry comes from the backoffs (`memo::Backoffs::retries`) through the rule's
+    // turns, as every other trigger: a flood of failing parents retried together takes
+    // its namespace's turns, not every worker. Until then, a change of an object the
+    // parent references waits (the retry reads it): a tenant's edits cannot cut its
+    // failing parents' backoff short.
+    ctx.backoffs.failed(
+        (parent.namespace(), parent.name_any()),
+        tokio::time::Instant::now() + delay,
+    );
     match err {
         ReconcileError::NotLeader => debug!("not the leader"),
         _ => {
@@ -152,7 +165,7 @@ pub fn error_policy(
             debug!(rule = %ctx.rule.name, parent = %parent.name_any(), error = %err, "reconcile failed");
         }
     }
-    Action::requeue(delay)
+    Action::await_change()
 }
 
 async fn reconcile_inner(
@@ -232,42 +245,21 @@ async fn reconcile_inner(
         // already counts that write).
         p.insert("status".into(), status);
     }
-    let mut observed = Observed::from_objects(
+    let observed = Observed::from_objects(
         live_children
             .iter()
             .filter_map(|(k, o)| cache::to_json_as(o, &ctx.kinds[*k].ar)),
     );
 
     // 1b. Dereference: where the references point (an expression over the parent), and
-    //     what is there. A required object missing: nothing is applied or pruned.
-    let mut budget = rule.budget();
-    if !rule.rule.spec.references.is_empty() {
-        if !ctx.references_listed() {
-            // A required reference would look missing. Each reference cache's listing
-            // reconciles every parent when it completes.
-            debug!(rule = %ctx.rule.name, parent = %parent.name_any(), "reference caches not listed yet; deferred");
-            return Ok(Action::await_change());
-        }
-        let (targets, p, o, b) = targets_off_runtime(ctx, parent_json, observed, budget).await?;
-        (parent_json, observed, budget) = (p, o, b);
-        let targets = match targets {
-            Ok(t) => t,
-            Err(e) => {
-                return render_failed(ctx, parent, &parent_json, &observed, e, "Render").await;
-            }
+    //     what is there. A required object missing: nothing is applied or pruned. The
+    //     inputs' weight is held in the process's budget until the status is evaluated.
+    let inputs = (parent_json, observed, rule.budget());
+    let (parent_json, observed, budget, permit) =
+        match dereference(ctx, parent, &live_children, inputs).await? {
+            Inputs::Ready(p, o, b, permit) => (p, o, b, permit),
+            Inputs::Stop(done) => return done,
         };
-        let key = (namespace.clone(), parent.name_any());
-        match refs::look_up(ctx, &key, targets).await? {
-            Dereferenced::Found(found) => observed.refs = found,
-            Dereferenced::Missing(message) => {
-                return reference_missing(ctx, parent, &parent_json, message).await;
-            }
-            Dereferenced::TooMany(message) => {
-                let e = crate::render::RenderError::budget(rule.file.clone(), None, message);
-                return render_failed(ctx, parent, &parent_json, &observed, e, "Render").await;
-            }
-        }
-    }
 
     // With references: the same once they are looked up.
     if !rule.rule.spec.references.is_empty()
@@ -380,6 +372,8 @@ async fn reconcile_inner(
     let secrets = observed.secret_values_with(&desired);
     let (report, parent_json) =
         status_off_runtime(ctx, parent_json, observed, desired, budget).await?;
+    // Nothing of the inputs is held any more.
+    drop(permit);
     let report = match report {
         Ok(report) => report,
         Err(mut e) => {

@@ -216,7 +216,7 @@ impl RefIndex {
     }
 
     /// Names of the cached objects in `namespace`.
-    fn members(&self, namespace: &Option<String>) -> Vec<String> {
+    pub(super) fn members(&self, namespace: &Option<String>) -> Vec<String> {
         lock(&self.maps)
             .members
             .get(namespace)
@@ -227,138 +227,15 @@ impl RefIndex {
 
 /// An object's labels, unless a stub dropped them (too large to keep,
 /// [`admission::KEPT_REFERENCE_LABEL_BYTES`]).
-fn known_labels(o: &DynamicObject) -> Option<&BTreeMap<String, String>> {
+pub(super) fn known_labels(o: &DynamicObject) -> Option<&BTreeMap<String, String>> {
     (!is_stub(o) || admission::labels_kept(&o.metadata)).then(|| o.labels())
 }
 
-/// What the references of one parent found.
-pub(super) enum Dereferenced {
-    /// `refs.<name>` for the template context (missing optional ones absent).
-    Found(BTreeMap<String, Json>),
-    /// A required object is missing: nothing is applied or pruned.
-    Missing(String),
-    /// A selector matches more objects than a parent may read (`Limits::max_for_each`).
-    TooMany(String),
-}
-
-/// Looks up each target in its cache (an object cached without content is read from the
-/// API server). Targets are tracked first, so an object created meanwhile wakes the parent;
-/// a parent deleted while this reconcile ran is forgotten again at once.
-pub(super) async fn look_up(
-    ctx: &RuleContext,
-    parent: &Key,
-    targets: Vec<RefTarget>,
-) -> Result<Dereferenced, ReconcileError> {
-    let spec = &ctx.rule.rule.spec.references;
-    for t in &targets {
-        if let Some(kind) = ctx.refs.get(t.reference) {
-            kind.index.track(parent.clone(), t.clone());
-        }
-    }
-    let mut oref = ObjectRef::new_with(&parent.1, ctx.parent.ar.clone());
-    if let Some(ns) = &parent.0 {
-        oref = oref.within(ns);
-    }
-    if ctx.parent_store.get(&oref).is_none() {
-        ctx.refs.iter().for_each(|k| k.index.forget(parent));
-    }
-    let limit = ctx.rule.limits().max_for_each;
-    let bytes = ctx.rule.limits().parent_reference_bytes;
-    let mut left = bytes;
-    let over = |r: &crate::rules::Reference| {
-        Dereferenced::TooMany(format!(
-            "refs.{}: the objects read take more than {} MiB, the limit per parent",
-            r.name.value,
-            bytes >> 20
-        ))
-    };
-    let mut found = BTreeMap::new();
-    for t in targets {
-        let (Some(kind), Some(r)) = (ctx.refs.get(t.reference), spec.get(t.reference)) else {
-            continue;
-        };
-        match &t.select {
-            RefSelect::Name(name) => match cached(kind, &t.namespace, name) {
-                Some(o) => match full(ctx, kind, o, &mut left).await? {
-                    Read::Found(o) => {
-                        found.insert(r.name.value.clone(), o);
-                    }
-                    Read::Gone if r.optional => {}
-                    Read::Gone => return Ok(missing(r, &t)),
-                    Read::Over => return Ok(over(r)),
-                },
-                None if r.optional => {}
-                None => return Ok(missing(r, &t)),
-            },
-            RefSelect::Labels(want) => {
-                let mut names = kind.index.members(&t.namespace);
-                names.sort();
-                let mut selected = Vec::new();
-                let mut unknown = HashMap::new();
-                for o in names.iter().filter_map(|n| cached(kind, &t.namespace, n)) {
-                    match known_labels(&o) {
-                        Some(l) if t.selects_labels(l) => selected.push(o),
-                        Some(_) => {}
-                        None => {
-                            unknown.insert(o.uid().unwrap_or_default(), o);
-                        }
-                    }
-                }
-                if !unknown.is_empty() && selected.len() <= limit {
-                    let room = limit - selected.len();
-                    let listed = list_selected(ctx, kind, &t.namespace, want, &unknown, room);
-                    selected.extend(listed.await?);
-                }
-                if selected.len() > limit {
-                    // With stubs among them, counting stopped past the limit.
-                    let at_least = if unknown.is_empty() { "" } else { "at least " };
-                    return Ok(Dereferenced::TooMany(format!(
-                        "refs.{}: {at_least}{} objects match, more than the limit of {limit}",
-                        r.name.value,
-                        selected.len()
-                    )));
-                }
-                let mut list = Vec::with_capacity(selected.len());
-                for o in selected {
-                    let name = o.name_any();
-                    let read = is_stub(&o);
-                    match full(ctx, kind, o, &mut left).await? {
-                        // A stub is read now: it counts if it still matches.
-                        Read::Found(o) if !read || t.selects_labels(&labels_of(&o)) => {
-                            list.push((name, o));
-                        }
-                        Read::Found(_) | Read::Gone => {}
-                        Read::Over => return Ok(over(r)),
-                    }
-                }
-                list.sort_by(|a, b| a.0.cmp(&b.0));
-                found.insert(
-                    r.name.value.clone(),
-                    Json::Array(list.into_iter().map(|(_, o)| o).collect()),
-                );
-            }
-        }
-    }
-    Ok(Dereferenced::Found(found))
-}
-
-/// The `ReferenceMissing` message: the reference and where it looked, never a value.
-fn missing(r: &crate::rules::Reference, t: &RefTarget) -> Dereferenced {
-    let narrowed = match &r.watch_selector {
-        Some(sel) => format!(
-            " (Rulebook sees only objects matching watchSelector '{}')",
-            sel.value
-        ),
-        None => String::new(),
-    };
-    Dereferenced::Missing(format!(
-        "refs.{}: {} not found{narrowed}",
-        r.name.value,
-        t.describe(&r.kind.value)
-    ))
-}
-
-fn cached(kind: &RefKind, ns: &Option<String>, name: &str) -> Option<Arc<DynamicObject>> {
+pub(super) fn cached(
+    kind: &RefKind,
+    ns: &Option<String>,
+    name: &str,
+) -> Option<Arc<DynamicObject>> {
     let mut oref = ObjectRef::new_with(name, kind.ar.clone());
     if let Some(ns) = ns {
         oref = oref.within(ns);
@@ -367,7 +244,7 @@ fn cached(kind: &RefKind, ns: &Option<String>, name: &str) -> Option<Arc<Dynamic
 }
 
 /// What [`full`] read.
-enum Read {
+pub(super) enum Read {
     Found(Json),
     /// Not there (any more), or another object by that name now.
     Gone,
@@ -375,16 +252,22 @@ enum Read {
     Over,
 }
 
-/// Charges `o`'s bytes (content and metadata) to what the parent may still read.
-fn charge(o: &DynamicObject, left: &mut usize) -> bool {
+/// Bytes of `o` (content and metadata) as cached, or as read.
+pub(super) fn cached_bytes(o: &DynamicObject) -> usize {
     let content = match &o.data {
         Json::String(packed) => packed.len(),
+        Json::Null => 0,
         other => {
             let mut n = Counted(0);
             serde_json::to_writer(&mut n, other).map_or(usize::MAX, |()| n.0)
         }
     };
-    let bytes = content.saturating_add(admission::metadata_bytes(&o.metadata));
+    content.saturating_add(admission::metadata_bytes(&o.metadata))
+}
+
+/// Charges `o`'s bytes (content and metadata) to what the parent may still read.
+fn charge(o: &DynamicObject, left: &mut usize) -> bool {
+    let bytes = cached_bytes(o);
     match left.checked_sub(bytes) {
         Some(l) => {
             *left = l;
@@ -410,7 +293,7 @@ impl std::io::Write for Counted {
 /// The object's JSON (with its apiVersion and kind); one cached without content is read
 /// from the API server, and counts only if it is still the object cached (same UID).
 /// Each is charged to `left` before its JSON is built.
-async fn full(
+pub(super) async fn full(
     ctx: &RuleContext,
     kind: &RefKind,
     o: Arc<DynamicObject>,
@@ -444,7 +327,7 @@ async fn full(
 /// [`LIST_PAGE`] at a time (a tenant's object may carry a megabyte of metadata), until
 /// more than `room` are found. A selector that no label can satisfy (a key or value
 /// that is not a valid label) matches none and is not sent.
-async fn list_selected(
+pub(super) async fn list_selected(
     ctx: &RuleContext,
     kind: &RefKind,
     ns: &Option<String>,
@@ -486,7 +369,7 @@ async fn list_selected(
 const LIST_PAGE: u32 = 25;
 
 /// `metadata.labels` of an object's JSON.
-fn labels_of(o: &Json) -> BTreeMap<String, String> {
+pub(super) fn labels_of(o: &Json) -> BTreeMap<String, String> {
     o.at(&["metadata", "labels"])
         .and_then(Json::as_object)
         .map(|l| {

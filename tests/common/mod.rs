@@ -247,10 +247,41 @@ impl Operator {
         extra: &[&str],
         rust_log: &str,
     ) -> Operator {
+        let cmd = Command::new(env!("CARGO_BIN_EXE_rulebook"));
+        Operator::spawn(cmd, kubeconfig, rules, templates, ns, extra, rust_log).await
+    }
+
+    /// Like [`Operator::start`], the process placed in the cgroup whose `cgroup.procs`
+    /// is `procs` before it runs (a shell writes its own pid there, then execs the
+    /// operator: the same pid, every byte the operator allocates charged to the cgroup).
+    pub async fn start_in_cgroup(
+        procs: &Path,
+        rules: &Path,
+        templates: &Path,
+        ns: Option<&str>,
+        extra: &[&str],
+    ) -> Operator {
+        let log = std::env::var("RULEBOOK_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into());
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(r#"echo $$ > "$0" && exec "$@""#)
+            .arg(procs)
+            .arg(env!("CARGO_BIN_EXE_rulebook"));
+        Operator::spawn(cmd, &kubeconfig_path(), rules, templates, ns, extra, &log).await
+    }
+
+    async fn spawn(
+        mut cmd: Command,
+        kubeconfig: &Path,
+        rules: &Path,
+        templates: &Path,
+        ns: Option<&str>,
+        extra: &[&str],
+        rust_log: &str,
+    ) -> Operator {
         let metrics_port = free_port();
         let log = std::env::temp_dir().join(format!("{}.log", unique("rulebook-op")));
         let log_file = std::fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rulebook"));
         cmd.arg("run")
             .arg("--rules")
             .arg(rules)
@@ -343,6 +374,11 @@ impl Operator {
             .arg(format!("-{signal}"))
             .arg(self.pid().to_string())
             .status();
+    }
+
+    /// How the process ended, if it has (without waiting).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
     }
 
     /// Waits for the process to exit.

@@ -8,6 +8,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the kit
 
+pub mod memory;
 pub mod teardown;
 
 use std::collections::{BTreeMap, BTreeSet};
