@@ -2,7 +2,7 @@
 //! objects; `rulebook crds` prints them and `rulebook run --install-crds` applies them
 //! (the I/O is in `src/crds.rs`).
 
-use serde_json::{Map, Value as Json, json};
+use serde_json::{Value as Json, json};
 
 /// The label on every CRD Rulebook generates. With the field manager `rulebook`, it is
 /// how `--install-crds` tells a CRD it may change from one somebody else owns.
@@ -128,7 +128,7 @@ fn status_schema(crd: &CrdSpec) -> Json {
         .as_ref()
         .and_then(|s| s.value.get("properties").cloned())
         .and_then(|p| p.as_object().cloned())
-        .unwrap_or_else(Map::new);
+        .unwrap_or_default();
     status_props.insert(
         "observedGeneration".into(),
         json!({"type": "integer", "format": "int64"}),
