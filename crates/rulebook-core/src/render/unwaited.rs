@@ -160,13 +160,28 @@ fn placeholder(expr: &str) -> String {
     })
 }
 
+/// The expression's value for the sample parent. This runs at load time, outside any
+/// parent's budget, so only expressions that cannot build much are evaluated: they read
+/// the parent's name or namespace and nothing else, and hold no digit, `*` or `%` (no
+/// width, count or repetition for a filter to build from: `"%.999999999f" | format(1)` or
+/// `"x" | indent(10**9)` would allocate gigabytes), under a small fuel bound. Anything
+/// else stands for a token.
 fn sample_value(expr: &str) -> Option<String> {
-    let env = Environment::new();
+    if expr.len() > 256
+        || expr
+            .chars()
+            .any(|c| c.is_ascii_digit() || c == '*' || c == '%')
+    {
+        return None;
+    }
+    let mut env = Environment::new();
+    env.set_fuel(Some(10_000));
     let compiled = env.compile_expression(expr).ok()?;
-    let reads_only_identity = compiled
-        .undeclared_variables(true)
-        .iter()
-        .all(|v| v == "parent.metadata.name" || v == "parent.metadata.namespace");
+    let vars = compiled.undeclared_variables(true);
+    let reads_only_identity = !vars.is_empty()
+        && vars
+            .iter()
+            .all(|v| v == "parent.metadata.name" || v == "parent.metadata.namespace");
     if !reads_only_identity {
         return None;
     }
