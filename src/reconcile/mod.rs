@@ -41,6 +41,8 @@ mod prune;
 pub mod recorder;
 pub mod refs;
 pub mod shard_gate;
+#[cfg(test)]
+mod stages_mock;
 pub mod status;
 pub mod store;
 pub mod teardown;
@@ -73,8 +75,8 @@ use teardown::places::Recorded;
 pub use context::{ChildKind, ContextParts, ParentKind, RuleContext};
 pub use error::{Reason, ReconcileError};
 pub use gate::WriteGate;
-pub use prune::orphan_patch;
 pub use memory::{BackoffPolicy, MemoryParts, ParentMemory, Paused};
+pub use prune::orphan_patch;
 
 /// Reconciles one parent. Called by the rule's controller.
 pub async fn reconcile(

@@ -296,4 +296,3 @@ pub fn now_rfc3339() -> String {
         .strftime("%Y-%m-%dT%H:%M:%SZ")
         .to_string()
 }
-

@@ -173,7 +173,6 @@ impl Created {
     }
 }
 
-
 /// A resourceVersion as a number (etcd revisions); `None` when it is not one.
 fn rv(o: &DynamicObject) -> Option<u64> {
     o.resource_version().and_then(|v| v.parse().ok())

@@ -102,7 +102,6 @@ impl Backoffs {
     }
 }
 
-
 /// Per-object exponential backoff after failures.
 #[derive(Clone, Debug)]
 pub struct BackoffPolicy {

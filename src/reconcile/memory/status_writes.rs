@@ -134,7 +134,9 @@ impl StatusWrites {
     /// pass for one this process has seen.
     pub fn latest_rv(&self, uid: &str, cached: &DynamicObject) -> Option<u64> {
         let seen = resource_version(cached);
-        let written = self.written.lock()
+        let written = self
+            .written
+            .lock()
             .sweep_if_due()
             .get(uid)
             .filter(|w| w.identity.is_some() && w.identity == identity(cached))
@@ -216,12 +218,7 @@ mod tests {
         };
         let w = StatusWrites::default();
         // The write left generation 1 at resourceVersion 10.
-        w.record(
-            "u1".into(),
-            10,
-            identity(&at("10", 1)),
-            &json!({}),
-        );
+        w.record("u1".into(), 10, identity(&at("10", 1)), &json!({}));
         // The cached parent (generation 1, before the write): the write is what is known.
         assert_eq!(w.latest_rv("u1", &at("8", 1)), Some(10));
         // Someone changed the spec before the write landed: the write does not stand for

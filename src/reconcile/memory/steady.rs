@@ -160,4 +160,3 @@ impl Steady {
         self.len() == 0
     }
 }
-

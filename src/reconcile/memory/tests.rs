@@ -304,7 +304,10 @@ fn failures_and_warnings_go_with_a_success_the_teardown_with_its_end() {
     assert_eq!(m.failed("p"), 1);
     assert_eq!(m.failed("p"), 2);
     assert!(m.warn_once("p", 7, 1));
-    assert!(!m.warn_once("p", 7, 2), "the same warning again says nothing new");
+    assert!(
+        !m.warn_once("p", 7, 2),
+        "the same warning again says nothing new"
+    );
     assert!(m.warn_once("p", 8, 3), "another warning does");
     // An unsent warning is forgotten only if it is still the last one.
     m.warning_unsent("p", 1);
@@ -318,7 +321,10 @@ fn failures_and_warnings_go_with_a_success_the_teardown_with_its_end() {
     m.succeeded("p", &key);
     // The teardown is kept through a success, and goes when it is done.
     let still = HashSet::from(["c1".to_string(), "c2".to_string()]);
-    assert_eq!(m.let_go_among("p", &still), HashSet::from(["c1".to_string()]));
+    assert_eq!(
+        m.let_go_among("p", &still),
+        HashSet::from(["c1".to_string()])
+    );
     assert_eq!(m.parents_noted(), 1);
     m.teardown_done("p");
     assert!(m.let_go_among("p", &still).is_empty());
@@ -372,7 +378,8 @@ fn the_parent_as_this_process_wrote_it_counts_in_the_fingerprint() {
     let m = memory();
     let p = parent("p");
     let before = m.fingerprint("p", &p, 9);
-    let meta: kube::api::ObjectMeta = serde_json::from_value(json!({"resourceVersion": "6"})).unwrap();
+    let meta: kube::api::ObjectMeta =
+        serde_json::from_value(json!({"resourceVersion": "6"})).unwrap();
     m.status_written("p".into(), 6, &meta, &json!({"phase": "x"}));
     assert_eq!(m.status_written_since("p", &p), Some(json!({"phase": "x"})));
     // Without a generation the write does not stand for the cached parent: same print.
