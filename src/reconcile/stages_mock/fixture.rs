@@ -228,7 +228,7 @@ fn answer(s: &Seen, parents: &Parents) -> (u16, Json) {
             json!({"kind": "List", "apiVersion": "v1",
                    "metadata": {"resourceVersion": next_rv()}, "items": []}),
         ),
-        "PATCH" if s.query.get("fieldManager").is_some() && s.query.contains_key("force") => {
+        "PATCH" if s.query.contains_key("fieldManager") && s.query.contains_key("force") => {
             (200, applied(&s.body))
         }
         "PATCH" | "POST" => {
