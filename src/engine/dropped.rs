@@ -26,7 +26,7 @@ use super::runner::discover;
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
-use crate::reconcile::context::{BackoffPolicy, OrphansPending};
+use crate::reconcile::memory::{BackoffPolicy, OrphansPending};
 use crate::reconcile::orphan_patch;
 use crate::reconcile::shard_gate::ShardGate;
 use crate::reconcile::wire::orphan_owner;

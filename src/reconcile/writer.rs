@@ -54,7 +54,7 @@ pub enum Deleted {
 }
 
 /// What a status apply answers, as far as Rulebook reads it: the metadata that tells
-/// whether the parent changed in a way worth a reconcile (`memo::identity`), its
+/// whether the parent changed in a way worth a reconcile (`memory::digest::identity`), its
 /// resourceVersion, and the status. The spec and managedFields are skipped unread.
 #[derive(Debug, serde::Deserialize)]
 pub struct StatusApplied {
@@ -498,10 +498,10 @@ mod tests {
         assert_eq!(lean.status, whole.data["status"]);
         let meta = lean.metadata.into_meta();
         assert_eq!(meta.resource_version.as_deref(), Some("42"));
-        assert!(super::super::memo::identity_of(&meta).is_some());
+        assert!(super::super::memory::digest::identity_of(&meta).is_some());
         assert_eq!(
-            super::super::memo::identity_of(&meta),
-            super::super::memo::identity(&whole)
+            super::super::memory::digest::identity_of(&meta),
+            super::super::memory::digest::identity(&whole)
         );
         // No status yet: null, as the whole object's missing field reads.
         let lean: StatusApplied = serde_json::from_str(r#"{"metadata": {}}"#).unwrap();
