@@ -9,8 +9,8 @@ use serde_json::{Map, Value as Json};
 
 use super::budget::{self, ParentBudget};
 use super::{
-    CompiledRule, DesiredChild, Observed, ParentInfo, RenderError, Scope, describe, env, labels,
-    object_hash,
+    CompiledRule, DesiredChild, Expr, Observed, ParentInfo, RenderError, Scope, describe, env,
+    labels, object_hash,
 };
 use crate::meta::JsonAt;
 use crate::rules::ChildRule;
@@ -87,55 +87,7 @@ impl CompiledRule {
             {
                 continue;
             }
-            let items: Vec<Option<Value>> = match &p.for_each {
-                None => vec![None],
-                Some(e) => {
-                    let v = self.eval(e, &ctx)?;
-                    if v.is_undefined() || v.is_none() {
-                        vec![]
-                    } else if !matches!(
-                        v.kind(),
-                        minijinja::value::ValueKind::Seq | minijinja::value::ValueKind::Iterable
-                    ) {
-                        return Err(RenderError::new(
-                            self.file.clone(),
-                            Some(e.line),
-                            // The value itself is not quoted: it may come from a Secret.
-                            format!(
-                                "rule '{}': {}: gives a {}, not a list",
-                                self.name,
-                                e.key,
-                                v.kind()
-                            ),
-                        ));
-                    } else {
-                        let len = v.len().unwrap_or(0);
-                        if len > self.limits.max_for_each {
-                            return Err(RenderError::budget(
-                                self.file.clone(),
-                                Some(e.line),
-                                format!(
-                                    "rule '{}': {}: {len} items, more than the limit of {}",
-                                    self.name, e.key, self.limits.max_for_each
-                                ),
-                            ));
-                        }
-                        let iter = v.try_iter().map_err(|err| {
-                            RenderError::new(
-                                self.file.clone(),
-                                Some(e.line),
-                                format!(
-                                    "rule '{}': {}: not a list: {}",
-                                    self.name,
-                                    e.key,
-                                    describe(&err)
-                                ),
-                            )
-                        })?;
-                        iter.take(self.limits.max_for_each).map(Some).collect()
-                    }
-                }
-            };
+            let items = self.for_each_items(p.for_each.as_ref(), &ctx)?;
             let template_path = self
                 .template_files
                 .get(c.template.as_str())
@@ -145,33 +97,111 @@ impl CompiledRule {
                 .get_template(&c.template)
                 .map_err(|e| RenderError::new(template_path.clone(), None, describe(&e)))?;
             for (idx, item) in items.into_iter().enumerate() {
-                let mut local = ctx.clone();
-                let index = item.as_ref().map(|_| idx);
-                if let Some(item) = item {
-                    local.insert("item", item);
-                    local.insert("index", Value::from(idx));
-                }
-                let text = self.render_one(&tmpl, &template_path, &local)?;
-                let object = parse_rendered(&text)
-                    .map_err(|(line, message)| RenderError::new(&template_path, line, message))?;
-                let object = self
-                    .check_and_decorate(c, object, &info, scope(i), index)
-                    .map_err(|message| RenderError::new(&template_path, None, message))?;
-                let hash = object_hash(&object);
-                let mut object = object;
-                set_annotation(&mut object, labels::DESIRED_HASH, &hash);
-                out.push(DesiredChild {
-                    child: i,
-                    name: c.name.value.clone(),
-                    index,
-                    object,
-                    hash,
-                });
+                out.push(self.render_item(
+                    (i, c),
+                    (&tmpl, &template_path),
+                    &ctx,
+                    item.map(|v| (idx, v)),
+                    (&info, scope(i)),
+                )?);
             }
         }
-        // Two children rendering the same object would fight each other.
+        self.refuse_duplicates(&out)?;
+        Ok(out)
+    }
+    /// The items of a `forEach`: one `None` without it; refused when the expression
+    /// gives something other than a list, or more items than the limit.
+    fn for_each_items(
+        &self,
+        for_each: Option<&Expr<'_>>,
+        ctx: &BTreeMap<&'static str, Value>,
+    ) -> Result<Vec<Option<Value>>, RenderError> {
+        let Some(e) = for_each else {
+            return Ok(vec![None]);
+        };
+        let v = self.eval(e, ctx)?;
+        if v.is_undefined() || v.is_none() {
+            return Ok(vec![]);
+        }
+        if !matches!(
+            v.kind(),
+            minijinja::value::ValueKind::Seq | minijinja::value::ValueKind::Iterable
+        ) {
+            return Err(RenderError::new(
+                self.file.clone(),
+                Some(e.line),
+                // The value itself is not quoted: it may come from a Secret.
+                format!(
+                    "rule '{}': {}: gives a {}, not a list",
+                    self.name,
+                    e.key,
+                    v.kind()
+                ),
+            ));
+        }
+        let len = v.len().unwrap_or(0);
+        if len > self.limits.max_for_each {
+            return Err(RenderError::budget(
+                self.file.clone(),
+                Some(e.line),
+                format!(
+                    "rule '{}': {}: {len} items, more than the limit of {}",
+                    self.name, e.key, self.limits.max_for_each
+                ),
+            ));
+        }
+        let iter = v.try_iter().map_err(|err| {
+            RenderError::new(
+                self.file.clone(),
+                Some(e.line),
+                format!(
+                    "rule '{}': {}: not a list: {}",
+                    self.name,
+                    e.key,
+                    describe(&err)
+                ),
+            )
+        })?;
+        Ok(iter.take(self.limits.max_for_each).map(Some).collect())
+    }
+
+    /// One rendered child: the template against the context (with `item` and `index`
+    /// for a `forEach` item), parsed, checked and decorated, its hash recorded.
+    fn render_item(
+        &self,
+        (i, c): (usize, &ChildRule),
+        (tmpl, template_path): (&minijinja::Template<'_, '_>, &str),
+        ctx: &BTreeMap<&'static str, Value>,
+        item: Option<(usize, Value)>,
+        (info, scope): (&ParentInfo<'_>, Scope),
+    ) -> Result<DesiredChild, RenderError> {
+        let mut local = ctx.clone();
+        let index = item.as_ref().map(|(idx, _)| *idx);
+        if let Some((idx, item)) = item {
+            local.insert("item", item);
+            local.insert("index", Value::from(idx));
+        }
+        let text = self.render_one(tmpl, template_path, &local)?;
+        let object = parse_rendered(&text)
+            .map_err(|(line, message)| RenderError::new(template_path, line, message))?;
+        let mut object = self
+            .check_and_decorate(c, object, info, scope, index)
+            .map_err(|message| RenderError::new(template_path, None, message))?;
+        let hash = object_hash(&object);
+        set_annotation(&mut object, labels::DESIRED_HASH, &hash);
+        Ok(DesiredChild {
+            child: i,
+            name: c.name.value.clone(),
+            index,
+            object,
+            hash,
+        })
+    }
+
+    /// Two children rendering the same object would fight each other.
+    fn refuse_duplicates(&self, out: &[DesiredChild]) -> Result<(), RenderError> {
         let mut seen = BTreeMap::new();
-        for d in &out {
+        for d in out {
             let key = (
                 d.api_version().to_string(),
                 d.kind().to_string(),
@@ -191,7 +221,7 @@ impl CompiledRule {
                 ));
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Renders one template against the active budget: refused when the budget is
@@ -226,22 +256,7 @@ impl CompiledRule {
         let Some(map) = object.as_object_mut() else {
             return Err("the template must render one YAML mapping (an object)".into());
         };
-        for (key, want) in [
-            ("apiVersion", &c.api_version.value),
-            ("kind", &c.kind.value),
-        ] {
-            match map.get(key).and_then(Json::as_str) {
-                Some(got) if got == want => {}
-                Some(got) => {
-                    return Err(format!(
-                        "rendered {key} '{got}', but the rule declares '{want}'"
-                    ));
-                }
-                None => {
-                    map.insert(key.to_string(), Json::String(want.clone()));
-                }
-            }
-        }
+        check_kind(map, c)?;
         let meta = map
             .entry("metadata")
             .or_insert_with(|| Json::Object(Map::new()));
@@ -255,33 +270,7 @@ impl CompiledRule {
         if let Some(n) = meta.get("namespace").and_then(Json::as_str) {
             check_object_name("metadata.namespace", n)?;
         }
-        match (scope, parent.namespace) {
-            (Scope::Namespaced, None) => {
-                // A cluster-scoped parent places its namespaced children where the template says.
-                if meta.get("namespace").and_then(Json::as_str).is_none() {
-                    meta.insert("namespace".into(), Json::String("default".into()));
-                }
-            }
-            (Scope::Namespaced, Some(ns)) => {
-                if let Some(got) = meta.get("namespace").and_then(Json::as_str)
-                    && got != ns
-                {
-                    return Err(format!(
-                        "the rendered object is in namespace '{got}'; children live in the parent's namespace '{ns}'"
-                    ));
-                }
-                meta.insert("namespace".into(), Json::String(ns.to_string()));
-            }
-            (Scope::Cluster, Some(_)) => {
-                return Err(format!(
-                    "{} is cluster-scoped and the parent is namespaced: a cluster-scoped child cannot be owned by a namespaced parent",
-                    c.kind.value
-                ));
-            }
-            (Scope::Cluster, None) => {
-                meta.remove("namespace");
-            }
-        }
+        place(meta, scope, parent.namespace, &c.kind.value)?;
         let labels_map = meta
             .entry("labels")
             .or_insert_with(|| Json::Object(Map::new()));
@@ -310,32 +299,7 @@ impl CompiledRule {
                 ann.remove(labels::INDEX);
             }
         }
-        // An `Orphan` child carries no ownerReference: the garbage collector follows
-        // every one (foreground deletion deletes each dependent, whatever its policy and
-        // `blockOwnerDeletion`), so it would not outlive every kind of deletion. Its
-        // owner label and recorded policy say whose it is; its parent's name, for its
-        // watch events.
-        match c.deletion_policy.annotation() {
-            Some(policy) => {
-                ann.insert(labels::DELETION_POLICY.into(), policy.into());
-                ann.insert(labels::PARENT_NAME.into(), parent.name.into());
-                meta.remove("ownerReferences");
-            }
-            None => {
-                ann.remove(labels::DELETION_POLICY);
-                ann.remove(labels::PARENT_NAME);
-                meta.insert(
-                    "ownerReferences".into(),
-                    serde_json::json!([{
-                        "apiVersion": parent.api_version,
-                        "kind": parent.kind,
-                        "name": parent.name,
-                        "uid": parent.uid,
-                        "controller": true,
-                    }]),
-                );
-            }
-        }
+        set_ownership(meta, c, parent)?;
         for forbidden in [
             "uid",
             "resourceVersion",
@@ -348,6 +312,105 @@ impl CompiledRule {
         map.remove("status");
         Ok(object)
     }
+}
+
+/// The rendered `apiVersion` and `kind` are the rule's (filled in when left out).
+fn check_kind(map: &mut Map<String, Json>, c: &ChildRule) -> Result<(), String> {
+    for (key, want) in [
+        ("apiVersion", &c.api_version.value),
+        ("kind", &c.kind.value),
+    ] {
+        match map.get(key).and_then(Json::as_str) {
+            Some(got) if got == want => {}
+            Some(got) => {
+                return Err(format!(
+                    "rendered {key} '{got}', but the rule declares '{want}'"
+                ));
+            }
+            None => {
+                map.insert(key.to_string(), Json::String(want.clone()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Where a child lives: a namespaced parent's children in its own namespace; a
+/// cluster-scoped parent's namespaced children where the template says (else `default`);
+/// a cluster-scoped child only under a cluster-scoped parent.
+fn place(
+    meta: &mut Map<String, Json>,
+    scope: Scope,
+    parent_namespace: Option<&str>,
+    kind: &str,
+) -> Result<(), String> {
+    match (scope, parent_namespace) {
+        (Scope::Namespaced, None) => {
+            // A cluster-scoped parent places its namespaced children where the template says.
+            if meta.get("namespace").and_then(Json::as_str).is_none() {
+                meta.insert("namespace".into(), Json::String("default".into()));
+            }
+        }
+        (Scope::Namespaced, Some(ns)) => {
+            if let Some(got) = meta.get("namespace").and_then(Json::as_str)
+                && got != ns
+            {
+                return Err(format!(
+                    "the rendered object is in namespace '{got}'; children live in the parent's namespace '{ns}'"
+                ));
+            }
+            meta.insert("namespace".into(), Json::String(ns.to_string()));
+        }
+        (Scope::Cluster, Some(_)) => {
+            return Err(format!(
+                "{} is cluster-scoped and the parent is namespaced: a cluster-scoped child cannot be owned by a namespaced parent",
+                kind
+            ));
+        }
+        (Scope::Cluster, None) => {
+            meta.remove("namespace");
+        }
+    }
+    Ok(())
+}
+
+/// Who owns the child: a controller ownerReference, or, for an `Orphan` child, none
+/// and the annotations that say whose it is.
+fn set_ownership(
+    meta: &mut Map<String, Json>,
+    c: &ChildRule,
+    parent: &ParentInfo<'_>,
+) -> Result<(), String> {
+    let Some(ann) = meta.get_mut("annotations").and_then(Json::as_object_mut) else {
+        return Err("metadata.annotations must be a mapping".into());
+    };
+    // An `Orphan` child carries no ownerReference: the garbage collector follows
+    // every one (foreground deletion deletes each dependent, whatever its policy and
+    // `blockOwnerDeletion`), so it would not outlive every kind of deletion. Its
+    // owner label and recorded policy say whose it is; its parent's name, for its
+    // watch events.
+    match c.deletion_policy.annotation() {
+        Some(policy) => {
+            ann.insert(labels::DELETION_POLICY.into(), policy.into());
+            ann.insert(labels::PARENT_NAME.into(), parent.name.into());
+            meta.remove("ownerReferences");
+        }
+        None => {
+            ann.remove(labels::DELETION_POLICY);
+            ann.remove(labels::PARENT_NAME);
+            meta.insert(
+                "ownerReferences".into(),
+                serde_json::json!([{
+                    "apiVersion": parent.api_version,
+                    "kind": parent.kind,
+                    "name": parent.name,
+                    "uid": parent.uid,
+                    "controller": true,
+                }]),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The YAML budget for one rendered object: a Kubernetes object is at most about
