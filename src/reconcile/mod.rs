@@ -109,7 +109,7 @@ pub async fn reconcile(
         .get_or_create(&metrics::rule(&rule))
         .observe(started.elapsed().as_secs_f64());
     let label = match &result {
-        Ok(_) => "ok",
+        Ok(_) => error::RESULT_OK,
         Err(e) => e.result_label(),
     };
     ctx.metrics
