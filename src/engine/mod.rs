@@ -16,7 +16,7 @@ mod released;
 mod resync;
 mod runner;
 pub mod sharded;
-mod status;
+mod health;
 mod streams;
 mod turns;
 
@@ -43,7 +43,7 @@ use runner::RuleRunner;
 pub use dropped::kind_api;
 pub use released::{ParentsOf, ReleaseError, Released, orphan_kinds, release_parents};
 pub use runner::{SetupError, resolve_kind};
-pub use status::{EngineStatus, RuleState, RuleStatus};
+pub use health::{EngineStatus, RuleState, RuleStatus};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {

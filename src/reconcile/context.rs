@@ -17,7 +17,7 @@ use super::inflight::InputBudget;
 use super::memo::{Applied, Backoffs, Created, Steady};
 use super::plan::is_child_of;
 use super::refs::RefKind;
-use super::status::StatusWrites;
+use super::status_write::StatusWrites;
 use super::writer::Writer;
 use crate::meta::labels;
 use crate::metrics::Metrics;
@@ -229,7 +229,7 @@ pub struct RuleContext {
     pub(super) applied: Arc<Applied>,
     /// Children created by this process in the last few seconds, by kind and name.
     pub(super) created: Arc<Created>,
-    /// Whether parents' status records `ruleVersion` (see `status.rs`).
+    /// Whether parents' status records `ruleVersion` (see `status_write.rs`).
     pub(super) records_version: std::sync::atomic::AtomicBool,
     pub(super) orphans_pending: Arc<OrphansPending>,
     /// The parents in error backoff, until when.

@@ -42,7 +42,7 @@ mod prune;
 pub mod recorder;
 pub mod refs;
 pub mod shard_gate;
-pub mod status;
+pub mod status_write;
 pub mod store;
 pub mod teardown;
 pub mod wire;
@@ -68,14 +68,14 @@ use observe::{Confined, confine_to_rendered_namespaces, read_stubs, unreadable_p
 use offload::{render_off_runtime, status_off_runtime};
 use plan::plan_prunes;
 use prune::leave_child;
-use status::{write_paused, write_status};
+use status_write::{write_paused, write_status};
 use teardown::places::Recorded;
 
 pub use context::{BackoffPolicy, ChildKind, ContextParts, ParentKind, Paused, RuleContext};
 pub use error::{Reason, ReconcileError};
 pub use gate::WriteGate;
 pub use prune::orphan_patch;
-pub use status::StatusWrites;
+pub use status_write::StatusWrites;
 
 /// Reconciles one parent. Called by the rule's controller.
 pub async fn reconcile(
@@ -231,7 +231,7 @@ async fn reconcile_inner(
     };
     // The status this process last wrote, when the cache predates it.
     let written = ctx.status_writes.newer_than(&uid, parent);
-    let cause = if status::rule_rollout_only(ctx, parent, written.as_ref(), &parent_json) {
+    let cause = if status_write::rule_rollout_only(ctx, parent, written.as_ref(), &parent_json) {
         Cause::RuleRollout
     } else {
         Cause::Inputs

@@ -15,7 +15,7 @@ use serde_json::{Value as Json, json};
 use super::cache;
 use super::context::RuleContext;
 use super::error::ReconcileError;
-use super::status::write_status;
+use super::status_write::write_status;
 use super::wire::is_stub;
 use crate::meta::JsonAt;
 use crate::metrics;
