@@ -1,0 +1,296 @@
+//! How one reconcile ends, as a value: the [`Outcome`] every stage may end with; the last
+//! stage, [`conclude`], which evaluates the parent's status over the children as the
+//! reconcile left them; and [`finish`], the one place the reconcile writes its parent's
+//! status from the outcome (kro's deferred status write). A stage that stops the reconcile says what the parent's
+//! condition is to be; it writes nothing itself. (A parent being deleted is the
+//! teardown's: it writes its own `Deleting` condition step by step, `teardown/`.)
+
+use std::time::Duration;
+
+use kube::api::DynamicObject;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use serde_json::{Map, Value as Json};
+
+use super::apply_stage::Applied;
+use super::context::RuleContext;
+use super::dereference::Inputs;
+use super::error::{Reason, ReconcileError};
+use super::events::{Cause, Change, children_after, event, observed_after, report_changes};
+use super::memo;
+use super::offload::{EvalInputs, Evaluated, status_off_runtime};
+use super::render_stage::Rendered;
+use super::status_write::{write_paused, write_status};
+use crate::metrics;
+use crate::render::status::ConditionState;
+use crate::render::{Observed, RenderError};
+
+/// How a reconcile ends.
+pub(super) enum Outcome {
+    /// Nothing to write: deferred until the caches are listed, steady, requeued, or torn
+    /// down (the teardown writes its own status).
+    Ends(Result<Action, ReconcileError>),
+    /// A child this process applied is still cached in its older version: the status
+    /// would be computed from it. The changes' events, and a requeue (its watch event
+    /// brings the parent back sooner).
+    Pending { changes: Vec<Change>, cause: Cause },
+    /// The parent is paused: its `Paused` condition, over the parent as JSON.
+    Paused(Json),
+    /// A `Ready` condition (and the rule's fields) to report.
+    Report(Box<Report>),
+}
+
+/// The parent's `Ready` condition as a reconcile left it, and what follows the write.
+pub(super) struct Report {
+    /// The parent as the reconcile read it (for its current status).
+    pub parent_json: Json,
+    /// The rule's status fields; `None` keeps the parent's current values.
+    pub fields: Option<Map<String, Json>>,
+    pub condition: ConditionState,
+    /// Secret values a refusal of the status write may quote.
+    pub secrets: Vec<String>,
+    /// A Warning event recorded before the write: its action and note.
+    pub warning: Option<(&'static str, String)>,
+    /// What the reconcile applied or pruned: one event per kind, after the write.
+    pub changes: Vec<Change>,
+    pub cause: Cause,
+    /// How the steady memo learns of a reconcile that went through (after the write, so
+    /// that it counts the write's resourceVersion).
+    pub steady: Option<SteadyMark>,
+    /// What kube-runtime is told once the status is written.
+    pub result: Result<Action, ReconcileError>,
+}
+
+/// What the steady memo ([`memo::Steady`]) keeps of a reconcile that went through.
+pub(super) enum SteadyMark {
+    /// No child written: the same inputs (`seen`, and the parent as the status write left
+    /// it) give the same outcome, so the next reconcile of them can stop early.
+    Unchanged(u64),
+    /// Children written, and nothing the rule evaluates depends on them: the children as
+    /// the caches will hold them (each write's event was awaited as it was written:
+    /// `Steady::expects`).
+    Written(u64),
+    /// Children written that the rule reads back: nothing is known.
+    Forget,
+}
+
+/// What a reconcile that went through asks of kube-runtime: nothing until a change. A
+/// rule's resync is the engine's sweep (`engine::resync`), not a requeue per parent.
+pub(super) fn settled() -> Action {
+    Action::await_change()
+}
+
+impl Report {
+    /// A failure before anything was applied: `Ready=False` with its reason, the status
+    /// fields as they are, and (`warning`) a Warning event with the condition's message.
+    fn stopped(parent_json: Json, err: ReconcileError, warning: Option<&'static str>) -> Outcome {
+        let condition = err.condition();
+        let warning = warning.map(|action| (action, condition.message.clone()));
+        Outcome::Report(Box::new(Report {
+            parent_json,
+            fields: None,
+            condition,
+            secrets: Vec::new(),
+            warning,
+            changes: Vec::new(),
+            cause: Cause::Inputs,
+            steady: None,
+            result: Err(err),
+        }))
+    }
+}
+
+/// A required reference is missing: `Ready=False` reason `ReferenceMissing` naming it
+/// (never a value), a Warning event, and nothing applied or pruned. The reference's
+/// watch wakes the parent when the object appears.
+pub(super) fn reference_missing(parent_json: Json, message: String) -> Outcome {
+    let condition = ConditionState::new(false, Reason::ReferenceMissing.as_str(), &message);
+    Outcome::Report(Box::new(Report {
+        parent_json,
+        fields: None,
+        condition,
+        secrets: Vec::new(),
+        warning: Some(("Dereference", message)),
+        changes: Vec::new(),
+        cause: Cause::Inputs,
+        steady: None,
+        result: Ok(settled()),
+    }))
+}
+
+/// A render or status evaluation failed: `Ready=False` with the failure's reason on this
+/// parent only (its status fields keep their values), and a Warning event. Secret values
+/// the parent could read (references, children) are taken out of the message.
+pub(super) fn render_failed(
+    ctx: &RuleContext,
+    parent_json: Json,
+    observed: &Observed,
+    mut e: RenderError,
+    action: &'static str,
+) -> Outcome {
+    e.message = crate::render::redact(&e.message, &observed.secret_values());
+    ctx.metrics
+        .render_errors
+        .get_or_create(&metrics::rule(&ctx.rule.name))
+        .inc();
+    Report::stopped(parent_json, ReconcileError::Render(e), Some(action))
+}
+
+/// A parent whose content cannot be read: `Ready=False` with reason `InvalidParent`
+/// (over `minimal`, the parent's metadata and status), and no event.
+pub(super) fn invalid_parent(minimal: Json, message: String) -> Outcome {
+    Report::stopped(minimal, ReconcileError::InvalidParent(message), None)
+}
+
+/// The last stage: the parent's status evaluated from the children as this reconcile left
+/// them — what was just applied replaces the cached copy, what was just pruned is gone
+/// (waiting for the caches would cost a second reconcile and a second status write) — and
+/// the outcome: the rule's readiness, or the failure of a stage before.
+pub(super) async fn conclude(
+    ctx: &RuleContext,
+    rendered: Rendered,
+    applied: Applied,
+) -> Result<Outcome, ReconcileError> {
+    let Rendered { desired, inputs } = rendered;
+    let Inputs {
+        live,
+        mut eval,
+        permit,
+        cause,
+        live_keys,
+        seen,
+    } = inputs;
+    drop(live);
+    let Applied {
+        mut changes,
+        pending,
+        failure,
+    } = applied;
+    if pending && failure.is_none() {
+        return Ok(Outcome::Pending { changes, cause });
+    }
+    // What the caches will hold once this reconcile's writes reach them: when nothing the
+    // rule evaluates depends on the live children or the parent's status, a reconcile
+    // over exactly that is one with nothing to do (the same render, children as
+    // applied, the same status).
+    let after = (!changes.is_empty() && !ctx.rule.depends_on_own_writes())
+        .then(|| children_after(live_keys, &changes, &eval.observed.refs));
+    if !changes.is_empty() {
+        eval.observed = observed_after(eval.observed, &mut changes);
+    }
+    // Secret values a message may quote: the references', the children's as observed,
+    // and those this reconcile meant to write (a Secret child's value that an admission
+    // webhook quotes in its refusal may be in no cache).
+    let secrets = eval.observed.secret_values_with(&desired);
+    let Evaluated { result, inputs } = status_off_runtime(ctx, eval, desired).await?;
+    let EvalInputs {
+        parent: parent_json,
+        observed,
+        budget,
+    } = inputs;
+    // Nothing of the inputs is held any more.
+    drop((observed, budget, permit));
+    let status = match result {
+        Ok(status) => status,
+        Err(mut e) => {
+            e.message = crate::render::redact(&e.message, &secrets);
+            return Ok(render_failed(
+                ctx,
+                parent_json,
+                &Observed::default(),
+                e,
+                "Status",
+            ));
+        }
+    };
+    let fields = Some(status.fields);
+    let report = match failure {
+        Some(err) => {
+            let err = err.redacted(&secrets);
+            let condition = err.condition();
+            Report {
+                parent_json,
+                fields,
+                warning: Some(("Reconcile", condition.message.clone())),
+                condition,
+                secrets,
+                changes,
+                cause,
+                steady: None,
+                result: Err(err),
+            }
+        }
+        None => {
+            let steady = match after {
+                _ if changes.is_empty() => SteadyMark::Unchanged(seen),
+                Some(children) => SteadyMark::Written(children),
+                None => SteadyMark::Forget,
+            };
+            Report {
+                parent_json,
+                fields,
+                condition: status.readiness.condition(),
+                secrets,
+                warning: None,
+                changes,
+                cause,
+                steady: Some(steady),
+                result: Ok(settled()),
+            }
+        }
+    };
+    Ok(Outcome::Report(Box::new(report)))
+}
+
+/// Ends the reconcile as `outcome` says: the one place it writes the parent's status.
+/// A status write that fails ends the reconcile with that failure (nothing after it:
+/// the steady memo learns nothing, no change's event is recorded).
+pub(super) async fn finish(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+    outcome: Outcome,
+) -> Result<Action, ReconcileError> {
+    let report = match outcome {
+        Outcome::Ends(result) => return result,
+        Outcome::Pending { changes, cause } => {
+            report_changes(ctx, parent, &changes, cause);
+            ctx.steady.forget(uid);
+            return Ok(Action::requeue(Duration::from_secs(5)));
+        }
+        Outcome::Paused(parent_json) => {
+            // Nothing is written for a paused parent but its `Paused` condition.
+            write_paused(ctx, parent, &parent_json).await?;
+            return Ok(Action::await_change());
+        }
+        Outcome::Report(report) => *report,
+    };
+    if let Some((action, note)) = report.warning {
+        let reason = &report.condition.reason;
+        event(ctx, parent, EventType::Warning, reason, action, note);
+    }
+    // The API server's refusal of a status may quote a value from a Secret.
+    let fields = report.fields.as_ref();
+    write_status(ctx, parent, &report.parent_json, fields, &report.condition)
+        .await
+        .map_err(|e| e.redacted(&report.secrets))?;
+    if let Some(mark) = report.steady {
+        // The parent as its status write left it.
+        let ns = parent.metadata.namespace.as_deref();
+        let rv = || ctx.status_writes.latest_rv(uid, parent);
+        match mark {
+            SteadyMark::Unchanged(seen) => {
+                ctx.steady
+                    .mark(uid, ns, memo::fingerprint(parent, rv(), seen));
+            }
+            SteadyMark::Written(children) => {
+                let inputs = memo::fingerprint(parent, rv(), children);
+                ctx.steady.mark_written(uid, ns, inputs);
+            }
+            SteadyMark::Forget => ctx.steady.forget(uid),
+        }
+    }
+    // Events: one per kind of change.
+    report_changes(ctx, parent, &report.changes, report.cause);
+    report.result
+}
