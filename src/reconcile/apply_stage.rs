@@ -1,5 +1,5 @@
-//! Stage 3 of a reconcile: which desired children are written, in what order, and what
-//! holds a write back.
+//! The applies of a reconcile (its plan and execute stages, `execute.rs`): which desired
+//! children are written, in what order, and what holds a write back.
 //!
 //! Every child is found and planned against the caches first, before any write
 //! (`apply::prepare`). Then the children are written in [`Dependencies::order`] — rule

@@ -1,4 +1,4 @@
-//! Stage 1b of a reconcile, dereference: where the parent's references point, what they
+//! The dereference stage of a reconcile: where the parent's references point, what they
 //! select in the caches (nothing is read yet, so a parent whose objects take more than it
 //! may read fails before any is), the weight of everything the render will hold acquired
 //! from the process's budget of inputs in flight ([`super::inflight`]), and only then the
@@ -30,7 +30,7 @@ use super::refs::{
 use super::wire::is_stub;
 use crate::render::{RefSelect, RefTarget};
 
-/// What stage 1b hands on: the parent's inputs with its references read.
+/// What the dereference stage hands on: the parent's inputs with its references read.
 pub(super) struct Inputs {
     /// The parent's live children.
     pub live: Live,
@@ -47,7 +47,7 @@ pub(super) struct Inputs {
     pub seen: u64,
 }
 
-/// Stage 1b: where the references point and what they select, as cached; the weight of
+/// The dereference stage: where the references point and what they select, as cached; the weight of
 /// the parent, its live children and those objects acquired from the process's budget of
 /// inputs in flight (waiting for room, or failing a parent whose inputs weigh more than
 /// one reconcile may hold); and only then the objects read into JSON. A required object
@@ -115,7 +115,7 @@ pub(super) async fn dereference(
             Err(stop) => return Ok(Break(stopped(ctx, eval, stop))),
         }
     }
-    // With references: the steady check of stage 1, once they are looked up.
+    // With references: the steady check of the observe stage, once they are looked up.
     if with_refs && let Some(done) = skip_if_steady(ctx, parent, uid, &live, &eval.observed.refs) {
         ctx.steady.resume(uid, awaited);
         return Ok(Break(Outcome::Ends(Ok(done))));

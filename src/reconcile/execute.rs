@@ -1,4 +1,4 @@
-//! Stages 3 and 4 of a reconcile, plan and execute: what the rendered children ask of the
+//! The plan and execute stages of a reconcile: what the rendered children ask of the
 //! cluster, decided before any write ([`plan`]: every child planned against the caches,
 //! the children this parent owns and no longer renders), then carried out ([`execute`]:
 //! the applies in dependency order as `apply_stage.rs` lets them, then the prunes,
@@ -22,7 +22,7 @@ pub(super) struct Plan<'a> {
     prunes: Vec<usize>,
 }
 
-/// Stage 3: every desired child planned against the caches, and the live children the
+/// The plan stage: every desired child planned against the caches, and the live children the
 /// parent no longer renders.
 pub(super) async fn plan<'a>(
     ctx: &'a RuleContext,
@@ -51,7 +51,7 @@ pub(super) async fn plan<'a>(
     Plan { children, prunes }
 }
 
-/// Stage 4: the plan carried out. Applies first — a conflict holds every write of the
+/// The execute stage: the plan carried out. Applies first — a conflict holds every write of the
 /// parent, a failure the children that depend on it — then the prunes; the first
 /// failure of either is the one the parent reports (a conflict before any other).
 pub(super) async fn execute(

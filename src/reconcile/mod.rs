@@ -64,8 +64,7 @@ use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use tracing::debug;
-use tracing::warn;
+use tracing::{Instrument, debug, warn};
 
 use crate::metrics::{self, ResultLabels};
 use outcome::Outcome;
@@ -191,7 +190,43 @@ async fn reconcile_inner(
         return Ok(Action::await_change()); // gone, or replaced
     };
     let outcome = pipeline(ctx, &parent, &uid).await?;
-    outcome::finish(ctx, &parent, &uid, outcome).await
+    in_stage(Stage::Finish, outcome::finish(ctx, &parent, &uid, outcome)).await
+}
+
+/// The stages of a reconcile, for the context of what each logs and of the error it
+/// fails with.
+#[derive(Clone, Copy, Debug, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+enum Stage {
+    Lifecycle,
+    Observe,
+    Dereference,
+    Render,
+    Plan,
+    Execute,
+    Conclude,
+    /// The status written from the outcome.
+    Finish,
+}
+
+/// The span of one stage: the context of everything it logs.
+fn span(stage: Stage) -> tracing::Span {
+    let name: &'static str = stage.into();
+    tracing::debug_span!("stage", stage = name)
+}
+
+/// Runs one stage in its [`span`]; an error it fails with is logged with its stage (the
+/// error itself goes to kube-runtime as it is: its condition and label do not change).
+async fn in_stage<T>(
+    stage: Stage,
+    work: impl Future<Output = Result<T, ReconcileError>>,
+) -> Result<T, ReconcileError> {
+    let result = work.instrument(span(stage)).await;
+    if let Err(e) = &result {
+        let name: &'static str = stage.into();
+        debug!(stage = name, error = %e, "reconcile stage failed");
+    }
+    result
 }
 
 /// The value a stage hands on, or the outcome it ends the reconcile with.
@@ -206,19 +241,25 @@ macro_rules! next {
 
 /// The stages of a reconcile, each over the value the one before handed on. An error
 /// (`?`) ends the reconcile without a status write: a read or write the API server
-/// refused, or writes that are not this process's to make any more.
+/// refused, or writes that are not this process's to make any more. (Plan and execute
+/// end in a value: a child's failure is the parent's condition, `Applied::failure`.)
 async fn pipeline(
     ctx: &RuleContext,
     parent: &DynamicObject,
     uid: &str,
 ) -> Result<Outcome, ReconcileError> {
-    next!(lifecycle(ctx, parent, uid).await?);
-    let observation = next!(observe::observe(ctx, parent, uid).await?);
-    let inputs = next!(dereference::dereference(ctx, parent, uid, observation).await?);
-    let rendered = next!(render_stage::render(ctx, parent, uid, inputs).await?);
-    let plan = execute::plan(ctx, parent, uid, &rendered).await;
-    let applied = execute::execute(ctx, parent, uid, &rendered, plan).await;
-    outcome::conclude(ctx, rendered, applied).await
+    next!(in_stage(Stage::Lifecycle, lifecycle(ctx, parent, uid)).await?);
+    let observed = observe::observe(ctx, parent, uid);
+    let observation = next!(in_stage(Stage::Observe, observed).await?);
+    let dereferenced = dereference::dereference(ctx, parent, uid, observation);
+    let inputs = next!(in_stage(Stage::Dereference, dereferenced).await?);
+    let rendered = render_stage::render(ctx, parent, uid, inputs);
+    let rendered = next!(in_stage(Stage::Render, rendered).await?);
+    let plan = execute::plan(ctx, parent, uid, &rendered);
+    let plan = plan.instrument(span(Stage::Plan)).await;
+    let applied = execute::execute(ctx, parent, uid, &rendered, plan);
+    let applied = applied.instrument(span(Stage::Execute)).await;
+    in_stage(Stage::Conclude, outcome::conclude(ctx, rendered, applied)).await
 }
 
 /// Stage 0: a parent being deleted is torn down (or left to the garbage collector when it

@@ -1,4 +1,4 @@
-//! Stage 1 of a reconcile, observe: the parent and its live children as the caches have
+//! The observe stage of a reconcile: the parent and its live children as the caches have
 //! them, with no write. Nothing changed since a reconcile that had nothing to do: the
 //! reconcile stops here ([`skip_if_steady`]). And what a reconcile may read of the objects
 //! it observes, when the caches cannot simply be trusted: children cached without content
@@ -29,14 +29,14 @@ use crate::render::{DesiredChild, Observed};
 
 pub(super) type Live = Vec<(usize, Arc<DynamicObject>)>;
 
-/// What stage 1 hands on.
+/// What the observe stage hands on.
 pub(super) struct Observation {
     /// The parent's live children, stubs read whole.
     pub live: Live,
     /// The parent as JSON (with the status this process last wrote, when the rule reads
     /// it and the cache predates the write).
     pub parent_json: Json,
-    /// The live children as JSON; references come with stage 1b.
+    /// The live children as JSON; references come with the dereference stage.
     pub observed: Observed,
     /// Whether the rule itself is the one new input (for the events).
     pub cause: Cause,
@@ -45,7 +45,7 @@ pub(super) struct Observation {
     pub awaited: Vec<(u64, u64)>,
 }
 
-/// Stage 1: the parent and its live children, as the caches (or, for children cached
+/// The observe stage: the parent and its live children, as the caches (or, for children cached
 /// without content, the API server) have them. Nothing changed since a reconcile that had
 /// nothing to do (and no references to look at): nothing to do, and nothing is even read
 /// as JSON. What earlier reconciles awaited is not awaited while this one decides from the

@@ -1,4 +1,4 @@
-//! Stage 2 of a reconcile, render: the desired children, on the runtime within a slice
+//! The render stage of a reconcile: the desired children, on the runtime within a slice
 //! of the parent's budget or on the blocking pool (`offload.rs`); for a cluster-scoped
 //! parent, again without the live children outside the namespaces it renders into
 //! (`observe::confine_to_rendered_namespaces`); and, before any child is applied, where
@@ -21,13 +21,13 @@ use super::outcome::{Outcome, render_failed};
 use super::teardown::{self, places::Recorded};
 use crate::render::DesiredChild;
 
-/// What stage 2 hands on: the desired children, and the inputs they were rendered from.
+/// What the render stage hands on: the desired children, and the inputs they were rendered from.
 pub(super) struct Rendered {
     pub desired: Vec<DesiredChild>,
     pub inputs: Inputs,
 }
 
-/// Stage 2: renders the desired children of `parent` from `inputs`.
+/// The render stage: renders the desired children of `parent` from `inputs`.
 pub(super) async fn render(
     ctx: &RuleContext,
     parent: &DynamicObject,
