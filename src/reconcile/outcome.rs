@@ -1,9 +1,10 @@
 //! How one reconcile ends, as a value: the [`Outcome`] every stage may end with; the last
 //! stage, [`conclude`], which evaluates the parent's status over the children as the
 //! reconcile left them; and [`finish`], the one place the reconcile writes its parent's
-//! status from the outcome (kro's deferred status write). A stage that stops the reconcile says what the parent's
-//! condition is to be; it writes nothing itself. (A parent being deleted is the
-//! teardown's: it writes its own `Deleting` condition step by step, `teardown/`.)
+//! status from the outcome (kro's deferred status write). A stage that stops the
+//! reconcile says what the parent's condition is to be; it writes nothing itself. (A
+//! parent being deleted is the teardown's: it writes its own `Deleting` condition step by
+//! step, `teardown/`.)
 
 use std::time::Duration;
 
@@ -293,4 +294,58 @@ pub(super) async fn finish(
     // Events: one per kind of change.
     report_changes(ctx, parent, &report.changes, report.cause);
     report.result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn report(outcome: Outcome) -> Report {
+        match outcome {
+            Outcome::Report(r) => *r,
+            _ => panic!("not a report"),
+        }
+    }
+
+    /// A reference missing is not a failure of the reconcile (no backoff: the reference's
+    /// watch brings the parent back), but the parent says so, with the whole message on
+    /// its event; the rule's fields are kept and the steady memo learns nothing.
+    #[test]
+    fn a_missing_reference_reports_without_failing() {
+        let message = format!("refs.db: Secret db not found {}", "x".repeat(1100));
+        let r = report(reference_missing(json!({"kind": "P"}), message.clone()));
+        assert!(r.result.is_ok());
+        assert_eq!(r.condition.reason, "ReferenceMissing");
+        assert!(!r.condition.status);
+        assert!(
+            r.condition.message.len() < message.len(),
+            "the condition is cut"
+        );
+        assert_eq!(r.warning, Some(("Dereference", message)));
+        assert!(r.fields.is_none() && r.changes.is_empty() && r.steady.is_none());
+    }
+
+    /// A parent that cannot be read fails with `InvalidParent`, without an event.
+    #[test]
+    fn an_unreadable_parent_fails_without_an_event() {
+        let r = report(invalid_parent(json!({}), "too deep".into()));
+        assert!(matches!(r.result, Err(ReconcileError::InvalidParent(_))));
+        assert_eq!(r.condition.reason, "InvalidParent");
+        assert_eq!(r.condition.message, "too deep");
+        assert!(r.warning.is_none() && r.fields.is_none() && r.steady.is_none());
+    }
+
+    /// A failure before anything was applied: the event says what the condition says.
+    #[test]
+    fn a_stopped_reconcile_warns_with_its_condition() {
+        let err = ReconcileError::Render(RenderError::new("t.yaml", Some(2), "boom"));
+        let r = report(Report::stopped(json!({}), err, Some("Render")));
+        assert_eq!(r.condition.reason, "RenderFailed");
+        assert_eq!(r.warning, Some(("Render", "t.yaml:2: boom".to_string())));
+        assert_eq!(
+            r.result.err().map(|e| e.reason()),
+            Some(Reason::RenderFailed)
+        );
+    }
 }
