@@ -18,7 +18,7 @@
 //!    prune, before any write (the decisions are the pure functions of [`plan`]);
 //! 5. execute (`execute.rs`) → `Applied`: the applies in dependency order (a conflict
 //!    holds the parent's writes, a failure its dependents': `apply_stage.rs`), the prunes;
-//! 6. conclude (`outcome.rs`) → `Outcome`: the status evaluated over the children as the
+//! 6. conclude (`conclude.rs`) → `Outcome`: the status evaluated over the children as the
 //!    reconcile left them;
 //!
 //! and [`outcome::finish`] writes the parent's status from the `Outcome`, the one place a
@@ -29,6 +29,7 @@ pub mod admission;
 mod apply;
 mod apply_stage;
 pub mod cache;
+mod conclude;
 pub mod context;
 mod dereference;
 pub mod drift;
@@ -259,7 +260,7 @@ async fn pipeline(
     let plan = plan.instrument(span(Stage::Plan)).await;
     let applied = execute::execute(ctx, parent, uid, &rendered, plan);
     let applied = applied.instrument(span(Stage::Execute)).await;
-    in_stage(Stage::Conclude, outcome::conclude(ctx, rendered, applied)).await
+    in_stage(Stage::Conclude, conclude::conclude(ctx, rendered, applied)).await
 }
 
 /// Stage 0: a parent being deleted is torn down (or left to the garbage collector when it
