@@ -13,10 +13,10 @@ use super::outcome::{Outcome, Report, SteadyMark, render_failed, settled};
 use super::render_stage::Rendered;
 use crate::render::Observed;
 
-/// The conclude stage: the parent's status evaluated from the children as this reconcile left
-/// them — what was just applied replaces the cached copy, what was just pruned is gone
-/// (waiting for the caches would cost a second reconcile and a second status write) — and
-/// the outcome: the rule's readiness, or the failure of a stage before.
+/// The conclude stage: the parent's status evaluated from the children as this reconcile
+/// left them — what was just applied replaces the cached copy, what was just pruned is
+/// gone (waiting for the caches would cost a second reconcile and a second status write)
+/// — and the outcome: the rule's readiness, or the failure of a stage before.
 pub(super) async fn conclude(
     ctx: &RuleContext,
     rendered: Rendered,

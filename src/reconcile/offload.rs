@@ -20,6 +20,10 @@
 //! attempt is caught, and the work goes to the pool like any other that trips the slice.
 //! Renders that go to the pool, either way, are counted
 //! (`rulebook_renders_offloaded_total`).
+//!
+//! What an evaluation reads travels as one value, [`EvalInputs`] (the parent, what the
+//! reconcile observed, the parent's budget): moved into the evaluation, wherever it runs,
+//! and handed back in its [`Evaluated`] with the result, for the next stage.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, LazyLock};
@@ -69,13 +73,18 @@ pub(super) struct Evaluated<T> {
 /// fuel (a budget error), or panicked.
 ///
 /// [`CompiledRule::fits_slice`]: crate::render::CompiledRule::fits_slice
-async fn evaluate<X: Send + 'static, T: Send + 'static>(
+async fn evaluate<X, T, W>(
     ctx: &RuleContext,
     mut inputs: EvalInputs,
     extra: X,
     fits: bool,
-    work: impl Fn(&Json, &Observed, &X, &mut ParentBudget) -> Result<T, RenderError> + Send + 'static,
-) -> Result<Evaluated<T>, ReconcileError> {
+    work: W,
+) -> Result<Evaluated<T>, ReconcileError>
+where
+    X: Send + 'static,
+    T: Send + 'static,
+    W: Fn(&Json, &Observed, &X, &mut ParentBudget) -> Result<T, RenderError> + Send + 'static,
+{
     if fits {
         let mut slice = inputs.budget.slice(SLICE_TIME, SLICE_OUTPUT, SLICE_FUEL);
         let attempt = std::panic::catch_unwind(AssertUnwindSafe(|| {
