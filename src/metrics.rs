@@ -127,7 +127,7 @@ impl Metrics {
         let reconciles = Family::<ResultLabels, Counter>::default();
         registry.register(
             "reconciles",
-            "Reconciles by rule and result (ok, error, render_failed, conflict)",
+            "Reconciles by rule and result (ok, render_failed, conflict, apply_failed, not_leader, error)",
             reconciles.clone(),
         );
         let reconcile_duration =

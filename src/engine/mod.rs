@@ -10,13 +10,13 @@
 //! rule's reconciles.
 
 mod dropped;
+mod health;
 mod permissions;
 mod refstream;
 mod released;
 mod resync;
 mod runner;
 pub mod sharded;
-mod status;
 mod streams;
 mod turns;
 
@@ -41,9 +41,9 @@ use released::release_removed_rule;
 use runner::RuleRunner;
 
 pub use dropped::kind_api;
+pub use health::{EngineStatus, RuleState, RuleStatus};
 pub use released::{ParentsOf, ReleaseError, Released, orphan_kinds, release_parents};
 pub use runner::{SetupError, resolve_kind};
-pub use status::{EngineStatus, RuleState, RuleStatus};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {

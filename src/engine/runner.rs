@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use super::EngineConfig;
-use super::status::{EngineStatus, RuleState};
+use super::health::{EngineStatus, RuleState};
 use super::streams::{
     CacheSync, ChangedFilter, LIST_PAGE_SIZE, admission, owners_of, packed, parent_seen, relisted,
     unawaited,
@@ -478,7 +478,7 @@ impl RuleRunner {
         }
         controller = controller.reconcile_on(turns.keyed(memory.backoffs().clone().retries()));
         controller = controller.reconcile_on(turns.handed_out(r.parent.clone()));
-        let counting = super::status::count_cached(
+        let counting = super::health::count_cached(
             self.metrics.clone(),
             &name,
             parent_reader.clone(),
@@ -524,7 +524,7 @@ impl RuleRunner {
                     // A watch failed (API server down, kind deleted): report it; the watcher
                     // retries. Logged as summarised: a decode error's own text can quote a
                     // field of a tenant's object.
-                    let summary = super::status::watch_error_summary(e);
+                    let summary = super::health::watch_error_summary(e);
                     warn!(rule = %name, error = %summary, "watch error");
                     status.update(&name, |s| {
                         s.message = Some(format!("watch error: {summary}"))

@@ -11,7 +11,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
-use super::status::EngineStatus;
+use super::health::EngineStatus;
 use crate::meta::labels;
 use crate::reconcile::ParentMemory;
 use crate::reconcile::admission::{Admitted, CacheBudget};

@@ -1,5 +1,5 @@
-//! One desired child in stage 3 of a reconcile (`apply_stage.rs` runs the stage): found
-//! in the cache (a GET for one cached without content) and planned
+//! One desired child in the plan and execute stages of a reconcile (`apply_stage.rs` runs
+//! the applies): found in the cache (a GET for one cached without content) and planned
 //! ([`super::plan::plan_child`]) before anything is written ([`prepare`]), then, when the
 //! plan says so and the stage lets it, applied with one server-side apply ([`carry_out`]).
 //! A child no cache holds is created with an apply the API server refuses if the name is

@@ -1,5 +1,5 @@
-//! Stage 3 of a reconcile: which desired children are written, in what order, and what
-//! holds a write back.
+//! The applies of a reconcile (its plan and execute stages, `execute.rs`): which desired
+//! children are written, in what order, and what holds a write back.
 //!
 //! Every child is found and planned against the caches first, before any write
 //! (`apply::prepare`). Then the children are written in [`Dependencies::order`] — rule
@@ -41,16 +41,25 @@ pub(super) struct Applied {
     pub failure: Option<ReconcileError>,
 }
 
-/// Runs stage 3 for the `desired` children of `parent`; `live_children` are those the
-/// reconcile observed.
-pub(super) async fn apply_children(
-    ctx: &RuleContext,
-    parent: &DynamicObject,
+/// Every desired child planned against the caches, before any write.
+pub(super) struct ChildPlan<'a> {
+    deps: Dependencies,
+    /// Per desired child, its plan; `None` for one that failed to plan.
+    prepared: Vec<Option<Prepared<'a>>>,
+    /// The children that failed to plan.
+    failures: Failures,
+}
+
+/// Plans the `desired` children of the parent (`uid`): each found (the API server asked
+/// for those no cache holds) and planned against the children the reconcile observed
+/// (`live_children`), and the order they go in.
+pub(super) async fn plan_children<'a>(
+    ctx: &'a RuleContext,
     uid: &str,
     namespace: Option<&str>,
     desired: &[DesiredChild],
     live_children: &[(usize, Arc<DynamicObject>)],
-) -> Applied {
+) -> ChildPlan<'a> {
     let lookups = look_up_uncached(ctx, namespace, desired).await;
     // The children `observed` holds; one that reached the cache since is read again.
     let in_observed: HashMap<(usize, String), &Arc<DynamicObject>> = live_children
@@ -58,25 +67,47 @@ pub(super) async fn apply_children(
         .map(|(k, o)| ((*k, o.name_any()), o))
         .collect();
     let deps = Dependencies::of(desired, &ctx.rule.wait_for_positions(), namespace);
-    let mut gate = ApplyGate::new(&deps);
     let mut failures = Failures::default();
     let mut prepared: Vec<Option<Prepared<'_>>> = Vec::with_capacity(desired.len());
-    for (i, (d, lookup)) in desired.iter().zip(lookups).enumerate() {
+    for (d, lookup) in desired.iter().zip(lookups) {
         let seen = in_observed
             .get(&(ctx.kind_of_child[d.child], d.object_name().to_string()))
             .copied();
         match prepare(ctx, uid, namespace, d, lookup, seen) {
-            Ok(p) => {
-                if let Prepared::Planned(planned) = &p {
-                    gate.planned(i, &planned.step);
-                }
-                prepared.push(Some(p));
-            }
+            Ok(p) => prepared.push(Some(p)),
             Err(e) => {
-                gate.failed(i);
                 failures.note(e);
                 prepared.push(None);
             }
+        }
+    }
+    ChildPlan {
+        deps,
+        prepared,
+        failures,
+    }
+}
+
+/// Carries out `plan` for the `desired` children of `parent`, in dependency order, as
+/// the [`ApplyGate`] lets them.
+pub(super) async fn apply_children(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+    desired: &[DesiredChild],
+    plan: ChildPlan<'_>,
+) -> Applied {
+    let ChildPlan {
+        deps,
+        mut prepared,
+        mut failures,
+    } = plan;
+    let mut gate = ApplyGate::new(&deps);
+    for (i, p) in prepared.iter().enumerate() {
+        match p {
+            Some(Prepared::Planned(planned)) => gate.planned(i, &planned.step),
+            Some(Prepared::Pending) => {}
+            None => gate.failed(i),
         }
     }
     let (mut changes, mut pending) = (Vec::new(), false);

@@ -1,4 +1,4 @@
-//! Stage 1b of a reconcile, dereference: where the parent's references point, what they
+//! The dereference stage of a reconcile: where the parent's references point, what they
 //! select in the caches (nothing is read yet, so a parent whose objects take more than it
 //! may read fails before any is), the weight of everything the render will hold acquired
 //! from the process's budget of inputs in flight ([`super::inflight`]), and only then the
@@ -6,6 +6,7 @@
 //! referenced object's change to its parents are in [`super::refs`].
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use kube::ResourceExt;
@@ -17,95 +18,128 @@ use tracing::debug;
 
 use super::context::RuleContext;
 use super::error::ReconcileError;
+use super::events::Cause;
 use super::inflight::InputPermit;
-use super::offload::targets_off_runtime;
+use super::memory::digest::{self as memo, ChildKey};
+use super::observe::{Live, Observation, skip_if_steady};
+use super::offload::{EvalInputs, targets_off_runtime};
+use super::outcome::{Outcome, reference_missing, render_failed};
 use super::refs::{
     Key, Read, RefKind, cached, cached_bytes, full, known_labels, labels_of, list_selected,
 };
 use super::wire::is_stub;
-use super::{reference_missing, render_failed};
-use crate::render::{Observed, ParentBudget, RefSelect, RefTarget};
+use crate::render::{RefSelect, RefTarget};
 
-/// What stage 1b hands on: the parent's inputs with its references read, and the permit
-/// for their weight ([`inflight`]); or how the reconcile ends.
-pub(super) enum Inputs {
-    Ready(serde_json::Value, Observed, ParentBudget, InputPermit),
-    Stop(Result<Action, ReconcileError>),
+/// What the dereference stage hands on: the parent's inputs with its references read.
+pub(super) struct Inputs {
+    /// The parent's live children.
+    pub live: Live,
+    /// The parent, its children and references as JSON, and its budget: what the render
+    /// and the status evaluation read.
+    pub eval: EvalInputs,
+    /// The inputs' weight in the process's budget ([`super::inflight`]), held until the
+    /// status is evaluated.
+    pub permit: InputPermit,
+    pub cause: Cause,
+    /// The live children as observed, and the fingerprint of them and the references:
+    /// what the steady memo keeps of a reconcile that went through.
+    pub live_keys: Vec<ChildKey>,
+    pub seen: u64,
 }
 
-/// Stage 1b: where the references point and what they select, as cached; the weight of
+/// The dereference stage: where the references point and what they select, as cached; the weight of
 /// the parent, its live children and those objects acquired from the process's budget of
 /// inputs in flight (waiting for room, or failing a parent whose inputs weigh more than
-/// one reconcile may hold); and only then the objects read into JSON.
+/// one reconcile may hold); and only then the objects read into JSON. A required object
+/// missing: nothing is applied or pruned. With references, the reconcile stops here when
+/// nothing changed since one that had nothing to do.
 pub(super) async fn dereference(
     ctx: &RuleContext,
     parent: &DynamicObject,
-    live_children: &[(usize, Arc<DynamicObject>)],
-    (mut parent_json, mut observed, mut budget): (serde_json::Value, Observed, ParentBudget),
-) -> Result<Inputs, ReconcileError> {
-    let rule = &ctx.rule;
+    uid: &str,
+    observation: Observation,
+) -> Result<ControlFlow<Outcome, Inputs>, ReconcileError> {
+    use ControlFlow::{Break, Continue};
+    let Observation {
+        live,
+        parent_json,
+        observed,
+        cause,
+        awaited,
+    } = observation;
+    let budget = ctx.rule.budget();
+    let mut eval = EvalInputs {
+        parent: parent_json,
+        observed,
+        budget,
+    };
+    let with_refs = !ctx.rule.rule.spec.references.is_empty();
     let mut selected = None;
-    if !rule.rule.spec.references.is_empty() {
+    if with_refs {
         if !ctx.references_listed() {
             // A required reference would look missing. Each reference cache's listing
             // reconciles every parent when it completes.
             debug!(rule = %ctx.rule.name, parent = %parent.name_any(), "reference caches not listed yet; deferred");
-            return Ok(Inputs::Stop(Ok(Action::await_change())));
+            return Ok(Break(Outcome::Ends(Ok(Action::await_change()))));
         }
-        let (targets, p, o, b) = targets_off_runtime(ctx, parent_json, observed, budget).await?;
-        (parent_json, observed, budget) = (p, o, b);
-        let targets = match targets {
+        let targets = targets_off_runtime(ctx, eval).await?;
+        eval = targets.inputs;
+        let targets = match targets.result {
             Ok(t) => t,
             Err(e) => {
-                let done = render_failed(ctx, parent, &parent_json, &observed, e, "Render");
-                return Ok(Inputs::Stop(done.await));
+                return Ok(Break(render_failed(
+                    ctx,
+                    eval.parent,
+                    &eval.observed,
+                    e,
+                    "Render",
+                )));
             }
         };
         let key = (parent.namespace(), parent.name_any());
         match select(ctx, &key, targets).await? {
             Selection::Selected(s) => selected = Some(s),
-            Selection::Stopped(stop) => {
-                let done = stopped(ctx, parent, &parent_json, &observed, stop);
-                return Ok(Inputs::Stop(done.await));
-            }
+            Selection::Stopped(stop) => return Ok(Break(stopped(ctx, eval, stop))),
         }
     }
     let weight = cached_bytes(parent)
-        .saturating_add(live_children.iter().map(|(_, o)| cached_bytes(o)).sum())
+        .saturating_add(live.iter().map(|(_, o)| cached_bytes(o)).sum())
         .saturating_add(selected.as_ref().map_or(0, Selected::weight));
     let permit = match ctx.inputs.acquire(weight).await {
         Ok(p) => p,
-        Err(over) => {
-            let stop = Stop::TooMany(over.to_string());
-            let done = stopped(ctx, parent, &parent_json, &observed, stop);
-            return Ok(Inputs::Stop(done.await));
-        }
+        Err(over) => return Ok(Break(stopped(ctx, eval, Stop::TooMany(over.to_string())))),
     };
     if let Some(s) = selected {
         match read(ctx, s).await? {
-            Ok(found) => observed.refs = found,
-            Err(stop) => {
-                let done = stopped(ctx, parent, &parent_json, &observed, stop);
-                return Ok(Inputs::Stop(done.await));
-            }
+            Ok(found) => eval.observed.refs = found,
+            Err(stop) => return Ok(Break(stopped(ctx, eval, stop))),
         }
     }
-    Ok(Inputs::Ready(parent_json, observed, budget, permit))
+    // With references: the steady check of the observe stage, once they are looked up.
+    if with_refs && let Some(done) = skip_if_steady(ctx, parent, uid, &live, &eval.observed.refs) {
+        ctx.memory.resume(uid, awaited);
+        return Ok(Break(Outcome::Ends(Ok(done))));
+    }
+    drop(awaited);
+    let live_keys = memo::keys(&live);
+    let seen = memo::observed_of(live_keys.clone(), &eval.observed.refs);
+    Ok(Continue(Inputs {
+        live,
+        eval,
+        permit,
+        cause,
+        live_keys,
+        seen,
+    }))
 }
 
 /// A parent its references stop: `ReferenceMissing`, or `RenderBudgetExceeded`.
-async fn stopped(
-    ctx: &RuleContext,
-    parent: &DynamicObject,
-    parent_json: &serde_json::Value,
-    observed: &Observed,
-    stop: Stop,
-) -> Result<Action, ReconcileError> {
+fn stopped(ctx: &RuleContext, eval: EvalInputs, stop: Stop) -> Outcome {
     match stop {
-        Stop::Missing(message) => reference_missing(ctx, parent, parent_json, message).await,
+        Stop::Missing(message) => reference_missing(eval.parent, message),
         Stop::TooMany(message) => {
             let e = crate::render::RenderError::budget(ctx.rule.file.clone(), None, message);
-            render_failed(ctx, parent, parent_json, observed, e, "Render").await
+            render_failed(ctx, eval.parent, &eval.observed, e, "Render")
         }
     }
 }

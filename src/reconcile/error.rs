@@ -1,18 +1,24 @@
-//! Why a reconcile did not finish, and the one mapping from that to the parent's `Ready`
-//! condition and to the metrics' result label — so a reason is spelled in one place.
+//! Why a reconcile did not finish, and the one mapping from that to a category
+//! ([`Reason`]), from which the parent's `Ready` condition reason and the metrics' result
+//! label are both derived — so a reason is spelled in one place. (Measured against
+//! strum: its derive gives the reason strings and the iteration the tests use.)
 
 use std::time::Duration;
 
 use crate::render::RenderError;
 use crate::render::status::ConditionState;
 
-/// The `reason` of a `Ready=False` condition Rulebook sets when a reconcile fails.
-/// (`Ready` and `ChildrenNotReady` come from the rule's readiness.)
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The category of a failed reconcile: the `reason` of the `Ready=False` condition it
+/// sets (the variant's name) and, derived from it, the `result` label of
+/// `rulebook_reconciles_total` ([`Reason::result_label`]). Every failure is mapped to one
+/// category ([`ReconcileError::reason`]) and both spellings come from it, so they cannot
+/// disagree. (`Ready` and `ChildrenNotReady` come from the rule's readiness.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::EnumIter, strum::IntoStaticStr)]
 pub enum Reason {
     RenderFailed,
     RenderBudgetExceeded,
     Conflict,
+    /// An apply was refused, or an object the reconcile needed could not be read.
     ApplyFailed,
     PruneFailed,
     StatusFailed,
@@ -24,20 +30,29 @@ pub enum Reason {
     Error,
 }
 
+/// The `result` label of a reconcile that went through.
+pub const RESULT_OK: &str = "ok";
+
 impl Reason {
+    /// The condition's `reason`.
     pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// The `result` label of `rulebook_reconciles_total`: coarser than the reason, so the
+    /// series stay few (the reasons a label groups are on the parents' conditions).
+    pub fn result_label(self) -> &'static str {
         match self {
-            Reason::RenderFailed => "RenderFailed",
-            Reason::RenderBudgetExceeded => "RenderBudgetExceeded",
-            Reason::Conflict => "Conflict",
-            Reason::ApplyFailed => "ApplyFailed",
-            Reason::PruneFailed => "PruneFailed",
-            Reason::StatusFailed => "StatusFailed",
-            Reason::InvalidParent => "InvalidParent",
-            Reason::InvalidChild => "InvalidChild",
-            Reason::ReferenceMissing => "ReferenceMissing",
-            Reason::NotLeader => "NotLeader",
-            Reason::Error => "Error",
+            Reason::RenderFailed | Reason::RenderBudgetExceeded => "render_failed",
+            Reason::Conflict => "conflict",
+            Reason::ApplyFailed => "apply_failed",
+            Reason::NotLeader => "not_leader",
+            Reason::PruneFailed
+            | Reason::StatusFailed
+            | Reason::InvalidParent
+            | Reason::InvalidChild
+            | Reason::ReferenceMissing
+            | Reason::Error => "error",
         }
     }
 }
@@ -87,21 +102,9 @@ pub enum ReconcileError {
 }
 
 impl ReconcileError {
-    /// The `result` label of `rulebook_reconciles_total`.
+    /// The `result` label of `rulebook_reconciles_total`, from the failure's category.
     pub fn result_label(&self) -> &'static str {
-        match self {
-            ReconcileError::Render(_) => "render_failed",
-            ReconcileError::Conflict(_) | ReconcileError::Fight { .. } => "conflict",
-            ReconcileError::Apply { .. } => "apply_failed",
-            ReconcileError::NotLeader => "not_leader",
-            ReconcileError::Redacted { reason, .. } => match reason {
-                Reason::RenderFailed | Reason::RenderBudgetExceeded => "render_failed",
-                Reason::Conflict => "conflict",
-                Reason::ApplyFailed => "apply_failed",
-                _ => "error",
-            },
-            _ => "error",
-        }
+        self.reason().result_label()
     }
 
     /// This failure with the `secrets` taken out of its message, as the parent's
@@ -125,6 +128,8 @@ impl ReconcileError {
         }
     }
 
+    /// The failure's category: the one mapping from a failure to its condition reason and
+    /// its metric label.
     pub fn reason(&self) -> Reason {
         match self {
             ReconcileError::Render(e) if e.is_budget_exceeded() => Reason::RenderBudgetExceeded,
@@ -216,6 +221,143 @@ mod tests {
         assert_eq!(
             ReconcileError::InvalidParent("deep".into()).reason(),
             Reason::InvalidParent
+        );
+    }
+    /// One failure of each kind (the match keeps the list whole: a new kind of failure
+    /// does not compile until it is added here).
+    fn one_of_each() -> Vec<ReconcileError> {
+        let api = || {
+            kube::Error::Api(Box::new(
+                kube::core::Status::failure("refused: hunter22", "Invalid").with_code(422),
+            ))
+        };
+        let all = vec![
+            ReconcileError::Render(RenderError::new("t.yaml", Some(3), "boom")),
+            ReconcileError::Render(RenderError::budget("t.yaml", None, "too big")),
+            ReconcileError::Apply {
+                what: "ConfigMap a".into(),
+                source: api(),
+            },
+            ReconcileError::Prune {
+                what: "ConfigMap a".into(),
+                source: api(),
+            },
+            ReconcileError::Status(api()),
+            ReconcileError::Read {
+                what: "the parent".into(),
+                source: api(),
+            },
+            ReconcileError::Conflict("taken: hunter22".into()),
+            ReconcileError::Fight {
+                message: "fields changed".into(),
+                retry_in: Duration::from_secs(1),
+            },
+            ReconcileError::InvalidParent("deep: hunter22".into()),
+            ReconcileError::InvalidChild("deep: hunter22".into()),
+            ReconcileError::Invalid("no uid: hunter22".into()),
+            ReconcileError::NotLeader,
+            ReconcileError::Redacted {
+                reason: Reason::PruneFailed,
+                message: "gone".into(),
+            },
+        ];
+        for e in &all {
+            match e {
+                ReconcileError::Render(_)
+                | ReconcileError::Apply { .. }
+                | ReconcileError::Prune { .. }
+                | ReconcileError::Status(_)
+                | ReconcileError::Read { .. }
+                | ReconcileError::Conflict(_)
+                | ReconcileError::Fight { .. }
+                | ReconcileError::InvalidParent(_)
+                | ReconcileError::InvalidChild(_)
+                | ReconcileError::Invalid(_)
+                | ReconcileError::NotLeader
+                | ReconcileError::Redacted { .. } => {}
+            }
+        }
+        all
+    }
+
+    /// Every failure keeps its reason and its label once a secret is taken out of it:
+    /// the two are derived from one category (a `Read` failure was reasoned
+    /// `ApplyFailed` but labelled `error`, and `apply_failed` once redacted).
+    #[test]
+    fn a_failure_has_the_same_reason_and_label_redacted_or_not() {
+        for e in one_of_each() {
+            let (reason, label) = (e.reason(), e.result_label());
+            assert_eq!(label, reason.result_label(), "{e:?}");
+            assert_eq!(e.condition().reason, reason.as_str(), "{e:?}");
+            let clean = e.redacted(&["hunter22".into()]);
+            assert_eq!(clean.reason(), reason, "{clean:?}");
+            assert_eq!(clean.result_label(), label, "{clean:?}");
+        }
+        let read = ReconcileError::Read {
+            what: "the parent".into(),
+            source: kube::Error::Api(Box::new(kube::core::Status::failure("no", "Forbidden"))),
+        };
+        assert_eq!(
+            (read.reason(), read.result_label()),
+            (Reason::ApplyFailed, "apply_failed")
+        );
+    }
+
+    /// Each category has a reason of its own, distinct from the readiness reasons, and
+    /// a label; the labels are those `rulebook_reconciles_total`'s help lists.
+    #[test]
+    fn every_category_maps_to_a_reason_and_a_label() {
+        use std::collections::BTreeSet;
+        use strum::IntoEnumIterator;
+        let mut reasons = BTreeSet::new();
+        let mut labels = BTreeSet::from([RESULT_OK]);
+        for category in Reason::iter() {
+            let reason = category.as_str();
+            assert!(!reason.is_empty() && reason.chars().all(|c| c.is_ascii_alphanumeric()));
+            assert!(
+                reason.starts_with(|c: char| c.is_ascii_uppercase()),
+                "{reason}"
+            );
+            assert!(!["Ready", "ChildrenNotReady"].contains(&reason), "{reason}");
+            assert!(reasons.insert(reason), "{reason} twice");
+            let label = category.result_label();
+            assert!(!label.is_empty() && label != RESULT_OK, "{category:?}");
+            assert!(
+                label.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{label}"
+            );
+            labels.insert(label);
+        }
+        // Categories whose label must stand apart (tests and alerts count them).
+        let apart = [
+            Reason::RenderFailed,
+            Reason::Conflict,
+            Reason::ApplyFailed,
+            Reason::NotLeader,
+            Reason::Error,
+        ];
+        let distinct: BTreeSet<_> = apart.iter().map(|r| r.result_label()).collect();
+        assert_eq!(distinct.len(), apart.len());
+        let metrics = crate::metrics::Metrics::new();
+        // A family is printed once it has a series.
+        let series = crate::metrics::ResultLabels {
+            rule: "r".into(),
+            result: RESULT_OK.into(),
+        };
+        metrics.reconciles.get_or_create(&series).inc();
+        let text = metrics.encode();
+        let help = text
+            .lines()
+            .find_map(|l| l.strip_prefix("# HELP rulebook_reconciles "))
+            .unwrap_or_else(|| panic!("no help for rulebook_reconciles in\n{text}"));
+        let listed: BTreeSet<&str> = help
+            .split_once('(')
+            .and_then(|(_, rest)| rest.split_once(')'))
+            .map(|(list, _)| list.split(", ").collect())
+            .unwrap_or_default();
+        assert_eq!(
+            listed, labels,
+            "the help of rulebook_reconciles_total: {help}"
         );
     }
 }

@@ -186,7 +186,7 @@ pub(super) enum Cause {
     /// The parent, a child or a referenced object (or nothing known): every change is
     /// reported on the parent.
     Inputs,
-    /// Only the rule changed ([`super::status::rule_rollout_only`]): its `Updated`
+    /// Only the rule changed ([`super::status_write::rule_rollout_only`]): its `Updated`
     /// children are not ([`super::plan::reported_on_parent`]).
     RuleRollout,
 }

@@ -1,34 +1,41 @@
 //! One reconcile of one parent — the only place that writes to the API server, and only
 //! through its [`writer::Writer`].
 //!
-//! [`reconcile_inner`] reads as its stages:
+//! [`reconcile_inner`] is a pipeline over values, each stage a function in its own file
+//! that hands the next one a value, or ends the reconcile with an [`outcome::Outcome`]:
 //!
-//! 0. deletion: a parent being deleted is torn down instead ([`teardown`]); others carry
+//! 0. lifecycle ([`lifecycle`]): a parent being deleted is torn down instead
+//!    ([`teardown`]); a paused parent stops here (one `Paused` condition); others carry
 //!    Rulebook's finalizer exactly when the rule needs it;
-//! 1. observe the parent and its live children in the caches; a paused parent stops
-//!    here (one `Paused` condition);
-//!    1b. dereference: the objects its references point at (a required one missing
-//!    stops here, `ReferenceMissing`);
-//! 2. render the desired children (a first attempt on the runtime within a slice of
-//!    the parent's budget, else on the blocking pool: `offload.rs`);
-//! 3. apply those the plan says differ, dependencies first; a conflict holds the parent's
-//!    writes, a failure its dependents';
-//! 4. prune what the parent owns and no longer renders (or orphan it);
-//! 5. status;
-//! 6. events.
+//! 1. observe (`observe.rs`) → `Observation`: the parent and its live children in the
+//!    caches (nothing changed since a reconcile with nothing to do: it stops here);
+//! 2. dereference (`dereference.rs`) → `Inputs`: the objects its references point at (a
+//!    required one missing stops here, `ReferenceMissing`);
+//! 3. render (`render_stage.rs`) → `Rendered`: the desired children (a first attempt on
+//!    the runtime within a slice of the parent's budget, else on the blocking pool, an
+//!    `EvalInputs` value moved in and out: `offload.rs`);
+//! 4. plan (`execute.rs`) → `Plan`: every child planned against the caches, and what to
+//!    prune, before any write (the decisions are the pure functions of [`plan`]);
+//! 5. execute (`execute.rs`) → `Applied`: the applies in dependency order (a conflict
+//!    holds the parent's writes, a failure its dependents': `apply_stage.rs`), the prunes;
+//! 6. conclude (`conclude.rs`) → `Outcome`: the status evaluated over the children as the
+//!    reconcile left them;
 //!
-//! The decisions are pure functions in [`plan`]; each stage lives in its own file. At
-//! steady state every stage finds nothing to do and makes no request.
+//! and [`outcome::finish`] writes the parent's status from the `Outcome`, the one place a
+//! reconcile does (then the events of its changes). At steady state every stage finds
+//! nothing to do and makes no request.
 
 pub mod admission;
 mod apply;
 mod apply_stage;
 pub mod cache;
+mod conclude;
 pub mod context;
 mod dereference;
 pub mod drift;
 pub mod error;
 mod events;
+mod execute;
 pub mod gate;
 pub mod gate_body;
 pub mod inflight;
@@ -36,41 +43,33 @@ pub mod memory;
 mod observe;
 mod offload;
 pub mod outbox;
+mod outcome;
 pub mod plan;
 mod prune;
 pub mod recorder;
 pub mod refs;
+mod render_stage;
 pub mod shard_gate;
 #[cfg(test)]
 mod stages_mock;
-pub mod status;
+pub mod status_write;
 pub mod store;
 pub mod teardown;
 pub mod wire;
 pub mod writer;
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::api::DynamicObject;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use tracing::debug;
-use tracing::warn;
+use tracing::{Instrument, debug, warn};
 
-use crate::meta::JsonAt;
 use crate::metrics::{self, ResultLabels};
-use crate::render::Observed;
-use dereference::{Inputs, dereference};
-use events::{Cause, children_after, event, observed_after, report_changes};
-use observe::{Confined, confine_to_rendered_namespaces, read_stubs, unreadable_parent};
-use offload::{render_off_runtime, status_off_runtime};
-use plan::plan_prunes;
-use prune::leave_child;
-use status::{write_paused, write_status};
-use teardown::places::Recorded;
+use outcome::Outcome;
 
 pub use context::{ChildKind, ContextParts, ParentKind, RuleContext};
 pub use error::{Reason, ReconcileError};
@@ -110,7 +109,7 @@ pub async fn reconcile(
         .get_or_create(&metrics::rule(&rule))
         .observe(started.elapsed().as_secs_f64());
     let label = match &result {
-        Ok(_) => "ok",
+        Ok(_) => error::RESULT_OK,
         Err(e) => e.result_label(),
     };
     ctx.metrics
@@ -169,6 +168,9 @@ pub fn error_policy(
     Action::await_change()
 }
 
+/// A reconcile of `parent`: the preconditions (this process may write, the parent has a
+/// UID, the child caches are listed, the parent is read whole), the [`pipeline`] and its
+/// outcome written ([`outcome::finish`]).
 async fn reconcile_inner(
     parent: Arc<DynamicObject>,
     ctx: &RuleContext,
@@ -189,267 +191,104 @@ async fn reconcile_inner(
     let Some(parent) = observe::read_stub_parent(ctx, parent).await? else {
         return Ok(Action::await_change()); // gone, or replaced
     };
-    let parent: &DynamicObject = &parent;
-    // 0. Deletion: a parent being deleted is torn down (or left to the garbage collector
-    //    when it does not carry Rulebook's finalizer); others carry the finalizer exactly
-    //    when the rule needs it.
-    if parent.meta().deletion_timestamp.is_some() {
-        return teardown::teardown(ctx, parent, &uid).await;
-    }
-    let paused = is_paused(parent);
-    ctx.memory.set_paused(&uid, paused);
-    if paused {
-        // Nothing is written for a paused parent but its `Paused` condition.
-        let Some(parent_json) = cache::to_json(parent) else {
-            return Ok(Action::await_change());
-        };
-        write_paused(ctx, parent, &parent_json).await?;
-        return Ok(Action::await_change());
-    }
-    if !teardown::keep_finalizer(ctx, parent).await? {
-        return Ok(Action::requeue(Duration::from_millis(500)));
-    }
-    let namespace = parent.namespace();
-    let rule = &ctx.rule;
+    let outcome = pipeline(ctx, &parent, &uid).await?;
+    in_stage(Stage::Finish, outcome::finish(ctx, &parent, &uid, outcome)).await
+}
 
-    // 1. Observe: the parent and its live children, as the caches (or, for children cached
-    //    without content, the API server) have them. Nothing changed since a reconcile
-    //    that had nothing to do (and no references to look at): nothing to do, and
-    //    nothing is even read as JSON.
-    //    What earlier reconciles awaited is not awaited while this one decides from the
-    //    caches (`Steady::begin`), unless it stops at the fingerprint.
-    let awaited = ctx.memory.begin(&uid);
-    let live_children = read_stubs(ctx, ctx.owned_children(&uid, namespace.as_deref())).await?;
-    let no_refs = std::collections::BTreeMap::new();
-    if rule.rule.spec.references.is_empty()
-        && let Some(done) = skip_if_steady(ctx, parent, &uid, &live_children, &no_refs)
-    {
-        ctx.memory.resume(&uid, awaited);
-        return Ok(done);
+/// The stages of a reconcile, for the context of what each logs and of the error it
+/// fails with.
+#[derive(Clone, Copy, Debug, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+enum Stage {
+    Lifecycle,
+    Observe,
+    Dereference,
+    Render,
+    Plan,
+    Execute,
+    Conclude,
+    /// The status written from the outcome.
+    Finish,
+}
+
+/// The span of one stage: the context of everything it logs.
+fn span(stage: Stage) -> tracing::Span {
+    let name: &'static str = stage.into();
+    tracing::debug_span!("stage", stage = name)
+}
+
+/// Runs one stage in its [`span`]; an error it fails with is logged with its stage (the
+/// error itself goes to kube-runtime as it is: its condition and label do not change).
+async fn in_stage<T>(
+    stage: Stage,
+    work: impl Future<Output = Result<T, ReconcileError>>,
+) -> Result<T, ReconcileError> {
+    let result = work.instrument(span(stage)).await;
+    if let Err(e) = &result {
+        let name: &'static str = stage.into();
+        debug!(stage = name, error = %e, "reconcile stage failed");
     }
-    let Some(mut parent_json) = cache::to_json(parent) else {
-        return unreadable_parent(ctx, parent).await;
-    };
-    // The status this process last wrote, when the cache predates it.
-    let written = ctx.memory.status_written_since(&uid, parent);
-    let cause = if status::rule_rollout_only(ctx, parent, written.as_ref(), &parent_json) {
-        Cause::RuleRollout
-    } else {
-        Cause::Inputs
-    };
-    if rule.reads_parent_status()
-        && let Some(status) = written
-        && let Some(p) = parent_json.as_object_mut()
-    {
-        // The rule reads the status: the parent as this process knows it (the status
-        // watch event does not bring a reconcile of its own, and the steady check
-        // already counts that write).
-        p.insert("status".into(), status);
-    }
-    let observed = Observed::from_objects(
-        live_children
-            .iter()
-            .filter_map(|(k, o)| cache::to_json_as(o, &ctx.kinds[*k].ar)),
-    );
-
-    // 1b. Dereference: where the references point (an expression over the parent), and
-    //     what is there. A required object missing: nothing is applied or pruned. The
-    //     inputs' weight is held in the process's budget until the status is evaluated.
-    let inputs = (parent_json, observed, rule.budget());
-    let (parent_json, observed, budget, permit) =
-        match dereference(ctx, parent, &live_children, inputs).await? {
-            Inputs::Ready(p, o, b, permit) => (p, o, b, permit),
-            Inputs::Stop(done) => return done,
-        };
-
-    // With references: the same once they are looked up.
-    if !rule.rule.spec.references.is_empty()
-        && let Some(done) = skip_if_steady(ctx, parent, &uid, &live_children, &observed.refs)
-    {
-        ctx.memory.resume(&uid, awaited);
-        return Ok(done);
-    }
-    drop(awaited);
-    let live_keys = memory::digest::keys(&live_children);
-    let seen = memory::digest::observed_of(live_keys.clone(), &observed.refs);
-    let inputs = |ctx: &RuleContext| ctx.memory.fingerprint(&uid, parent, seen);
-
-    // 2. Render the desired children (`offload.rs`: on the runtime within a slice, or
-    // on the blocking pool).
-    let (rendered, parent_json, observed, budget) =
-        render_off_runtime(ctx, parent_json, observed, budget).await?;
-    let (desired, live_children, observed, budget) =
-        match confine_to_rendered_namespaces(ctx, rendered, live_children, observed) {
-            Confined::Same(d, l, o) => (d, l, o, budget),
-            Confined::Narrowed(l, o) => {
-                let (again, _, o, budget) =
-                    render_off_runtime(ctx, parent_json.clone(), o, budget).await?;
-                (again, l, o, budget)
-            }
-        };
-    let desired = match desired {
-        Ok(d) => d,
-        Err(e) => return render_failed(ctx, parent, &parent_json, &observed, e, "Render").await,
-    };
-    // A cluster-scoped parent records where its children go before any is applied
-    // there: its teardown looks nowhere else.
-    match teardown::places::record(ctx, parent, &uid, &desired).await? {
-        Recorded::Same | Recorded::Written => {}
-        Recorded::Stale => return Ok(Action::requeue(Duration::from_millis(500))),
-        Recorded::TooMany(e) => {
-            return render_failed(ctx, parent, &parent_json, &observed, e, "Render").await;
-        }
-    }
-
-    // 3. Apply (`apply_stage.rs`): rule order, except that a child goes after the
-    //    siblings it waits for or names; a conflict holds every write of the parent, a
-    //    failure the children that depend on it.
-    let applied = apply_stage::apply_children(
-        ctx,
-        parent,
-        &uid,
-        namespace.as_deref(),
-        &desired,
-        &live_children,
-    )
-    .await;
-    let (mut changes, pending, mut failure) = (applied.changes, applied.pending, applied.failure);
-
-    // 4. Prune what this parent owns and no longer renders.
-    let wanted: Vec<(usize, Option<&str>, &str)> = desired
-        .iter()
-        .map(|d| {
-            let kind = ctx.kind_of_child[d.child];
-            let ns = if ctx.kinds[kind].namespaced {
-                d.object
-                    .at(&["metadata", "namespace"])
-                    .and_then(serde_json::Value::as_str)
-            } else {
-                None
-            };
-            (kind, ns, d.object_name())
-        })
-        .collect();
-    for i in plan_prunes(&wanted, &live_children) {
-        let (k, obj) = &live_children[i];
-        match leave_child(ctx, parent, &ctx.kinds[*k], obj).await {
-            Ok(Some(change)) => changes.push(change),
-            Ok(None) => {}
-            Err(e) => {
-                failure.get_or_insert(e);
-            }
-        }
-    }
-
-    // A child this process applied is still cached in its older version: the status
-    // would be computed from it. Its watch event brings the parent back (or, should it
-    // be lost, the requeue).
-    if pending && failure.is_none() {
-        report_changes(ctx, parent, &changes, cause);
-        ctx.memory.forget_steady(&uid);
-        return Ok(Action::requeue(Duration::from_secs(5)));
-    }
-
-    // 5. Status, from the children as this reconcile left them: what was just applied
-    //    replaces the cached copy, what was just pruned is gone. (Waiting for the caches
-    //    would cost a second reconcile and a second status write.)
-    // What the caches will hold once this reconcile's writes reach them: when nothing the
-    // rule evaluates depends on the live children or the parent's status, a reconcile
-    // over exactly that is one with nothing to do (the same render, children as
-    // applied, the same status).
-    let after = (!changes.is_empty() && !rule.depends_on_own_writes())
-        .then(|| children_after(live_keys, &changes, &observed.refs));
-    let observed = if changes.is_empty() {
-        observed
-    } else {
-        observed_after(observed, &mut changes)
-    };
-    // Secret values a message may quote: the references', the children's as observed,
-    // and those this reconcile meant to write (a Secret child's value that an admission
-    // webhook quotes in its refusal may be in no cache).
-    let secrets = observed.secret_values_with(&desired);
-    let (report, parent_json) =
-        status_off_runtime(ctx, parent_json, observed, desired, budget).await?;
-    // Nothing of the inputs is held any more.
-    drop(permit);
-    let report = match report {
-        Ok(report) => report,
-        Err(mut e) => {
-            e.message = crate::render::redact(&e.message, &secrets);
-            return render_failed(ctx, parent, &parent_json, &Observed::default(), e, "Status")
-                .await;
-        }
-    };
-    let fields = Some(report.fields);
-    let result = match failure {
-        Some(err) => {
-            let err = err.redacted(&secrets);
-            let state = err.condition();
-            event(
-                ctx,
-                parent,
-                EventType::Warning,
-                &state.reason,
-                "Reconcile",
-                state.message.clone(),
-            );
-            // The API server's refusal of a status may quote a value from a Secret.
-            write_status(ctx, parent, &parent_json, fields.as_ref(), &state)
-                .await
-                .map_err(|e| e.redacted(&secrets))?;
-            Err(err)
-        }
-        None => {
-            let ready = report.readiness.condition();
-            write_status(ctx, parent, &parent_json, fields.as_ref(), &ready)
-                .await
-                .map_err(|e| e.redacted(&secrets))?;
-            // No child written: the same inputs (with the parent as its status write left
-            // it) give the same outcome, so the next reconcile of them can stop early.
-            let ns = parent.metadata.namespace.as_deref();
-            match after {
-                _ if changes.is_empty() => ctx.memory.mark_steady(&uid, ns, inputs(ctx)),
-                // The watch events its own writes bring reconcile nothing (each was
-                // awaited as it was written: `Steady::expects`), and a reconcile
-                // something else brings stops early.
-                Some(children) => {
-                    let inputs = ctx.memory.fingerprint(&uid, parent, children);
-                    ctx.memory.mark_written(&uid, ns, inputs);
-                }
-                None => ctx.memory.forget_steady(&uid),
-            }
-            Ok(settled())
-        }
-    };
-
-    // 6. Events: one per kind of change.
-    report_changes(ctx, parent, &changes, cause);
     result
 }
 
-/// `Some(action)` when the parent's inputs are those of a reconcile that had nothing to
-/// do ([`memory::Steady`]): the reconcile stops there.
-fn skip_if_steady(
+/// The value a stage hands on, or the outcome it ends the reconcile with.
+macro_rules! next {
+    ($stage:expr) => {
+        match $stage {
+            ControlFlow::Continue(value) => value,
+            ControlFlow::Break(outcome) => return Ok(outcome),
+        }
+    };
+}
+
+/// The stages of a reconcile, each over the value the one before handed on. An error
+/// (`?`) ends the reconcile without a status write: a read or write the API server
+/// refused, or writes that are not this process's to make any more. (Plan and execute
+/// end in a value: a child's failure is the parent's condition, `Applied::failure`.)
+async fn pipeline(
     ctx: &RuleContext,
     parent: &DynamicObject,
     uid: &str,
-    live_children: &[(usize, Arc<DynamicObject>)],
-    refs: &std::collections::BTreeMap<String, serde_json::Value>,
-) -> Option<Action> {
-    if !ctx.memory.is_steady(uid, parent, live_children, refs) {
-        return None;
-    }
-    ctx.metrics
-        .reconciles_skipped
-        .get_or_create(&metrics::rule(&ctx.rule.name))
-        .inc();
-    Some(settled())
+) -> Result<Outcome, ReconcileError> {
+    next!(in_stage(Stage::Lifecycle, lifecycle(ctx, parent, uid)).await?);
+    let observed = observe::observe(ctx, parent, uid);
+    let observation = next!(in_stage(Stage::Observe, observed).await?);
+    let dereferenced = dereference::dereference(ctx, parent, uid, observation);
+    let inputs = next!(in_stage(Stage::Dereference, dereferenced).await?);
+    let rendered = render_stage::render(ctx, parent, uid, inputs);
+    let rendered = next!(in_stage(Stage::Render, rendered).await?);
+    let plan = execute::plan(ctx, parent, uid, &rendered);
+    let plan = plan.instrument(span(Stage::Plan)).await;
+    let applied = execute::execute(ctx, parent, uid, &rendered, plan);
+    let applied = applied.instrument(span(Stage::Execute)).await;
+    in_stage(Stage::Conclude, conclude::conclude(ctx, rendered, applied)).await
 }
 
-/// What a reconcile that went through asks of kube-runtime: nothing until a change. A
-/// rule's resync is the engine's sweep (`engine::resync`), not a requeue per parent.
-fn settled() -> Action {
-    Action::await_change()
+/// Stage 0: a parent being deleted is torn down (or left to the garbage collector when it
+/// does not carry Rulebook's finalizer); a paused parent gets its `Paused` condition and
+/// nothing else; others carry the finalizer exactly when the rule needs it.
+async fn lifecycle(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: &str,
+) -> Result<ControlFlow<Outcome>, ReconcileError> {
+    if parent.meta().deletion_timestamp.is_some() {
+        let torn_down = teardown::teardown(ctx, parent, uid).await;
+        return Ok(ControlFlow::Break(Outcome::Ends(torn_down)));
+    }
+    let paused = is_paused(parent);
+    ctx.memory.set_paused(uid, paused);
+    if paused {
+        return Ok(ControlFlow::Break(match cache::to_json(parent) {
+            Some(parent_json) => Outcome::Paused(parent_json),
+            None => Outcome::Ends(Ok(Action::await_change())),
+        }));
+    }
+    if !teardown::keep_finalizer(ctx, parent).await? {
+        let again = Action::requeue(Duration::from_millis(500));
+        return Ok(ControlFlow::Break(Outcome::Ends(Ok(again))));
+    }
+    Ok(ControlFlow::Continue(()))
 }
 
 /// Whether the parent carries `rulebook.dev/paused: "true"`.
@@ -458,60 +297,4 @@ fn is_paused(parent: &DynamicObject) -> bool {
         .annotations()
         .get(crate::meta::labels::PAUSED)
         .is_some_and(|v| v == "true")
-}
-
-/// A required reference is missing: `Ready=False` reason `ReferenceMissing` naming it
-/// (never a value), a Warning event, and nothing applied or pruned. The reference's
-/// watch wakes the parent when the object appears.
-async fn reference_missing(
-    ctx: &RuleContext,
-    parent: &DynamicObject,
-    parent_json: &serde_json::Value,
-    message: String,
-) -> Result<Action, ReconcileError> {
-    let state = crate::render::status::ConditionState::new(
-        false,
-        Reason::ReferenceMissing.as_str(),
-        &message,
-    );
-    event(
-        ctx,
-        parent,
-        EventType::Warning,
-        &state.reason,
-        "Dereference",
-        message,
-    );
-    write_status(ctx, parent, parent_json, None, &state).await?;
-    Ok(settled())
-}
-
-/// A render or status evaluation failed: `Ready=False` with the failure's reason on this
-/// parent only (its status fields keep their values), and a Warning event. Secret values
-/// the parent could read (references, children) are taken out of the message.
-async fn render_failed(
-    ctx: &RuleContext,
-    parent: &DynamicObject,
-    parent_json: &serde_json::Value,
-    observed: &Observed,
-    mut e: crate::render::RenderError,
-    action: &str,
-) -> Result<Action, ReconcileError> {
-    e.message = crate::render::redact(&e.message, &observed.secret_values());
-    ctx.metrics
-        .render_errors
-        .get_or_create(&metrics::rule(&ctx.rule.name))
-        .inc();
-    let err = ReconcileError::Render(e);
-    let state = err.condition();
-    event(
-        ctx,
-        parent,
-        EventType::Warning,
-        &state.reason,
-        action,
-        state.message.clone(),
-    );
-    write_status(ctx, parent, parent_json, None, &state).await?;
-    Err(err)
 }

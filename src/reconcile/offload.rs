@@ -20,6 +20,10 @@
 //! attempt is caught, and the work goes to the pool like any other that trips the slice.
 //! Renders that go to the pool, either way, are counted
 //! (`rulebook_renders_offloaded_total`).
+//!
+//! What an evaluation reads travels as one value, [`EvalInputs`] (the parent, what the
+//! reconcile observed, the parent's budget): moved into the evaluation, wherever it runs,
+//! and handed back in its [`Evaluated`] with the result, for the next stage.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, LazyLock};
@@ -43,24 +47,54 @@ static SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {
     )
 });
 
-/// Runs `work` over `inputs` within a slice of `budget` on the runtime when `fits`
-/// (the inputs are light enough: [`CompiledRule::fits_slice`]), and on the blocking pool
-/// within the whole of `budget` when they are not or the attempt trips the slice: it ran
-/// out of the slice's time, bytes or fuel (a budget error), or panicked.
+/// What an evaluation over one parent reads and spends: the parent, what the reconcile
+/// observed, and the parent's budget. Moved into the evaluation (on the runtime or the
+/// blocking pool) and back out in its [`Evaluated`], so the reconcile's next stage gets
+/// them again without a copy.
+pub(super) struct EvalInputs {
+    pub parent: Json,
+    pub observed: Observed,
+    /// One budget per parent and reconcile: its references, its render, a second render
+    /// and its status all spend from it.
+    pub budget: ParentBudget,
+}
+
+/// What an evaluation hands back: its result, and its inputs with what is left of the
+/// budget.
+pub(super) struct Evaluated<T> {
+    pub result: Result<T, RenderError>,
+    pub inputs: EvalInputs,
+}
+
+/// Runs `work` over `inputs` (and `extra`, what this evaluation reads besides) within a
+/// slice of their budget on the runtime when `fits` (the inputs are light enough:
+/// [`CompiledRule::fits_slice`]), and on the blocking pool within the whole budget when
+/// they are not or the attempt trips the slice: it ran out of the slice's time, bytes or
+/// fuel (a budget error), or panicked.
 ///
 /// [`CompiledRule::fits_slice`]: crate::render::CompiledRule::fits_slice
-async fn evaluate<I: Send + 'static, T: Send + 'static>(
+async fn evaluate<X, T, W>(
     ctx: &RuleContext,
-    inputs: I,
+    mut inputs: EvalInputs,
+    extra: X,
     fits: bool,
-    budget: ParentBudget,
-    work: impl Fn(&I, &mut ParentBudget) -> Result<T, RenderError> + Send + 'static,
-) -> Result<(Result<T, RenderError>, I, ParentBudget), ReconcileError> {
+    work: W,
+) -> Result<Evaluated<T>, ReconcileError>
+where
+    X: Send + 'static,
+    T: Send + 'static,
+    W: Fn(&Json, &Observed, &X, &mut ParentBudget) -> Result<T, RenderError> + Send + 'static,
+{
     if fits {
-        let mut slice = budget.slice(SLICE_TIME, SLICE_OUTPUT, SLICE_FUEL);
-        let attempt = std::panic::catch_unwind(AssertUnwindSafe(|| work(&inputs, &mut slice)));
+        let mut slice = inputs.budget.slice(SLICE_TIME, SLICE_OUTPUT, SLICE_FUEL);
+        let attempt = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            work(&inputs.parent, &inputs.observed, &extra, &mut slice)
+        }));
         match attempt {
-            Ok(out) if !tripped(&out, &slice) => return Ok((out, inputs, slice.rejoin(&budget))),
+            Ok(result) if !tripped(&result, &slice) => {
+                inputs.budget = slice.rejoin(&inputs.budget);
+                return Ok(Evaluated { result, inputs });
+            }
             _ => {}
         }
     }
@@ -68,10 +102,10 @@ async fn evaluate<I: Send + 'static, T: Send + 'static>(
         .renders_offloaded
         .get_or_create(&metrics::rule(&ctx.rule.name))
         .inc();
-    let mut budget = budget;
     off_runtime(move || {
-        let out = work(&inputs, &mut budget);
-        (out, inputs, budget)
+        let mut inputs = inputs;
+        let result = work(&inputs.parent, &inputs.observed, &extra, &mut inputs.budget);
+        Evaluated { result, inputs }
     })
     .await
 }
@@ -96,20 +130,11 @@ async fn off_runtime<T: Send + 'static>(
         .map_err(|e| ReconcileError::Invalid(format!("render task failed: {e}")))
 }
 
-/// What an evaluation over one parent hands back: its result, its inputs, and what is
-/// left of the budget.
-pub(super) type Evaluated<T> = (Result<T, RenderError>, Json, Observed, ParentBudget);
-
-/// What a render hands back.
-pub(super) type Rendered = Evaluated<Vec<DesiredChild>>;
-
-/// Runs `work` over `parent` and `observed` within `budget` ([`evaluate`]), with
-/// `scopes` (per child, or per reference) as the scope function.
-async fn evaluate_over<T: Send + 'static>(
+/// Runs `work` over `inputs` ([`evaluate`]), with `scopes` (per child, or per reference)
+/// as the scope function.
+async fn evaluate_scoped<T: Send + 'static>(
     ctx: &RuleContext,
-    parent: Json,
-    observed: Observed,
-    budget: ParentBudget,
+    inputs: EvalInputs,
     scopes: Vec<Scope>,
     work: impl Fn(
         &Json,
@@ -120,87 +145,71 @@ async fn evaluate_over<T: Send + 'static>(
     + Send
     + 'static,
 ) -> Result<Evaluated<T>, ReconcileError> {
-    let fits = ctx.rule.fits_slice(&parent, &observed, []);
-    let (out, (parent, observed, _), budget) = evaluate(
+    let fits = ctx.rule.fits_slice(&inputs.parent, &inputs.observed, []);
+    evaluate(
         ctx,
-        (parent, observed, scopes),
+        inputs,
+        scopes,
         fits,
-        budget,
-        move |(parent, observed, scopes), budget| {
+        move |parent, observed, scopes, budget| {
             let scope = |i: usize| scopes.get(i).copied().unwrap_or(Scope::Namespaced);
             work(parent, observed, &scope, budget)
         },
     )
-    .await?;
-    Ok((out, parent, observed, budget))
-}
-
-/// The desired children of `parent`, rendered within `budget` (one budget per parent
-/// and reconcile: its render, a second render, and its status).
-pub(super) async fn render_off_runtime(
-    ctx: &RuleContext,
-    parent: Json,
-    observed: Observed,
-    budget: ParentBudget,
-) -> Result<Rendered, ReconcileError> {
-    let rule = ctx.rule.clone();
-    let scopes = (0..rule.children().len()).map(|i| ctx.scope(i)).collect();
-    evaluate_over(
-        ctx,
-        parent,
-        observed,
-        budget,
-        scopes,
-        move |p, o, scope, b| rule.render_within(p, o, scope, b),
-    )
     .await
 }
 
-/// Where `parent`'s references point, evaluated within `budget`.
+/// The desired children of the parent, rendered within its budget.
+pub(super) async fn render_off_runtime(
+    ctx: &RuleContext,
+    inputs: EvalInputs,
+) -> Result<Evaluated<Vec<DesiredChild>>, ReconcileError> {
+    let rule = ctx.rule.clone();
+    let scopes = (0..rule.children().len()).map(|i| ctx.scope(i)).collect();
+    evaluate_scoped(ctx, inputs, scopes, move |p, o, scope, b| {
+        rule.render_within(p, o, scope, b)
+    })
+    .await
+}
+
+/// Where the parent's references point, evaluated within its budget.
 pub(super) async fn targets_off_runtime(
     ctx: &RuleContext,
-    parent: Json,
-    observed: Observed,
-    budget: ParentBudget,
+    inputs: EvalInputs,
 ) -> Result<Evaluated<Vec<RefTarget>>, ReconcileError> {
     let rule = ctx.rule.clone();
     let scopes = (0..rule.rule.spec.references.len())
         .map(|i| ctx.ref_scope(i))
         .collect();
-    evaluate_over(
-        ctx,
-        parent,
-        observed,
-        budget,
-        scopes,
-        move |p, o, scope, b| rule.reference_targets(p, o, scope, b),
-    )
+    evaluate_scoped(ctx, inputs, scopes, move |p, o, scope, b| {
+        rule.reference_targets(p, o, scope, b)
+    })
     .await
 }
 
-/// The parent's status fields and readiness, evaluated within `budget`.
+/// The parent's status fields and readiness over its `desired` children, evaluated
+/// within its budget (the children are dropped with the evaluation).
 pub(super) async fn status_off_runtime(
     ctx: &RuleContext,
-    parent: Json,
-    observed: Observed,
+    inputs: EvalInputs,
     desired: Vec<DesiredChild>,
-    budget: ParentBudget,
-) -> Result<(Result<StatusReport, RenderError>, Json), ReconcileError> {
+) -> Result<Evaluated<StatusReport>, ReconcileError> {
     let rule: Arc<_> = ctx.rule.clone();
-    let fits = ctx
-        .rule
-        .fits_slice(&parent, &observed, desired.iter().map(|d| &d.object));
-    let (report, (parent, _, _), _) = evaluate(
+    let fits = ctx.rule.fits_slice(
+        &inputs.parent,
+        &inputs.observed,
+        desired.iter().map(|d| &d.object),
+    );
+    evaluate(
         ctx,
-        (parent, observed, desired),
+        inputs,
+        desired,
         fits,
-        budget,
-        move |(parent, observed, desired), budget| {
+        move |parent, observed, desired, budget| {
             rule.status_within(parent, observed, desired, budget)
         },
     )
-    .await?;
-    Ok((report, parent))
+    .await
 }
 
 /// The finalize child of a parent being deleted, rendered on the blocking pool.

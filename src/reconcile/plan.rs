@@ -4,7 +4,7 @@
 //! its dependents); which owned children to prune; whether the parent's status needs a write; whether its changes are only a rule
 //! rollout's (reported once, not per parent); the next step of a parent's
 //! teardown. No API calls, no locks, no clock:
-//! the stages in `apply.rs`, `prune.rs` and `status.rs` carry the plan out, and
+//! the stages in `apply.rs`, `prune.rs` and `status_write.rs` carry the plan out, and
 //! `tests/plan.rs` specifies it with objects built in code.
 
 use std::cmp::Reverse;

@@ -1,5 +1,5 @@
-//! Stage 4 of a reconcile: delete what this parent owns and no longer renders (and, in
-//! a teardown, every child). Only children the parent's caches show as its own (owner
+//! The prunes of a reconcile (its execute stage): delete what this parent owns and no
+//! longer renders (and, in a teardown, every child). Only children the parent's caches show as its own (owner
 //! label and controller reference both naming its UID — an `Orphan` child has no
 //! ownerReference, and recorded its policy instead — in its namespace), each deleted
 //! with UID and resourceVersion preconditions, so neither a replacement of the same name

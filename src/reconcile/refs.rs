@@ -1,4 +1,4 @@
-//! Stage 1b of a reconcile, dereference: the objects a parent's references point at,
+//! For the dereference stage of a reconcile: the objects a parent's references point at,
 //! looked up in the reference caches (never written), and the index that tells the
 //! engine which parents to reconcile when a referenced object changes.
 //!

@@ -139,7 +139,7 @@ pub(super) fn status_diff(
         .status(parent, observed, desired)
         .map_err(|e| e.to_string())?;
     let managed: Vec<&str> = rule.rule.spec.status.keys().map(String::as_str).collect();
-    let now = crate::reconcile::status::now_rfc3339();
+    let now = crate::reconcile::status_write::now_rfc3339();
     let condition = match failure {
         Some(c) => c.clone(),
         None => report.readiness.condition(),

@@ -41,7 +41,7 @@ use super::error::ReconcileError;
 use super::events::{Cause, event, report_changes};
 use super::plan::{FinalizeOutcome, TeardownStep, plan_teardown};
 use super::prune::deletion_policy;
-use super::status::write_deleting;
+use super::status_write::write_deleting;
 use super::writer::{Patched, WriteError};
 use crate::meta::{FINALIZER, labels, split_api_version};
 use crate::render::status::ConditionState;

@@ -1,6 +1,7 @@
-//! The parent's status: computed by the rule, compared with what the parent has (or
-//! with Rulebook's own last write, when the cache has not caught up with it), written
-//! with one server-side apply to the status subresource only when it differs.
+//! Writing the parent's status (the rule evaluates it: `render::status_eval`; the `Ready`
+//! model is `render::status`): compared with what the parent has (or with Rulebook's own
+//! last write, when the cache has not caught up with it), written with one server-side
+//! apply to the status subresource only when it differs.
 
 use kube::ResourceExt;
 use kube::api::DynamicObject;

@@ -1,6 +1,7 @@
-//! What each rule is doing, for `/status` and readiness: its version and file, whether it
-//! runs or waits (and why), whether its caches have synced, and problems found outside
-//! its controller (a CRD that could not be installed).
+//! The operator's own health (the parents' status is `reconcile::status_write`): what
+//! each rule is doing, for `/status` and readiness: its version and file, whether it runs
+//! or waits (and why), whether its caches have synced, and problems found outside its
+//! controller (a CRD that could not be installed).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
