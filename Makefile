@@ -45,6 +45,7 @@ HEAVY_TEST := cargo test --locked --test faults_heavy -- --ignored --test-thread
 lint: ## cargo fmt --check and cargo clippy --all-targets -D warnings (benches and examples too)
 	cargo fmt --all -- --check
 	cargo clippy --locked --all-targets -- -D warnings
+	scripts/core-tree.sh
 
 .PHONY: rule-tests
 rule-tests: ## rulebook test on the example rules' tests (tests/rules/)

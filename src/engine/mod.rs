@@ -29,13 +29,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::cache::admission::{CacheBudget, CacheLimits};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
-use crate::reconcile::admission::{CacheBudget, CacheLimits};
 use crate::reconcile::inflight::InputBudget;
-use crate::reconcile::outbox::{Outbox, OutboxLimits};
-use crate::reconcile::recorder::Recorder;
 use crate::render::{CompiledRule, RuleSet};
+use crate::write::outbox::{Outbox, OutboxLimits};
+use crate::write::recorder::Recorder;
 use dropped::{CleanupEnv, Cleanups, Dropped, dropped_kinds};
 use released::release_removed_rule;
 use runner::RuleRunner;

@@ -22,8 +22,8 @@ use super::offload::targets_off_runtime;
 use super::refs::{
     Key, Read, RefKind, cached, cached_bytes, full, known_labels, labels_of, list_selected,
 };
-use super::wire::is_stub;
 use super::{reference_missing, render_failed};
+use crate::cache::wire::is_stub;
 use crate::render::{Observed, ParentBudget, RefSelect, RefTarget};
 
 /// What stage 1b hands on: the parent's inputs with its references read, and the permit

@@ -1,5 +1,5 @@
 //! One reconcile of one parent — the only place that writes to the API server, and only
-//! through its [`writer::Writer`].
+//! through its [`crate::write::writer::Writer`].
 //!
 //! [`reconcile_inner`] reads as its stages:
 //!
@@ -20,33 +20,26 @@
 //! The decisions are pure functions in [`plan`]; each stage lives in its own file. At
 //! steady state every stage finds nothing to do and makes no request.
 
-pub mod admission;
 mod apply;
 mod apply_stage;
-pub mod cache;
 pub mod context;
 mod dereference;
 pub mod drift;
 pub mod error;
 mod events;
 mod fight;
-pub mod gate;
-pub mod gate_body;
 pub mod inflight;
 pub mod memo;
 mod observe;
 mod offload;
-pub mod outbox;
 pub mod plan;
 mod prune;
-pub mod recorder;
 pub mod refs;
 pub mod shard_gate;
 pub mod status;
-pub mod store;
 pub mod teardown;
-pub mod wire;
-pub mod writer;
+#[cfg(test)]
+mod write_answers_tests;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,6 +52,7 @@ use kube::{Resource, ResourceExt};
 use tracing::debug;
 use tracing::warn;
 
+use crate::cache;
 use crate::meta::JsonAt;
 use crate::metrics::{self, ResultLabels};
 use crate::render::Observed;
@@ -71,9 +65,9 @@ use prune::leave_child;
 use status::{write_paused, write_status};
 use teardown::places::Recorded;
 
+pub use crate::write::gate::WriteGate;
 pub use context::{BackoffPolicy, ChildKind, ContextParts, ParentKind, Paused, RuleContext};
 pub use error::{Reason, ReconcileError};
-pub use gate::WriteGate;
 pub use prune::orphan_patch;
 pub use status::StatusWrites;
 

@@ -17,10 +17,10 @@ use super::context::{RuleContext, lock};
 use super::error::{ReconcileError, is_not_found};
 use super::events::event;
 use super::plan::plan_status;
-use super::writer::WriteError;
 use crate::meta::JsonAt;
 use crate::meta::STATUS_RULE_VERSION;
 use crate::render::status::ConditionState;
+use crate::write::writer::WriteError;
 
 /// The status last written per parent UID, with the parent's resourceVersion after the
 /// write. A reconcile works on the parent as cached when it started, which may predate
