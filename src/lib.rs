@@ -10,7 +10,6 @@ pub mod crds;
 pub mod engine;
 pub mod http;
 pub mod leader;
-pub mod members;
 pub mod metrics;
 pub mod operator;
 pub mod rbac;

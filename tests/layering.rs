@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 /// Each top-level module's layer. A module may use modules of lower layers only.
 const LAYERS: &[(&str, u32)] = &[
     ("meta", 0),
-    ("shard", 0),
     ("rules", 1),
     ("render", 2),
     ("rbac", 3),
@@ -25,12 +24,13 @@ const LAYERS: &[(&str, u32)] = &[
     ("cache", 3),
     ("write", 4),
     ("metrics", 5),
+    // All of sharding (pure plan, write gate, cache filter, membership): on the kube layer.
+    ("shard", 5),
     ("reconcile", 6),
     ("engine", 7),
     ("crds", 8),
     ("http", 8),
     ("leader", 8),
-    ("members", 8),
     ("reload", 8),
     ("operator", 9),
     ("cli", 10),

@@ -29,9 +29,9 @@ use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
 use crate::reconcile::context::{BackoffPolicy, OrphansPending};
 use crate::reconcile::orphan_patch;
-use crate::reconcile::shard_gate::ShardGate;
 use crate::render::CompiledRule;
 use crate::rules::DeletionPolicy;
+use crate::shard::gate::ShardGate;
 use crate::write::writer::{Deleted, Patched, WriteError, Writer};
 
 /// Objects listed a page at a time: a tenant may put lookalikes of any size in its

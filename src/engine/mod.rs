@@ -15,7 +15,6 @@ mod refstream;
 mod released;
 mod resync;
 mod runner;
-pub mod sharded;
 mod status;
 mod streams;
 mod turns;
@@ -65,7 +64,7 @@ pub struct EngineConfig {
     /// (`reconcile::inflight`).
     pub inputs_in_flight: usize,
     /// This replica's share of the parents (`run --sharding namespace`), or everything.
-    pub shard: Option<sharded::Sharding>,
+    pub shard: Option<crate::shard::watch::Sharding>,
 }
 
 impl Default for EngineConfig {
@@ -355,12 +354,12 @@ impl Engine {
     }
 
     /// The share the rules run over (sharded replicas).
-    pub fn shard(&self) -> Option<&sharded::Sharding> {
+    pub fn shard(&self) -> Option<&crate::shard::watch::Sharding> {
         self.config.shard.as_ref()
     }
 
     /// The share the rules started from now on run over (sharded replicas).
-    pub fn set_shard(&mut self, shard: Option<sharded::Sharding>) {
+    pub fn set_shard(&mut self, shard: Option<crate::shard::watch::Sharding>) {
         self.config.shard = shard;
     }
 

@@ -265,7 +265,7 @@ impl RuleRunner {
         let name = self.rule.name.clone();
         let ns = self.config.namespace.as_deref();
         let (watch_client, shard) = self.watch_client(&r);
-        let in_shard = || super::sharded::keep(shard.clone());
+        let in_shard = || crate::shard::watch::keep(shard.clone());
         let parent_api: Api<Wire<false>> = match (ns, r.parent_namespaced) {
             (Some(ns), true) => Api::namespaced_with(watch_client.clone(), ns, &r.parent),
             _ => Api::all_with(watch_client.clone(), &r.parent),

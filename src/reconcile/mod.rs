@@ -35,7 +35,6 @@ mod offload;
 pub mod plan;
 mod prune;
 pub mod refs;
-pub mod shard_gate;
 pub mod status;
 pub mod teardown;
 #[cfg(test)]
