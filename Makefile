@@ -42,9 +42,10 @@ HEAVY_TEST := cargo test --locked --test faults_heavy -- --ignored --test-thread
 # Every target, benches and the benchmark's reference controller included, so that
 # `make bench` cannot rot uncompiled.
 .PHONY: lint
-lint: ## cargo fmt --check and cargo clippy --all-targets -D warnings (benches and examples too)
+lint: ## cargo fmt --check, cargo clippy --all-targets -D warnings (benches and examples too), doc links
 	cargo fmt --all -- --check
 	cargo clippy --locked --all-targets -- -D warnings
+	python3 scripts/check-links.py
 	scripts/core-tree.sh
 
 .PHONY: rule-tests

@@ -51,25 +51,27 @@ for i in $(seq 150); do
   [[ $i == 150 ]] && { tail -30 "$LOG"; echo "the operator did not become ready" >&2; exit 1; }
   sleep 0.2
 done
+CRD=customresourcedefinitions.apiextensions.k8s.io
 "${K[@]}" wait --for=condition=Established --timeout=60s \
-  crd/mywebs.operator.k8s-summit.org crd/myapps.app.example.com crd/projects.xyz.com \
-  crd/teamapps.xyz.com crd/tenants.xyz.com
+  $CRD/mywebs.operator.k8s-summit.org $CRD/myapps.app.example.com $CRD/projects.xyz.com \
+  $CRD/teamapps.xyz.com $CRD/tenants.xyz.com
 
 say "Creating the example parents (examples/*.yaml)"
 "${K[@]}" apply -f examples/
 
 say "Waiting until every parent is Ready"
-"${K[@]}" wait --for=condition=Ready --timeout=120s myweb/hello myapp/shop project/apollo \
-  teamapp/orders tenant/acme
+"${K[@]}" wait --for=condition=Ready --timeout=120s mywebs.operator.k8s-summit.org/hello \
+  myapps.app.example.com/shop projects.xyz.com/apollo teamapps.xyz.com/orders tenants.xyz.com/acme
 
-say "kubectl get mywebs,myapps,projects,teamapps,tenants"
-"${K[@]}" get mywebs,myapps,projects,teamapps,tenants
+PARENTS=mywebs.operator.k8s-summit.org,myapps.app.example.com,projects.xyz.com,teamapps.xyz.com,tenants.xyz.com
+say "kubectl get $PARENTS"
+"${K[@]}" get "$PARENTS"
 say "Tenant acme: its namespace and what Rulebook put in it"
-"${K[@]}" get resourcequotas,limitranges,rolebindings,networkpolicies -n tenant-acme
+"${K[@]}" get resourcequotas,limitranges,rolebindings.rbac.authorization.k8s.io,networkpolicies.networking.k8s.io -n tenant-acme
 say "The children Rulebook created (label app.kubernetes.io/managed-by=rulebook)"
-"${K[@]}" get configmaps,secrets,services,deployments -l app.kubernetes.io/managed-by=rulebook
+"${K[@]}" get configmaps,secrets,services,deployments.apps -l app.kubernetes.io/managed-by=rulebook
 say "MyWeb hello: status"
-"${K[@]}" get myweb hello -o jsonpath='{.status}' | (command -v jq >/dev/null && jq . || cat); echo
+"${K[@]}" get mywebs.operator.k8s-summit.org/hello -o jsonpath='{.status}' | (command -v jq >/dev/null && jq . || cat); echo
 say "Events on MyWeb hello"
 "${K[@]}" get events --field-selector involvedObject.name=hello,involvedObject.kind=MyWeb \
   -o custom-columns=REASON:.reason,MESSAGE:.message --sort-by=.metadata.creationTimestamp 2>/dev/null || true
@@ -81,15 +83,15 @@ cat <<MSG
 Rulebook is running (pid $(cat "$PIDFILE"), log ${LOG#"$ROOT"/}) against the local cluster.
 Try:
   export KUBECONFIG=$KUBECONFIG; alias k=$ROOT/.cluster/bin/kubectl
-  k scale deployment hello-web --replicas=5      # reverted to the spec's 2
-  k delete configmap hello-html                  # recreated
-  k patch myweb hello --type=merge -p '{"spec":{"replicas":3}}'
-  k patch myweb hello --type=json -p '[{"op":"remove","path":"/spec/nodePortNumber"}]'  # the Service is pruned
+  k scale deployments.apps/hello-web --replicas=5   # reverted to the spec's 2
+  k delete configmaps/hello-html                 # recreated
+  k patch mywebs.operator.k8s-summit.org/hello --type=merge -p '{"spec":{"replicas":3}}'
+  k patch mywebs.operator.k8s-summit.org/hello --type=json -p '[{"op":"remove","path":"/spec/nodePortNumber"}]'  # the Service is pruned
   edit templates/myweb/configmap.yaml            # hot reload: every MyWeb's ConfigMap follows
-  k create configmap payments-extra --from-literal=TIMEOUT=30s && k label configmap payments-extra team=payments
+  k create configmap payments-extra --from-literal=TIMEOUT=30s && k label configmaps/payments-extra team=payments
                                                  # referenced by TeamApp orders: its settings follow
-  k delete secret orders-db                      # orders: Ready=False, ReferenceMissing; nothing pruned
-  k annotate teamapp orders rulebook.dev/paused=true   # hands off until the annotation goes
+  k delete secrets/orders-db                     # orders: Ready=False, ReferenceMissing; nothing pruned
+  k annotate teamapps.xyz.com/orders rulebook.dev/paused=true   # hands off until the annotation goes
   curl http://$ADDR/status
 Stop everything with: make demo-down
 MSG

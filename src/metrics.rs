@@ -85,7 +85,7 @@ pub struct Metrics {
     /// nothing to do.
     pub reconciles_skipped: Family<RuleLabel, Counter>,
     /// Children's watch events that were the answer a reconcile awaited to its own write
-    /// and brought no reconcile (`memo::Steady::expects`).
+    /// and brought no reconcile (`memory::Steady::expects`).
     pub child_events_awaited: Family<RuleLabel, Counter>,
     pub rule_running: Family<RuleLabel, Gauge>,
     pub reloads: Family<ReloadLabel, Counter>,

@@ -27,7 +27,7 @@ use crate::cache::wire::orphan_owner;
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
-use crate::reconcile::context::{BackoffPolicy, OrphansPending};
+use crate::reconcile::memory::{BackoffPolicy, OrphansPending};
 use crate::reconcile::orphan_patch;
 use crate::render::CompiledRule;
 use crate::rules::DeletionPolicy;

@@ -106,7 +106,7 @@ pub struct Engine {
     /// same version (a sharded replica restarts its rules whenever its share changes),
     /// so the parents it kept cost a hash lookup, not a render. Exact fingerprints of
     /// the inputs: a miss costs only a full reconcile.
-    steady: BTreeMap<String, (String, Arc<crate::reconcile::memo::Steady>)>,
+    steady: BTreeMap<String, (String, Arc<crate::reconcile::memory::Steady>)>,
     /// Where every rule's events wait to be sent (bounded, for the whole process).
     outbox: Outbox,
     /// The clean-ups after kinds of children the rules dropped, one per rule at most.
@@ -298,7 +298,7 @@ impl Engine {
         let steady = match self.steady.get(&name) {
             Some((v, s)) if *v == version => s.clone(),
             _ => {
-                let s = Arc::new(crate::reconcile::memo::Steady::default());
+                let s = Arc::new(crate::reconcile::memory::Steady::default());
                 self.steady
                     .insert(name.clone(), (version.clone(), s.clone()));
                 s

@@ -28,7 +28,9 @@ use crate::cache::wire::Wire;
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::refs::{RefIndex, RefKind};
-use crate::reconcile::{self, ChildKind, ContextParts, ParentKind, Paused, RuleContext, WriteGate};
+use crate::reconcile::{
+    self, ChildKind, ContextParts, MemoryParts, ParentKind, ParentMemory, RuleContext, WriteGate,
+};
 use crate::render::CompiledRule;
 use crate::write::writer::Writer;
 
@@ -60,11 +62,11 @@ pub(super) struct RuleRunner {
     /// Reconcile inputs in flight, for every rule.
     pub(super) inputs: Arc<crate::reconcile::inflight::InputBudget>,
     /// What this rule version's reconciles found steady (kept across restarts).
-    pub(super) steady: Arc<crate::reconcile::memo::Steady>,
+    pub(super) steady: Arc<crate::reconcile::memory::Steady>,
     /// The process's event outbox (one for every rule).
     pub(super) outbox: crate::write::outbox::Outbox,
     /// Set while the engine lets go of children of kinds an earlier version had.
-    pub(super) orphans_pending: Arc<crate::reconcile::context::OrphansPending>,
+    pub(super) orphans_pending: Arc<crate::reconcile::memory::OrphansPending>,
 }
 
 struct Resolved {
@@ -283,7 +285,12 @@ impl RuleRunner {
         // until the listing completes, so a parent created in the gap was not in the
         // cache when its own event came, and kube-runtime drops such a reconcile.
         let (relisted_tx, relisted_rx) = futures::channel::mpsc::unbounded::<()>();
-        let status_writes = Arc::new(crate::reconcile::StatusWrites::default());
+        // What the rule remembers per parent, told by the watches below what arrives.
+        let memory = Arc::new(ParentMemory::new(MemoryParts {
+            steady: self.steady.clone(),
+            orphans_pending: self.orphans_pending.clone(),
+            records_version: self.rule.rule.spec.crd.is_some(),
+        }));
         let parent_writer = reflector::store::Writer::new(r.parent.clone());
         let parent_reader = parent_writer.as_reader();
         // Status-only changes (Rulebook's own status writes among them) do not reconcile.
@@ -326,7 +333,7 @@ impl RuleRunner {
             })
             .reflect(parent_writer)
             .map(parent_seen(
-                status_writes.clone(),
+                memory.clone(),
                 ref_indexes.clone(),
                 parent_reader.clone(),
                 r.parent.clone(),
@@ -339,8 +346,12 @@ impl RuleRunner {
             });
         // Every trigger goes through the namespaces' turns, a failed parent's retry too
         // (`backoffs`); kube-runtime gets them as they come (`reconcile_on` below).
-        let backoffs = Arc::new(crate::reconcile::memo::Backoffs::default());
-        let turns = Turns::new(self.config.concurrency, &self.metrics, &name, &backoffs);
+        let turns = Turns::new(
+            self.config.concurrency,
+            &self.metrics,
+            &name,
+            memory.backoffs(),
+        );
         let mut controller = Controller::for_stream_with(
             turns.watched(parent_stream),
             parent_reader.clone(),
@@ -349,9 +360,6 @@ impl RuleRunner {
         .with_config(ControllerConfig::default().concurrency(self.config.concurrency))
         .trigger_backoff(NoBackoff);
         let child_selector = labels::child_selector(&name);
-        // Children applied by this process, until their watch events come.
-        let applied = Arc::new(crate::reconcile::memo::Applied::default());
-        let created = Arc::new(crate::reconcile::memo::Created::default());
         let awaited = self
             .metrics
             .child_events_awaited
@@ -405,7 +413,7 @@ impl RuleRunner {
             .map(relisted(relisted_tx.clone()))
             .filter(unawaited(
                 r.parent.clone(),
-                (i, self.steady.clone(), applied.clone(), created.clone()),
+                (i, memory.clone()),
                 awaited.clone(),
             ))
             .touched_objects();
@@ -468,7 +476,7 @@ impl RuleRunner {
                 every,
             )));
         }
-        controller = controller.reconcile_on(turns.keyed(backoffs.clone().retries()));
+        controller = controller.reconcile_on(turns.keyed(memory.backoffs().clone().retries()));
         controller = controller.reconcile_on(turns.handed_out(r.parent.clone()));
         let counting = super::status::count_cached(
             self.metrics.clone(),
@@ -476,8 +484,7 @@ impl RuleRunner {
             parent_reader.clone(),
             kinds.iter().map(|k| k.store.clone()).collect(),
         );
-        let paused = Arc::new(Paused::default());
-        self.status.set_paused(&name, paused.clone());
+        self.status.set_paused(&name, memory.paused().clone());
         let ctx = Arc::new(RuleContext::new(ContextParts {
             rule: self.rule.clone(),
             client: self.client.clone(),
@@ -498,15 +505,9 @@ impl RuleRunner {
                 self.metrics.clone(),
                 &name,
             ),
-            status_writes,
             parent_store: parent_reader.clone(),
             refs,
-            paused,
-            steady: self.steady.clone(),
-            applied,
-            created,
-            orphans_pending: self.orphans_pending.clone(),
-            backoffs: backoffs.clone(),
+            memory,
             inputs: self.inputs.clone(),
         }));
         let mut stop_signal = stopped.clone();

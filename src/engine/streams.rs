@@ -15,8 +15,8 @@ use super::status::EngineStatus;
 use crate::cache::admission::{Admitted, CacheBudget};
 use crate::cache::wire::{Wire, orphan_owner};
 use crate::meta::labels;
-use crate::reconcile::StatusWrites;
-use crate::reconcile::memo::{Applied, Created, Steady};
+use crate::reconcile::ParentMemory;
+use crate::reconcile::memory::Created;
 use crate::reconcile::refs::RefIndex;
 use futures::future::{Ready, ready};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -224,18 +224,18 @@ fn controlled_by(r: &OwnerReference, parent: &ApiResource) -> bool {
     r.controller == Some(true) && r.api_version == parent.api_version && r.kind == parent.kind
 }
 
-/// A pass-through of the parents' events that tells the status writes what the cache
-/// holds, and the reference indexes which parents are gone (those deleted while the
+/// A pass-through of the parents' events that tells the rule's memory what the cache
+/// holds (its status writes, the parents deleted), and the reference indexes which parents are gone (those deleted while the
 /// watch was down too, at the end of a relist).
 pub(super) fn parent_seen(
-    status_writes: Arc<StatusWrites>,
+    memory: Arc<ParentMemory>,
     ref_indexes: Vec<Arc<RefIndex>>,
     parents: Store<DynamicObject>,
     parent_ar: ApiResource,
 ) -> impl FnMut(WatchResult) -> WatchResult {
     move |event| {
         if let Ok(e) = &event {
-            status_writes.observe(e);
+            memory.parent_event(e);
             match e {
                 watcher::Event::Delete(o) => {
                     let key = (o.namespace(), o.name_any());
@@ -260,12 +260,12 @@ pub(super) fn parent_seen(
 
 /// A filter of one child kind's events that leaves out the watch events of this
 /// process's own writes which the parent's last reconcile awaits
-/// ([`Steady::expects`]): each would bring a reconcile with nothing to do. Deletions,
+/// ([`ParentMemory::own_write_seen`]): each would bring a reconcile with nothing to do. Deletions,
 /// relists and every other version go through. Counted in
 /// `rulebook_child_events_awaited_total{rule}`.
 pub(super) fn unawaited(
     parent: ApiResource,
-    (kind, steady, applied, created): (usize, Arc<Steady>, Arc<Applied>, Arc<Created>),
+    (kind, memory): (usize, Arc<ParentMemory>),
     counted: Counter,
 ) -> impl FnMut(&WatchResult) -> Ready<bool> {
     move |event| {
@@ -277,11 +277,9 @@ pub(super) fn unawaited(
         let (Some(uid), Some(rv)) = (m.uid.as_deref(), rv) else {
             return ready(true);
         };
-        if owner_uid(m, &parent).is_some_and(|p| steady.expects(p, uid, rv)) {
-            // What a reconcile would have noted on finding the child cached.
-            applied.caught_up(uid, rv);
-            let name = m.name.as_deref().unwrap_or_default();
-            created.arrived(|| Created::key(kind, m.namespace.as_deref(), name));
+        let name = m.name.as_deref().unwrap_or_default();
+        let key = || Created::key(kind, m.namespace.as_deref(), name);
+        if owner_uid(m, &parent).is_some_and(|p| memory.own_write_seen(p, uid, rv, key)) {
             counted.inc();
             return ready(false);
         }

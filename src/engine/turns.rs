@@ -19,7 +19,7 @@
 //! kube-runtime's queue; a trigger of one handed out and not finished yet queues it once
 //! more after it finishes.
 //!
-//! A failed parent's retry comes here too when its backoff ends (`memo::Backoffs`), so
+//! A failed parent's retry comes here too when its backoff ends (`memory::Backoffs`), so
 //! forty failing parents retried together take their namespace's turns rather than every
 //! worker. Until then, a change of an object it references does not reconcile it
 //! ([`Turns::mapped_unless_held`], with the rule's `held` predicate): the retry reads the
@@ -43,7 +43,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus_client::metrics::gauge::Gauge;
 
 use crate::metrics::{self, Metrics};
-use crate::reconcile::memo::Backoffs;
+use crate::reconcile::memory::Backoffs;
 
 /// A parent: `(namespace, name)`.
 pub type Key = (Option<String>, String);

@@ -3,7 +3,7 @@
 //! leader election or shard membership ([`shards`]), and signals — and owns no logic of
 //! its own beyond that order.
 
-mod client;
+pub(crate) mod client;
 mod shards;
 
 pub use client::gated_client;

@@ -15,11 +15,11 @@ use kube::{Resource, ResourceExt};
 use serde_json::Value as Json;
 use tracing::{debug, info, warn};
 
-use super::context::{ChildKind, RuleContext, lock};
+use super::context::{ChildKind, RuleContext};
 use super::drift::{Drift, fields_cover};
 use super::error::ReconcileError;
 use super::events::{Change, other_managers};
-use super::memo;
+use super::memory;
 use super::plan::{Adoption, ChildStep, Live, conflict_message, plan_child};
 use crate::cache;
 use crate::cache::wire::is_stub;
@@ -180,8 +180,8 @@ pub(super) fn prepare<'a>(
     };
     match &found {
         Found::Cached(o) => {
-            ctx.created.arrived(|| created_key(ctx, d, &t));
-            if ctx.applied.ahead_of_cache(o, &d.hash) {
+            ctx.memory.child_cached(|| created_key(ctx, d, &t));
+            if ctx.memory.applied_ahead_of(o, &d.hash) {
                 // Applied by this process already; the cache has not caught up yet. Its
                 // watch event reconciles the parent again, with the object as applied.
                 return Ok(Prepared::Pending);
@@ -191,8 +191,8 @@ pub(super) fn prepare<'a>(
         // event reconciles the parent again, with the object in the cache.
         Found::Absent
             if ctx
-                .created
-                .on_its_way(&created_key(ctx, d, &t), Instant::now()) =>
+                .memory
+                .created_on_its_way(&created_key(ctx, d, &t), Instant::now()) =>
         {
             return Ok(Prepared::Pending);
         }
@@ -215,7 +215,7 @@ fn plan_found(
     seen: bool,
 ) -> ChildStep {
     let live_uid = found.object().and_then(|o| o.uid()).unwrap_or_default();
-    let hash_only = lock(&ctx.hash_only).contains(&live_uid);
+    let hash_only = ctx.memory.checked_by_hash_only(&live_uid);
     let adoption = Adoption::of(
         &ctx.rule.children()[d.child],
         ctx.kind_of(d.child).namespaced,
@@ -275,7 +275,7 @@ pub(super) async fn carry_out(
 }
 
 fn created_key(ctx: &RuleContext, d: &DesiredChild, t: &Target<'_>) -> String {
-    memo::Created::key(
+    memory::Created::key(
         ctx.kind_of_child[d.child],
         t.oref.namespace.as_deref(),
         &t.name,
@@ -348,7 +348,7 @@ async fn settle(
                 .map(other_managers)
                 .unwrap_or_default()
         };
-        ctx.fights
+        ctx.memory
             .before_repair(&live_uid, what, by, &ctx.backoff, Instant::now())?;
     }
     write(ctx, parent, uid, d, t, live_object, why).await
@@ -375,7 +375,7 @@ async fn write(
     ) {
         (None, _) => match ctx.writer.create(&t.api, &t.name, &d.object).await {
             Ok(Created::Created(o)) => {
-                ctx.created.record(created_key(ctx, d, t), Instant::now());
+                ctx.memory.created(created_key(ctx, d, t), Instant::now());
                 Ok(*o)
             }
             Ok(Created::Refused(e)) => return Ok(Settled::Taken(e)),
@@ -402,13 +402,13 @@ async fn write(
             });
         }
     };
-    ctx.applied.record(&applied, &d.hash);
+    ctx.memory.applied(&applied, &d.hash);
     if !ctx.rule.depends_on_own_writes()
         && let (Some(child), Some(rv)) = (applied.uid(), applied.resource_version())
         && let Ok(rv) = rv.parse()
     {
         // The watch event this write brings needs no reconcile (`Steady::await_write`).
-        ctx.steady
+        ctx.memory
             .await_write(uid, parent.metadata.namespace.as_deref(), &child, rv);
     }
     ctx.metrics
@@ -421,7 +421,7 @@ async fn write(
         // The API server recorded the fields differently than the check reads them:
         // rely on the hash alone for this object rather than re-applying forever.
         warn!(child = %what, "managed fields do not mirror the desired object; checking it by hash only (hand edits of it will not be reverted)");
-        lock(&ctx.hash_only).insert(u);
+        ctx.memory.check_by_hash_only(u);
     }
     let (reason, verb) = match why {
         Drift::Missing => ("Created", "created"),

@@ -249,7 +249,7 @@ async fn by_labels(
     }
     if !unknown.is_empty() && selected.len() <= limit {
         let room = limit - selected.len();
-        let listed = list_selected(ctx, kind, &t.namespace, want, &unknown, room);
+        let listed = list_selected(&ctx.client, kind, &t.namespace, want, &unknown, room);
         selected.extend(listed.await?);
     }
     if selected.len() > limit {
@@ -293,7 +293,7 @@ pub(super) async fn read(
         };
         match f {
             Found::Absent => {}
-            Found::One(o) => match full(ctx, kind, o, &mut left).await? {
+            Found::One(o) => match full(&ctx.client, kind, o, &mut left).await? {
                 Read::Found(o) => {
                     out.insert(r.name.value.clone(), o);
                 }
@@ -305,7 +305,7 @@ pub(super) async fn read(
                 let mut list = Vec::with_capacity(selected.len());
                 for o in selected {
                     let read = is_stub(&o);
-                    match full(ctx, kind, o, &mut left).await? {
+                    match full(&ctx.client, kind, o, &mut left).await? {
                         // A stub is read now: it counts if it still matches.
                         Read::Found(o) if !read || t.selects_labels(&labels_of(&o)) => {
                             list.push(o);

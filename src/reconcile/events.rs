@@ -12,8 +12,8 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::Value as Json;
 
-use super::context::{RuleContext, lock};
-use super::memo;
+use super::context::RuleContext;
+use super::memory::digest;
 use crate::meta::FIELD_MANAGER;
 use crate::meta::JsonAt;
 use crate::render::Observed;
@@ -54,12 +54,10 @@ pub(super) fn event_about(
             WARNINGS.fetch_add(1, Ordering::Relaxed),
         )
     });
-    if let Some((key, digest, number)) = &warned {
-        let mut last = lock(&ctx.last_warning);
-        if last.get(key).is_some_and(|(d, _)| d == digest) {
-            return; // the same warning again says nothing new
-        }
-        last.insert(key.clone(), (*digest, *number));
+    if let Some((key, digest, number)) = &warned
+        && !ctx.memory.warn_once(key, *digest, *number)
+    {
+        return; // the same warning again says nothing new
     }
     let reference = parent.object_ref(&ctx.parent.ar);
     let ev = Event {
@@ -71,13 +69,10 @@ pub(super) fn event_about(
     };
     // Not sent (the outbox full, or the request failed in a way that may pass next
     // time): the next failure may record it after all.
-    let last_warning = ctx.last_warning.clone();
+    let memory = ctx.memory.clone();
     ctx.writer.publish(&ctx.recorder, ev, reference, move || {
-        if let Some((key, _, number)) = warned {
-            let mut last = lock(&last_warning);
-            if last.get(&key).is_some_and(|(_, n)| *n == number) {
-                last.remove(&key);
-            }
+        if let Some((key, _, number)) = &warned {
+            memory.warning_unsent(key, *number);
         }
     });
 }
@@ -102,14 +97,14 @@ pub(super) struct Change {
     pub object: Option<Json>,
     /// The child as the caches will hold it once this write reaches them: its kind (index
     /// in the rule context), UID and resourceVersion (applies and reads only).
-    pub cached_as: Option<memo::ChildKey>,
+    pub cached_as: Option<digest::ChildKey>,
 }
 
-/// [`memo::observed`] of the children as this reconcile left them — `live` (as it read
+/// [`digest::observed`] of the children as this reconcile left them — `live` (as it read
 /// them) less what it pruned or rewrote, plus what it applied — which is what the caches
 /// hold once its writes reach them. Call before [`observed_after`] takes the objects.
 pub(super) fn children_after(
-    live: Vec<memo::ChildKey>,
+    live: Vec<digest::ChildKey>,
     changes: &[Change],
     refs: &std::collections::BTreeMap<String, Json>,
 ) -> u64 {
@@ -117,12 +112,12 @@ pub(super) fn children_after(
         .iter()
         .filter_map(|c| c.related.uid.as_deref())
         .collect();
-    let mut kids: Vec<memo::ChildKey> = live
+    let mut kids: Vec<digest::ChildKey> = live
         .into_iter()
         .filter(|(_, uid, _)| uid.as_deref().is_none_or(|u| !touched.contains(u)))
         .collect();
     kids.extend(changes.iter().filter_map(|c| c.cached_as.clone()));
-    memo::observed_of(kids, refs)
+    digest::observed_of(kids, refs)
 }
 
 /// An object's apiVersion, kind, namespace ("" for none) and name.
@@ -323,9 +318,9 @@ mod tests {
             change(None, &before[2].1, false),
             change(Some(2), &d, true),
         ];
-        let after = children_after(memo::keys(&before), &changes, &refs);
+        let after = children_after(digest::keys(&before), &changes, &refs);
         let caught_up = vec![(0, before[0].1.clone()), (1, b.clone()), (2, d.clone())];
-        assert_eq!(after, memo::observed(&caught_up, &refs));
+        assert_eq!(after, digest::observed(&caught_up, &refs));
         // A cache still behind on any of them differs.
         for behind in [
             vec![
@@ -341,12 +336,12 @@ mod tests {
                 (2, before[2].1.clone()),
             ],
         ] {
-            assert_ne!(after, memo::observed(&behind, &refs));
+            assert_ne!(after, digest::observed(&behind, &refs));
         }
         // Nothing changed: the children as read.
         assert_eq!(
-            children_after(memo::keys(&before), &[], &refs),
-            memo::observed(&before, &refs)
+            children_after(digest::keys(&before), &[], &refs),
+            digest::observed(&before, &refs)
         );
     }
 }

@@ -27,14 +27,15 @@ mod dereference;
 pub mod drift;
 pub mod error;
 mod events;
-mod fight;
 pub mod inflight;
-pub mod memo;
+pub mod memory;
 mod observe;
 mod offload;
 pub mod plan;
 mod prune;
 pub mod refs;
+#[cfg(test)]
+mod stages_mock;
 pub mod status;
 pub mod teardown;
 #[cfg(test)]
@@ -65,10 +66,10 @@ use status::{write_paused, write_status};
 use teardown::places::Recorded;
 
 pub use crate::write::gate::WriteGate;
-pub use context::{BackoffPolicy, ChildKind, ContextParts, ParentKind, Paused, RuleContext};
+pub use context::{ChildKind, ContextParts, ParentKind, RuleContext};
 pub use error::{Reason, ReconcileError};
+pub use memory::{BackoffPolicy, MemoryParts, ParentMemory, Paused};
 pub use prune::orphan_patch;
-pub use status::StatusWrites;
 
 /// Reconciles one parent. Called by the rule's controller.
 pub async fn reconcile(
@@ -115,13 +116,13 @@ pub async fn reconcile(
     if result.is_ok()
         && let Some(uid) = uid
     {
-        ctx.note_success(&uid, &key);
+        ctx.memory.succeeded(&uid, &key);
     }
     result
 }
 
 /// The controller's error policy: exponential backoff per parent, capped; the retry
-/// comes through the rule's turns when it ends ([`memo::Backoffs`]).
+/// comes through the rule's turns when it ends ([`memory::Backoffs`]).
 pub fn error_policy(
     parent: Arc<DynamicObject>,
     err: &ReconcileError,
@@ -133,19 +134,19 @@ pub fn error_policy(
         debug!(rule = %ctx.rule.name, parent = %parent.name_any(), retry_in = ?retry_in, "fight backoff");
         return Action::requeue(*retry_in + Duration::from_millis(100));
     }
-    let n = ctx.note_failure(&parent.uid().unwrap_or_default());
+    let n = ctx.memory.failed(&parent.uid().unwrap_or_default());
     let delay = match err {
         // A template error cannot change until the parent, the rule or a child changes,
         // and each of those reconciles anyway: retry rarely (16 s, 32 s, … the cap).
         ReconcileError::Render(_) => ctx.backoff.delay(n.saturating_add(4)),
         _ => ctx.backoff.delay(n),
     };
-    // The retry comes from the backoffs (`memo::Backoffs::retries`) through the rule's
+    // The retry comes from the backoffs (`memory::Backoffs::retries`) through the rule's
     // turns, as every other trigger: a flood of failing parents retried together takes
     // its namespace's turns, not every worker. Until then, a change of an object the
     // parent references waits (the retry reads it): a tenant's edits cannot cut its
     // failing parents' backoff short.
-    ctx.backoffs.failed(
+    ctx.memory.back_off(
         (parent.namespace(), parent.name_any()),
         tokio::time::Instant::now() + delay,
     );
@@ -189,7 +190,7 @@ async fn reconcile_inner(
         return teardown::teardown(ctx, parent, &uid).await;
     }
     let paused = is_paused(parent);
-    ctx.paused.set(&uid, paused);
+    ctx.memory.set_paused(&uid, paused);
     if paused {
         // Nothing is written for a paused parent but its `Paused` condition.
         let Some(parent_json) = cache::to_json(parent) else {
@@ -210,20 +211,20 @@ async fn reconcile_inner(
     //    nothing is even read as JSON.
     //    What earlier reconciles awaited is not awaited while this one decides from the
     //    caches (`Steady::begin`), unless it stops at the fingerprint.
-    let awaited = ctx.steady.begin(&uid);
+    let awaited = ctx.memory.begin(&uid);
     let live_children = read_stubs(ctx, ctx.owned_children(&uid, namespace.as_deref())).await?;
     let no_refs = std::collections::BTreeMap::new();
     if rule.rule.spec.references.is_empty()
         && let Some(done) = skip_if_steady(ctx, parent, &uid, &live_children, &no_refs)
     {
-        ctx.steady.resume(&uid, awaited);
+        ctx.memory.resume(&uid, awaited);
         return Ok(done);
     }
     let Some(mut parent_json) = cache::to_json(parent) else {
         return unreadable_parent(ctx, parent).await;
     };
     // The status this process last wrote, when the cache predates it.
-    let written = ctx.status_writes.newer_than(&uid, parent);
+    let written = ctx.memory.status_written_since(&uid, parent);
     let cause = if status::rule_rollout_only(ctx, parent, written.as_ref(), &parent_json) {
         Cause::RuleRollout
     } else {
@@ -258,16 +259,13 @@ async fn reconcile_inner(
     if !rule.rule.spec.references.is_empty()
         && let Some(done) = skip_if_steady(ctx, parent, &uid, &live_children, &observed.refs)
     {
-        ctx.steady.resume(&uid, awaited);
+        ctx.memory.resume(&uid, awaited);
         return Ok(done);
     }
     drop(awaited);
-    let live_keys = memo::keys(&live_children);
-    let seen = memo::observed_of(live_keys.clone(), &observed.refs);
-    let inputs = |ctx: &RuleContext| {
-        let rv = ctx.status_writes.latest_rv(&uid, parent);
-        memo::fingerprint(parent, rv, seen)
-    };
+    let live_keys = memory::digest::keys(&live_children);
+    let seen = memory::digest::observed_of(live_keys.clone(), &observed.refs);
+    let inputs = |ctx: &RuleContext| ctx.memory.fingerprint(&uid, parent, seen);
 
     // 2. Render the desired children (`offload.rs`: on the runtime within a slice, or
     // on the blocking pool).
@@ -341,7 +339,7 @@ async fn reconcile_inner(
     // be lost, the requeue).
     if pending && failure.is_none() {
         report_changes(ctx, parent, &changes, cause);
-        ctx.steady.forget(&uid);
+        ctx.memory.forget_steady(&uid);
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
 
@@ -403,16 +401,15 @@ async fn reconcile_inner(
             // it) give the same outcome, so the next reconcile of them can stop early.
             let ns = parent.metadata.namespace.as_deref();
             match after {
-                _ if changes.is_empty() => ctx.steady.mark(&uid, ns, inputs(ctx)),
+                _ if changes.is_empty() => ctx.memory.mark_steady(&uid, ns, inputs(ctx)),
                 // The watch events its own writes bring reconcile nothing (each was
                 // awaited as it was written: `Steady::expects`), and a reconcile
                 // something else brings stops early.
                 Some(children) => {
-                    let rv = ctx.status_writes.latest_rv(&uid, parent);
-                    let inputs = memo::fingerprint(parent, rv, children);
-                    ctx.steady.mark_written(&uid, ns, inputs);
+                    let inputs = ctx.memory.fingerprint(&uid, parent, children);
+                    ctx.memory.mark_written(&uid, ns, inputs);
                 }
-                None => ctx.steady.forget(&uid),
+                None => ctx.memory.forget_steady(&uid),
             }
             Ok(settled())
         }
@@ -424,7 +421,7 @@ async fn reconcile_inner(
 }
 
 /// `Some(action)` when the parent's inputs are those of a reconcile that had nothing to
-/// do ([`memo::Steady`]): the reconcile stops there.
+/// do ([`memory::Steady`]): the reconcile stops there.
 fn skip_if_steady(
     ctx: &RuleContext,
     parent: &DynamicObject,
@@ -432,15 +429,9 @@ fn skip_if_steady(
     live_children: &[(usize, Arc<DynamicObject>)],
     refs: &std::collections::BTreeMap<String, serde_json::Value>,
 ) -> Option<Action> {
-    let rv = ctx.status_writes.latest_rv(uid, parent);
-    // A child this process applied and the cache has not caught up with counts as
-    // applied (`Applied::keys_as_applied`).
-    let kids = ctx.applied.keys_as_applied(live_children);
-    let inputs = memo::fingerprint(parent, rv, memo::observed_of(kids, refs));
-    if !ctx.steady.holds(uid, inputs) {
+    if !ctx.memory.is_steady(uid, parent, live_children, refs) {
         return None;
     }
-    ctx.applied.forget_caught_up(live_children);
     ctx.metrics
         .reconciles_skipped
         .get_or_create(&metrics::rule(&ctx.rule.name))

@@ -23,7 +23,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 use serde_json::Value as Json;
 
-use super::context::RuleContext;
 use super::error::ReconcileError;
 use crate::cache;
 use crate::cache::admission;
@@ -294,7 +293,7 @@ impl std::io::Write for Counted {
 /// from the API server, and counts only if it is still the object cached (same UID).
 /// Each is charged to `left` before its JSON is built.
 pub(super) async fn full(
-    ctx: &RuleContext,
+    client: &kube::Client,
     kind: &RefKind,
     o: Arc<DynamicObject>,
     left: &mut usize,
@@ -309,8 +308,8 @@ pub(super) async fn full(
         return Ok(found(&o, left));
     }
     let api: Api<DynamicObject> = match (kind.namespaced, o.namespace()) {
-        (true, Some(ns)) => Api::namespaced_with(ctx.client.clone(), &ns, &kind.ar),
-        _ => Api::all_with(ctx.client.clone(), &kind.ar),
+        (true, Some(ns)) => Api::namespaced_with(client.clone(), &ns, &kind.ar),
+        _ => Api::all_with(client.clone(), &kind.ar),
     };
     match api.get_opt(&o.name_any()).await {
         Ok(Some(fresh)) if fresh.uid() == o.uid() => Ok(found(&fresh, left)),
@@ -328,7 +327,7 @@ pub(super) async fn full(
 /// more than `room` are found. A selector that no label can satisfy (a key or value
 /// that is not a valid label) matches none and is not sent.
 pub(super) async fn list_selected(
-    ctx: &RuleContext,
+    client: &kube::Client,
     kind: &RefKind,
     ns: &Option<String>,
     want: &BTreeMap<String, String>,
@@ -339,8 +338,8 @@ pub(super) async fn list_selected(
         return Ok(Vec::new());
     };
     let api: Api<DynamicObject> = match (kind.namespaced, ns) {
-        (true, Some(ns)) => Api::namespaced_with(ctx.client.clone(), ns, &kind.ar),
-        _ => Api::all_with(ctx.client.clone(), &kind.ar),
+        (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &kind.ar),
+        _ => Api::all_with(client.clone(), &kind.ar),
     };
     let mut params = ListParams::default().labels(&selector).limit(LIST_PAGE);
     let mut out = Vec::new();

@@ -28,10 +28,10 @@ fn a_status_answer_has_the_identity_of_the_whole_object() {
     let lean: StatusApplied = serde_json::from_str(&answer).unwrap();
     let whole: DynamicObject = serde_json::from_str(&answer).unwrap();
     let meta = lean.metadata.into_meta();
-    assert!(super::memo::identity_of(&meta).is_some());
+    assert!(super::memory::digest::identity_of(&meta).is_some());
     assert_eq!(
-        super::memo::identity_of(&meta),
-        super::memo::identity(&whole)
+        super::memory::digest::identity_of(&meta),
+        super::memory::digest::identity(&whole)
     );
 }
 

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::controller::Action;
@@ -17,7 +17,7 @@ use super::places::Places;
 use super::{ORPHAN_RECHECK, RECHECK, WAVE_TIMEOUT, deleting};
 use crate::cache::wire::orphan_owner;
 use crate::meta::{labels, split_api_version};
-use crate::reconcile::context::{RuleContext, lock};
+use crate::reconcile::context::RuleContext;
 use crate::reconcile::error::ReconcileError;
 use crate::reconcile::events::{Cause, event, report_changes};
 use crate::reconcile::plan::Owned;
@@ -70,14 +70,9 @@ pub(super) fn still_awaited(
 ) -> Vec<(usize, Arc<DynamicObject>)> {
     let mut owned = teardown_children(ctx, parent, uid);
     let in_deletion = |o: &DynamicObject| o.meta().deletion_timestamp.is_some();
-    let since = {
-        let mut teardowns = lock(&ctx.teardowns);
-        let memory = teardowns.entry(uid.to_string()).or_default();
-        if memory.waiting_since.is_none() && owned.iter().any(|(_, o)| in_deletion(o)) {
-            memory.waiting_since = Some(Instant::now());
-        }
-        memory.waiting_since
-    };
+    let since = ctx
+        .memory
+        .teardown_waiting_since(uid, owned.iter().any(|(_, o)| in_deletion(o)));
     let spent = since.is_some_and(|t| t.elapsed() > WAVE_TIMEOUT);
     let now = jiff::Timestamp::now();
     let overdue = |o: &DynamicObject| overdue(o, spent, now);
@@ -111,21 +106,17 @@ pub(super) fn wave_states(
     uid: &str,
     owned: &[(usize, Arc<DynamicObject>)],
 ) -> Vec<Owned> {
-    let mut teardowns = lock(&ctx.teardowns);
     // Only the children still owned need remembering: a child let go that is gone
     // is forgotten, so objects a tenant keeps creating under a parent being torn
     // down do not pile up here.
-    if let Some(mine) = teardowns.get_mut(uid) {
-        let still: HashSet<String> = owned.iter().filter_map(|(_, o)| o.uid()).collect();
-        mine.let_go.retain(|child| still.contains(child));
-    }
-    let mine = teardowns.get(uid);
+    let still: HashSet<String> = owned.iter().filter_map(|(_, o)| o.uid()).collect();
+    let let_go = ctx.memory.let_go_among(uid, &still);
     owned
         .iter()
         .map(|(_, o)| Owned {
             position: child_rule(ctx, o).map_or(usize::MAX, |(i, _)| i),
             going: o.meta().deletion_timestamp.is_some()
-                || mine.is_some_and(|m| o.uid().is_some_and(|u| m.let_go.contains(&u))),
+                || o.uid().is_some_and(|u| let_go.contains(&u)),
         })
         .collect()
 }
@@ -153,11 +144,7 @@ pub(super) async fn run_wave(
         match leave_child(ctx, parent, &ctx.kinds[*k], o).await {
             Ok(Some(change)) => {
                 if let Some(child) = o.uid() {
-                    lock(&ctx.teardowns)
-                        .entry(uid.to_string())
-                        .or_default()
-                        .let_go
-                        .insert(child);
+                    ctx.memory.let_go(uid, child);
                 }
                 changes.push(change);
             }

@@ -36,7 +36,7 @@ use kube::runtime::events::EventType;
 use serde_json::{Value as Json, json};
 use tracing::{info, warn};
 
-use super::context::{RuleContext, lock};
+use super::context::RuleContext;
 use super::error::ReconcileError;
 use super::events::{Cause, event, report_changes};
 use super::plan::{FinalizeOutcome, TeardownStep, plan_teardown};
@@ -88,7 +88,7 @@ pub(super) async fn keep_finalizer(
         Vec::new()
     };
     pending.retain(|(api_version, kind)| {
-        !ctx.orphans_pending.was_cleaned(
+        !ctx.memory.orphans_cleaned(
             split_api_version(api_version).0,
             kind,
             parent.namespace().as_deref(),
@@ -99,7 +99,7 @@ pub(super) async fn keep_finalizer(
     // lets go of those).
     let needs = ctx.rule.rule.spec.needs_finalizer()
         || (has_finalizer(parent)
-            && (ctx.orphans_pending.get()
+            && (ctx.memory.orphans_pending()
                 || !pending.is_empty()
                 || owns_recorded_orphans(ctx, parent)));
     let record = recorded::record(ctx, &pending);
@@ -194,7 +194,7 @@ pub(super) async fn teardown(
         return Ok(next);
     }
     if !ctx.rule.rule.spec.needs_finalizer() {
-        if ctx.orphans_pending.get() {
+        if ctx.memory.orphans_pending() {
             // Children of a kind the rule dropped wait to be orphaned (`engine::dropped`):
             // the garbage collector would delete them with the parent.
             return Ok(Action::requeue(ORPHAN_RECHECK));
@@ -422,7 +422,7 @@ async fn finish(
     .await?
     {
         Patched::Patched => {
-            lock(&ctx.teardowns).remove(uid);
+            ctx.memory.teardown_done(uid);
             info!(rule = %ctx.rule.name, parent = %parent.name_any(), why, "teardown done: finalizer removed");
             Ok(Action::await_change())
         }

@@ -20,7 +20,7 @@
 //!
 //! Measured against kube-rs 5's `DynamicObject` (serde_json `Value` content) with
 //! `cargo bench --bench cache_memory`: 8.4 KB of heap per cached ConfigMap as kube-runtime
-//! caches it, 3.7 KB packed, 1.7 KB as a [`Packed`] child (docs/benchmarks.md).
+//! caches it, 3.7 KB packed, 1.7 KB as a [`Packed`] child (docs/benchmarks/history/2026-11-25.md, "Lean child cache").
 //!
 //! Also the lowest module of [`crate::cache`]: [`wire`](super::wire) decodes into this
 //! form, so what both need (whose managedFields entry is Rulebook's, how deep JSON text

@@ -16,7 +16,7 @@
 //! `cargo bench --bench cache_memory` (a counting allocator): 8,436 B of live heap per
 //! ConfigMap as the reflector caches it, 1,672 B stored here with its key and owner index;
 //! at 10,000 parents the cluster benchmark's RSS went level with the hand-written
-//! reference controller's (docs/benchmarks.md, "Lean child cache").
+//! reference controller's (docs/benchmarks/history/2026-11-25.md, "Lean child cache").
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -56,7 +56,7 @@ pub enum Deleted {
 }
 
 /// What a status apply answers, as far as Rulebook reads it: the metadata that tells
-/// whether the parent changed in a way worth a reconcile (`memo::identity`), its
+/// whether the parent changed in a way worth a reconcile (`memory::digest::identity`), its
 /// resourceVersion, and the status. The spec and managedFields are skipped unread.
 #[derive(Debug, serde::Deserialize)]
 pub struct StatusApplied {

@@ -1,7 +1,19 @@
-//! Unit tests of `memo.rs`.
+//! Unit tests of the per-parent memory: each memo on its own, and [`ParentMemory`]'s
+//! forgetting.
 
+use std::time::Duration;
+
+use super::applied::Applied;
+use super::digest::{identity, keys, observed};
+use super::steady::AWAITED_MAX;
 use super::*;
+use kube::ResourceExt;
 use serde_json::json;
+
+/// A resourceVersion as a number.
+fn rv(o: &DynamicObject) -> Option<u64> {
+    o.resource_version().and_then(|v| v.parse().ok())
+}
 
 fn obj(uid: &str, rv: &str) -> DynamicObject {
     serde_json::from_value(json!({
@@ -151,7 +163,7 @@ fn the_fingerprint_follows_every_input() {
     let parent = obj("p", "5");
     let kids = vec![(0, Arc::new(obj("c1", "7")))];
     let fingerprint = |p: &DynamicObject, kids: &[(usize, Arc<DynamicObject>)], refs| {
-        super::fingerprint(p, rv(p), observed(kids, refs))
+        digest::fingerprint(p, rv(p), observed(kids, refs))
     };
     let refs = std::collections::BTreeMap::from([(
         "creds".to_string(),
@@ -267,4 +279,126 @@ async fn retries_come_as_backoffs_end() {
         tokio::time::Instant::now() + Duration::from_millis(10),
     );
     assert_eq!(waiting.await.ok().flatten(), Some(key("again")));
+}
+
+fn memory() -> ParentMemory {
+    ParentMemory::new(MemoryParts {
+        steady: Arc::default(),
+        orphans_pending: Arc::default(),
+        records_version: true,
+    })
+}
+
+fn parent(uid: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "x/v1", "kind": "P",
+        "metadata": {"name": uid, "namespace": "n", "uid": uid, "resourceVersion": "5"}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn failures_and_warnings_go_with_a_success_the_teardown_with_its_end() {
+    let m = memory();
+    let key = (Some("n".to_string()), "p".to_string());
+    assert_eq!(m.failed("p"), 1);
+    assert_eq!(m.failed("p"), 2);
+    assert!(m.warn_once("p", 7, 1));
+    assert!(
+        !m.warn_once("p", 7, 2),
+        "the same warning again says nothing new"
+    );
+    assert!(m.warn_once("p", 8, 3), "another warning does");
+    // An unsent warning is forgotten only if it is still the last one.
+    m.warning_unsent("p", 1);
+    assert!(!m.warn_once("p", 8, 4));
+    m.warning_unsent("p", 3);
+    assert!(m.warn_once("p", 8, 5));
+    m.let_go("p", "c1".into());
+    m.succeeded("p", &key);
+    assert_eq!(m.failed("p"), 1, "a success starts the count again");
+    assert!(m.warn_once("p", 8, 6), "and forgets the last warning");
+    m.succeeded("p", &key);
+    // The teardown is kept through a success, and goes when it is done.
+    let still = HashSet::from(["c1".to_string(), "c2".to_string()]);
+    assert_eq!(
+        m.let_go_among("p", &still),
+        HashSet::from(["c1".to_string()])
+    );
+    assert_eq!(m.parents_noted(), 1);
+    m.teardown_done("p");
+    assert!(m.let_go_among("p", &still).is_empty());
+    assert_eq!(m.parents_noted(), 0, "an empty note is not kept");
+}
+
+#[test]
+fn a_teardown_forgets_children_no_longer_owned_and_waits_from_the_first_in_deletion() {
+    let m = memory();
+    assert_eq!(m.teardown_waiting_since("p", false), None);
+    let first = m.teardown_waiting_since("p", true);
+    assert!(first.is_some());
+    assert_eq!(m.teardown_waiting_since("p", true), first, "not renewed");
+    m.let_go("p", "gone".into());
+    m.let_go("p", "kept".into());
+    let still = HashSet::from(["kept".to_string()]);
+    assert_eq!(m.let_go_among("p", &still), still);
+    // `gone` was forgotten: it does not come back when owned again.
+    let both = HashSet::from(["kept".to_string(), "gone".to_string()]);
+    assert_eq!(m.let_go_among("p", &both), still);
+}
+
+#[test]
+fn deleted_and_unlisted_parents_are_forgotten_by_every_memo() {
+    use kube::runtime::watcher::Event;
+    let m = memory();
+    for uid in ["a", "b", "c"] {
+        m.failed(uid);
+        m.set_paused(uid, true);
+        m.mark_steady(uid, Some("n"), 1);
+    }
+    let live = || HashSet::from(["a".to_string(), "b".to_string(), "c".to_string()]);
+    // Nothing reported: nothing forgotten (and the parent cache is not read).
+    m.forget_gone(|| unreachable!("read only after a listing"));
+    assert_eq!((m.parents_noted(), m.paused().count()), (3, 3));
+    // `a` deleted.
+    m.parent_event(&Event::Delete(parent("a")));
+    m.forget_gone(live);
+    assert_eq!((m.parents_noted(), m.paused().count()), (2, 2));
+    assert!(!m.steady.holds("a", 1) && m.steady.holds("b", 1));
+    // A listing without `b` (deleted while the watch was down).
+    m.parent_event(&Event::InitDone);
+    m.forget_gone(|| HashSet::from(["c".to_string()]));
+    assert_eq!((m.parents_noted(), m.paused().count()), (1, 1));
+    assert!(!m.steady.holds("b", 1) && m.steady.holds("c", 1));
+    assert_eq!(m.failed("c"), 2, "what remains is intact");
+}
+
+#[test]
+fn the_parent_as_this_process_wrote_it_counts_in_the_fingerprint() {
+    let m = memory();
+    let p = parent("p");
+    let before = m.fingerprint("p", &p, 9);
+    let meta: kube::api::ObjectMeta =
+        serde_json::from_value(json!({"resourceVersion": "6"})).unwrap();
+    m.status_written("p".into(), 6, &meta, &json!({"phase": "x"}));
+    assert_eq!(m.status_written_since("p", &p), Some(json!({"phase": "x"})));
+    // Without a generation the write does not stand for the cached parent: same print.
+    assert_eq!(m.fingerprint("p", &p, 9), before);
+    assert!(m.records_version());
+    assert!(m.stop_recording_version());
+    assert!(!m.records_version() && !m.stop_recording_version());
+}
+
+#[test]
+fn an_awaited_write_arriving_is_noted_once_as_caught_up() {
+    let m = memory();
+    let child = obj("c", "9");
+    m.applied(&child, "h");
+    m.created("0/n/c".into(), Instant::now());
+    m.await_write("p", Some("n"), "c", 9);
+    assert!(m.applied_ahead_of(&obj("c", "8"), "h"));
+    assert!(m.own_write_seen("p", "c", 9, || "0/n/c".into()));
+    assert!(!m.applied_ahead_of(&obj("c", "8"), "h"), "caught up");
+    assert!(!m.created_on_its_way("0/n/c", Instant::now()), "arrived");
+    assert!(!m.own_write_seen("p", "c", 9, || unreachable!()), "once");
 }

@@ -5,11 +5,12 @@
 //! fight with no repair for [`FIGHT_FORGET`] is forgotten.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::context::{BackoffPolicy, lock};
-use super::error::ReconcileError;
+use parking_lot::Mutex;
+
+use super::backoff::BackoffPolicy;
+use crate::reconcile::error::ReconcileError;
 
 /// Re-applies of one child because someone else changed its fields.
 struct Fight {
@@ -45,7 +46,7 @@ impl Fights {
         backoff: &BackoffPolicy,
         now: Instant,
     ) -> Result<(), ReconcileError> {
-        let mut fights = lock(&self.0);
+        let mut fights = self.0.lock();
         fights.retain(|_, f| {
             now.duration_since(f.last_repair) < FIGHT_FORGET
                 || f.blocked_until.is_some_and(|u| u > now)
