@@ -12,9 +12,10 @@
 //! - `send`: a request sent through an `Api`'s client and read in part (the writer's
 //!   applies, the recorder's creates).
 //!
-//! Imports run one way: `writer` → `recorder` → `outbox`, `writer` and `recorder` →
-//! `send`, `gate_body` → `gate`; a write's answer is decoded as the caches decode a
-//! watched object ([`crate::cache::wire`]). The operator's shard gate (its `shard`
+//! Imports run one way: `writer` → `gate`, `recorder` and `send`; `recorder` → `outbox`
+//! and `send`; `gate_body` → `gate` (the recorder no longer reaches back into the writer
+//! for `send_as`). A write's answer is decoded as the caches decode a watched object
+//! ([`crate::cache::wire`]). The operator's shard gate (its `shard`
 //! module) is one more `WriteGate`, built on [`gate::LeaseGate`].
 
 pub mod gate;
