@@ -4,8 +4,8 @@
 //! (Rulebook's labels and annotations, an owner reference, Rulebook's managedFields
 //! entry) and reports the live heap per object (a counting allocator) and the RSS
 //! growth: as kube-runtime would cache it, packed as the watch stream carries it
-//! (`rulebook::reconcile::cache::strip_child`), and as Rulebook's child store holds it
-//! (`rulebook::reconcile::store::ChildStore`: packed as text, with its key and owner
+//! (`rulebook::cache::strip_child`), and as Rulebook's child store holds it
+//! (`rulebook::cache::store::ChildStore`: packed as text, with its key and owner
 //! index). Writes `target/bench/cache_memory.json`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -79,7 +79,7 @@ fn measure(n: usize, form: Form) -> (usize, usize, usize) {
     let json_bytes = texts.iter().map(String::len).sum::<usize>() / n.max(1);
     let (rss0, live0) = (rss(), LIVE.load(Relaxed));
     let mut cache: Vec<Arc<DynamicObject>> = Vec::with_capacity(n);
-    let store = rulebook::reconcile::store::ChildStore::new(&kube::api::ApiResource::erase::<
+    let store = rulebook::cache::store::ChildStore::new(&kube::api::ApiResource::erase::<
         k8s_openapi::api::core::v1::ConfigMap,
     >(&()));
     for t in &texts {
@@ -87,7 +87,7 @@ fn measure(n: usize, form: Form) -> (usize, usize, usize) {
             continue;
         };
         if form != Form::Raw {
-            rulebook::reconcile::cache::strip_child(&mut o);
+            rulebook::cache::strip_child(&mut o);
         }
         if form == Form::Stored {
             store.observe(&kube::runtime::watcher::Event::Apply(o));

@@ -48,7 +48,7 @@ if cur:
 parts = [  # first match wins
     ("reconciles (on the runtime)", r"reconcile_inner"),
     ("renders and status (blocking pool)", r"render_off_runtime|status_off_runtime|BlockingTask"),
-    ("watch streams and caches", r"kube_runtime::watcher|rulebook::engine|reconcile::store"),
+    ("watch streams and caches", r"kube_runtime::watcher|rulebook::engine|cache::store"),
     ("controller queue", r"kube_runtime::controller|kube_runtime::scheduler"),
     ("HTTP and TLS", r"hyper::proto|hyper_util|rustls"),
     ("parked or waking (tokio, kernel)", r"park|epoll_wait|futex"),

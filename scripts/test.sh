@@ -73,9 +73,12 @@ for line in sys.stdin:
     kind = t["kind"][0]
     if kind in ("lib", "bin", "test"):
         name = t["name"] if kind == "test" else kind
-        # The pure core (crates/rulebook-core) has unit tests of its own.
+        # The pure core (crates/rulebook-core) and the kube layer (crates/rulebook-kube)
+        # have unit tests of their own.
         if kind == "lib" and "rulebook-core" in m.get("package_id", ""):
             name = "core"
+        if kind == "lib" and "rulebook-kube" in m.get("package_id", ""):
+            name = "kube"
 
         print(name + "\t" + m["executable"])
 ' <"$logs/build.json")
@@ -88,7 +91,7 @@ fi
 # The first step's order: the long ones, then the rest by name.
 order=()
 declare -A queued=()
-for n in "${long_first[@]}" lib core bin; do
+for n in "${long_first[@]}" lib core kube bin; do
 	if [[ -n "${exe[$n]:-}" ]]; then
 		order+=("$n")
 		queued[$n]=1

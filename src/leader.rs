@@ -27,7 +27,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::reconcile::gate::LeaseGate;
+use crate::write::gate::LeaseGate;
 
 pub struct LeaderElection {
     api: Api<Lease>,

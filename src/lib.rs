@@ -1,7 +1,8 @@
 //! Rulebook: a generic Kubernetes operator driven by rule files.
 //!
 //! The flow, pure core first: [`rules`] (model, loading, validation) → [`render`]
-//! (templates → desired children, status) → `reconcile` (the only API writes) →
+//! (templates → desired children, status) → [`cache`] and [`write`] (the kube layer: the
+//! cached object form, the one write path) → `reconcile` (the only API writes) →
 //! `engine` (one controller per rule) → `reload` (new rule sets from disk).
 
 pub mod cli;
@@ -9,7 +10,6 @@ pub mod crds;
 pub mod engine;
 pub mod http;
 pub mod leader;
-pub mod members;
 pub mod metrics;
 pub mod operator;
 pub mod rbac;
@@ -20,3 +20,6 @@ pub mod shard;
 // The pure core, a crate of its own (crates/rulebook-core): `crate::rules`, `crate::render`
 // and `crate::meta` name it as before.
 pub use rulebook_core::{meta, render, rules};
+// The kube layer, a crate of its own (crates/rulebook-kube): `crate::cache` (the cached
+// object form) and `crate::write` (the one write path) name it.
+pub use rulebook_kube::{cache, write};

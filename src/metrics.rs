@@ -42,14 +42,9 @@ pub struct ModeLabel {
     pub mode: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DroppedLabel {
-    /// One of [`EVENTS_DROPPED_REASONS`].
-    pub reason: String,
-}
-
-/// Why an event was dropped unsent (the event outbox's `Dropped`).
-pub const EVENTS_DROPPED_REASONS: [&str; 2] = ["outbox_full", "namespace_share"];
+/// The event outbox's label and reasons (`rulebook_events_dropped_total{reason}`), defined
+/// where the outbox drops events.
+pub use crate::write::outbox::{DroppedLabel, EVENTS_DROPPED_REASONS};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {
@@ -360,6 +355,37 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// What the kube layer's write path counts (`rulebook_kube::counts`), in this registry.
+impl rulebook_kube::counts::WriteCounts for Metrics {
+    fn count_write(&self, rule: &str, verb: &str) {
+        self.write(rule, verb);
+    }
+
+    fn count_refused(&self) {
+        self.writes_refused.inc();
+    }
+}
+
+/// What the kube layer's cache budget counts (`rulebook_kube::counts`), in this registry.
+impl rulebook_kube::counts::CacheCounts for Metrics {
+    fn count_stubbed(&self, rule: &str, cache: &str) {
+        self.cache_stubbed
+            .get_or_create(&CacheLabels {
+                rule: rule.to_string(),
+                cache: cache.to_string(),
+            })
+            .inc();
+    }
+
+    fn set_content_bytes(&self, cache: &str, bytes: i64) {
+        self.cache_content_bytes
+            .get_or_create(&CacheKindLabel {
+                cache: cache.to_string(),
+            })
+            .set(bytes);
     }
 }
 

@@ -1,9 +1,10 @@
 //! The layers, checked. The pure core (meta, rules, render) is a crate of its own,
 //! `crates/rulebook-core`, whose dependency tree (read from Cargo.lock) holds no
 //! Kubernetes client, HTTP stack or async runtime: the compiler keeps its code from
-//! calling them. Above it, each top-level module of both crates may use only modules of
-//! lower layers (imports point down: meta → rules → render → reconcile → engine →
-//! operator → cli), read from the sources as text, so an upward `crate::` path anywhere
+//! calling them. The kube layer (cache, write) is `crates/rulebook-kube`, which cannot
+//! name the operator crate. Across the three crates each top-level module may use only
+//! modules of lower layers (imports point down: meta → rules → render → cache → write →
+//! reconcile → engine → operator → cli), read from the sources as text, so an upward `crate::` path anywhere
 //! outside tests and comments fails it. Size is measured in functions (the before-stop
 //! hook lists those over 100 lines); a file past 900 lines is one that holds more than one
 //! thing.
@@ -14,20 +15,25 @@ use std::path::{Path, PathBuf};
 /// Each top-level module's layer. A module may use modules of lower layers only.
 const LAYERS: &[(&str, u32)] = &[
     ("meta", 0),
-    ("metrics", 0),
-    ("shard", 0),
     ("rules", 1),
     ("render", 2),
     ("rbac", 3),
-    ("reconcile", 3),
-    ("engine", 4),
-    ("crds", 5),
-    ("http", 5),
-    ("leader", 5),
-    ("members", 5),
-    ("reload", 5),
-    ("operator", 6),
-    ("cli", 7),
+    // The kube layer, crates/rulebook-kube (re-exported by the operator crate); `counts`
+    // is what it counts, as traits the operator's `metrics` implements.
+    ("counts", 0),
+    ("cache", 3),
+    ("write", 4),
+    ("metrics", 5),
+    // All of sharding (pure plan, write gate, cache filter, membership): on the kube layer.
+    ("shard", 5),
+    ("reconcile", 6),
+    ("engine", 7),
+    ("crds", 8),
+    ("http", 8),
+    ("leader", 8),
+    ("reload", 8),
+    ("operator", 9),
+    ("cli", 10),
 ];
 
 const MAX_LINES: usize = 900;
@@ -113,14 +119,16 @@ fn violations(files: &[(String, String)]) -> Vec<(String, String, String)> {
     out
 }
 
-/// Every source file of both crates, by its path below its crate's `src/` (the core's
-/// `rules/…`, `render/…` and `meta.rs` are top-level modules as the operator's are).
+/// Every source file of the three crates, by its path below its crate's `src/` (the
+/// core's `rules/…`, `render/…` and `meta.rs`, the kube layer's `cache/…` and `write/…`
+/// are top-level modules as the operator's are).
 fn read_src() -> Vec<(String, String)> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut out = Vec::new();
     for root in [
         manifest.join("src"),
         manifest.join("crates/rulebook-core/src"),
+        manifest.join("crates/rulebook-kube/src"),
     ] {
         let mut paths = Vec::new();
         sources(&root, &mut paths);

@@ -16,7 +16,7 @@ use faults_kit::*;
 use kube::ResourceExt;
 use rulebook::metrics::Metrics;
 use rulebook::reconcile::WriteGate;
-use rulebook::reconcile::writer::{Created, Deleted, WriteError, Writer};
+use rulebook::write::writer::{Created, Deleted, WriteError, Writer};
 use serde_json::json;
 
 struct Open;

@@ -9,8 +9,8 @@ use k8s_openapi::api::events::v1::Event as K8sEvent;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::events::{Event, EventType, Reporter};
 use prometheus_client::metrics::family::Family;
-use rulebook::reconcile::outbox::{Outbox, OutboxLimits};
-use rulebook::reconcile::recorder::Recorder;
+use rulebook::write::outbox::{Outbox, OutboxLimits};
+use rulebook::write::recorder::Recorder;
 
 async fn events(api: &Api<K8sEvent>) -> Vec<K8sEvent> {
     api.list(&ListParams::default())

@@ -18,8 +18,8 @@ use kube::api::{Api, ListParams};
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use rulebook::members::{Membership, ParentKinds, ShardStatus, Share};
-use rulebook::reconcile::shard_gate::ShardGate;
+use rulebook::shard::gate::ShardGate;
+use rulebook::shard::members::{Membership, ParentKinds, ShardStatus, Share};
 use tokio::sync::watch;
 
 /// Holds the answer to every list of Leases (a GET on `…/leases` that is not a watch)

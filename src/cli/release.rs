@@ -16,8 +16,8 @@ use clap::Args;
 use super::{RuleDirs, load_or_report};
 use crate::engine::{ParentsOf, release_parents};
 use crate::metrics::Metrics;
-use crate::reconcile::gate::LeaseGate;
-use crate::reconcile::writer::Writer;
+use crate::write::gate::LeaseGate;
+use crate::write::writer::Writer;
 
 #[derive(Args, Debug)]
 pub struct ReleaseArgs {

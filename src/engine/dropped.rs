@@ -23,16 +23,16 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::runner::discover;
+use crate::cache::wire::orphan_owner;
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
 use crate::reconcile::memory::{BackoffPolicy, OrphansPending};
 use crate::reconcile::orphan_patch;
-use crate::reconcile::shard_gate::ShardGate;
-use crate::reconcile::wire::orphan_owner;
-use crate::reconcile::writer::{Deleted, Patched, WriteError, Writer};
 use crate::render::CompiledRule;
 use crate::rules::DeletionPolicy;
+use crate::shard::gate::ShardGate;
+use crate::write::writer::{Deleted, Patched, WriteError, Writer};
 
 /// Objects listed a page at a time: a tenant may put lookalikes of any size in its
 /// namespace, and only their metadata is read.

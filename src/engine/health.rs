@@ -155,7 +155,7 @@ pub(super) fn count_cached(
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     rule: &str,
     parents: kube::runtime::reflector::Store<kube::api::DynamicObject>,
-    children: Vec<std::sync::Arc<crate::reconcile::store::ChildStore>>,
+    children: Vec<std::sync::Arc<crate::cache::store::ChildStore>>,
 ) -> tokio::task::JoinHandle<()> {
     let label = |cache: &str| crate::metrics::CacheLabels {
         rule: rule.to_string(),

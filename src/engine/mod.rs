@@ -16,7 +16,6 @@ mod refstream;
 mod released;
 mod resync;
 mod runner;
-pub mod sharded;
 mod streams;
 mod turns;
 
@@ -29,13 +28,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::cache::admission::{CacheBudget, CacheLimits};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
-use crate::reconcile::admission::{CacheBudget, CacheLimits};
 use crate::reconcile::inflight::InputBudget;
-use crate::reconcile::outbox::{Outbox, OutboxLimits};
-use crate::reconcile::recorder::Recorder;
 use crate::render::{CompiledRule, RuleSet};
+use crate::write::outbox::{Outbox, OutboxLimits};
+use crate::write::recorder::Recorder;
 use dropped::{CleanupEnv, Cleanups, Dropped, dropped_kinds};
 use released::release_removed_rule;
 use runner::RuleRunner;
@@ -65,7 +64,7 @@ pub struct EngineConfig {
     /// (`reconcile::inflight`).
     pub inputs_in_flight: usize,
     /// This replica's share of the parents (`run --sharding namespace`), or everything.
-    pub shard: Option<sharded::Sharding>,
+    pub shard: Option<crate::shard::watch::Sharding>,
 }
 
 impl Default for EngineConfig {
@@ -355,12 +354,12 @@ impl Engine {
     }
 
     /// The share the rules run over (sharded replicas).
-    pub fn shard(&self) -> Option<&sharded::Sharding> {
+    pub fn shard(&self) -> Option<&crate::shard::watch::Sharding> {
         self.config.shard.as_ref()
     }
 
     /// The share the rules started from now on run over (sharded replicas).
-    pub fn set_shard(&mut self, shard: Option<sharded::Sharding>) {
+    pub fn set_shard(&mut self, shard: Option<crate::shard::watch::Sharding>) {
         self.config.shard = shard;
     }
 

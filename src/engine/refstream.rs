@@ -12,8 +12,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 
 use super::runner::RuleRunner;
 use super::streams::{LIST_PAGE_SIZE, admission, packed};
+use crate::cache::wire::Wire;
 use crate::reconcile::refs::RefIndex;
-use crate::reconcile::wire::Wire;
 
 impl RuleRunner {
     /// The watch of reference `i`'s kind, filtered as narrowly as the rule allows (a
@@ -78,7 +78,7 @@ impl RuleRunner {
         let stream = watcher(api, wc)
             .default_backoff()
             .map(packed)
-            .modify(crate::reconcile::cache::strip_parent)
+            .modify(crate::cache::strip_parent)
             .map(admit)
             .map(synced)
             .map({

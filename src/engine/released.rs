@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::reconcile::recorder::Recorder;
+use crate::write::recorder::Recorder;
 use kube::api::{ListParams, ObjectMeta};
 use kube::core::discovery::Scope as KubeScope;
 use kube::runtime::events::{Event, EventType};
@@ -23,8 +23,8 @@ use crate::reconcile::WriteGate;
 use crate::reconcile::teardown::finalizer_patch;
 use crate::reconcile::teardown::places;
 use crate::reconcile::teardown::recorded::{Kind, OrphansOf, orphan_children, recorded_in};
-use crate::reconcile::writer::{Patched, WriteError, Writer};
 use crate::render::CompiledRule;
+use crate::write::writer::{Patched, WriteError, Writer};
 
 /// Patches of a parent that changed since it was read, before it counts as kept.
 const RELEASE_RETRIES: usize = 5;

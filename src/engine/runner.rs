@@ -23,16 +23,16 @@ use super::streams::{
     unawaited,
 };
 use super::turns::{NoBackoff, Turns};
+use crate::cache::admission::{CacheBudget, CacheKind};
+use crate::cache::wire::Wire;
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
-use crate::reconcile::admission::{CacheBudget, CacheKind};
 use crate::reconcile::refs::{RefIndex, RefKind};
-use crate::reconcile::wire::Wire;
-use crate::reconcile::writer::Writer;
 use crate::reconcile::{
     self, ChildKind, ContextParts, MemoryParts, ParentKind, ParentMemory, RuleContext, WriteGate,
 };
 use crate::render::CompiledRule;
+use crate::write::writer::Writer;
 
 /// Why a rule cannot run (yet).
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +64,7 @@ pub(super) struct RuleRunner {
     /// What this rule version's reconciles found steady (kept across restarts).
     pub(super) steady: Arc<crate::reconcile::memory::Steady>,
     /// The process's event outbox (one for every rule).
-    pub(super) outbox: crate::reconcile::outbox::Outbox,
+    pub(super) outbox: crate::write::outbox::Outbox,
     /// Set while the engine lets go of children of kinds an earlier version had.
     pub(super) orphans_pending: Arc<crate::reconcile::memory::OrphansPending>,
 }
@@ -267,7 +267,7 @@ impl RuleRunner {
         let name = self.rule.name.clone();
         let ns = self.config.namespace.as_deref();
         let (watch_client, shard) = self.watch_client(&r);
-        let in_shard = || super::sharded::keep(shard.clone());
+        let in_shard = || crate::shard::watch::keep(shard.clone());
         let parent_api: Api<Wire<false>> = match (ns, r.parent_namespaced) {
             (Some(ns), true) => Api::namespaced_with(watch_client.clone(), ns, &r.parent),
             _ => Api::all_with(watch_client.clone(), &r.parent),
@@ -319,7 +319,7 @@ impl RuleRunner {
             .default_backoff()
             .map(packed)
             .filter(in_shard())
-            .modify(crate::reconcile::cache::strip_parent)
+            .modify(crate::cache::strip_parent)
             .map(admit_parents)
             .map(synced.observer(0))
             .map({
@@ -372,7 +372,7 @@ impl RuleRunner {
                 (Some(ns), true) => Api::namespaced_with(watch_client.clone(), ns, ar),
                 _ => Api::all_with(watch_client.clone(), ar),
             };
-            let store = Arc::new(crate::reconcile::store::ChildStore::new(ar));
+            let store = Arc::new(crate::cache::store::ChildStore::new(ar));
             // Whether any child of this kind is read past its metadata.
             let read = (r.kind_of_child.iter().enumerate())
                 .any(|(c, &k)| k == i && self.rule.reads_child_content(c));
@@ -396,10 +396,10 @@ impl RuleRunner {
             .default_backoff()
             .map(packed)
             .filter(in_shard())
-            .modify(crate::reconcile::cache::strip_child)
+            .modify(crate::cache::strip_child)
             .modify(move |o| {
                 if !read {
-                    crate::reconcile::cache::without_content(o);
+                    crate::cache::without_content(o);
                 }
             })
             .map(admit)

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::reconcile::recorder::Recorder;
+use crate::write::recorder::Recorder;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher;
@@ -12,12 +12,12 @@ use kube::{Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::health::EngineStatus;
+use crate::cache::admission::{Admitted, CacheBudget};
+use crate::cache::wire::{Wire, orphan_owner};
 use crate::meta::labels;
 use crate::reconcile::ParentMemory;
-use crate::reconcile::admission::{Admitted, CacheBudget};
 use crate::reconcile::memory::Created;
 use crate::reconcile::refs::RefIndex;
-use crate::reconcile::wire::{Wire, orphan_owner};
 use futures::future::{Ready, ready};
 use kube::runtime::reflector::{ObjectRef, Store};
 use prometheus_client::metrics::counter::Counter;

@@ -1,7 +1,7 @@
 //! The API client every reconcile, event and cleanup writes through.
 //!
 //! kube's `ClientBuilder` fixes the request body type down to hyper, which leaves no
-//! place for the write gate's last check (`reconcile::gate_body`: a write body asks the
+//! place for the write gate's last check (`write::gate_body`: a write body asks the
 //! gate as hyper is about to send it). So this module builds the same stack kube builds
 //! for a cluster without a proxy — base URI, kube's retry of 429/503/504, auth, extra
 //! headers (the user agent), rustls with the configured connect/read/write timeouts —
@@ -25,8 +25,8 @@ use tower::util::BoxService;
 use tower::{BoxError, ServiceBuilder};
 
 use crate::metrics::Metrics;
-use crate::reconcile::gate::{GateLayer, WriteGate};
-use crate::reconcile::gate_body::LastCheckLayer;
+use crate::write::gate::{GateLayer, WriteGate};
+use crate::write::gate_body::LastCheckLayer;
 
 /// The client stack below [`GateLayer`]: kube's, with the last check at the bottom.
 pub type Stack = BoxService<Request<Body>, Response<Incoming>, BoxError>;
@@ -93,7 +93,7 @@ pub fn gate_over<S>(
     default_namespace: String,
     gate: Arc<dyn WriteGate>,
     metrics: Arc<Metrics>,
-) -> ClientBuilder<crate::reconcile::gate::Gated<S>>
+) -> ClientBuilder<crate::write::gate::Gated<S>>
 where
     S: tower::Service<Request<Body>>,
 {
@@ -101,7 +101,7 @@ where
 }
 
 /// The gated stack as the builder hands it on.
-pub type GatedStack = crate::reconcile::gate::Gated<Stack>;
+pub type GatedStack = crate::write::gate::Gated<Stack>;
 
 /// The client every reconcile, event and cleanup uses: its writes pass the write gate.
 /// (`rulebook diff` builds one on a gate that never opens: only reads and dry runs pass.)

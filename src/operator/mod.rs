@@ -23,10 +23,10 @@ use tracing::{error, info, warn};
 use crate::engine::{Engine, EngineConfig};
 use crate::http::{self, AppState, RuleSetState};
 use crate::metrics::{Metrics, ReloadLabel};
-use crate::reconcile::gate::{LeaseGate, WriteGate};
 use crate::reload::{ChangeWatcher, Reload, RuleSource};
 use crate::render::Limits;
 use crate::render::RuleSet;
+use crate::write::gate::{LeaseGate, WriteGate};
 
 /// How `rulebook run` runs: what its command line says (see `cli::RunArgs`).
 #[derive(Debug, Clone)]
@@ -189,7 +189,7 @@ pub async fn run(args: Settings) -> Result<()> {
         reporter: "rulebook".into(),
         instance: Some(identity.clone()),
         check_permissions: args.check_permissions,
-        cache: crate::reconcile::admission::CacheLimits {
+        cache: crate::cache::admission::CacheLimits {
             per_namespace: args.cache_namespace_mib.saturating_mul(1 << 20),
             total: args.cache_total_mib.saturating_mul(1 << 20),
         },

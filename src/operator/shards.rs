@@ -14,12 +14,12 @@ use kube::Client;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::engine::sharded::{SelectorLayer, Sharding, server_filters};
 use crate::engine::{Engine, resolve_kind};
-use crate::members::{Membership, ParentKinds, ShardStatus, Share};
 use crate::metrics::{Metrics, ModeLabel};
-use crate::reconcile::shard_gate::ShardGate;
 use crate::render::RuleSet;
+use crate::shard::gate::ShardGate;
+use crate::shard::members::{Membership, ParentKinds, ShardStatus, Share};
+use crate::shard::watch::{SelectorLayer, Sharding, server_filters};
 use crate::shard::{Ranges, fnv1a};
 
 /// Where the members meet and how they behave (from the command line).
@@ -120,7 +120,14 @@ impl Shards {
             identity,
             duration,
             rebalance,
-        );
+        )
+        .counting_parents_with(Arc::new(|client, api_version, kind| {
+            Box::pin(async move {
+                resolve_kind(&client, "parent", &api_version, &kind)
+                    .await
+                    .ok()
+            })
+        }));
         let task =
             tokio::spawn(membership.run(shares_tx, applied_rx, rules_rx, status.clone(), stop_rx));
         Ok(Shards {

@@ -15,19 +15,19 @@ use kube::{Resource, ResourceExt};
 use serde_json::Value as Json;
 use tracing::{debug, info, warn};
 
-use super::cache;
 use super::context::{ChildKind, RuleContext};
 use super::drift::{Drift, fields_cover};
 use super::error::ReconcileError;
 use super::events::{Change, other_managers};
 use super::memory;
 use super::plan::{Adoption, ChildStep, Live, conflict_message, plan_child};
-use super::wire::{self, is_stub};
-use super::writer::{Created, WriteError};
+use crate::cache;
+use crate::cache::wire::is_stub;
 use crate::meta::FIELD_MANAGER;
 use crate::meta::JsonAt;
 use crate::metrics;
 use crate::render::DesiredChild;
+use crate::write::writer::{Created, WriteError};
 
 /// Where a desired child lives: its API, its cache key, and how messages name it.
 pub(super) struct Target<'a> {
@@ -78,7 +78,7 @@ pub(super) type Lookup = Option<Result<Option<DynamicObject>, kube::Error>>;
 /// GETs the desired children the cache holds without content, a few at a time, in rule
 /// order (one round trip of reads, not one per child). A child the cache does not hold
 /// at all is not read: its apply is a create that the API server refuses if the name is
-/// taken ([`super::writer::Writer::create`]), and only then is it read.
+/// taken ([`crate::write::writer::Writer::create`]), and only then is it read.
 pub(super) async fn look_up_uncached(
     ctx: &RuleContext,
     namespace: Option<&str>,
@@ -303,7 +303,7 @@ fn conflict(ctx: &RuleContext, d: &DesiredChild, what: &str, owner: &str) -> Rec
 fn unreadable(what: &str) -> ReconcileError {
     ReconcileError::InvalidChild(format!(
         "{what} cannot be read: its content is nested more deeply than Rulebook reads ({} levels)",
-        wire::MAX_DEPTH
+        cache::MAX_DEPTH
     ))
 }
 

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::recorder::Recorder;
+use crate::write::recorder::Recorder;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
@@ -14,17 +14,17 @@ use super::inflight::InputBudget;
 use super::memory::{BackoffPolicy, ParentMemory};
 use super::plan::is_child_of;
 use super::refs::RefKind;
-use super::writer::Writer;
 use crate::meta::labels;
 use crate::metrics::Metrics;
 use crate::render::{CompiledRule, Scope};
+use crate::write::writer::Writer;
 
 /// A kind a rule's children have, with the cache of the rule's children of that kind.
 pub struct ChildKind {
     pub ar: ApiResource,
     pub namespaced: bool,
     /// The cached children, also by owner UID.
-    pub store: Arc<super::store::ChildStore>,
+    pub store: Arc<crate::cache::store::ChildStore>,
     /// Whether any child of this kind is read past its metadata
     /// ([`CompiledRule::reads_child_content`]); if not, its cache keeps no content, and
     /// neither does the status stage's view of an apply's answer.
@@ -33,7 +33,7 @@ pub struct ChildKind {
 
 impl ChildKind {
     /// The cached child at `oref` as reconciles read it (unpacked: see
-    /// [`super::cache::Packed`]).
+    /// [`crate::cache::Packed`]).
     pub fn cached(&self, oref: &ObjectRef<DynamicObject>) -> Option<Arc<DynamicObject>> {
         self.store.get(oref)
     }

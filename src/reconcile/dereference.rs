@@ -27,7 +27,7 @@ use super::outcome::{Outcome, reference_missing, render_failed};
 use super::refs::{
     Key, Read, RefKind, cached, cached_bytes, full, known_labels, labels_of, list_selected,
 };
-use super::wire::is_stub;
+use crate::cache::wire::is_stub;
 use crate::render::{RefSelect, RefTarget};
 
 /// What the dereference stage hands on: the parent's inputs with its references read.

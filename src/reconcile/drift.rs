@@ -69,7 +69,7 @@ pub fn own_fields<'a>(o: &'a DynamicObject, manager: &str) -> Option<Result<Cow<
         .managed_fields
         .as_ref()?
         .iter()
-        .find(|e| super::cache::is_apply_by(e, manager))?;
+        .find(|e| crate::cache::is_apply_by(e, manager))?;
     let FieldsV1(fields) = entry.fields_v1.as_ref()?;
     Some(match fields {
         Json::String(text) => serde_json::from_str(text).map(Cow::Owned).map_err(|_| ()),

@@ -1,5 +1,5 @@
 //! One reconcile of one parent — the only place that writes to the API server, and only
-//! through its [`writer::Writer`].
+//! through its [`crate::write::writer::Writer`].
 //!
 //! [`reconcile_inner`] is a pipeline over values, each stage a function in its own file
 //! that hands the next one a value, or ends the reconcile with an [`outcome::Outcome`]:
@@ -25,10 +25,8 @@
 //! reconcile does (then the events of its changes). At steady state every stage finds
 //! nothing to do and makes no request.
 
-pub mod admission;
 mod apply;
 mod apply_stage;
-pub mod cache;
 mod conclude;
 pub mod context;
 mod dereference;
@@ -36,27 +34,21 @@ pub mod drift;
 pub mod error;
 mod events;
 mod execute;
-pub mod gate;
-pub mod gate_body;
 pub mod inflight;
 pub mod memory;
 mod observe;
 mod offload;
-pub mod outbox;
 mod outcome;
 pub mod plan;
 mod prune;
-pub mod recorder;
 pub mod refs;
 mod render_stage;
-pub mod shard_gate;
 #[cfg(test)]
 mod stages_mock;
 pub mod status_write;
-pub mod store;
 pub mod teardown;
-pub mod wire;
-pub mod writer;
+#[cfg(test)]
+mod write_answers_tests;
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -68,12 +60,13 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{Instrument, debug, warn};
 
+use crate::cache;
 use crate::metrics::{self, ResultLabels};
 use outcome::Outcome;
 
+pub use crate::write::gate::WriteGate;
 pub use context::{ChildKind, ContextParts, ParentKind, RuleContext};
 pub use error::{Reason, ReconcileError};
-pub use gate::WriteGate;
 pub use memory::{BackoffPolicy, MemoryParts, ParentMemory, Paused};
 pub use prune::orphan_patch;
 

@@ -16,12 +16,12 @@ use kube::runtime::controller::Action;
 use serde_json::value::RawValue;
 use serde_json::{Value as Json, json};
 
-use super::cache;
 use super::context::RuleContext;
 use super::error::ReconcileError;
 use super::events::Cause;
 use super::outcome::{Outcome, invalid_parent, settled};
-use super::wire::is_stub;
+use crate::cache;
+use crate::cache::wire::is_stub;
 use crate::meta::JsonAt;
 use crate::metrics;
 use crate::render::{DesiredChild, Observed};
@@ -152,7 +152,7 @@ pub(super) async fn read_stub_parent(
     }
     // Decoded as the parent watch decodes it (a parent nested too deeply still gets its
     // `InvalidParent` condition), and kept as the cache would keep it.
-    let api = ctx.parent_api_as::<super::wire::Wire<false>>(&parent);
+    let api = ctx.parent_api_as::<crate::cache::wire::Wire<false>>(&parent);
     match api.get_opt(&parent.name_any()).await {
         Ok(Some(wire)) if wire.metadata.uid == parent.uid() => {
             let mut full = wire.into_packed();
@@ -222,7 +222,7 @@ fn unreadable_parent(ctx: &RuleContext, parent: &DynamicObject) -> Outcome {
         "{} {} cannot be read: its content is nested more deeply than Rulebook reads ({} levels); nothing is rendered for it",
         ctx.parent.ar.kind,
         parent.name_any(),
-        super::wire::MAX_DEPTH
+        crate::cache::MAX_DEPTH
     );
     let minimal = json!({
         "apiVersion": ctx.parent.ar.api_version,

@@ -16,8 +16,8 @@ use kube::ResourceExt;
 use kube::api::DynamicObject;
 use serde_json::{Map, Value as Json};
 
-use super::cache;
 use super::drift::{Drift, drift};
+use crate::cache;
 use crate::meta::JsonAt;
 use crate::meta::{FIELD_MANAGER, STATUS_RULE_VERSION, labels};
 use crate::render::DesiredChild;
@@ -404,9 +404,9 @@ pub fn controlled_by(o: &DynamicObject, uid: &str) -> bool {
 
 /// Whether `o` is a child of the parent with UID `uid`: its controller reference is the
 /// parent, or it is one of the parent's `Orphan` children, which carry no ownerReference
-/// ([`super::wire::orphan_owner`]).
+/// ([`crate::cache::wire::orphan_owner`]).
 pub fn is_child_of(o: &DynamicObject, uid: &str) -> bool {
-    controlled_by(o, uid) || super::wire::orphan_owner(&o.metadata) == Some(uid)
+    controlled_by(o, uid) || crate::cache::wire::orphan_owner(&o.metadata) == Some(uid)
 }
 
 /// Whether a child with `adopt: true` may take over `o`: only an object without any

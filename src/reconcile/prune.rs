@@ -16,10 +16,10 @@ use tracing::info;
 use super::context::{ChildKind, RuleContext};
 use super::error::ReconcileError;
 use super::events::Change;
-use super::writer::{Deleted, Patched, WriteError};
 use crate::meta::labels;
 use crate::metrics;
 use crate::rules::DeletionPolicy;
+use crate::write::writer::{Deleted, Patched, WriteError};
 
 /// The rule's child that produced `obj` (by its `rulebook.dev/child` label), with its
 /// position in `spec.children`; `None` for a child the rule no longer has.
@@ -66,7 +66,7 @@ pub(super) fn let_go_as(
     kind: &ChildKind,
     obj: &DynamicObject,
 ) -> DeletionPolicy {
-    if super::wire::orphan_owner(&obj.metadata).is_some() {
+    if crate::cache::wire::orphan_owner(&obj.metadata).is_some() {
         return DeletionPolicy::Orphan;
     }
     deletion_policy(ctx, kind, obj)
@@ -157,7 +157,7 @@ async fn let_go_of(
         // patch is built from the object as the API server holds it, or it would remove
         // every other owner's reference with Rulebook's.
         let fresh;
-        let from = if super::wire::is_stub(obj) {
+        let from = if crate::cache::wire::is_stub(obj) {
             match api.get_opt(&name).await {
                 Ok(Some(o)) if o.uid() == obj.uid() => {
                     fresh = o;

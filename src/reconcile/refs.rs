@@ -23,10 +23,10 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher::Event;
 use serde_json::Value as Json;
 
-use super::admission;
-use super::cache;
 use super::error::ReconcileError;
-use super::wire::is_stub;
+use crate::cache;
+use crate::cache::admission;
+use crate::cache::wire::is_stub;
 use crate::meta::JsonAt;
 use crate::render::{RefSelect, RefTarget};
 

@@ -13,10 +13,10 @@ use super::context::RuleContext;
 use super::error::{ReconcileError, is_not_found};
 use super::events::event;
 use super::plan::plan_status;
-use super::writer::WriteError;
 use crate::meta::JsonAt;
 use crate::meta::STATUS_RULE_VERSION;
 use crate::render::status::ConditionState;
+use crate::write::writer::WriteError;
 
 /// Writes `.status` when it differs from what the parent has (returns whether it wrote).
 /// `fields` is `None` when they could not be computed; then the parent's current values

@@ -39,9 +39,9 @@ use super::{RuleDirs, load_or_report};
 use crate::engine::{kind_api, resolve_kind};
 use crate::meta::labels;
 use crate::metrics::Metrics;
-use crate::reconcile::gate::LeaseGate;
 use crate::reconcile::plan::is_child_of;
 use crate::render::{CompiledRule, RuleSet};
+use crate::write::gate::LeaseGate;
 use clean::Redactor;
 
 #[derive(Args, Debug)]

@@ -20,9 +20,9 @@ use crate::reconcile::ReconcileError;
 use crate::reconcile::plan::{
     Adoption, conflict_message, is_child_of, may_adopt, owner_description,
 };
-use crate::reconcile::writer::apply_body;
 use crate::render::{CompiledRule, DesiredChild, Observed, RenderError, Scope};
 use crate::rules::DeletionPolicy;
+use crate::write::writer::apply_body;
 
 /// What one parent would see.
 pub(super) struct ParentDiff {

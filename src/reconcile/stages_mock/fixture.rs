@@ -17,19 +17,19 @@ use kube::runtime::watcher::Event;
 use parking_lot::Mutex;
 use serde_json::{Value as Json, json};
 
+use crate::cache::store::ChildStore;
+use crate::cache::wire::Wire;
 use crate::meta::FIELD_MANAGER;
 use crate::metrics::Metrics;
 use crate::reconcile::context::{ChildKind, ContextParts, ParentKind, RuleContext};
-use crate::reconcile::gate::{LeaseGate, WriteGate};
 use crate::reconcile::inflight::InputBudget;
 use crate::reconcile::memory::{MemoryParts, ParentMemory};
-use crate::reconcile::outbox::{Outbox, OutboxLimits};
-use crate::reconcile::recorder::Recorder;
-use crate::reconcile::store::ChildStore;
-use crate::reconcile::wire::Wire;
-use crate::reconcile::writer::Writer;
 use crate::render::{CompiledRule, Limits, compile};
 use crate::rules::Sources;
+use crate::write::gate::{LeaseGate, WriteGate};
+use crate::write::outbox::{Outbox, OutboxLimits};
+use crate::write::recorder::Recorder;
+use crate::write::writer::Writer;
 
 pub const NS: &str = "team";
 
@@ -338,7 +338,7 @@ impl Fixture {
         let name = parent["metadata"]["name"].as_str().unwrap_or_default();
         (self.api.parents.lock()).insert(name.to_string(), parent.clone());
         let mut o = packed::<false>(parent);
-        crate::reconcile::cache::strip_parent(&mut o);
+        crate::cache::strip_parent(&mut o);
         self.parents.apply_watcher_event(&Event::Apply(o.clone()));
         Arc::new(o)
     }
@@ -346,7 +346,7 @@ impl Fixture {
     /// A child as its watch delivers it to the cache.
     pub fn cache_child(&self, child: &Json) {
         let mut o = packed::<true>(child);
-        crate::reconcile::cache::strip_child(&mut o);
+        crate::cache::strip_child(&mut o);
         self.ctx.kinds[0].store.observe(&Event::Apply(o));
     }
 

@@ -12,7 +12,7 @@ mod fixture;
 use serde_json::{Value as Json, json};
 
 use crate::meta::{FIELD_MANAGER, FINALIZER, labels};
-use crate::reconcile::writer::NO_OBJECT_RESOURCE_VERSION;
+use crate::write::writer::NO_OBJECT_RESOURCE_VERSION;
 use fixture::{Fixture, NS, Seen, parent, rule};
 
 const CHILD_PATH: &str = "/api/v1/namespaces/team/configmaps/p-config";

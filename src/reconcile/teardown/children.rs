@@ -15,13 +15,13 @@ use serde_json::Value as Json;
 
 use super::places::Places;
 use super::{ORPHAN_RECHECK, RECHECK, WAVE_TIMEOUT, deleting};
+use crate::cache::wire::orphan_owner;
 use crate::meta::{labels, split_api_version};
 use crate::reconcile::context::RuleContext;
 use crate::reconcile::error::ReconcileError;
 use crate::reconcile::events::{Cause, event, report_changes};
 use crate::reconcile::plan::Owned;
 use crate::reconcile::prune::{child_rule, leave_child, let_go_as};
-use crate::reconcile::wire::orphan_owner;
 use crate::rules::DeletionPolicy;
 
 /// The children a teardown acts on: the parent's in the caches, in the namespaces it
@@ -249,7 +249,7 @@ async fn uncached_in(
                     && r.kind == ctx.parent.ar.kind
                     && r.name == parent_name
                     && split_api_version(&r.api_version).0 == ctx.parent.ar.group
-                    && crate::reconcile::admission::kept_size(r)
+                    && crate::cache::admission::kept_size(r)
             }) || orphan_owner(m) == Some(uid))
     };
     // A page at a time: the labels are public, and anyone may put them on objects of

@@ -17,16 +17,16 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value as Json, json};
 
 use super::STALE_RETRY;
+use crate::cache;
 use crate::meta::labels;
 use crate::reconcile::apply::target;
-use crate::reconcile::cache;
 use crate::reconcile::context::RuleContext;
 use crate::reconcile::error::ReconcileError;
 use crate::reconcile::events::{event, event_about};
 use crate::reconcile::observe::read_stubs;
 use crate::reconcile::offload::{finalize_done_off_runtime, render_finalize_off_runtime};
 use crate::reconcile::plan::{FinalizeOutcome, FinalizeState, is_child_of};
-use crate::reconcile::writer::{Created, Patched, WriteError};
+use crate::write::writer::{Created, Patched, WriteError};
 
 /// The finalize step as the cluster shows it, and how messages name its child.
 pub(super) struct Finalizing {

@@ -42,10 +42,10 @@ use super::events::{Cause, event, report_changes};
 use super::plan::{FinalizeOutcome, TeardownStep, plan_teardown};
 use super::prune::deletion_policy;
 use super::status_write::write_deleting;
-use super::writer::{Patched, WriteError};
 use crate::meta::{FINALIZER, labels, split_api_version};
 use crate::render::status::ConditionState;
 use crate::rules::DeletionPolicy;
+use crate::write::writer::{Patched, WriteError};
 use children::{Wave, run_wave, still_awaited, teardown_children, uncached_children, wave_states};
 use finalize::{finalize_state, mark, start_finalize};
 
@@ -206,7 +206,7 @@ pub(super) async fn teardown(
         // Children the rule no longer has, recorded `Orphan`: the waves let go of them
         // (and of the rest) before the finalizer comes off.
     }
-    let parent_json = super::cache::to_json(parent);
+    let parent_json = crate::cache::to_json(parent);
     let owned = still_awaited(ctx, parent, uid);
     let finalizing = finalize_state(ctx, parent, parent_json.as_ref(), &owned).await?;
     let states = wave_states(ctx, uid, &owned);
@@ -384,7 +384,7 @@ async fn orphans_pending(
         "Teardown",
         message.clone(),
     );
-    if let Some(p) = super::cache::to_json(parent) {
+    if let Some(p) = crate::cache::to_json(parent) {
         write_deleting(
             ctx,
             parent,

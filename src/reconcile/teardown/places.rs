@@ -25,10 +25,10 @@ use serde_json::json;
 
 use super::super::context::RuleContext;
 use super::super::error::ReconcileError;
-use super::super::writer::Patched;
 use super::has_finalizer;
 use crate::meta::{JsonAt, is_dns_label, labels};
 use crate::render::{DesiredChild, RenderError};
+use crate::write::writer::Patched;
 
 /// Namespaces a record holds at most (a namespace name is at most 63 bytes: 64 KiB,
 /// a quarter of what all of an object's annotations may hold).

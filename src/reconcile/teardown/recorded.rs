@@ -30,11 +30,11 @@ use super::super::context::RuleContext;
 use super::super::error::ReconcileError;
 use super::super::events::Change;
 use super::super::prune::{deletion_policy, orphan_patch};
-use super::super::wire::orphan_owner;
-use super::super::writer::{Patched, WriteError, Writer};
 use super::places::Places;
+use crate::cache::wire::orphan_owner;
 use crate::meta::{is_dns_label, labels, split_api_version};
 use crate::rules::DeletionPolicy;
+use crate::write::writer::{Patched, WriteError, Writer};
 
 /// `(apiVersion, kind)` of a child.
 pub type Kind = (String, String);

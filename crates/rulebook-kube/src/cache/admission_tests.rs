@@ -1,6 +1,7 @@
 //! Unit tests of `admission.rs`.
 
 use super::*;
+use crate::counts::testing::Counted;
 use serde_json::json;
 
 fn cm(ns: &str, name: &str, bytes: usize) -> DynamicObject {
@@ -14,13 +15,20 @@ fn cm(ns: &str, name: &str, bytes: usize) -> DynamicObject {
 }
 
 fn budget(per_namespace: usize, total: usize) -> CacheBudget {
-    CacheBudget::new(
+    counted_budget(per_namespace, total).0
+}
+
+/// A budget, and what it counts.
+fn counted_budget(per_namespace: usize, total: usize) -> (CacheBudget, Arc<Counted>) {
+    let counted = Arc::new(Counted::default());
+    let b = CacheBudget::new(
         CacheLimits {
             per_namespace,
             total,
         },
-        Arc::new(Metrics::new()),
-    )
+        counted.clone(),
+    );
+    (b, counted)
 }
 
 #[test]
@@ -177,7 +185,7 @@ fn metadata_counts_and_a_stub_keeps_only_rulebooks_metadata() {
 /// hashes the annotations), and the bytes held are shown by cache.
 #[test]
 fn a_parents_stub_keeps_a_digest_of_what_it_dropped() {
-    let b = budget(1000, 1_000_000);
+    let (b, counted) = counted_budget(1000, 1_000_000);
     let parents = b.cache_id(CacheKind::Parents);
     let digest = |note: &str| {
         let mut o = heavy("tenant", "p", Some(2000));
@@ -200,14 +208,7 @@ fn a_parents_stub_keeps_a_digest_of_what_it_dropped() {
     let (one, two) = (digest("a"), digest("b"));
     assert!(one.is_some() && two.is_some() && one != two);
     assert_eq!(digest("a"), one);
-    let held = |cache: &str| {
-        b.metrics
-            .cache_content_bytes
-            .get_or_create(&CacheKindLabel {
-                cache: cache.into(),
-            })
-            .get()
-    };
+    let held = |cache: &str| counted.content_bytes(cache);
     let mut e = Event::Apply(cm("tenant", "small", 10));
     assert_eq!(b.admit(parents, "r", &mut e), Admitted::AsIs);
     assert_eq!(held("children"), 0);

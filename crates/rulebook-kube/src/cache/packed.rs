@@ -17,13 +17,21 @@
 //! few they are). The watch stream still carries the typed form (the owner index and
 //! kube-runtime's owner mapping read it once per event), and a reconcile reads a child
 //! through [`Packed::unpack`], which restores it.
+//!
+//! Measured against kube-rs 5's `DynamicObject` (serde_json `Value` content) with
+//! `cargo bench --bench cache_memory`: 8.4 KB of heap per cached ConfigMap as kube-runtime
+//! caches it, 3.7 KB packed, 1.7 KB as a [`Packed`] child (docs/benchmarks/history/2026-11-25.md, "Lean child cache").
+//!
+//! Also the lowest module of [`crate::cache`]: [`wire`](super::wire) decodes into this
+//! form, so what both need (whose managedFields entry is Rulebook's, how deep JSON text
+//! nests) is here.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use kube::api::{DynamicObject, TypeMeta};
 use serde_json::{Map, Value as Json};
 
-use crate::meta::FIELD_MANAGER;
+use rulebook_core::meta::FIELD_MANAGER;
 
 /// Rulebook's own Apply entry of an object's managedFields (not the status
 /// subresource's): the field set the drift check reads.
@@ -66,7 +74,7 @@ pub fn strip_child(o: &mut DynamicObject) {
     pack_content(o);
 }
 
-/// A child of a kind whose content no rule reads ([`crate::render::CompiledRule::reads_child_content`])
+/// A child of a kind whose content no rule reads (`rulebook_core::render::CompiledRule::reads_child_content`)
 /// keeps only its metadata: its content becomes `{}`, which is not a stub (a stub is read
 /// from the API server when a reconcile needs it). Drift is told from managedFields.
 pub fn without_content(o: &mut DynamicObject) {
@@ -182,7 +190,7 @@ pub fn to_json_as(o: &DynamicObject, ar: &kube::api::ApiResource) -> Option<Json
 /// field sets are not nested beyond serde_json's limit), without building the tree: a
 /// scan of the nesting depth, and the full parse only for the rare deep object.
 pub fn readable(o: &DynamicObject) -> bool {
-    let shallow = |text: &str| super::wire::nesting_depth(text) < 100;
+    let shallow = |text: &str| nesting_depth(text) < 100;
     let mut packed = std::iter::once(&o.data).chain(
         o.metadata
             .managed_fields
@@ -323,6 +331,35 @@ impl serde::Serialize for WithoutManagedFields<'_> {
         field!("uid", uid);
         map.end()
     }
+}
+
+/// How deeply serde_json reads (its recursion limit): deeper content cannot be read.
+pub const MAX_DEPTH: usize = 128;
+
+/// How deeply `text` (JSON) nests objects and arrays, counted without parsing it.
+pub fn nesting_depth(text: &str) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
 }
 
 #[cfg(test)]

@@ -28,8 +28,10 @@ use kube::ResourceExt;
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
 
-use crate::meta::labels;
-use crate::metrics::{CacheKindLabel, CacheLabels, Metrics};
+use rulebook_core::meta::labels;
+
+use super::packed::is_own_apply;
+use crate::counts::CacheCounts;
 
 /// Bounds on cached child content.
 #[derive(Clone, Debug)]
@@ -127,7 +129,7 @@ pub fn metadata_bytes(m: &ObjectMeta) -> usize {
                     + len(&e.subresource)
                     // Rulebook's own field set follows the content it applied, which
                     // counts already; another manager's is kept by no cache.
-                    + if super::cache::is_own_apply(e) {
+                    + if is_own_apply(e) {
                         0
                     } else {
                         e.fields_v1.as_ref().map_or(0, |f| match &f.0 {
@@ -189,7 +191,7 @@ pub fn slim(m: &mut ObjectMeta, kind: CacheKind) {
     // whole before it is patched) and a controller reference of a real object's size
     // (children are matched to parents by it); a reference's stub needs neither.
     if let Some(f) = m.finalizers.as_mut() {
-        f.retain(|f| f == crate::meta::FINALIZER);
+        f.retain(|f| f == rulebook_core::meta::FINALIZER);
     }
     m.generate_name = None;
     if let Some(r) = m.owner_references.as_mut() {
@@ -217,7 +219,7 @@ const ANNOUNCE_EVERY: Duration = Duration::from_secs(600);
 pub struct CacheBudget {
     limits: CacheLimits,
     state: Mutex<State>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn CacheCounts>,
 }
 
 #[derive(Default)]
@@ -298,7 +300,7 @@ pub enum Admitted {
 }
 
 impl CacheBudget {
-    pub fn new(limits: CacheLimits, metrics: Arc<Metrics>) -> CacheBudget {
+    pub fn new(limits: CacheLimits, metrics: Arc<dyn CacheCounts>) -> CacheBudget {
         CacheBudget {
             limits,
             state: Mutex::default(),
@@ -354,13 +356,7 @@ impl CacheBudget {
                         o.data = serde_json::Value::Null;
                         slim(&mut o.metadata, kind);
                         s.hold(key, &ns, counted(&o.metadata), kind);
-                        self.metrics
-                            .cache_stubbed
-                            .get_or_create(&CacheLabels {
-                                rule: rule.to_string(),
-                                cache: kind.as_str().to_string(),
-                            })
-                            .inc();
+                        self.metrics.count_stubbed(rule, kind.as_str());
                         let now = Instant::now();
                         let announce = s
                             .announced
@@ -400,12 +396,7 @@ impl CacheBudget {
             CacheKind::References,
         ] {
             let held = i64::try_from(s.by_kind[kind as usize]).unwrap_or(i64::MAX);
-            self.metrics
-                .cache_content_bytes
-                .get_or_create(&CacheKindLabel {
-                    cache: kind.as_str().to_string(),
-                })
-                .set(held);
+            self.metrics.set_content_bytes(kind.as_str(), held);
         }
     }
 

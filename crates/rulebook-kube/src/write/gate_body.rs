@@ -28,7 +28,7 @@ use http::Request;
 use http_body::{Body, Frame, SizeHint};
 
 use super::gate::{WriteGate, WriteRefused, is_write_to};
-use crate::metrics::Metrics;
+use crate::counts::WriteCounts;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -36,13 +36,13 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 #[derive(Clone)]
 pub struct LastCheckLayer {
     gate: Arc<dyn WriteGate>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn WriteCounts>,
     /// The path the client's base URI puts before every API path (`""` for most clusters).
     base_path: String,
 }
 
 impl LastCheckLayer {
-    pub fn new(gate: Arc<dyn WriteGate>, metrics: Arc<Metrics>, base_path: &str) -> Self {
+    pub fn new(gate: Arc<dyn WriteGate>, metrics: Arc<dyn WriteCounts>, base_path: &str) -> Self {
         LastCheckLayer {
             gate,
             metrics,
@@ -101,7 +101,7 @@ where
 
 struct Check {
     gate: Arc<dyn WriteGate>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn WriteCounts>,
     path: String,
 }
 
@@ -134,7 +134,7 @@ where
     ) -> Poll<Option<Result<Frame<B::Data>, BoxError>>> {
         if let State::Unchecked(check) = &self.state {
             if !check.gate.may_send(&check.path) {
-                check.metrics.writes_refused.inc();
+                check.metrics.count_refused();
                 self.state = State::Refused;
                 return Poll::Ready(Some(Err(Box::new(WriteRefused))));
             }
@@ -173,7 +173,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::gate::LeaseGate;
+    use crate::write::gate::LeaseGate;
     use http_body_util::{BodyExt, Full};
     use std::time::{Duration, Instant};
     use tokio::io::AsyncReadExt;
@@ -198,7 +198,7 @@ mod tests {
     >;
 
     /// A stack whose bottom hands the request back: the body as hyper would get it.
-    fn echo(gate: Arc<LeaseGate>, metrics: Arc<Metrics>, base: &str) -> Echo {
+    fn echo(gate: Arc<LeaseGate>, metrics: Arc<dyn WriteCounts>, base: &str) -> Echo {
         LastCheckLayer::new(gate, metrics, base)
             .layer(tower::service_fn(|req| std::future::ready(Ok(req))))
     }
@@ -223,7 +223,7 @@ mod tests {
     async fn a_write_body_asks_the_gate_at_its_first_frame() {
         let gate = Arc::new(LeaseGate::leased());
         gate.grant_until(Instant::now() + Duration::from_secs(30));
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(crate::counts::testing::Counted::default());
         let mut svc = echo(gate.clone(), metrics.clone(), "/prefix/");
         let path = "/prefix/api/v1/namespaces/a/configmaps/x";
         // Accepted while the lease held; its body is asked for after the lease lapsed.
@@ -232,14 +232,14 @@ mod tests {
         assert!(!write.is_end_stream());
         gate.revoke();
         assert!(write.collect().await.is_err());
-        assert_eq!(metrics.writes_refused.get(), 1);
+        assert_eq!(metrics.refused(), 1);
         // Reads pass a closed gate.
         assert_eq!(read.collect().await.unwrap().to_bytes().as_ref(), b"{}");
         // A write checked while the gate is open keeps its body.
         gate.grant_until(Instant::now() + Duration::from_secs(30));
         let write = body_of(&mut svc, http::Method::POST, path, "{}").await;
         assert_eq!(write.collect().await.unwrap().to_bytes().as_ref(), b"{}");
-        assert_eq!(metrics.writes_refused.get(), 1);
+        assert_eq!(metrics.refused(), 1);
     }
 
     /// The sharded gate decides by the namespace in the path: the base URI's prefix
@@ -255,7 +255,7 @@ mod tests {
                 path.starts_with("/api/v1/namespaces/a/")
             }
         }
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(crate::counts::testing::Counted::default());
         let layer = LastCheckLayer::new(Arc::new(OnlyNamespaceA), metrics.clone(), "/k8s/c1/");
         let mut svc = layer.layer(tower::service_fn(
             |req: Request<CheckedBody<Full<bytes::Bytes>>>| {
@@ -284,13 +284,13 @@ mod tests {
         assert!(b.collect().await.is_err());
         // A question to the API server, not a write: no check, whatever the gate says.
         assert!(review.collect().await.is_ok());
-        assert_eq!(metrics.writes_refused.get(), 1);
+        assert_eq!(metrics.refused(), 1);
     }
 
     #[tokio::test]
     async fn an_empty_write_body_is_still_asked() {
         let gate = Arc::new(LeaseGate::leased());
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(crate::counts::testing::Counted::default());
         let mut svc = echo(gate, metrics, "");
         let path = "/api/v1/namespaces/a/configmaps/x";
         let body = body_of(&mut svc, http::Method::DELETE, path, "").await;
@@ -308,7 +308,7 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let gate = Arc::new(LeaseGate::leased());
         gate.grant_until(Instant::now() + Duration::from_secs(30));
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(crate::counts::testing::Counted::default());
         // A connector that connects only once the test says so: the wait for a connection.
         let (connect, may_connect) = tokio::sync::watch::channel(false);
         let http = hyper_util::client::legacy::connect::HttpConnector::new();
@@ -352,7 +352,7 @@ mod tests {
             panic!("the write was answered: {answer:?}");
         };
         // What the writer turns into `NotLeader`.
-        assert!(crate::reconcile::gate::was_refused(&failure), "{failure:?}");
-        assert_eq!(metrics.writes_refused.get(), 1);
+        assert!(crate::write::gate::was_refused(&failure), "{failure:?}");
+        assert_eq!(metrics.refused(), 1);
     }
 }

@@ -18,8 +18,8 @@ use kube::Client;
 use kube::api::DynamicObject;
 use kube::runtime::watcher;
 
-use crate::reconcile::shard_gate::ShardGate;
 use crate::shard::Ranges;
+use crate::shard::gate::ShardGate;
 
 /// A replica's share, as the engine runs it.
 #[derive(Clone)]

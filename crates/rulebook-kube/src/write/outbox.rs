@@ -26,11 +26,21 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
 use futures::FutureExt;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::metrics::DroppedLabel;
+/// The label of `rulebook_events_dropped_total` (the operator's metrics registry holds
+/// the family and hands it to [`Outbox::new`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DroppedLabel {
+    /// One of [`EVENTS_DROPPED_REASONS`].
+    pub reason: String,
+}
+
+/// Why an event was dropped unsent ([`Dropped`]), as the metric's label reads it.
+pub const EVENTS_DROPPED_REASONS: [&str; 2] = ["outbox_full", "namespace_share"];
 
 /// Events waiting at most (client-go's broadcaster queues 1,000).
 pub const QUEUED_EVENTS: usize = 1000;
@@ -259,7 +269,7 @@ mod tests {
     #[test]
     fn the_metric_knows_every_reason() {
         for reason in [Dropped::OutboxFull, Dropped::NamespaceShare] {
-            assert!(crate::metrics::EVENTS_DROPPED_REASONS.contains(&reason.as_str()));
+            assert!(EVENTS_DROPPED_REASONS.contains(&reason.as_str()));
         }
     }
 

@@ -7,7 +7,7 @@
 //! one tenant's parent stopped every later listing of its kind for all tenants (and
 //! kube-client logs the whole failed body). [`Wire`] instead captures everything but
 //! `metadata` as raw JSON text (serde_json skips raw values iteratively, with no depth
-//! limit), which is also the packed form the caches keep ([`super::cache`]): nothing is
+//! limit), which is also the packed form the caches keep ([`super::packed`]): nothing is
 //! parsed into a tree until a reconcile reads it, and a too-deep object fails only there,
 //! for its own parent.
 //!
@@ -15,6 +15,13 @@
 //! (its `rulebook.dev/owner` label is not the UID of its controller ownerReference) is not
 //! even copied: anyone may put Rulebook's labels on objects in their namespace, and their
 //! content must not reach the operator's memory.
+//!
+//! Measured against kube-client 5 (its `ObjectList<DynamicObject>` / `WatchEvent` decoding
+//! with serde_json 1): a list page holding one parent nested 500 levels fails whole
+//! there and decodes item by item here (`a_deep_object_does_not_fail_its_listing` below;
+//! docs/faults.md, "Deep parent": no parent of the kind reconciled in 60 s before, the
+//! others 0.5 s after a restart since). Kept hand-written: kube-client offers no per-item
+//! decoding of a list.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -29,7 +36,10 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value as Json;
 use serde_json::value::RawValue;
 
-use crate::meta::labels;
+use rulebook_core::meta::labels;
+use rulebook_core::rules::DeletionPolicy;
+
+use super::packed::is_own_apply;
 
 /// A watched object as decoded: typed metadata, the rest as raw JSON text. `CHILD`
 /// objects that cannot be children keep no content (`content` is `None`).
@@ -82,8 +92,7 @@ pub fn could_be_child(meta: &ObjectMeta) -> bool {
 pub fn orphan_owner(meta: &ObjectMeta) -> Option<&str> {
     let owner = meta.labels.as_ref()?.get(labels::OWNER)?;
     let recorded = (meta.annotations.as_ref()).and_then(|a| a.get(labels::DELETION_POLICY));
-    let orphan = crate::rules::DeletionPolicy::recorded(recorded.map(String::as_str))
-        == crate::rules::DeletionPolicy::Orphan;
+    let orphan = DeletionPolicy::recorded(recorded.map(String::as_str)) == DeletionPolicy::Orphan;
     let controlled = (meta.owner_references.iter().flatten()).any(|r| r.controller == Some(true));
     (orphan && !controlled && !owner.is_empty()).then_some(owner.as_str())
 }
@@ -183,7 +192,7 @@ impl<'de, const CHILD: bool> Visitor<'de> for WireVisitor<CHILD> {
 /// `metadata` as read in one pass: [`ObjectMeta`]'s fields, with each managedFields
 /// entry's `fieldsV1` captured as raw text. Every field the API server allows in
 /// `metadata` is shallow but `fieldsV1`, which mirrors the object's own depth: only
-/// Rulebook's own Apply entry keeps it (as JSON text, the form [`super::cache`] keeps);
+/// Rulebook's own Apply entry keeps it (as JSON text, the form [`super::packed`] keeps);
 /// other managers keep their name, operation and time.
 #[derive(serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -235,7 +244,7 @@ impl MetaWire {
                         time: e.time,
                     };
                     match e.fields_v1 {
-                        Some(f) if super::cache::is_own_apply(&entry) => {
+                        Some(f) if is_own_apply(&entry) => {
                             entry.fields_v1 = Some(FieldsV1(Json::String(f.get().into())))
                         }
                         _ => entry.fields_type = None,
@@ -264,37 +273,9 @@ impl MetaWire {
     }
 }
 
-/// How deeply serde_json reads (its recursion limit): deeper content cannot be read.
-pub const MAX_DEPTH: usize = 128;
-
-/// How deeply `text` (JSON) nests objects and arrays, counted without parsing it.
-pub fn nesting_depth(text: &str) -> usize {
-    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
-    for b in text.bytes() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => {
-                depth += 1;
-                max = max.max(depth);
-            }
-            b'}' | b']' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    max
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::packed::nesting_depth;
     use super::*;
     use serde_json::json;
 
@@ -332,12 +313,12 @@ mod tests {
         let ok = items.items[1].clone().into_packed();
         assert_eq!(ok.metadata.name.as_deref(), Some("ok"));
         assert_eq!(
-            super::super::cache::to_json(&ok).unwrap()["spec"],
+            super::super::packed::to_json(&ok).unwrap()["spec"],
             json!({"size": 3})
         );
         let deep_obj = items.items[0].clone().into_packed();
         assert!(nesting_depth(deep_obj.data.as_str().unwrap()) > 500);
-        assert!(super::super::cache::to_json(&deep_obj).is_none());
+        assert!(super::super::packed::to_json(&deep_obj).is_none());
         // Other managers' fields are not kept.
         let mf = deep_obj.metadata.managed_fields.unwrap();
         assert!(mf[0].fields_v1.is_none());
@@ -372,7 +353,7 @@ mod tests {
         let real: Wire<true> = serde_json::from_str(&child("u1", "u1")).unwrap();
         let packed = real.into_packed();
         assert!(!is_stub(&packed));
-        let back = super::super::cache::to_json_with_managed_fields(&packed).unwrap();
+        let back = super::super::packed::to_json_with_managed_fields(&packed).unwrap();
         assert_eq!(back["data"], json!({"k": "v"}));
         assert_eq!(
             back["metadata"]["managedFields"][0]["fieldsV1"],

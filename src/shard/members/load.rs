@@ -6,9 +6,11 @@
 //! included) made it the largest replica.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Instant;
 
-use kube::api::ListParams;
+use futures::future::BoxFuture;
+use kube::api::{ApiResource, ListParams};
 use kube::{Client, Resource};
 use serde::Deserialize;
 use tracing::debug;
@@ -23,6 +25,15 @@ pub struct ParentKinds {
     pub parents: Vec<(String, String)>,
 }
 
+/// How the load count finds a parent kind (`apiVersion`, `kind`): its API resource and
+/// whether it is namespaced, or `None` while discovery cannot tell (its CRD not installed
+/// yet: the next count looks again). The engine's `resolve_kind`, handed in by the
+/// operator ([`super::Membership::counting_parents_with`]): the membership sits below the
+/// engine.
+pub type ResolveKind = Arc<
+    dyn Fn(Client, String, String) -> BoxFuture<'static, Option<(ApiResource, bool)>> + Send + Sync,
+>;
+
 /// Parents per page when counting.
 const COUNT_PAGE: u32 = 100;
 
@@ -30,6 +41,8 @@ const COUNT_PAGE: u32 = 100;
 pub(super) struct LoadCounter {
     counted: Option<(Instant, Vec<(String, String)>)>,
     points: Vec<(u64, u64)>,
+    /// Without one (a test's member) no parent kind is found, so none is counted.
+    pub(super) resolve: Option<ResolveKind>,
 }
 
 impl LoadCounter {
@@ -55,9 +68,11 @@ impl LoadCounter {
         }
         let mut per_ns: BTreeMap<String, u64> = BTreeMap::new();
         for (api_version, kind) in &kinds.parents {
-            let Ok((ar, namespaced)) =
-                crate::engine::resolve_kind(client, "parent", api_version, kind).await
-            else {
+            let found = match &self.resolve {
+                Some(resolve) => resolve(client.clone(), api_version.clone(), kind.clone()).await,
+                None => None,
+            };
+            let Some((ar, namespaced)) = found else {
                 continue;
             };
             if !namespaced {

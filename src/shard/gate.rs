@@ -12,8 +12,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use super::gate::{LeaseGate, WriteGate};
 use crate::shard::{Ranges, fnv1a};
+use crate::write::gate::{LeaseGate, WriteGate};
 
 const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/";
 

@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use http::{Method, Request};
 
-use crate::metrics::Metrics;
+use crate::counts::WriteCounts;
 
 /// Whether this process may write now.
 pub trait WriteGate: Send + Sync {
@@ -137,11 +137,11 @@ pub fn was_refused(e: &(dyn std::error::Error + 'static)) -> bool {
 #[derive(Clone)]
 pub struct GateLayer {
     gate: Arc<dyn WriteGate>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn WriteCounts>,
 }
 
 impl GateLayer {
-    pub fn new(gate: Arc<dyn WriteGate>, metrics: Arc<Metrics>) -> GateLayer {
+    pub fn new(gate: Arc<dyn WriteGate>, metrics: Arc<dyn WriteCounts>) -> GateLayer {
         GateLayer { gate, metrics }
     }
 }
@@ -161,7 +161,7 @@ impl<S> tower::Layer<S> for GateLayer {
 pub struct Gated<S> {
     inner: S,
     gate: Arc<dyn WriteGate>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn WriteCounts>,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -190,7 +190,7 @@ where
             String::new()
         };
         if write && !self.gate.may_send(&path) {
-            self.metrics.writes_refused.inc();
+            self.metrics.count_refused();
             return Box::pin(std::future::ready(Err(Box::new(WriteRefused) as BoxError)));
         }
         let fut = self.inner.call(req);
@@ -200,7 +200,7 @@ where
             // client hands the future to the caller's task, which may run only after a
             // stop (SIGSTOP, a starved process) that outlasted the lease.
             if write && !gate.may_send(&path) {
-                metrics.writes_refused.inc();
+                metrics.count_refused();
                 return Err(Box::new(WriteRefused) as BoxError);
             }
             fut.await.map_err(Into::into)
@@ -265,7 +265,7 @@ mod tests {
     async fn the_layer_refuses_writes_at_the_wire() {
         use tower::{Layer, Service, ServiceExt};
         let gate = Arc::new(LeaseGate::leased());
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(crate::counts::testing::Counted::default());
         let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = sent.clone();
         let inner = tower::service_fn(move |_req: Request<()>| {
@@ -283,7 +283,7 @@ mod tests {
         let refused = svc.ready().await.unwrap().call(patch()).await;
         assert!(refused.is_err());
         assert_eq!(sent.load(Ordering::SeqCst), 0);
-        assert_eq!(metrics.writes_refused.get(), 1);
+        assert_eq!(metrics.refused(), 1);
         gate.grant_until(Instant::now() + Duration::from_secs(30));
         svc.ready().await.unwrap().call(patch()).await.unwrap();
         assert_eq!(sent.load(Ordering::SeqCst), 1);
@@ -294,7 +294,7 @@ mod tests {
         use tower::{Layer, Service, ServiceExt};
         let gate = Arc::new(LeaseGate::leased());
         gate.grant_until(Instant::now() + Duration::from_secs(30));
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(crate::counts::testing::Counted::default());
         let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = sent.clone();
         // Like the HTTP client: nothing goes out until the future is polled.
@@ -316,6 +316,6 @@ mod tests {
         gate.revoke();
         assert!(pending.await.is_err());
         assert_eq!(sent.load(Ordering::SeqCst), 0);
-        assert_eq!(metrics.writes_refused.get(), 1);
+        assert_eq!(metrics.refused(), 1);
     }
 }

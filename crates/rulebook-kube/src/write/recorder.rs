@@ -32,6 +32,7 @@ use kube::runtime::events::{Event, EventType, Reporter};
 use serde_json::json;
 
 use super::outbox::Outbox;
+use super::send::send_as;
 
 /// How long a published event can still become a series (kube-runtime's figure).
 const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
@@ -295,7 +296,7 @@ async fn create(events: &Api<K8sEvent>, event: &K8sEvent) -> Result<String, kube
     let req = kube::core::Request::new(events.resource_url())
         .create(&PostParams::default(), body)
         .map_err(kube::Error::BuildRequest)?;
-    let created: Named = super::writer::send_as(events, req, "create").await?;
+    let created: Named = send_as(events, req, "create").await?;
     Ok(created.metadata.name.unwrap_or_default())
 }
 

@@ -34,11 +34,11 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::reconcile::shard_gate::ShardGate;
 pub use crate::shard::ShardStatus;
+use crate::shard::gate::ShardGate;
 use crate::shard::{Assignment, Member, Ranges, plan};
 
-pub use load::ParentKinds;
+pub use load::{ParentKinds, ResolveKind};
 
 const GROUP_LABEL: &str = "rulebook.dev/shard-group";
 const ROLE_LABEL: &str = "rulebook.dev/shard-role";
@@ -114,6 +114,13 @@ impl Membership {
             load: load::LoadCounter::default(),
             rebalance,
         }
+    }
+
+    /// Counts the parents of the rules' kinds (for the coordinator's load-balanced cut)
+    /// with `resolve` finding each kind; a member without it counts none.
+    pub fn counting_parents_with(mut self, resolve: ResolveKind) -> Membership {
+        self.load.resolve = Some(resolve);
+        self
     }
 
     /// Runs until `stop`: renews this member's Lease (every third of a lease, ahead of
