@@ -25,7 +25,7 @@ use tower::util::BoxService;
 use tower::{BoxError, ServiceBuilder};
 
 use crate::metrics::Metrics;
-use crate::write::gate::{GateLayer, WriteGate};
+use crate::write::gate::WriteGate;
 use crate::write::gate_body::LastCheckLayer;
 
 /// The client stack below [`GateLayer`]: kube's, with the last check at the bottom.
@@ -77,27 +77,12 @@ pub fn gated_builder(
         ))
         .map_err(BoxError::from)
         .service(hyper);
-    Ok(gate_over(
+    Ok(crate::write::gate::gate_over(
         BoxService::new(stack),
         config.default_namespace.clone(),
         gate,
         metrics,
     ))
-}
-
-/// The top of the client stack, [`GateLayer`], over `inner`: the seam where the
-/// reconcile's mock-API tests (`reconcile::stages_mock`) put a `tower_test` mock in place
-/// of the connection, so that their requests pass the same gate as the operator's.
-pub fn gate_over<S>(
-    inner: S,
-    default_namespace: String,
-    gate: Arc<dyn WriteGate>,
-    metrics: Arc<Metrics>,
-) -> ClientBuilder<crate::write::gate::Gated<S>>
-where
-    S: tower::Service<Request<Body>>,
-{
-    ClientBuilder::new(inner, default_namespace).with_layer(&GateLayer::new(gate, metrics))
 }
 
 /// The gated stack as the builder hands it on.

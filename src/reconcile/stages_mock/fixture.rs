@@ -284,7 +284,7 @@ impl Fixture {
         let metrics = Arc::new(Metrics::new());
         let gate: Arc<dyn WriteGate> = Arc::new(LeaseGate::open());
         let client =
-            crate::operator::client::gate_over(service, NS.into(), gate.clone(), metrics.clone())
+            crate::write::gate::gate_over(service, NS.into(), gate.clone(), metrics.clone())
                 .build();
         let store = Arc::new(ChildStore::new(&configmap_ar()));
         store.observe(&Event::Init);
