@@ -47,6 +47,7 @@ lint: ## cargo fmt --check, cargo clippy --all-targets -D warnings (benches and 
 	cargo clippy --locked --all-targets -- -D warnings
 	python3 scripts/check-links.py
 	scripts/core-tree.sh
+	python3 scripts/import-cycles.py
 
 .PHONY: rule-tests
 rule-tests: ## rulebook test on the example rules' tests (tests/rules/)

@@ -5,9 +5,9 @@
 //! name the operator crate. Across the three crates each top-level module may use only
 //! modules of lower layers (imports point down: meta → rules → render → cache → write →
 //! reconcile → engine → operator → cli), read from the sources as text, so an upward `crate::` path anywhere
-//! outside tests and comments fails it. Size is measured in functions (the before-stop
-//! hook lists those over 100 lines); a file past 900 lines is one that holds more than one
-//! thing.
+//! outside tests and comments fails it. Size is measured in functions (clippy's `too_many_lines`, threshold in `clippy.toml`,
+//! in `make lint`); a file past 900 lines is named as a hint, not failed. No two files
+//! import each other, directly or round a circle (`scripts/import-cycles.py`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -249,14 +249,78 @@ fn the_check_catches_an_upward_import() {
     );
 }
 
+/// Files are as long as their one meaning needs (issue 42): a file past 900 lines is
+/// printed as a hint that it may hold more than one thing, not failed. Functions are
+/// the unit of size, checked by clippy's `too_many_lines` in `make lint`.
 #[test]
-fn no_source_file_is_over_900_lines() {
-    let long: Vec<String> = read_src()
-        .into_iter()
-        .filter(|(_, text)| text.lines().count() > MAX_LINES)
-        .map(|(f, text)| format!("{f} ({} lines)", text.lines().count()))
-        .collect();
-    assert!(long.is_empty(), "files over {MAX_LINES} lines: {long:?}");
+fn files_over_900_lines_are_named() {
+    for (f, text) in read_src() {
+        let n = text.lines().count();
+        if n > MAX_LINES {
+            println!("warning: {f} has {n} lines (more than {MAX_LINES}): one thing or two?");
+        }
+    }
+}
+
+/// Runs `scripts/import-cycles.py` on `roots` (`NAME=DIR`; none: the workspace).
+fn import_cycles(roots: &[String]) -> (bool, String) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/import-cycles.py");
+    let out = std::process::Command::new("python3")
+        .arg(&script)
+        .args(roots)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap_or_else(|e| panic!("python3 {}: {e}", script.display()));
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// No import circle between files, in any of the three crates (the graph and what
+/// counts as an edge: `scripts/import-cycles.py`'s header).
+#[test]
+fn the_file_level_import_graph_has_no_circle() {
+    let (ok, text) = import_cycles(&[]);
+    println!("{text}");
+    assert!(ok && text.contains("import circles: 0"), "{text}");
+}
+
+/// The check sees a circle between two siblings, one through a re-export, and one
+/// between a child and a file outside its module; and does not count a module's own
+/// file naming its children.
+#[test]
+fn the_import_graph_check_catches_a_planted_circle() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let write = |rel: &str, text: &str| {
+        let path = dir.path().join(rel);
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    };
+    let root = format!("demo={}", dir.path().display());
+    // A façade and its children, no circle.
+    write(
+        "lib.rs",
+        "mod a;\nmod b;\npub use a::Thing;\nfn f() { a::go(); b::go(); }\n",
+    );
+    write("a.rs", "pub struct Thing;\npub fn go() {}\n");
+    write("b.rs", "use super::Thing;\npub fn go() {}\n");
+    let (ok, text) = import_cycles(std::slice::from_ref(&root));
+    assert!(ok && text.contains("import circles: 0"), "{text}");
+    // b names a through the façade's re-export, a names b: a circle of two siblings.
+    write(
+        "a.rs",
+        "pub struct Thing;\npub fn go() { crate::b::go(); }\n",
+    );
+    let (ok, text) = import_cycles(std::slice::from_ref(&root));
+    assert!(!ok && text.contains("circle of 2 files"), "{text}");
+    assert!(text.contains("a.rs") && text.contains("b.rs"), "{text}");
+    // Test code may reach anywhere.
+    write(
+        "a.rs",
+        "pub struct Thing;\npub fn go() {}\n#[cfg(test)]\nmod tests { use crate::b::go; }\n",
+    );
+    let (ok, text) = import_cycles(std::slice::from_ref(&root));
+    assert!(ok, "{text}");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 //! can only fail at render time on what its parent holds.
 
 use super::compile_exprs::{Diags, ExprReads};
+use super::names::{allowed_vars, may_read_parent_status, names_used};
 use super::*;
 use crate::rules::Rule;
 
@@ -273,49 +274,13 @@ fn rule_version(
     hex::encode(&h.finalize()[..6])
 }
 
-/// The names `re` (a `children.<name>`-style pattern with the name as group 1) finds in
-/// `text`, with the offset of each match.
-pub(super) fn names_used<'a>(
-    re: &'a Regex,
-    text: &'a str,
-) -> impl Iterator<Item = (usize, &'a str)> + 'a {
-    re.captures_iter(text).filter_map(|m| {
-        let (whole, name) = (m.get(0)?, m.get(1)?);
-        Some((whole.start(), name.as_str()))
-    })
-}
-
 fn line_of(text: &str, offset: usize) -> u64 {
     text[..offset.min(text.len())].matches('\n').count() as u64 + 1
 }
 
-/// Names of every variable a template or expression may use without defining it.
-pub(super) fn allowed_vars(env: &Environment<'_>, extra: &[&str]) -> BTreeSet<String> {
-    let mut set: BTreeSet<String> = CONTEXT_VARS.iter().map(|s| s.to_string()).collect();
-    set.extend(extra.iter().map(|s| s.to_string()));
-    set.extend(env.globals().map(|(k, _)| k.to_string()));
-    set
-}
-
-/// Whether a template or expression whose undeclared variables (minijinja's nested form:
-/// `parent.spec.x` for a chain of attribute lookups, `parent` alone for any other use of
-/// it) are `vars` may read the parent's `status`: any use of `parent` but a lookup under
-/// `metadata`, `spec`, `apiVersion` or `kind` counts (`parent["status"]`, `parent.get(...)`,
-/// `parent | tojson`, `{% set p = parent %}` all do).
-pub(super) fn may_read_parent_status(vars: &std::collections::HashSet<String>) -> bool {
-    vars.iter().any(|v| {
-        let mut parts = v.split('.');
-        parts.next() == Some("parent")
-            && !matches!(
-                parts.next(),
-                Some("metadata" | "spec" | "apiVersion" | "kind")
-            )
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::may_read_parent_status;
+    use super::super::names::may_read_parent_status;
 
     #[test]
     fn what_may_read_the_parents_status() {

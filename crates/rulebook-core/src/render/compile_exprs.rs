@@ -70,7 +70,7 @@ pub(super) fn programs<'env>(
     let c = ExprCompiler {
         env,
         rule,
-        vars: super::compile::allowed_vars(env, &[]),
+        vars: super::names::allowed_vars(env, &[]),
         child_names: rule.spec.children.iter().map(|c| c.name.as_str()).collect(),
         ref_names: rule
             .spec
@@ -135,7 +135,7 @@ impl<'env> ExprCompiler<'env, '_> {
         if vars.contains("children") {
             self.reads.children.set(true);
         }
-        if super::compile::may_read_parent_status(&expr.undeclared_variables(true)) {
+        if super::names::may_read_parent_status(&expr.undeclared_variables(true)) {
             self.reads.parent_status.set(true);
         }
         let mut ok = self.known_names(src, &key, extra, vars);
@@ -185,10 +185,10 @@ impl<'env> ExprCompiler<'env, '_> {
                 self.push(src.line, src.col, key, msg);
             }
         }
-        let children = super::compile::names_used(&CHILD_REF, &src.value)
+        let children = super::names::names_used(&CHILD_REF, &src.value)
             .filter(|(_, n)| !self.child_names.contains(n))
             .map(|(_, n)| format!("children.{n} is not a child of this rule"));
-        let refs = super::compile::names_used(&REFS_REF, &src.value)
+        let refs = super::names::names_used(&REFS_REF, &src.value)
             .filter(|(_, n)| !self.ref_names.contains(n))
             .map(|(_, n)| format!("refs.{n} is not a reference of this rule (spec.references)"));
         for message in children.chain(refs) {
