@@ -173,7 +173,6 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
         "2",
         "{test}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The one namespace whose reads the local control plane's audit policy logs (so this test
@@ -187,7 +186,7 @@ async fn a_new_parent_costs_one_request_per_child() {
     let namespaces = api(&client, None, "v1", "Namespace", "namespaces");
     // Left over from an interrupted run: gone first.
     if get_json(&namespaces, READS_NS).await.is_some() {
-        cleanup_namespace(&client, READS_NS).await;
+        TestNamespace::delete_leftover(&client, READS_NS).await;
         wait_for(T, "the namespace of an earlier run to go", || async {
             get_json(&namespaces, READS_NS)
                 .await
@@ -196,12 +195,8 @@ async fn a_new_parent_costs_one_request_per_child() {
         })
         .await;
     }
-    let ns = READS_NS.to_string();
-    put(
-        &namespaces,
-        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
-    )
-    .await;
+    // No pod in it: no need to wait for its ServiceAccount.
+    let ns = TestNamespace::create_without_pods(&client, READS_NS).await;
     let (kind, rule) = ("FreshApp", "freshapp");
     let d = three_configmaps(rule, kind);
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -295,7 +290,6 @@ async fn a_new_parent_costs_one_request_per_child() {
         others.is_empty(),
         "{test}: requests other than one create per child: {others:?}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The child caches' content gauge at exactly `bytes`, waited for.
@@ -374,7 +368,6 @@ async fn a_child_kind_no_rule_reads_is_cached_without_its_content() {
     eprintln!("{test}: {content} bytes of content per child once read");
     assert!(content > 2, "{test}: the children have no content: {one}");
     wait_content_bytes(&op, content * 3 * N, "children cached with their content").await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A rule of `kind` with a ConfigMap child per entry of `children` (its name and, if any,
@@ -489,7 +482,6 @@ async fn a_parents_own_writes_bring_no_reconcile() {
             "{test}: {p}-c missing"
         );
     }
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The writes a reconcile awaits stop being awaited when the next one begins: a parent
@@ -542,7 +534,6 @@ async fn a_parent_edited_twice_at_once_ends_as_the_last_edit_says() {
         },
     )
     .await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The shortcut above must not apply when the render reads the parent's status, which
@@ -576,7 +567,6 @@ async fn a_child_that_waits_on_the_parents_status_is_created() {
         (missing == 0).then_some(())
     })
     .await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// Merges `spec` into the parent's spec.

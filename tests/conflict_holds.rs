@@ -158,7 +158,6 @@ async fn a_foreign_secret_holds_the_project(test: &str, d: RuleDir) {
         d["metadata"]["labels"]["rulebook.dev/owner"],
         p["metadata"]["uid"]
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,5 +246,4 @@ async fn a_failed_child_holds_only_the_children_that_name_it() {
         "{test}: Rulebook wrote the Deployment:\n{}",
         shown(&deployment_writes)
     );
-    cleanup_namespace(&client, &ns).await;
 }

@@ -249,7 +249,6 @@ async fn finalize_job_then_reverse_waves_and_orphan() {
         deletes.len()
     );
     drop(op);
-    cleanup_namespace(&client, &ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,7 +299,6 @@ async fn finalize_timeout_warns_and_teardown_finishes() {
         took.as_secs_f64(),
         warning["note"]
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// An object that carries the finalize child's marks (labels, the parent's controller
@@ -376,7 +374,6 @@ async fn a_lookalike_of_the_finalize_child_does_not_stand_in_for_it() {
         finalized.is_some(),
         "{test}: the finalize step ran to its end (no Finalized event)"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -466,7 +463,6 @@ async fn removing_the_rule_releases_its_finalizers() {
         took.as_secs_f64()
     );
     drop(op);
-    cleanup_namespace(&client, &ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -547,7 +543,6 @@ async fn release_command_frees_parents_without_the_operator() {
             .unwrap_or_else(|| panic!("{test}: {n} was deleted: its policy is Orphan"));
         assert!(released(&cm), "{test}: {n}: {}", cm["metadata"]);
     }
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The teardown runs on exactly the RBAC `rulebook rbac` generates (the operator checks
@@ -640,7 +635,6 @@ async fn teardown_runs_on_the_generated_rbac() {
         !log.contains("forbidden") && !log.contains("Forbidden"),
         "{test}: refused: {log}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A rule change that drops the deletion steps takes the finalizer off the parents again
@@ -701,7 +695,6 @@ async fn dropping_the_deletion_steps_removes_the_finalizer() {
         "{test}: the rule was changed, not removed: its own reconciles take the finalizer off"
     );
     drop(op);
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A child orphaned while it is cached as a stub (over the cache budget: a stub keeps only
@@ -777,7 +770,6 @@ async fn an_orphaned_stub_keeps_its_other_owners() {
         "{test}: the orphaned child lost its other owner, or kept the parent"
     );
     drop(op);
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A cluster-scoped parent's teardown acts only where its render placed children (the
@@ -973,8 +965,6 @@ async fn a_cluster_scoped_parents_teardown_stays_where_it_placed_children() {
     for (api, fake) in [(&in_other, "eve-fake"), (&in_target, "late-fake")] {
         merge(api, fake, json!({"metadata": {"finalizers": null}})).await;
     }
-    cleanup_namespace(&client, &target).await;
-    cleanup_namespace(&client, &other).await;
 }
 
 /// Children with `deletionPolicy: Orphan` carry no ownerReference, so they outlive every
@@ -1174,5 +1164,4 @@ async fn an_orphan_child_outlives_every_propagation_policy() {
         deletes.len()
     );
     drop(op);
-    cleanup_namespace(&client, &ns).await;
 }

@@ -759,10 +759,10 @@ async fn leader_election_works_on_the_deployed_rbac() {
     assert!(deployment_flags.iter().any(|f| f == "--leader-elect"));
     let start = |identity: &'static str| {
         let mut extra = deployment_flags.clone();
-        extra.extend(["--lease-namespace".into(), ns.clone()]);
+        extra.extend(["--lease-namespace".into(), ns.to_string()]);
         extra.extend(["--identity".into(), identity.into()]);
         let kubeconfig = kubeconfig.path().to_path_buf();
-        let ns = ns.clone();
+        let ns = ns.to_string();
         async move {
             let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
             Operator::start_as(

@@ -124,7 +124,6 @@ async fn a_restart_keeps_ready_parents_ready() {
         );
         assert_eq!(applies, 0.0, "a restart re-applies nothing");
     }
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// SIGSTOP, changes of every sort, SIGCONT: every change is reconciled.
@@ -313,7 +312,6 @@ async fn a_fight_is_bounded_and_reported() {
         stopped.elapsed().as_secs_f64(),
         ready_condition(&a)
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -467,7 +465,6 @@ async fn a_deleted_crd_stops_only_its_rule() {
     .await;
     println!("crd recreated: /status reports {after}");
     remove(&crds, &crd_name).await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -698,7 +695,6 @@ async fn hostile_values_round_trip_through_the_api_server() {
         "payloads that did not round-trip: altered {altered:#?}, not delivered {refused:#?}"
     );
     assert_eq!(children.len(), values.len() - refused.len());
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A child cannot be put in another namespace, neither with `metadata.namespace` nor
@@ -737,21 +733,21 @@ async fn a_child_cannot_leave_its_namespace() {
     let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cases: Vec<(&str, String, String)> = vec![
-        ("good", "good-cm".into(), ns.clone()),
-        ("to-other", "escaped-cm".into(), other.clone()),
+        ("good", "good-cm".into(), ns.to_string()),
+        ("to-other", "escaped-cm".into(), other.to_string()),
         (
             "dotdot",
             format!("../../{other}/configmaps/victim"),
-            ns.clone(),
+            ns.to_string(),
         ),
         (
             "dotdot2",
             format!("..%2F..%2F{other}%2Fconfigmaps%2Fvictim"),
-            ns.clone(),
+            ns.to_string(),
         ),
-        ("subresource", "victim/status".into(), ns.clone()),
-        ("query", "victim?dryRun=All&x=".into(), ns.clone()),
-        ("fragment", "new-cm#frag".into(), ns.clone()),
+        ("subresource", "victim/status".into(), ns.to_string()),
+        ("query", "victim?dryRun=All&x=".into(), ns.to_string()),
+        ("fragment", "new-cm#frag".into(), ns.to_string()),
     ];
     for (p, name, target) in &cases {
         put(
@@ -765,7 +761,7 @@ async fn a_child_cannot_leave_its_namespace() {
     let (_, _, m) = ready_condition(&escaped).unwrap();
     println!("namespace escape: to-other → RenderFailed: {m}");
     assert!(
-        m.contains(&other) && m.contains(&ns),
+        m.contains(other.as_str()) && m.contains(ns.as_str()),
         "the message names both namespaces: {m}"
     );
     for (p, name, _) in &cases[2..] {
@@ -809,8 +805,6 @@ async fn a_child_cannot_leave_its_namespace() {
         vec!["good-cm".to_string()],
         "only the good child exists"
     );
-    cleanup_namespace(&client, &ns).await;
-    cleanup_namespace(&client, &other).await;
 }
 
 /// A namespaced parent with a cluster-scoped child: the rule does not start, says why,
@@ -891,7 +885,6 @@ async fn a_cluster_scoped_child_is_refused() {
         status(&op).await["rules"]["scopeparent"]["state"],
         "waiting"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// An existing object with the child's name that Rulebook did not create: Conflict, the
@@ -973,7 +966,6 @@ async fn a_foreign_object_is_left_alone_until_adopted() {
             .any(|r| r["uid"] == uid_of(&x) && r["controller"] == true)
     );
     println!("foreign object: adopted after `adopt: true`");
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// Exhaustion: a ~1 MB spec, a 10^6-item forEach, a runaway loop and runaway recursion
@@ -1106,7 +1098,6 @@ async fn exhaustion_fails_only_its_parent() {
         "only the plain parents got children: {made:?}"
     );
     assert_eq!(op.get("/healthz").await.trim(), "ok");
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// Templates cannot read environment variables or files: such templates are refused at
@@ -1241,5 +1232,4 @@ async fn templates_cannot_read_env_or_files() {
         .map(|c| c["data"]["marker"].to_string())
         .collect();
     assert_eq!(markers, BTreeSet::from(["\"good\"".to_string()]));
-    cleanup_namespace(&client, &ns).await;
 }

@@ -33,7 +33,7 @@ const LEDGER: Extra<'static> = Extra {
 
 /// A test's namespace and rule directory.
 struct Setup {
-    ns: String,
+    ns: TestNamespace,
     dir: tempfile::TempDir,
     rules: PathBuf,
     templates: PathBuf,
@@ -337,7 +337,7 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
 /// The rename tests' start: rule `renamed` with a ConfigMap child `config` and a
 /// ConfigMap child `ledger` whose policy is `Orphan`, its operator, and parent `r` Ready.
 struct Renaming {
-    ns: String,
+    ns: TestNamespace,
     dir: tempfile::TempDir,
     rules: std::path::PathBuf,
     templates: std::path::PathBuf,

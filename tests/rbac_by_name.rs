@@ -289,7 +289,7 @@ async fn installs_and_leads_on_rbac_limited_to_names_and_never_takes_over_a_fore
             rules.clone(),
             templates.clone(),
         );
-        let (lease, ns) = (lease.clone(), ns.clone());
+        let (lease, ns) = (lease.clone(), ns.to_string());
         async move {
             Operator::start_as(
                 &kubeconfig,
@@ -378,7 +378,7 @@ async fn installs_and_leads_on_rbac_limited_to_names_and_never_takes_over_a_fore
     wait_ready(&parents, &parent_name, "True", Some("Ready"), T).await;
     let status = op.get("/status").await;
     assert!(
-        !status.contains(&parent_name) && !status.contains(&marker) && !status.contains(&ns),
+        !status.contains(&parent_name) && !status.contains(&marker) && !status.contains(ns.as_str()),
         "/status names no tenant object: {status}"
     );
 

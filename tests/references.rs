@@ -356,8 +356,6 @@ async fn references_are_watched_and_a_missing_one_prunes_nothing() {
         secret_latency.as_secs_f64(),
         label_latency.as_secs_f64()
     );
-    cleanup_namespace(&client, &other).await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A rule `name` for parent `kind` with one reference `reference` to the object `object`
@@ -480,7 +478,6 @@ async fn a_selector_finds_stubs_whose_labels_were_dropped() {
             && !sources.contains("payments-big"),
         "{test}: the children read the objects found: {sources}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// What one parent's references may read is bounded in bytes (16 MiB), not only in
@@ -517,7 +514,6 @@ async fn what_a_parent_reads_is_bounded_in_bytes() {
         message.contains("refs.teamSettings: the objects read take more than 16 MiB"),
         "{test}: {message}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A parent that failed keeps its error backoff when an object it references changes
@@ -579,7 +575,6 @@ async fn a_failing_parent_keeps_its_backoff_on_reference_edits() {
     );
     let copy = get_json(&cms, "p1-copy").await.expect("the child");
     assert_eq!(copy["data"]["good"], "yes", "{test}");
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A rule that names another namespace literally reads from it (by a literal name, so its
@@ -623,8 +618,6 @@ async fn a_literal_namespace_is_readable() {
         (get_json(&cms, "p1-copy").await?["data"]["region"] == "us").then_some(())
     })
     .await;
-    cleanup_namespace(&client, &shared).await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -714,7 +707,6 @@ async fn wait_for_orders_children_and_never_prunes_a_started_one() {
         .filter(|e| e["verb"] == "delete")
         .collect();
     assert!(deletes.is_empty(), "{test}:\n{}", describe_all(&deletes));
-    cleanup_namespace(&client, &ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -812,7 +804,6 @@ async fn a_paused_parent_gets_nothing_but_its_paused_condition() {
         (status(&op).await["rules"]["pauseapp"]["paused"] == 0).then_some(())
     })
     .await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The shipped Tenant rule: a cluster-scoped parent, its namespace, and the namespaced
@@ -979,8 +970,6 @@ async fn a_reference_by_literal_name_runs_on_rbac_limited_to_that_name() {
     .await;
     let s = status(&op).await;
     assert_eq!(s["rules"]["refnamed"]["state"], "running", "{test}: {s}");
-    cleanup_namespace(&client, &shared).await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// `rulebook diff` reads a parent's references from the cluster: a template change that
@@ -1032,5 +1021,4 @@ async fn diff_reads_references_from_the_cluster() {
         out.contains("ReferenceMissing: refs.credentials: Secret db"),
         "{test}:\n{out}"
     );
-    cleanup_namespace(&client, &ns).await;
 }

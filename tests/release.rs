@@ -120,7 +120,4 @@ async fn a_parent_whose_orphans_cannot_be_let_go_of_keeps_its_finalizer_alone() 
     rulebook(&admin.each_ref().map(String::as_str));
     let y = get_json(&ys, "y").await.expect("y");
     assert!(y["metadata"]["finalizers"].is_null(), "{test}: {y}");
-    for ns in [&free, &held] {
-        cleanup_namespace(&client, ns).await;
-    }
 }

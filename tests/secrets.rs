@@ -102,5 +102,4 @@ async fn a_secret_childs_value_quoted_by_the_api_server_is_redacted() {
         !log.contains(SECRET),
         "{test}: the operator's log quotes the value"
     );
-    cleanup_namespace(&client, &ns).await;
 }

@@ -192,9 +192,6 @@ async fn run_fleet(kind: &str, rule: &str, server: Server, spaces_n: usize, per:
     .await;
     no_two_writers(&audit, &spaces);
     drop(ops);
-    for ns in &spaces {
-        cleanup_namespace(&client, ns).await;
-    }
 }
 
 /// Waits until `op` sees `n` members and waits for none of them.

@@ -71,24 +71,10 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{t}-{n}", std::process::id() % 10_000)
 }
 
-/// Creates a fresh namespace for one test.
-pub async fn namespace(client: &Client, prefix: &str) -> String {
-    let name = unique(prefix);
-    let api: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    api.create(&PostParams::default(), &ns)
-        .await
-        .expect("create namespace");
-    // The service account controller creates `default`; pods need it.
-    let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(client.clone(), &name);
-    wait_for(
-        Duration::from_secs(60),
-        "the default ServiceAccount",
-        || async { sa.get_opt("default").await.ok().flatten() },
-    )
-    .await;
-    name
+/// Creates a fresh namespace for one test, deleted when the returned guard drops
+/// (namespace.rs).
+pub async fn namespace(client: &Client, prefix: &str) -> TestNamespace {
+    TestNamespace::create(client, prefix).await
 }
 
 /// Polls `probe` until it returns `Some`, or fails the test after `timeout` naming `what`.
@@ -420,8 +406,11 @@ impl Drop for Operator {
 }
 
 mod http_get;
+mod namespace;
 pub mod reload;
 pub use http_get::http_get;
+#[allow(unused_imports)] // not every binary creates several at once
+pub use namespace::{TestNamespace, TestNamespaces};
 
 /// Copies the repository's rules and templates into a temp dir the test may change.
 pub fn copy_rules() -> tempfile::TempDir {

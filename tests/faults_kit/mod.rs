@@ -524,12 +524,6 @@ impl Rng {
     }
 }
 
-/// Best-effort removal of a namespace at the end of a successful test (keeps the shared
-/// control plane small; a failed test leaves its namespace for inspection).
-pub async fn cleanup_namespace(client: &kube::Client, ns: &str) {
-    let nss = api(client, None, "v1", "Namespace", "namespaces");
-    let _ = nss.delete(ns, &DeleteParams::background()).await;
-}
 
 // ---------------------------------------------------------------------------------------
 // Foreign objects: created by "someone else" in the test namespace, compared at the end.
@@ -1014,10 +1008,6 @@ pub async fn kill_restart(kind: &str, n: usize, rounds: usize, timeout: Duration
         touched.len(),
         foreign_names.len()
     );
-    // A failed run leaves its namespace for inspection.
-    if clean && touched.is_empty() {
-        cleanup_namespace(&client, &ns).await;
-    }
     KillReport {
         test,
         rounds,
@@ -1312,7 +1302,6 @@ pub async fn pause_resume(kind: &str, gap: Gap) {
     }
     let h = op.get("/healthz").await;
     assert_eq!(h.trim(), "ok");
-    cleanup_namespace(&client, &ns).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1428,7 +1417,6 @@ pub async fn restart_mid_convergence(kind: &str, component: &str, n: usize) {
         s["rules"][&rule]
     );
     assert_eq!(s["rules"][&rule]["state"], "running");
-    cleanup_namespace(&client, &ns).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1574,7 +1562,6 @@ pub async fn poison(kind: &str, poisoned: usize, healthy: usize) -> PoisonReport
     // No timing claims: the healthy parents converging at all (the waits above) is the check.
     let h = op.get("/healthz").await;
     assert_eq!(h.trim(), "ok");
-    cleanup_namespace(&client, &ns).await;
     PoisonReport {
         alone,
         with_poison,

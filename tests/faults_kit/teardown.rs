@@ -308,7 +308,6 @@ pub async fn kill_during_teardown(
         "{test}: deleted more than once: {twice:?}"
     );
     drop(op);
-    cleanup_namespace(&client, &ns).await;
     TeardownKills {
         rounds,
         parents: rounds * per_round,
