@@ -782,7 +782,7 @@ async fn leader_election_works_on_the_deployed_rbac() {
     })
     .await;
     let b = start("b").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    b.wait_standing_by(T).await;
     assert!(!leads(&b).await, "b stands by while a leads");
     a.signal_and_wait("TERM");
     wait_for(T, "instance b to take the Lease over", || async {

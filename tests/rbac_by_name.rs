@@ -416,7 +416,7 @@ async fn installs_and_leads_on_rbac_limited_to_names_and_never_takes_over_a_fore
 
     // A standby takes over at once when the leader releases the Lease.
     let standby = start("b").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    standby.wait_standing_by(T).await;
     assert!(!leads(&standby).await, "b stands by while a leads");
     op.signal_and_wait("TERM");
     let released = std::time::Instant::now();

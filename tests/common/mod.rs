@@ -193,6 +193,11 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// The operator's `RUST_LOG` unless `RULEBOOK_TEST_LOG` says otherwise: the leader
+/// election's debug lines tell a test when a standby has looked at the Lease
+/// ([`Operator::wait_standing_by`]).
+pub const DEFAULT_LOG: &str = "info,kube=warn,rulebook::leader=debug";
+
 /// A `rulebook run` process, killed when dropped.
 pub struct Operator {
     child: Option<Child>,
@@ -220,7 +225,7 @@ impl Operator {
         ns: Option<&str>,
         extra: &[&str],
     ) -> Operator {
-        let log = std::env::var("RULEBOOK_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into());
+        let log = std::env::var("RULEBOOK_TEST_LOG").unwrap_or_else(|_| DEFAULT_LOG.into());
         Operator::start_logging(kubeconfig, rules, templates, ns, extra, &log).await
     }
 
@@ -247,7 +252,7 @@ impl Operator {
         ns: Option<&str>,
         extra: &[&str],
     ) -> Operator {
-        let log = std::env::var("RULEBOOK_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into());
+        let log = std::env::var("RULEBOOK_TEST_LOG").unwrap_or_else(|_| DEFAULT_LOG.into());
         let mut cmd = Command::new("sh");
         cmd.arg("-c")
             .arg(r#"echo $$ > "$0" && exec "$@""#)
@@ -333,6 +338,19 @@ impl Operator {
     /// without series is not listed at all, not even its `# TYPE`).
     pub async fn metric_opt(&self, series: &str) -> Option<f64> {
         parse_metric(&self.get("/metrics").await, series)
+    }
+
+    /// Waits until this operator, started with `--leader-elect`, has found the Lease held
+    /// by another and stood by (its log says so; [`DEFAULT_LOG`] logs it) — instead of
+    /// sleeping a while before checking that a standby does not lead.
+    pub async fn wait_standing_by(&self, timeout: Duration) {
+        wait_for(timeout, "the standby to look at the Lease and stand by", || async {
+            std::fs::read_to_string(&self.log)
+                .ok()?
+                .contains("standing by: the lease is held")
+                .then_some(())
+        })
+        .await;
     }
 
     pub fn log_tail(&self) -> String {
