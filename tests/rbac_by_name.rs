@@ -378,7 +378,9 @@ async fn installs_and_leads_on_rbac_limited_to_names_and_never_takes_over_a_fore
     wait_ready(&parents, &parent_name, "True", Some("Ready"), T).await;
     let status = op.get("/status").await;
     assert!(
-        !status.contains(&parent_name) && !status.contains(&marker) && !status.contains(ns.as_str()),
+        !status.contains(&parent_name)
+            && !status.contains(&marker)
+            && !status.contains(ns.as_str()),
         "/status names no tenant object: {status}"
     );
 

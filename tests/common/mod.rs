@@ -344,12 +344,16 @@ impl Operator {
     /// by another and stood by (its log says so; [`DEFAULT_LOG`] logs it) — instead of
     /// sleeping a while before checking that a standby does not lead.
     pub async fn wait_standing_by(&self, timeout: Duration) {
-        wait_for(timeout, "the standby to look at the Lease and stand by", || async {
-            std::fs::read_to_string(&self.log)
-                .ok()?
-                .contains("standing by: the lease is held")
-                .then_some(())
-        })
+        wait_for(
+            timeout,
+            "the standby to look at the Lease and stand by",
+            || async {
+                std::fs::read_to_string(&self.log)
+                    .ok()?
+                    .contains("standing by: the lease is held")
+                    .then_some(())
+            },
+        )
         .await;
     }
 

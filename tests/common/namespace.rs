@@ -136,7 +136,10 @@ impl serde::Serialize for TestNamespace {
 impl Drop for TestNamespace {
     fn drop(&mut self) {
         if std::env::var_os("RULEBOOK_TEST_KEEP_NAMESPACES").is_some_and(|v| v == "1") {
-            eprintln!("kept namespace {} (RULEBOOK_TEST_KEEP_NAMESPACES=1)", self.name);
+            eprintln!(
+                "kept namespace {} (RULEBOOK_TEST_KEEP_NAMESPACES=1)",
+                self.name
+            );
             return;
         }
         let (done, accepted) = channel();

@@ -524,7 +524,6 @@ impl Rng {
     }
 }
 
-
 // ---------------------------------------------------------------------------------------
 // Foreign objects: created by "someone else" in the test namespace, compared at the end.
 
