@@ -765,14 +765,12 @@ async fn leader_election_works_on_the_deployed_rbac() {
         let ns = ns.to_string();
         async move {
             let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-            Operator::start_as(
-                &kubeconfig,
-                &repo().join("rules"),
-                &repo().join("templates"),
-                Some(&ns),
-                &extra,
-            )
-            .await
+            Operator::on(&repo().join("rules"), &repo().join("templates"))
+                .namespace(&ns)
+                .flags(&extra)
+                .kubeconfig(&kubeconfig)
+                .start()
+                .await
         }
     };
 

@@ -87,7 +87,12 @@ async fn diff_shows_exactly_what_a_change_would_do() {
     d.template("config.yaml", CONFIG);
     d.template("secret.yaml", &secret(""));
     diff_rule(&d, rule, kind);
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names: BTreeSet<String> = ["p0", "p1", "p2"].iter().map(|s| s.to_string()).collect();
     for (n, team) in [("p0", "a"), ("p1", "b"), ("p2", "b")] {
@@ -632,7 +637,11 @@ async fn the_diff_role_diffs_the_shipped_rules_and_reads_no_other_secret() {
     let client = client().await;
     let ns = namespace(&client, "diff-role").await;
     let (rules, templates) = (repo().join("rules"), repo().join("templates"));
-    let op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let op = Operator::on(&rules, &templates)
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let label = unique("shipped");
     let projects = api(&client, Some(&ns), "xyz.com/v1", "Project", "projects");
     let apps = api(&client, Some(&ns), "xyz.com/v1", "TeamApp", "teamapps");

@@ -60,7 +60,7 @@ async fn a_restart_keeps_ready_parents_ready() {
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ parent.metadata.name ~ \"-secret\" }}\ndata:\n  a: \"Yg==\"\n",
     );
     let args = ["--install-crds"];
-    let mut op = Operator::start(&d.rules, &d.templates, Some(&ns), &args).await;
+    let mut op = d.operator().namespace(&ns).flags(&args).start().await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names: BTreeSet<String> = (0..N).map(|i| format!("p{i}")).collect();
     put_all(
@@ -76,7 +76,7 @@ async fn a_restart_keeps_ready_parents_ready() {
     let writes = "rulebook_api_writes_total{rule=\"restartparent\",verb=\"apply\"}";
     for round in 1..=2 {
         op.signal_and_wait("KILL");
-        op = Operator::start(&d.rules, &d.templates, Some(&ns), &args).await;
+        op = d.operator().namespace(&ns).flags(&args).start().await;
         // Watch the parents for 15 s after the restart (the measuring window).
         let mut flipped = BTreeSet::new();
         let start = Instant::now();
@@ -164,7 +164,12 @@ async fn a_fight_is_bounded_and_reported() {
         "fight/config.yaml",
         &configmap_template("config", "  mode: \"rulebook\"\n"),
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let names: BTreeSet<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
@@ -357,7 +362,7 @@ async fn a_deleted_crd_stops_only_its_rule() {
         );
     }
     // No --install-crds: the operator must not put the CRD back itself.
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &[]).await;
+    let op = d.operator().namespace(&ns).start().await;
     let dp = kind_api(&client, &ns, &doomed, T).await;
     let sp = kind_api(&client, &ns, survivor, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -564,13 +569,12 @@ async fn hostile_values_round_trip_through_the_api_server() {
         "inject/cm.yaml",
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-cm\" }}\n  annotations:\n    faults.rulebook.dev/payload: {{ parent.spec.value }}\ndata:\n  value: {{ parent.spec.value }}\n  fixed: \"constant\"\n",
     );
-    let _op = Operator::start(
-        &d.rules,
-        &d.templates,
-        Some(&ns),
-        &["--install-crds", "--concurrency", "8"],
-    )
-    .await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds", "--concurrency", "8"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let values = hostile_values();
@@ -730,7 +734,12 @@ async fn a_child_cannot_leave_its_namespace() {
         .await;
         victims.push((a.clone(), rv_of(&to_json(&v))));
     }
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cases: Vec<(&str, String, String)> = vec![
         ("good", "good-cm".into(), ns.to_string()),
@@ -842,7 +851,12 @@ async fn a_cluster_scoped_child_is_refused() {
         ),
     );
     d.template("scope/cm.yaml", &configmap_template("cm", "  a: \"b\"\n"));
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let s = wait_for(T, "the rule to report the cluster-scoped child", || async {
         let s = status(&op).await;
         let r = s["rules"]["scopeparent"].clone();
@@ -927,7 +941,12 @@ async fn a_foreign_object_is_left_alone_until_adopted() {
         )
         .await,
     );
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     put(&parents, &parent(kind, &ns, "x", json!({}))).await;
     put(&parents, &parent(kind, &ns, "y", json!({}))).await;
@@ -1033,7 +1052,12 @@ async fn exhaustion_fails_only_its_parent() {
         "exhaust/plain.yaml",
         &configmap_template("plain", "  a: \"b\"\n"),
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     // ~900 KB, with characters JSON must escape: the parent fits the API server's limits,
@@ -1140,7 +1164,12 @@ async fn templates_cannot_read_env_or_files() {
     d.template("dyn/part.yaml", "\"partial\"");
     // A file next to the templates directory.
     std::fs::write(d.templates.join("../secret.txt"), "TOP-SECRET-FILE").unwrap();
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let sp = kind_api(&client, &ns, kind, T).await;
     let dp = kind_api(&client, &ns, "DynIncParent", T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");

@@ -46,8 +46,16 @@ async fn one_leader_reconciles_and_a_standby_takes_over() {
     ];
     let rules = repo().join("rules");
     let templates = repo().join("templates");
-    let mut a = Operator::start(&rules, &templates, Some(&ns), &args).await;
-    let mut b = Operator::start(&rules, &templates, Some(&ns), &args).await;
+    let mut a = Operator::on(&rules, &templates)
+        .namespace(&ns)
+        .flags(&args)
+        .start()
+        .await;
+    let mut b = Operator::on(&rules, &templates)
+        .namespace(&ns)
+        .flags(&args)
+        .start()
+        .await;
     let apps = api(&client, Some(&ns), "app.example.com/v1", "MyApp", "myapps");
 
     // Exactly one leads; the standby is ready (it could take over) but does not reconcile.
@@ -104,7 +112,11 @@ async fn one_leader_reconciles_and_a_standby_takes_over() {
     assert_eq!(standby.metric("rulebook_leader").await, 1.0);
 
     // A third instance stands by; SIGTERM on the leader releases the lease at once.
-    let c = Operator::start(&rules, &templates, Some(&ns), &args).await;
+    let c = Operator::on(&rules, &templates)
+        .namespace(&ns)
+        .flags(&args)
+        .start()
+        .await;
     wait_for(T, "the new instance to stand by", || async {
         (!is_leader(&c).await?).then_some(())
     })
@@ -136,13 +148,11 @@ async fn one_leader_reconciles_and_a_standby_takes_over() {
 async fn endpoints_report_what_happened() {
     let client = client().await;
     let ns = namespace(&client, "metrics").await;
-    let op = Operator::start(
-        &repo().join("rules"),
-        &repo().join("templates"),
-        Some(&ns),
-        &["--install-crds"],
-    )
-    .await;
+    let op = Operator::on(&repo().join("rules"), &repo().join("templates"))
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     assert_eq!(op.get("/healthz").await.trim(), "ok");
     let apps = api(&client, Some(&ns), "app.example.com/v1", "MyApp", "myapps");
     wait_for(T, "the MyApp CRD to be served", || async {

@@ -291,12 +291,9 @@ async fn installs_and_leads_on_rbac_limited_to_names_and_never_takes_over_a_fore
         );
         let (lease, ns) = (lease.clone(), ns.to_string());
         async move {
-            Operator::start_as(
-                &kubeconfig,
-                &rules,
-                &templates,
-                Some(&ns),
-                &[
+            Operator::on(&rules, &templates)
+                .namespace(&ns)
+                .flags(&[
                     "--install-crds",
                     "--leader-elect",
                     "--lease-name",
@@ -307,9 +304,10 @@ async fn installs_and_leads_on_rbac_limited_to_names_and_never_takes_over_a_fore
                     "60",
                     "--identity",
                     identity,
-                ],
-            )
-            .await
+                ])
+                .kubeconfig(&kubeconfig)
+                .start()
+                .await
         }
     };
     let mut op = start("a").await;

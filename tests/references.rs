@@ -115,7 +115,7 @@ async fn teamapp_with(
         .into_iter()
         .chain(extra.iter().copied())
         .collect();
-    let op = Operator::start(&d.rules, &d.templates, Some(ns), &args).await;
+    let op = d.operator().namespace(ns).flags(&args).start().await;
     let apps = api(client, Some(ns), "xyz.com/v1", "TeamApp", "teamapps");
     wait_for(T, "the TeamApp CRD to be served", || async {
         apps.list(&Default::default()).await.ok().map(|_| ())
@@ -534,7 +534,12 @@ async fn a_failing_parent_keeps_its_backoff_on_reference_edits() {
         ("conf", "ConfigMap", "conf", &ns),
         "  good: {{ refs.conf.data.good }}",
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     put(&cms, &team_cm(&ns, "conf", "none", json!({"n": "0"}))).await;
@@ -592,7 +597,12 @@ async fn a_literal_namespace_is_readable() {
         ("global", "ConfigMap", "global-settings", &shared),
         "  region: {{ refs.global.data.region }}",
     );
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let shared_cms = api(&client, Some(&shared), "v1", "ConfigMap", "configmaps");
     put(
@@ -648,7 +658,12 @@ async fn wait_for_orders_children_and_never_prunes_a_started_one() {
         "  status:\n    dbReady:\n      expr: \"ready(children.db)\"\n  crd:\n",
     );
     d.rule("wait.yaml", &rule);
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     put(&parents, &parent(kind, &ns, "w1", json!({}))).await;
@@ -728,7 +743,12 @@ async fn a_paused_parent_gets_nothing_but_its_paused_condition() {
             &[child("cm", "v1", "ConfigMap", "cm.yaml", &[])],
         ),
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     put(&parents, &parent(kind, &ns, "p1", json!({"size": 1}))).await;
@@ -814,7 +834,7 @@ async fn a_tenant_gets_a_namespace_and_its_contents() {
     let client = client().await;
     let d = shipped("tenant", |t| t);
     // Cluster-scoped parents: the operator watches every namespace.
-    let _op = Operator::start(&d.rules, &d.templates, None, &["--install-crds"]).await;
+    let _op = d.operator().flags(&["--install-crds"]).start().await;
     let tenants = api(&client, None, "xyz.com/v1", "Tenant", "tenants");
     wait_for(T, "the Tenant CRD to be served", || async {
         tenants.list(&Default::default()).await.ok().map(|_| ())
@@ -942,14 +962,13 @@ async fn a_reference_by_literal_name_runs_on_rbac_limited_to_that_name() {
         rbac[0]
     );
     let kubeconfig = service_account_kubeconfig(&client, &ns, "rulebook", rbac).await;
-    let op = Operator::start_as(
-        kubeconfig.path(),
-        &d.rules,
-        &d.templates,
-        Some(&ns),
-        &["--install-crds"],
-    )
-    .await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .kubeconfig(kubeconfig.path())
+        .start()
+        .await;
     let secrets = api(&client, Some(&shared), "v1", "Secret", "secrets");
     put(&secrets, &secret(&shared, "global-creds", "s3cret")).await;
     put(&secrets, &secret(&shared, "other-creds", "other")).await;

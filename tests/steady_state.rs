@@ -96,13 +96,11 @@ async fn no_writes_at_steady_state_with_resync() {
         )
         .unwrap();
     }
-    let op = Operator::start(
-        &dir.path().join("rules"),
-        &dir.path().join("templates"),
-        Some(&ns),
-        &["--install-crds", "--concurrency", "8"],
-    )
-    .await;
+    let op = Operator::on(&dir.path().join("rules"), &dir.path().join("templates"))
+        .namespace(&ns)
+        .flags(&["--install-crds", "--concurrency", "8"])
+        .start()
+        .await;
     let webs = api(
         &client,
         Some(&ns),

@@ -331,7 +331,7 @@ pub async fn reference_flood(kind: &str, f: Flood) -> FloodReport {
         let (d, concurrency) = (&d, &concurrency);
         async move {
             let args = ["--install-crds", "--concurrency", concurrency];
-            Operator::start_in_cgroup(&procs, &d.rules, &d.templates, None, &args).await
+            d.operator().flags(&args).in_cgroup(&procs).start().await
         }
     };
     let mut op = start(&cg).await;

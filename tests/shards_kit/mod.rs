@@ -103,14 +103,12 @@ impl Fleet {
         if let Some(id) = identity {
             args.extend(["--identity", id]);
         }
-        Operator::start_as(
-            &self.kubeconfig,
-            &self.d.rules,
-            &self.d.templates,
-            None,
-            &args,
-        )
-        .await
+        self.d
+            .operator()
+            .flags(&args)
+            .kubeconfig(&self.kubeconfig)
+            .start()
+            .await
     }
 }
 
