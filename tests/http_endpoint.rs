@@ -165,6 +165,8 @@ async fn at_the_connection_limit_new_clients_wait_for_a_slot() {
         s.write_all(HALF_REQUEST).await.expect("write");
         holders.push(s);
     }
+    // Time for the server to accept the two holders before the third client connects:
+    // nothing a client can wait on tells that a connection was accepted and counted.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let start = Instant::now();
     let answer = http_get(&format!("http://{addr}/healthz")).await;
