@@ -143,6 +143,8 @@ impl LeaderElection {
         );
         self.observed = Some(seen);
         if decision == Decision::Wait {
+            // Tests wait for this line to know a standby has looked and stood by.
+            debug!(lease = %self.name, holder = ?self.observed.as_ref().and_then(|s| s.holder.as_deref()), "standing by: the lease is held");
             self.renewed = None;
             return false;
         }

@@ -15,13 +15,11 @@ const T: Duration = Duration::from_secs(180);
 async fn converges_across_an_api_server_restart() {
     let client = client().await;
     let ns = namespace(&client, "api-restart").await;
-    let _op = Operator::start(
-        &repo().join("rules"),
-        &repo().join("templates"),
-        Some(&ns),
-        &["--install-crds"],
-    )
-    .await;
+    let _op = Operator::on(&repo().join("rules"), &repo().join("templates"))
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let apps = api(&client, Some(&ns), "app.example.com/v1", "MyApp", "myapps");
     wait_for(T, "the MyApp CRD to be served", || async {
         apps.list(&Default::default()).await.ok().map(|_| ())

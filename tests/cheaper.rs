@@ -73,7 +73,12 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
     let ns = namespace(&client, "cheaper").await;
     let (kind, rule) = ("CheapApp", "cheapapp");
     let d = three_configmaps(rule, kind);
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let at_creation = Audit::mark();
     let names = put_parents(&parents, kind, &ns).await;
@@ -173,7 +178,6 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
         "2",
         "{test}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The one namespace whose reads the local control plane's audit policy logs (so this test
@@ -185,10 +189,14 @@ async fn a_new_parent_costs_one_request_per_child() {
     let test = "a_new_parent_costs_one_request_per_child";
     let client = client().await;
     let namespaces = api(&client, None, "v1", "Namespace", "namespaces");
-    // Left over from an interrupted run: gone first.
+    // Left over from an earlier run (deleted at its end, or not, if it was interrupted):
+    // gone first. The namespace controller deletes namespaces in turn, and a `make test`
+    // deletes some 500 (400 of them `sharding`'s): on a cluster reused right after
+    // another run, this one waited more than 120 s in its queue (2026-11-28), so the
+    // bound here only catches one that never goes.
     if get_json(&namespaces, READS_NS).await.is_some() {
-        cleanup_namespace(&client, READS_NS).await;
-        wait_for(T, "the namespace of an earlier run to go", || async {
+        TestNamespace::delete_leftover(&client, READS_NS).await;
+        wait_for(4 * T, "the namespace of an earlier run to go", || async {
             get_json(&namespaces, READS_NS)
                 .await
                 .is_none()
@@ -196,12 +204,8 @@ async fn a_new_parent_costs_one_request_per_child() {
         })
         .await;
     }
-    let ns = READS_NS.to_string();
-    put(
-        &namespaces,
-        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
-    )
-    .await;
+    // No pod in it: no need to wait for its ServiceAccount.
+    let ns = TestNamespace::create_without_pods(&client, READS_NS).await;
     let (kind, rule) = ("FreshApp", "freshapp");
     let d = three_configmaps(rule, kind);
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -214,7 +218,12 @@ async fn a_new_parent_costs_one_request_per_child() {
     )
     .await;
     let foreign_rv = foreign.metadata.resource_version.clone();
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
 
     let audit = Audit::mark();
@@ -295,7 +304,6 @@ async fn a_new_parent_costs_one_request_per_child() {
         others.is_empty(),
         "{test}: requests other than one create per child: {others:?}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The child caches' content gauge at exactly `bytes`, waited for.
@@ -339,7 +347,12 @@ async fn a_child_kind_no_rule_reads_is_cached_without_its_content() {
         &format!("{rule}.yaml"),
         &format!("{base}  status:\n    name: \"$.children.a.metadata.name\"\n"),
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names = put_parents(&parents, kind, &ns).await;
     wait_all_ready(&parents, &names, T).await;
@@ -374,7 +387,6 @@ async fn a_child_kind_no_rule_reads_is_cached_without_its_content() {
     eprintln!("{test}: {content} bytes of content per child once read");
     assert!(content > 2, "{test}: the children have no content: {one}");
     wait_content_bytes(&op, content * 3 * N, "children cached with their content").await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A rule of `kind` with a ConfigMap child per entry of `children` (its name and, if any,
@@ -421,7 +433,12 @@ async fn a_parents_own_writes_bring_no_reconcile() {
         let v = "  v: {{ parent.spec.v | default('1') }}\n";
         d.template(&format!("{c}.yaml"), &configmap_template(c, v));
     }
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names = put_parents(&parents, kind, &ns).await;
     wait_all_ready(&parents, &names, T).await;
@@ -489,7 +506,6 @@ async fn a_parents_own_writes_bring_no_reconcile() {
             "{test}: {p}-c missing"
         );
     }
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The writes a reconcile awaits stop being awaited when the next one begins: a parent
@@ -517,7 +533,12 @@ async fn a_parent_edited_twice_at_once_ends_as_the_last_edit_says() {
     );
     let v = "  v: {{ parent.spec.v | default('1') }}\n";
     d.template("a.yaml", &configmap_template("a", v));
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names = put_parents(&parents, kind, &ns).await;
     wait_all_ready(&parents, &names, T).await;
@@ -542,7 +563,6 @@ async fn a_parent_edited_twice_at_once_ends_as_the_last_edit_says() {
         },
     )
     .await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The shortcut above must not apply when the render reads the parent's status, which
@@ -562,7 +582,12 @@ async fn a_child_that_waits_on_the_parents_status_is_created() {
             ("b", Some("includeWhen: \"parent.status.name is defined\"")),
         ],
     );
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names = put_parents(&parents, kind, &ns).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -576,7 +601,6 @@ async fn a_child_that_waits_on_the_parents_status_is_created() {
         (missing == 0).then_some(())
     })
     .await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// Merges `spec` into the parent's spec.

@@ -71,7 +71,12 @@ async fn a_foreign_secret_holds_the_project(test: &str, d: RuleDir) {
     )
     .await;
     let foreign_rv = foreign.metadata.resource_version.clone();
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let projects = api(&client, Some(&ns), "xyz.com/v1", "Project", "projects");
     wait_for(T, "the Project CRD to be served", || async {
         projects.list(&Default::default()).await.ok().map(|_| ())
@@ -158,7 +163,6 @@ async fn a_foreign_secret_holds_the_project(test: &str, d: RuleDir) {
         d["metadata"]["labels"]["rulebook.dev/owner"],
         p["metadata"]["uid"]
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,7 +222,12 @@ async fn a_failed_child_holds_only_the_children_that_name_it() {
         &configmap_template("bad", "  \"no blanks allowed\": x\n"),
     );
     d.template("held/free.yaml", &configmap_template("free", "  k: v\n"));
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let deploys = api(&client, Some(&ns), "apps/v1", "Deployment", "deployments");
@@ -247,5 +256,4 @@ async fn a_failed_child_holds_only_the_children_that_name_it() {
         "{test}: Rulebook wrote the Deployment:\n{}",
         shown(&deployment_writes)
     );
-    cleanup_namespace(&client, &ns).await;
 }

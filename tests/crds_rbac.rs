@@ -97,14 +97,11 @@ async fn the_operator_runs_on_exactly_the_generated_rbac() {
         &format!("{ns}/rulebook"),
     ]));
     let kubeconfig = service_account_kubeconfig(&client, &ns, "rulebook", rbac).await;
-    let _op = Operator::start_as(
-        kubeconfig.path(),
-        &repo().join("rules"),
-        &repo().join("templates"),
-        Some(&ns),
-        &[],
-    )
-    .await;
+    let _op = Operator::on(&repo().join("rules"), &repo().join("templates"))
+        .namespace(&ns)
+        .kubeconfig(kubeconfig.path())
+        .start()
+        .await;
     let webs = api(
         &client,
         Some(&ns),
@@ -143,14 +140,11 @@ async fn the_operator_runs_on_exactly_the_generated_rbac() {
         .expect("a rule for secrets");
     secrets["verbs"] = json!(["create", "get", "list", "patch", "watch"]);
     let kubeconfig = service_account_kubeconfig(&client, &ns2, "rulebook", rbac).await;
-    let op = Operator::start_as(
-        kubeconfig.path(),
-        &repo().join("rules"),
-        &repo().join("templates"),
-        Some(&ns2),
-        &[],
-    )
-    .await;
+    let op = Operator::on(&repo().join("rules"), &repo().join("templates"))
+        .namespace(&ns2)
+        .kubeconfig(kubeconfig.path())
+        .start()
+        .await;
     let status = wait_for(T, "the project rule to report the missing verb", || async {
         let s: Json = serde_json::from_str(&op.get("/status").await).ok()?;
         let project = &s["rules"]["project"];
@@ -237,13 +231,11 @@ async fn breaking_crd_changes_are_refused_and_additive_ones_applied() {
     let crd_name = format!("{}s.crdtest.rulebook.dev", kind.to_lowercase());
     let v1 = "      type: object\n      properties:\n        size: { type: integer }\n";
     evolver_rule(dir.path(), &kind, v1);
-    let op = Operator::start(
-        &dir.path().join("rules"),
-        &dir.path().join("templates"),
-        Some(&ns),
-        &["--install-crds"],
-    )
-    .await;
+    let op = Operator::on(&dir.path().join("rules"), &dir.path().join("templates"))
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     wait_established(&client, &crd_name).await;
     let crds = api(
         &client,

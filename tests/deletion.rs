@@ -37,7 +37,12 @@ async fn finalize_job_then_reverse_waves_and_orphan() {
     let d = RuleDir::new();
     database_templates(&d);
     d.rule("db.yaml", &database_rule(rule, kind, "60s", false));
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let pvcs = api(
@@ -249,7 +254,6 @@ async fn finalize_job_then_reverse_waves_and_orphan() {
         deletes.len()
     );
     drop(op);
-    cleanup_namespace(&client, &ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,7 +265,12 @@ async fn finalize_timeout_warns_and_teardown_finishes() {
     let d = RuleDir::new();
     database_templates(&d);
     d.rule("db.yaml", &database_rule(rule, kind, "3s", false));
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let jobs = api(&client, Some(&ns), "batch/v1", "Job", "jobs");
     // A marker written before the deletion (by the parent's author) counts for nothing:
@@ -300,7 +309,6 @@ async fn finalize_timeout_warns_and_teardown_finishes() {
         took.as_secs_f64(),
         warning["note"]
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// An object that carries the finalize child's marks (labels, the parent's controller
@@ -317,7 +325,12 @@ async fn a_lookalike_of_the_finalize_child_does_not_stand_in_for_it() {
     let d = RuleDir::new();
     database_templates(&d);
     d.rule("db.yaml", &database_rule(rule, kind, "600s", false));
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let jobs = api(&client, Some(&ns), "batch/v1", "Job", "jobs");
     put(&parents, &parent(kind, &ns, "db3", json!({}))).await;
@@ -376,7 +389,6 @@ async fn a_lookalike_of_the_finalize_child_does_not_stand_in_for_it() {
         finalized.is_some(),
         "{test}: the finalize step ran to its end (no Finalized event)"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -398,7 +410,12 @@ async fn removing_the_rule_releases_its_finalizers() {
             &[child("config", "v1", "ConfigMap", "plain.yaml", &[])],
         ),
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let plain = kind_api(&client, &ns, "DelPlain", T).await;
     let names: BTreeSet<String> = (0..3).map(|i| format!("r{i}")).collect();
@@ -466,7 +483,6 @@ async fn removing_the_rule_releases_its_finalizers() {
         took.as_secs_f64()
     );
     drop(op);
-    cleanup_namespace(&client, &ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -478,7 +494,12 @@ async fn release_command_frees_parents_without_the_operator() {
     let d = RuleDir::new();
     d.template("cm.yaml", &configmap_template("cm", "  k: v\n"));
     d.rule("r.yaml", &orphan_rule(rule, kind));
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     for (name, team) in [("x", "a"), ("y", "b")] {
         let mut p = parent(kind, &ns, name, json!({}));
@@ -547,7 +568,6 @@ async fn release_command_frees_parents_without_the_operator() {
             .unwrap_or_else(|| panic!("{test}: {n} was deleted: its policy is Orphan"));
         assert!(released(&cm), "{test}: {n}: {}", cm["metadata"]);
     }
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The teardown runs on exactly the RBAC `rulebook rbac` generates (the operator checks
@@ -610,14 +630,13 @@ async fn teardown_runs_on_the_generated_rbac() {
         "{test}: no patch on the parents of a rule without deletion steps"
     );
     let kubeconfig = service_account_kubeconfig(&client, &ns, "rulebook", rbac).await;
-    let op = Operator::start_as(
-        kubeconfig.path(),
-        &d.rules,
-        &d.templates,
-        Some(&ns),
-        &["--install-crds"],
-    )
-    .await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .kubeconfig(kubeconfig.path())
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     put(&parents, &parent(kind, &ns, "db", json!({}))).await;
     wait_all_ready(&parents, &["db".to_string()].into(), T).await;
@@ -640,7 +659,6 @@ async fn teardown_runs_on_the_generated_rbac() {
         !log.contains("forbidden") && !log.contains("Forbidden"),
         "{test}: refused: {log}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A rule change that drops the deletion steps takes the finalizer off the parents again
@@ -654,7 +672,12 @@ async fn dropping_the_deletion_steps_removes_the_finalizer() {
     let d = RuleDir::new();
     d.template("cm.yaml", &configmap_template("cm", "  k: v\n"));
     d.rule("r.yaml", &orphan_rule(rule, kind));
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names: BTreeSet<String> = (0..2).map(|i| format!("d{i}")).collect();
     for n in &names {
@@ -701,7 +724,6 @@ async fn dropping_the_deletion_steps_removes_the_finalizer() {
         "{test}: the rule was changed, not removed: its own reconciles take the finalizer off"
     );
     drop(op);
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A child orphaned while it is cached as a stub (over the cache budget: a stub keeps only
@@ -717,13 +739,12 @@ async fn an_orphaned_stub_keeps_its_other_owners() {
     d.template("cm.yaml", &configmap_template("cm", "  k: v\n"));
     d.rule("r.yaml", &orphan_rule(rule, kind));
     // No budget: every parent and child with content is cached as a stub.
-    let op = Operator::start(
-        &d.rules,
-        &d.templates,
-        Some(&ns),
-        &["--install-crds", "--cache-namespace-mib", "0"],
-    )
-    .await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds", "--cache-namespace-mib", "0"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     put(&parents, &parent(kind, &ns, "s0", json!({}))).await;
@@ -777,7 +798,6 @@ async fn an_orphaned_stub_keeps_its_other_owners() {
         "{test}: the orphaned child lost its other owner, or kept the parent"
     );
     drop(op);
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A cluster-scoped parent's teardown acts only where its render placed children (the
@@ -827,7 +847,7 @@ async fn a_cluster_scoped_parents_teardown_stays_where_it_placed_children() {
     .replace("  crd:\n", "  crd:\n    scope: Cluster\n");
     text.push_str("  deletion:\n    order: reverse\n");
     d.rule("g.yaml", &text);
-    let op = Operator::start(&d.rules, &d.templates, None, &["--install-crds"]).await;
+    let op = d.operator().flags(&["--install-crds"]).start().await;
     let globals = api(&client, None, API_VERSION, kind, &plural(kind));
     wait_for(T, "the cluster-scoped CRD to be served", || async {
         globals.list(&Default::default()).await.ok().map(|_| ())
@@ -973,8 +993,6 @@ async fn a_cluster_scoped_parents_teardown_stays_where_it_placed_children() {
     for (api, fake) in [(&in_other, "eve-fake"), (&in_target, "late-fake")] {
         merge(api, fake, json!({"metadata": {"finalizers": null}})).await;
     }
-    cleanup_namespace(&client, &target).await;
-    cleanup_namespace(&client, &other).await;
 }
 
 /// Children with `deletionPolicy: Orphan` carry no ownerReference, so they outlive every
@@ -1022,7 +1040,12 @@ async fn an_orphan_child_outlives_every_propagation_policy() {
             ],
         ),
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let pvcs = api(
@@ -1174,5 +1197,4 @@ async fn an_orphan_child_outlives_every_propagation_policy() {
         deletes.len()
     );
     drop(op);
-    cleanup_namespace(&client, &ns).await;
 }

@@ -759,20 +759,18 @@ async fn leader_election_works_on_the_deployed_rbac() {
     assert!(deployment_flags.iter().any(|f| f == "--leader-elect"));
     let start = |identity: &'static str| {
         let mut extra = deployment_flags.clone();
-        extra.extend(["--lease-namespace".into(), ns.clone()]);
+        extra.extend(["--lease-namespace".into(), ns.to_string()]);
         extra.extend(["--identity".into(), identity.into()]);
         let kubeconfig = kubeconfig.path().to_path_buf();
-        let ns = ns.clone();
+        let ns = ns.to_string();
         async move {
             let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-            Operator::start_as(
-                &kubeconfig,
-                &repo().join("rules"),
-                &repo().join("templates"),
-                Some(&ns),
-                &extra,
-            )
-            .await
+            Operator::on(&repo().join("rules"), &repo().join("templates"))
+                .namespace(&ns)
+                .flags(&extra)
+                .kubeconfig(&kubeconfig)
+                .start()
+                .await
         }
     };
 
@@ -782,7 +780,7 @@ async fn leader_election_works_on_the_deployed_rbac() {
     })
     .await;
     let b = start("b").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    b.wait_standing_by(T).await;
     assert!(!leads(&b).await, "b stands by while a leads");
     a.signal_and_wait("TERM");
     wait_for(T, "instance b to take the Lease over", || async {

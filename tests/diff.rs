@@ -87,7 +87,12 @@ async fn diff_shows_exactly_what_a_change_would_do() {
     d.template("config.yaml", CONFIG);
     d.template("secret.yaml", &secret(""));
     diff_rule(&d, rule, kind);
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names: BTreeSet<String> = ["p0", "p1", "p2"].iter().map(|s| s.to_string()).collect();
     for (n, team) in [("p0", "a"), ("p1", "b"), ("p2", "b")] {
@@ -309,14 +314,12 @@ async fn diff_shows_exactly_what_a_change_would_do() {
             "{test}: the foreign object was diffed: {out}"
         );
     }
-    cleanup_namespace(&client, &other).await;
     eprintln!(
         "{test}: 3 parents × 2 children: nothing to change → exit 0; a template change for one \
          parent and a new password for all → exit 1, 4 changed (1 ConfigMap, 3 Secrets, values \
          redacted), 2 unchanged; {dry_runs} dry-run applies and 0 persisted writes; {:.2} s",
         took.as_secs_f64()
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The lines of `out` after the line `header`, up to the next `# ` line.
@@ -410,7 +413,6 @@ async fn diff_of_many_parents() {
         took.as_secs_f64(),
         (3 * n) as f64 / took.as_secs_f64()
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The value of the Secret a hostile pull request goes after.
@@ -604,8 +606,6 @@ async fn a_pull_request_cannot_print_a_secret() {
             "{test}: {what}: {err}"
         );
     }
-    cleanup_namespace(&client, &victim).await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// Whether the identity of `client` may `verb` `resource` (`name` in `ns`; `None`: every
@@ -637,7 +637,11 @@ async fn the_diff_role_diffs_the_shipped_rules_and_reads_no_other_secret() {
     let client = client().await;
     let ns = namespace(&client, "diff-role").await;
     let (rules, templates) = (repo().join("rules"), repo().join("templates"));
-    let op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let op = Operator::on(&rules, &templates)
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let label = unique("shipped");
     let projects = api(&client, Some(&ns), "xyz.com/v1", "Project", "projects");
     let apps = api(&client, Some(&ns), "xyz.com/v1", "TeamApp", "teamapps");
@@ -751,5 +755,4 @@ async fn the_diff_role_diffs_the_shipped_rules_and_reads_no_other_secret() {
         Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{test}: {e:?}"),
         other => panic!("{test}: a Secret of kube-system: {other:?}"),
     }
-    cleanup_namespace(&client, &ns).await;
 }

@@ -60,7 +60,7 @@ async fn a_restart_keeps_ready_parents_ready() {
         "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ parent.metadata.name ~ \"-secret\" }}\ndata:\n  a: \"Yg==\"\n",
     );
     let args = ["--install-crds"];
-    let mut op = Operator::start(&d.rules, &d.templates, Some(&ns), &args).await;
+    let mut op = d.operator().namespace(&ns).flags(&args).start().await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names: BTreeSet<String> = (0..N).map(|i| format!("p{i}")).collect();
     put_all(
@@ -76,7 +76,7 @@ async fn a_restart_keeps_ready_parents_ready() {
     let writes = "rulebook_api_writes_total{rule=\"restartparent\",verb=\"apply\"}";
     for round in 1..=2 {
         op.signal_and_wait("KILL");
-        op = Operator::start(&d.rules, &d.templates, Some(&ns), &args).await;
+        op = d.operator().namespace(&ns).flags(&args).start().await;
         // Watch the parents for 15 s after the restart (the measuring window).
         let mut flipped = BTreeSet::new();
         let start = Instant::now();
@@ -124,7 +124,6 @@ async fn a_restart_keeps_ready_parents_ready() {
         );
         assert_eq!(applies, 0.0, "a restart re-applies nothing");
     }
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// SIGSTOP, changes of every sort, SIGCONT: every change is reconciled.
@@ -165,7 +164,12 @@ async fn a_fight_is_bounded_and_reported() {
         "fight/config.yaml",
         &configmap_template("config", "  mode: \"rulebook\"\n"),
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let names: BTreeSet<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
@@ -313,7 +317,6 @@ async fn a_fight_is_bounded_and_reported() {
         stopped.elapsed().as_secs_f64(),
         ready_condition(&a)
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -359,7 +362,7 @@ async fn a_deleted_crd_stops_only_its_rule() {
         );
     }
     // No --install-crds: the operator must not put the CRD back itself.
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &[]).await;
+    let op = d.operator().namespace(&ns).start().await;
     let dp = kind_api(&client, &ns, &doomed, T).await;
     let sp = kind_api(&client, &ns, survivor, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -467,7 +470,6 @@ async fn a_deleted_crd_stops_only_its_rule() {
     .await;
     println!("crd recreated: /status reports {after}");
     remove(&crds, &crd_name).await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -567,13 +569,12 @@ async fn hostile_values_round_trip_through_the_api_server() {
         "inject/cm.yaml",
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-cm\" }}\n  annotations:\n    faults.rulebook.dev/payload: {{ parent.spec.value }}\ndata:\n  value: {{ parent.spec.value }}\n  fixed: \"constant\"\n",
     );
-    let _op = Operator::start(
-        &d.rules,
-        &d.templates,
-        Some(&ns),
-        &["--install-crds", "--concurrency", "8"],
-    )
-    .await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds", "--concurrency", "8"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let values = hostile_values();
@@ -698,7 +699,6 @@ async fn hostile_values_round_trip_through_the_api_server() {
         "payloads that did not round-trip: altered {altered:#?}, not delivered {refused:#?}"
     );
     assert_eq!(children.len(), values.len() - refused.len());
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A child cannot be put in another namespace, neither with `metadata.namespace` nor
@@ -734,24 +734,29 @@ async fn a_child_cannot_leave_its_namespace() {
         .await;
         victims.push((a.clone(), rv_of(&to_json(&v))));
     }
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cases: Vec<(&str, String, String)> = vec![
-        ("good", "good-cm".into(), ns.clone()),
-        ("to-other", "escaped-cm".into(), other.clone()),
+        ("good", "good-cm".into(), ns.to_string()),
+        ("to-other", "escaped-cm".into(), other.to_string()),
         (
             "dotdot",
             format!("../../{other}/configmaps/victim"),
-            ns.clone(),
+            ns.to_string(),
         ),
         (
             "dotdot2",
             format!("..%2F..%2F{other}%2Fconfigmaps%2Fvictim"),
-            ns.clone(),
+            ns.to_string(),
         ),
-        ("subresource", "victim/status".into(), ns.clone()),
-        ("query", "victim?dryRun=All&x=".into(), ns.clone()),
-        ("fragment", "new-cm#frag".into(), ns.clone()),
+        ("subresource", "victim/status".into(), ns.to_string()),
+        ("query", "victim?dryRun=All&x=".into(), ns.to_string()),
+        ("fragment", "new-cm#frag".into(), ns.to_string()),
     ];
     for (p, name, target) in &cases {
         put(
@@ -765,7 +770,7 @@ async fn a_child_cannot_leave_its_namespace() {
     let (_, _, m) = ready_condition(&escaped).unwrap();
     println!("namespace escape: to-other → RenderFailed: {m}");
     assert!(
-        m.contains(&other) && m.contains(&ns),
+        m.contains(other.as_str()) && m.contains(ns.as_str()),
         "the message names both namespaces: {m}"
     );
     for (p, name, _) in &cases[2..] {
@@ -809,8 +814,6 @@ async fn a_child_cannot_leave_its_namespace() {
         vec!["good-cm".to_string()],
         "only the good child exists"
     );
-    cleanup_namespace(&client, &ns).await;
-    cleanup_namespace(&client, &other).await;
 }
 
 /// A namespaced parent with a cluster-scoped child: the rule does not start, says why,
@@ -848,7 +851,12 @@ async fn a_cluster_scoped_child_is_refused() {
         ),
     );
     d.template("scope/cm.yaml", &configmap_template("cm", "  a: \"b\"\n"));
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let s = wait_for(T, "the rule to report the cluster-scoped child", || async {
         let s = status(&op).await;
         let r = s["rules"]["scopeparent"].clone();
@@ -891,7 +899,6 @@ async fn a_cluster_scoped_child_is_refused() {
         status(&op).await["rules"]["scopeparent"]["state"],
         "waiting"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// An existing object with the child's name that Rulebook did not create: Conflict, the
@@ -934,7 +941,12 @@ async fn a_foreign_object_is_left_alone_until_adopted() {
         )
         .await,
     );
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     put(&parents, &parent(kind, &ns, "x", json!({}))).await;
     put(&parents, &parent(kind, &ns, "y", json!({}))).await;
@@ -973,7 +985,6 @@ async fn a_foreign_object_is_left_alone_until_adopted() {
             .any(|r| r["uid"] == uid_of(&x) && r["controller"] == true)
     );
     println!("foreign object: adopted after `adopt: true`");
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// Exhaustion: a ~1 MB spec, a 10^6-item forEach, a runaway loop and runaway recursion
@@ -1041,7 +1052,12 @@ async fn exhaustion_fails_only_its_parent() {
         "exhaust/plain.yaml",
         &configmap_template("plain", "  a: \"b\"\n"),
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     // ~900 KB, with characters JSON must escape: the parent fits the API server's limits,
@@ -1106,7 +1122,6 @@ async fn exhaustion_fails_only_its_parent() {
         "only the plain parents got children: {made:?}"
     );
     assert_eq!(op.get("/healthz").await.trim(), "ok");
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// Templates cannot read environment variables or files: such templates are refused at
@@ -1149,7 +1164,12 @@ async fn templates_cannot_read_env_or_files() {
     d.template("dyn/part.yaml", "\"partial\"");
     // A file next to the templates directory.
     std::fs::write(d.templates.join("../secret.txt"), "TOP-SECRET-FILE").unwrap();
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let sp = kind_api(&client, &ns, kind, T).await;
     let dp = kind_api(&client, &ns, "DynIncParent", T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -1241,5 +1261,4 @@ async fn templates_cannot_read_env_or_files() {
         .map(|c| c["data"]["marker"].to_string())
         .collect();
     assert_eq!(markers, BTreeSet::from(["\"good\"".to_string()]));
-    cleanup_namespace(&client, &ns).await;
 }

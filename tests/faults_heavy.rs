@@ -1,11 +1,14 @@
-//! Heavy fault tests (docs/faults.md). Every test here is `#[ignore]`d, so that the
-//! parallel run of all tests lists them as ignored and leaves them out; `make test` then
-//! runs them as its last step, one at a time (`cargo test --test faults_heavy --
-//! --ignored --test-threads=1`), and `make test-faults` runs only that step.
+//! Heavy fault tests (docs/faults.md). Every test here is `#[ignore]`d, so that a plain
+//! `cargo test` lists them as ignored and leaves them out; `make test` (scripts/test.sh)
+//! runs them one at a time (`--ignored --test-threads=1`), and `make test-faults` runs
+//! them all, alone.
 //!
-//! Some of them restart the local API server or etcd (`tests/cluster/cluster.sh
+//! Three of them restart the local API server or etcd (`tests/cluster/cluster.sh
 //! restart-apiserver` / `restart-etcd`): other tests using the cluster at that moment see
-//! a few seconds of refused connections, which is why they run alone, after the others.
+//! a few seconds of refused connections, so `make test` runs those after everything else
+//! (they are listed in scripts/test.sh's `heavy_alone`: a new test that restarts either
+//! belongs there). The others restart nothing and run in `make test`'s first step, one
+//! at a time, beside the other test binaries.
 
 mod common;
 mod faults_kit;

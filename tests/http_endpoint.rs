@@ -4,8 +4,10 @@
 //! connection limit further clients wait until a slot frees, and are then served.
 //!
 //! Each test serves with short limits so that it runs in seconds; the production limits
-//! (`HttpLimits::default()`) are the same code with other numbers. The time bounds allow
-//! for a loaded machine but fail when a limit is not enforced at all.
+//! (`HttpLimits::default()`) are the same code with other numbers. The time bounds are
+//! not speed claims but tell which timer acted (a 1 s limit against a 30 or 60 s one,
+//! so 0.8-5 s); they allow for a loaded machine but fail when a limit is not enforced at
+//! all. Each measured time is printed.
 
 #[path = "common/http_get.rs"]
 mod http_get;
@@ -72,6 +74,7 @@ async fn half_a_request_is_closed_after_the_header_timeout() {
     s.write_all(HALF_REQUEST).await.expect("write");
     let (answer, closed) = read_until_closed(&mut s, Duration::from_secs(10)).await;
     let closed = closed.expect("the server closes a half-sent request");
+    println!("half a request closed after {closed:?}");
     assert!(
         closed >= Duration::from_millis(800) && closed < Duration::from_secs(5),
         "closed after {closed:?}; the header timeout is 1s"
@@ -117,6 +120,7 @@ async fn a_request_trickled_byte_by_byte_is_closed_after_the_header_timeout() {
         }
     }
     let closed = closed_after.expect("the server closes a trickling client");
+    println!("a trickling client closed after {closed:?}");
     assert!(
         closed < Duration::from_secs(5),
         "closed after {closed:?}; the header timeout is 1s"
@@ -139,6 +143,7 @@ async fn a_kept_alive_connection_ends_after_the_connection_lifetime() {
     let (answer, closed) = read_until_closed(&mut s, Duration::from_secs(10)).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let closed = closed.expect("the server closes a kept-alive connection");
+    println!("a kept-alive connection closed after {closed:?}");
     assert!(
         closed >= Duration::from_millis(800) && closed < Duration::from_secs(5),
         "closed after {closed:?}; the lifetime is 1s (the header timeout 30s)"
@@ -160,10 +165,13 @@ async fn at_the_connection_limit_new_clients_wait_for_a_slot() {
         s.write_all(HALF_REQUEST).await.expect("write");
         holders.push(s);
     }
+    // Time for the server to accept the two holders before the third client connects:
+    // nothing a client can wait on tells that a connection was accepted and counted.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let start = Instant::now();
     let answer = http_get(&format!("http://{addr}/healthz")).await;
     let waited = start.elapsed();
+    println!("a client at the limit waited {waited:?} for a slot");
     assert_eq!(answer, Ok("ok".into()), "served once a slot frees");
     assert!(
         waited >= Duration::from_millis(1200) && waited < Duration::from_secs(8),
@@ -218,6 +226,7 @@ async fn one_client_cannot_hold_every_slot() {
     let start = Instant::now();
     let answer = http_get(&format!("http://{addr}/healthz")).await;
     assert_eq!(answer, Ok("ok".into()));
+    println!("another client served after {:?}", start.elapsed());
     assert!(
         start.elapsed() < Duration::from_secs(5),
         "another client waited {:?} (the hog's connections end after 30 s)",

@@ -33,7 +33,7 @@ const LEDGER: Extra<'static> = Extra {
 
 /// A test's namespace and rule directory.
 struct Setup {
-    ns: String,
+    ns: TestNamespace,
     dir: tempfile::TempDir,
     rules: PathBuf,
     templates: PathBuf,
@@ -71,7 +71,11 @@ async fn an_orphan_child_outlives_its_removal_from_the_rule() {
         plain,
     } = set_up(&client, "reload-orphan", "Keeper", &[VAULT, LEDGER]).await;
     let rule_file = rules.join("keeper.yaml");
-    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let _op = Operator::on(&rules, &templates)
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let keepers = parents_api(&client, &ns, "Keeper").await;
     let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -142,7 +146,11 @@ async fn an_orphan_child_outlives_a_parent_deleted_across_the_edit() {
         plain,
     } = set_up(&client, "reload-orphan-gone", "Hoarder", &[LEDGER]).await;
     let rule_file = rules.join("hoarder.yaml");
-    let mut op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let mut op = Operator::on(&rules, &templates)
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let hoarders = parents_api(&client, &ns, "Hoarder").await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     apply(&hoarders, parent("Hoarder", &ns, "h")).await;
@@ -163,7 +171,11 @@ async fn an_orphan_child_outlives_a_parent_deleted_across_the_edit() {
     op.signal_and_wait("TERM");
     std::fs::write(&rule_file, &plain).unwrap();
     hoarders.delete("h", &Default::default()).await.unwrap();
-    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let _op = Operator::on(&rules, &templates)
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     wait_for(T, "the parent to be gone", || async {
         hoarders.get_opt("h").await.ok()?.is_none().then_some(())
     })
@@ -202,7 +214,11 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
         plain,
     } = set_up(&client, "orphan-offline", "Stasher", &[VAULT]).await;
     let rule_file = rules.join("stasher.yaml");
-    let mut op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let mut op = Operator::on(&rules, &templates)
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let stashers = parents_api(&client, &ns, "Stasher").await;
     let secrets = api(&client, Some(&ns), "v1", "Secret", "secrets");
     for name in ["kept", "gone"] {
@@ -253,7 +269,11 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
     apply(&secrets, owned_plain).await;
 
     stashers.delete("gone", &Default::default()).await.unwrap();
-    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let _op = Operator::on(&rules, &templates)
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
 
     wait_for(T, "the deleted parent to be gone", || async {
         stashers.get_opt("gone").await.ok()?.is_none().then_some(())
@@ -337,7 +357,7 @@ async fn an_orphan_child_of_a_kind_dropped_while_no_operator_ran_is_let_go_of() 
 /// The rename tests' start: rule `renamed` with a ConfigMap child `config` and a
 /// ConfigMap child `ledger` whose policy is `Orphan`, its operator, and parent `r` Ready.
 struct Renaming {
-    ns: String,
+    ns: TestNamespace,
     dir: tempfile::TempDir,
     rules: std::path::PathBuf,
     templates: std::path::PathBuf,
@@ -359,7 +379,11 @@ impl Renaming {
             templates,
             plain,
         } = set_up(client, prefix, "Renamed", &[LEDGER]).await;
-        let op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+        let op = Operator::on(&rules, &templates)
+            .namespace(&ns)
+            .flags(&["--install-crds"])
+            .start()
+            .await;
         let parents = parents_api(client, &ns, "Renamed").await;
         let cms = api(client, Some(&ns), "v1", "ConfigMap", "configmaps");
         apply(&parents, parent("Renamed", &ns, "r")).await;
@@ -484,13 +508,11 @@ async fn an_orphan_child_outlives_a_rename_while_its_parent_is_deleted() {
     case.op.signal_and_wait("TERM");
     case.parents.delete("r", &Default::default()).await.unwrap();
     case.rename(&std::fs::read_to_string(case.rules.join("renamed.yaml")).unwrap());
-    let _op = Operator::start(
-        &case.rules,
-        &case.templates,
-        Some(&case.ns),
-        &["--install-crds"],
-    )
-    .await;
+    let _op = Operator::on(&case.rules, &case.templates)
+        .namespace(&case.ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     case.gone().await;
     case.ledger_let_go().await;
     // The config child (policy Delete) is not let go of: still owned, or already taken
@@ -558,13 +580,11 @@ async fn a_teardown_waits_for_orphans_it_may_not_list() {
     let kubeconfig =
         service_account_kubeconfig(&client, &ns, "rulebook", with_secrets.clone()).await;
     let start = || {
-        Operator::start_as(
-            kubeconfig.path(),
-            &rules,
-            &templates,
-            Some(&ns),
-            &["--install-crds"],
-        )
+        Operator::on(&rules, &templates)
+            .namespace(&ns)
+            .flags(&["--install-crds"])
+            .kubeconfig(kubeconfig.path())
+            .start()
     };
     let mut op = start().await;
     let parents = parents_api(&client, &ns, "Withholder").await;
@@ -620,7 +640,11 @@ async fn the_record_and_the_finalizer_come_off_once_the_clean_up_is_done() {
         templates,
         plain,
     } = set_up(&client, "orphan-done", "Shedder", &[VAULT]).await;
-    let _op = Operator::start(&rules, &templates, Some(&ns), &["--install-crds"]).await;
+    let _op = Operator::on(&rules, &templates)
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let shedders = parents_api(&client, &ns, "Shedder").await;
     let names: Vec<String> = (0..30).map(|i| format!("s{i}")).collect();
     for n in &names {

@@ -106,7 +106,6 @@ async fn creates_and_applies_are_refused_when_the_name_is_not_what_was_read() {
         "{test}: an apply to a deleted object created one"
     );
     assert!(get_json(&cms, "c").await.is_none(), "{test}: created");
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A delete is of the object as it was read: a change since (here, the controller
@@ -179,7 +178,6 @@ async fn deletes_are_refused_when_the_object_is_not_as_it_was_read() {
         matches!(gone, Ok(Deleted::Gone | Deleted::Changed)),
         "{test}: a second delete: {gone:?}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 const T: std::time::Duration = std::time::Duration::from_secs(60);

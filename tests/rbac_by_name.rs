@@ -289,14 +289,11 @@ async fn installs_and_leads_on_rbac_limited_to_names_and_never_takes_over_a_fore
             rules.clone(),
             templates.clone(),
         );
-        let (lease, ns) = (lease.clone(), ns.clone());
+        let (lease, ns) = (lease.clone(), ns.to_string());
         async move {
-            Operator::start_as(
-                &kubeconfig,
-                &rules,
-                &templates,
-                Some(&ns),
-                &[
+            Operator::on(&rules, &templates)
+                .namespace(&ns)
+                .flags(&[
                     "--install-crds",
                     "--leader-elect",
                     "--lease-name",
@@ -307,9 +304,10 @@ async fn installs_and_leads_on_rbac_limited_to_names_and_never_takes_over_a_fore
                     "60",
                     "--identity",
                     identity,
-                ],
-            )
-            .await
+                ])
+                .kubeconfig(&kubeconfig)
+                .start()
+                .await
         }
     };
     let mut op = start("a").await;
@@ -378,7 +376,9 @@ async fn installs_and_leads_on_rbac_limited_to_names_and_never_takes_over_a_fore
     wait_ready(&parents, &parent_name, "True", Some("Ready"), T).await;
     let status = op.get("/status").await;
     assert!(
-        !status.contains(&parent_name) && !status.contains(&marker) && !status.contains(&ns),
+        !status.contains(&parent_name)
+            && !status.contains(&marker)
+            && !status.contains(ns.as_str()),
         "/status names no tenant object: {status}"
     );
 
@@ -416,7 +416,7 @@ async fn installs_and_leads_on_rbac_limited_to_names_and_never_takes_over_a_fore
 
     // A standby takes over at once when the leader releases the Lease.
     let standby = start("b").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    standby.wait_standing_by(T).await;
     assert!(!leads(&standby).await, "b stands by while a leads");
     op.signal_and_wait("TERM");
     let released = std::time::Instant::now();

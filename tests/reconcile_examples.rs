@@ -94,13 +94,11 @@ fn node_port() -> u16 {
 async fn myweb_lifecycle() {
     let client = client().await;
     let ns = namespace(&client, "myweb").await;
-    let op = Operator::start(
-        &repo().join("rules"),
-        &repo().join("templates"),
-        Some(&ns),
-        &["--install-crds"],
-    )
-    .await;
+    let op = Operator::on(&repo().join("rules"), &repo().join("templates"))
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let webs = wait_crd(
         &client,
         &ns,
@@ -230,13 +228,11 @@ async fn myweb_lifecycle() {
 async fn myapp_lifecycle() {
     let client = client().await;
     let ns = namespace(&client, "myapp").await;
-    let _op = Operator::start(
-        &repo().join("rules"),
-        &repo().join("templates"),
-        Some(&ns),
-        &["--install-crds"],
-    )
-    .await;
+    let _op = Operator::on(&repo().join("rules"), &repo().join("templates"))
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let apps = wait_crd(&client, &ns, "app.example.com/v1", "MyApp", "myapps").await;
     let k = kinds(&client, &ns);
     let mut parent = example("myapp.yaml", &ns);
@@ -288,13 +284,11 @@ async fn myapp_lifecycle() {
 async fn project_lifecycle() {
     let client = client().await;
     let ns = namespace(&client, "project").await;
-    let _op = Operator::start(
-        &repo().join("rules"),
-        &repo().join("templates"),
-        Some(&ns),
-        &["--install-crds"],
-    )
-    .await;
+    let _op = Operator::on(&repo().join("rules"), &repo().join("templates"))
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let projects = wait_crd(&client, &ns, "xyz.com/v1", "Project", "projects").await;
     let k = kinds(&client, &ns);
     let mut parent = example("project.yaml", &ns);
@@ -401,13 +395,11 @@ async fn a_failing_template_marks_only_its_parent() {
     let ns = namespace(&client, "render-fail").await;
     let dir = tempfile::tempdir().unwrap();
     widget_rules(dir.path());
-    let _op = Operator::start(
-        &dir.path().join("rules"),
-        &dir.path().join("templates"),
-        Some(&ns),
-        &["--install-crds"],
-    )
-    .await;
+    let _op = Operator::on(&dir.path().join("rules"), &dir.path().join("templates"))
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let widgets = wait_crd(&client, &ns, "test.rulebook.dev/v1", "Widget", "widgets").await;
     let cm = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let widget = |name: &str, fail: bool| {

@@ -34,7 +34,7 @@ async fn a_series_whose_event_is_gone_starts_a_new_event() {
     let about = ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("ConfigMap".into()),
-        namespace: Some(ns.clone()),
+        namespace: Some(ns.to_string()),
         name: Some("parent".into()),
         ..Default::default()
     };

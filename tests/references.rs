@@ -115,7 +115,7 @@ async fn teamapp_with(
         .into_iter()
         .chain(extra.iter().copied())
         .collect();
-    let op = Operator::start(&d.rules, &d.templates, Some(ns), &args).await;
+    let op = d.operator().namespace(ns).flags(&args).start().await;
     let apps = api(client, Some(ns), "xyz.com/v1", "TeamApp", "teamapps");
     wait_for(T, "the TeamApp CRD to be served", || async {
         apps.list(&Default::default()).await.ok().map(|_| ())
@@ -356,8 +356,6 @@ async fn references_are_watched_and_a_missing_one_prunes_nothing() {
         secret_latency.as_secs_f64(),
         label_latency.as_secs_f64()
     );
-    cleanup_namespace(&client, &other).await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A rule `name` for parent `kind` with one reference `reference` to the object `object`
@@ -480,7 +478,6 @@ async fn a_selector_finds_stubs_whose_labels_were_dropped() {
             && !sources.contains("payments-big"),
         "{test}: the children read the objects found: {sources}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// What one parent's references may read is bounded in bytes (16 MiB), not only in
@@ -517,7 +514,6 @@ async fn what_a_parent_reads_is_bounded_in_bytes() {
         message.contains("refs.teamSettings: the objects read take more than 16 MiB"),
         "{test}: {message}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A parent that failed keeps its error backoff when an object it references changes
@@ -538,7 +534,12 @@ async fn a_failing_parent_keeps_its_backoff_on_reference_edits() {
         ("conf", "ConfigMap", "conf", &ns),
         "  good: {{ refs.conf.data.good }}",
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     put(&cms, &team_cm(&ns, "conf", "none", json!({"n": "0"}))).await;
@@ -579,7 +580,6 @@ async fn a_failing_parent_keeps_its_backoff_on_reference_edits() {
     );
     let copy = get_json(&cms, "p1-copy").await.expect("the child");
     assert_eq!(copy["data"]["good"], "yes", "{test}");
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// A rule that names another namespace literally reads from it (by a literal name, so its
@@ -597,7 +597,12 @@ async fn a_literal_namespace_is_readable() {
         ("global", "ConfigMap", "global-settings", &shared),
         "  region: {{ refs.global.data.region }}",
     );
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let shared_cms = api(&client, Some(&shared), "v1", "ConfigMap", "configmaps");
     put(
@@ -623,8 +628,6 @@ async fn a_literal_namespace_is_readable() {
         (get_json(&cms, "p1-copy").await?["data"]["region"] == "us").then_some(())
     })
     .await;
-    cleanup_namespace(&client, &shared).await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -655,7 +658,12 @@ async fn wait_for_orders_children_and_never_prunes_a_started_one() {
         "  status:\n    dbReady:\n      expr: \"ready(children.db)\"\n  crd:\n",
     );
     d.rule("wait.yaml", &rule);
-    let _op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let _op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     put(&parents, &parent(kind, &ns, "w1", json!({}))).await;
@@ -714,7 +722,6 @@ async fn wait_for_orders_children_and_never_prunes_a_started_one() {
         .filter(|e| e["verb"] == "delete")
         .collect();
     assert!(deletes.is_empty(), "{test}:\n{}", describe_all(&deletes));
-    cleanup_namespace(&client, &ns).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -736,7 +743,12 @@ async fn a_paused_parent_gets_nothing_but_its_paused_condition() {
             &[child("cm", "v1", "ConfigMap", "cm.yaml", &[])],
         ),
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     put(&parents, &parent(kind, &ns, "p1", json!({"size": 1}))).await;
@@ -812,7 +824,6 @@ async fn a_paused_parent_gets_nothing_but_its_paused_condition() {
         (status(&op).await["rules"]["pauseapp"]["paused"] == 0).then_some(())
     })
     .await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// The shipped Tenant rule: a cluster-scoped parent, its namespace, and the namespaced
@@ -823,7 +834,7 @@ async fn a_tenant_gets_a_namespace_and_its_contents() {
     let client = client().await;
     let d = shipped("tenant", |t| t);
     // Cluster-scoped parents: the operator watches every namespace.
-    let _op = Operator::start(&d.rules, &d.templates, None, &["--install-crds"]).await;
+    let _op = d.operator().flags(&["--install-crds"]).start().await;
     let tenants = api(&client, None, "xyz.com/v1", "Tenant", "tenants");
     wait_for(T, "the Tenant CRD to be served", || async {
         tenants.list(&Default::default()).await.ok().map(|_| ())
@@ -951,14 +962,13 @@ async fn a_reference_by_literal_name_runs_on_rbac_limited_to_that_name() {
         rbac[0]
     );
     let kubeconfig = service_account_kubeconfig(&client, &ns, "rulebook", rbac).await;
-    let op = Operator::start_as(
-        kubeconfig.path(),
-        &d.rules,
-        &d.templates,
-        Some(&ns),
-        &["--install-crds"],
-    )
-    .await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .kubeconfig(kubeconfig.path())
+        .start()
+        .await;
     let secrets = api(&client, Some(&shared), "v1", "Secret", "secrets");
     put(&secrets, &secret(&shared, "global-creds", "s3cret")).await;
     put(&secrets, &secret(&shared, "other-creds", "other")).await;
@@ -979,8 +989,6 @@ async fn a_reference_by_literal_name_runs_on_rbac_limited_to_that_name() {
     .await;
     let s = status(&op).await;
     assert_eq!(s["rules"]["refnamed"]["state"], "running", "{test}: {s}");
-    cleanup_namespace(&client, &shared).await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// `rulebook diff` reads a parent's references from the cluster: a template change that
@@ -1032,5 +1040,4 @@ async fn diff_reads_references_from_the_cluster() {
         out.contains("ReferenceMissing: refs.credentials: Secret db"),
         "{test}:\n{out}"
     );
-    cleanup_namespace(&client, &ns).await;
 }

@@ -27,7 +27,7 @@ async fn a_parent_whose_orphans_cannot_be_let_go_of_keeps_its_finalizer_alone() 
     let d = RuleDir::new();
     d.template("cm.yaml", &configmap_template("cm", "  k: v\n"));
     d.rule("r.yaml", &orphan_rule(rule, kind));
-    let op = Operator::start(&d.rules, &d.templates, None, &["--install-crds"]).await;
+    let op = d.operator().flags(&["--install-crds"]).start().await;
     let (xs, ys) = (
         kind_api(&client, &free, kind, T).await,
         kind_api(&client, &held, kind, T).await,
@@ -120,7 +120,4 @@ async fn a_parent_whose_orphans_cannot_be_let_go_of_keeps_its_finalizer_alone() 
     rulebook(&admin.each_ref().map(String::as_str));
     let y = get_json(&ys, "y").await.expect("y");
     assert!(y["metadata"]["finalizers"].is_null(), "{test}: {y}");
-    for ns in [&free, &held] {
-        cleanup_namespace(&client, ns).await;
-    }
 }

@@ -67,7 +67,12 @@ async fn light_renders_stay_on_the_runtime_heavy_and_looping_ones_go_to_the_pool
             &[child("out", "v1", "ConfigMap", "plain.yaml", &[])],
         ),
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let plain = kind_api(&client, &ns, "SlicePlain", T).await;
     let heavy_kind = kind_api(&client, &ns, "SliceHeavy", T).await;
     let looped = kind_api(&client, &ns, "SliceLooped", T).await;

@@ -51,15 +51,14 @@ async fn a_secret_childs_value_quoted_by_the_api_server_is_redacted() {
          stringData:\n  token: {{ parent.spec.token | upper }}\n",
     );
     // Everything Rulebook logs, and kube's client as far as the filter lets it.
-    let op = Operator::start_logging(
-        &kubeconfig_path(),
-        &d.rules,
-        &d.templates,
-        Some(&ns),
-        &["--install-crds"],
-        "debug,[rule]=trace,tower=info,hyper=info,hyper_util=info,rustls=info",
-    )
-    .await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .kubeconfig(&kubeconfig_path())
+        .logging("debug,[rule]=trace,tower=info,hyper=info,hyper_util=info,rustls=info")
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     put(&parents, &parent(kind, &ns, "app", json!({"token": TOKEN}))).await;
 
@@ -102,5 +101,4 @@ async fn a_secret_childs_value_quoted_by_the_api_server_is_redacted() {
         !log.contains(SECRET),
         "{test}: the operator's log quotes the value"
     );
-    cleanup_namespace(&client, &ns).await;
 }

@@ -32,7 +32,7 @@ async fn a_dropped_kind_is_cleaned_up_by_the_replica_of_each_namespace() {
             .filter_map(|p| p.metadata.namespace.clone())
             .collect();
         for ns in &spaces {
-            cleanup_namespace(&client, ns).await;
+            TestNamespace::delete_leftover(&client, ns).await;
         }
     }
     wait_for(T, "parents of an earlier run to be gone", || async {
@@ -153,7 +153,4 @@ async fn a_dropped_kind_is_cleaned_up_by_the_replica_of_each_namespace() {
         deletes.len()
     );
     drop((a, b));
-    for ns in &spaces {
-        cleanup_namespace(&client, ns).await;
-    }
 }

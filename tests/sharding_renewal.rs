@@ -164,6 +164,4 @@ async fn a_slow_round_never_delays_the_lease_renewal() {
     );
     let _ = stop.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(20), running).await;
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client);
-    let _ = namespaces.delete(&ns, &Default::default()).await;
 }

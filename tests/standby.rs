@@ -38,7 +38,12 @@ async fn a_standby_never_writes_not_even_when_a_rule_drops_a_kind() {
     d.rule("app.yaml", &rule_text(rule, kind, &[cm.clone(), secret]));
 
     // A leader creates the children, then goes away.
-    let mut leader = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let mut leader = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names: std::collections::BTreeSet<String> = (0..3).map(|i| format!("p{i}")).collect();
     put_all(
@@ -77,11 +82,10 @@ async fn a_standby_never_writes_not_even_when_a_rule_drops_a_kind() {
         .expect("create the Lease");
 
     let audit = Audit::mark();
-    let standby = Operator::start(
-        &d.rules,
-        &d.templates,
-        Some(&ns),
-        &[
+    let standby = d
+        .operator()
+        .namespace(&ns)
+        .flags(&[
             "--install-crds",
             "--leader-elect",
             "--lease-name",
@@ -90,9 +94,9 @@ async fn a_standby_never_writes_not_even_when_a_rule_drops_a_kind() {
             &ns,
             "--identity",
             "standby-1",
-        ],
-    )
-    .await;
+        ])
+        .start()
+        .await;
     wait_for(T, "the standby to say it is a standby", || async {
         // 503 until it has looked at the Lease.
         (standby.get_opt("/readyz").await.as_deref() == Some("ok (standby)")).then_some(())

@@ -124,7 +124,12 @@ async fn apiversion_move_keeps_children() {
     };
     d.template("hpa/v2.yaml", HPA_V2);
     d.rule("hpa.yaml", &rule_for("v2", "hpa/v2.yaml"));
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let hpas = api(
         &client,
@@ -220,7 +225,6 @@ async fn apiversion_move_keeps_children() {
         "{test}: moving the child's apiVersion deleted and recreated the children: \
          replaced {replaced:?}; deletes in the audit log: {deletes:?}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -254,7 +258,7 @@ async fn deep_parent_does_not_stop_the_rule() {
         &configmap_template("config", "  rev: {{ parent.spec.rev | string }}\n"),
     );
     let args = ["--install-crds"];
-    let mut first = Operator::start(&d.rules, &d.templates, Some(&ns), &args).await;
+    let mut first = d.operator().namespace(&ns).flags(&args).start().await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let mut markers = BTreeMap::new();
@@ -296,7 +300,7 @@ async fn deep_parent_does_not_stop_the_rule() {
     // A restart: the new process must LIST the parents, the deep one among them.
     first.signal_and_wait("KILL");
     let restarted = Instant::now();
-    let second = Operator::start(&d.rules, &d.templates, Some(&ns), &args).await;
+    let second = d.operator().namespace(&ns).flags(&args).start().await;
     // A change to an existing parent and a new parent, both after the restart.
     merge(&parents, "n0", json!({"spec": {"rev": 1}})).await;
     let note = marker("n-new");
@@ -351,7 +355,6 @@ async fn deep_parent_does_not_stop_the_rule() {
         if served.is_some() { "were" } else { "were NOT" },
         second.log_tail().chars().take(4000).collect::<String>()
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -398,7 +401,7 @@ async fn spoofed_configmaps_do_not_grow_memory() {
         &configmap_template("config", "  rev: {{ parent.spec.rev | string }}\n"),
     );
     let args = ["--install-crds", "--selector", selector.as_str()];
-    let mut op = Operator::start(&d.rules, &d.templates, None, &args).await;
+    let mut op = d.operator().flags(&args).start().await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let labelled = |p: &str| {
         let mut o = parent(kind, &ns, p, json!({"rev": 0}));
@@ -440,7 +443,7 @@ async fn spoofed_configmaps_do_not_grow_memory() {
 
     // A restart with the spoofs present: the new process lists them all.
     op.signal_and_wait("KILL");
-    let op = Operator::start(&d.rules, &d.templates, None, &args).await;
+    let op = d.operator().flags(&args).start().await;
     wait_for(T, "the restarted operator's caches to sync", || async {
         (status(&op).await["rules"][&rule]["synced"] == true).then_some(())
     })
@@ -466,11 +469,7 @@ async fn spoofed_configmaps_do_not_grow_memory() {
         KEPT / MIB,
         BOUND / MIB
     );
-    // Drop the 100 MiB of spoofs whatever the outcome.
-    let nss = api(&client, None, "v1", "Namespace", "namespaces");
-    let _ = nss
-        .delete(&tenant, &kube::api::DeleteParams::background())
-        .await;
+    // The 100 MiB of spoofs go with `tenant` (a TestNamespace) whatever the outcome.
     let over: Vec<String> = [
         ("RSS after the spoofs", rss1, rss0, KEPT),
         ("peak after the spoofs", hwm1, hwm0, BOUND),
@@ -491,7 +490,6 @@ async fn spoofed_configmaps_do_not_grow_memory() {
         over.is_empty(),
         "{test}: a tenant's lookalike ConfigMaps grew the operator's memory: {over:?}"
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -545,7 +543,7 @@ async fn fake_child_in_another_namespace_is_ignored() {
         &configmap_template("extra", "  v: \"real\"\n"),
     );
     let args = ["--install-crds", "--selector", selector.as_str()];
-    let _op = Operator::start(&d.rules, &d.templates, None, &args).await;
+    let _op = d.operator().flags(&args).start().await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let mine = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let labelled = |p: &str, rev: u64| {
@@ -644,8 +642,6 @@ async fn fake_child_in_another_namespace_is_ignored() {
         "{test}: the fake child's value reached P: {leaked:?}; Rulebook's writes in the \
          tenant's namespace: {writes_b:?}"
     );
-    cleanup_namespace(&client, &tenant).await;
-    cleanup_namespace(&client, &ns).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -679,7 +675,12 @@ async fn heavy_render_keeps_health_and_fails_with_budget() {
         "{% for i in range(parent.spec.rounds) %}{% if (parent.spec.blob | replace(\"a\", \"bb\") | length) < 0 %}x{% endif %}{% endfor %}\n\
          apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-out\" }}\ndata:\n  rounds: {{ parent.spec.rounds | string }}\n",
     );
-    let op = Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]).await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     // A light parent first: the rule serves.
     put(
@@ -785,7 +786,6 @@ async fn heavy_render_keeps_health_and_fails_with_budget() {
         worst.as_secs_f64(),
         after.is_some()
     );
-    cleanup_namespace(&client, &ns).await;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -847,14 +847,14 @@ async fn stalled_leader_never_writes() {
     let audit = Audit::mark();
     let a_args = args("op-a");
     let a_args: Vec<&str> = a_args.iter().map(String::as_str).collect();
-    let op_a = Operator::start(&d.rules, &d.templates, Some(&ns), &a_args).await;
+    let op_a = d.operator().namespace(&ns).flags(&a_args).start().await;
     wait_for(Duration::from_secs(60), "op-a to lead", || async {
         (op_a.metric("rulebook_leader").await == 1.0).then_some(())
     })
     .await;
     let b_args = args("op-b");
     let b_args: Vec<&str> = b_args.iter().map(String::as_str).collect();
-    let op_b = Operator::start(&d.rules, &d.templates, Some(&ns), &b_args).await;
+    let op_b = d.operator().namespace(&ns).flags(&b_args).start().await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let names: BTreeSet<String> = (0..N).map(|i| format!("p{i}")).collect();
@@ -984,7 +984,6 @@ async fn stalled_leader_never_writes() {
             .collect::<Vec<_>>()
     );
     assert_eq!(rev_is("1").await, N, "every child at rev 1 at the end");
-    cleanup_namespace(&client, &ns).await;
 }
 
 /// Parents and children over the cache budget (`--cache-namespace-mib 1`, six parents
@@ -1013,13 +1012,12 @@ async fn children_over_the_cache_budget_are_read_on_demand() {
         "  status:\n    rev:\n      expr: \"children.big.data.rev | default('none')\"\n  crd:\n",
     );
     d.rule("budget.yaml", &text);
-    let op = Operator::start(
-        &d.rules,
-        &d.templates,
-        Some(&ns),
-        &["--install-crds", "--cache-namespace-mib", "1"],
-    )
-    .await;
+    let op = d
+        .operator()
+        .namespace(&ns)
+        .flags(&["--install-crds", "--cache-namespace-mib", "1"])
+        .start()
+        .await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let blob = "x".repeat(300 * 1024);
     let names: BTreeSet<String> = (0..6).map(|i| format!("p{i}")).collect();
@@ -1113,7 +1111,7 @@ async fn a_flood_of_parents_does_not_hold_back_another_namespace() {
         ),
     );
     // The CRD first; the parents are created while no operator runs.
-    let mut op = Operator::start(&d.rules, &d.templates, None, &["--install-crds"]).await;
+    let mut op = d.operator().flags(&["--install-crds"]).start().await;
     let flood_ns = namespace(&client, "flood-a").await;
     let flood = kind_api(&client, &flood_ns, kind, T).await;
     let mut quiet = Vec::new();
@@ -1138,7 +1136,7 @@ async fn a_flood_of_parents_does_not_hold_back_another_namespace() {
         put(a, &parent(kind, ns, "q", json!({"n": 1}))).await;
     }
 
-    let op = Operator::start(&d.rules, &d.templates, None, &[]).await;
+    let op = d.operator().start().await;
     let started = Instant::now();
     wait_for(T, "the other namespaces' parents to be Ready", || async {
         for (_, a) in &quiet {
@@ -1172,8 +1170,4 @@ async fn a_flood_of_parents_does_not_hold_back_another_namespace() {
         (op.metric(&series).await == 0.0).then_some(())
     })
     .await;
-    cleanup_namespace(&client, &flood_ns).await;
-    for (ns, _) in &quiet {
-        cleanup_namespace(&client, ns).await;
-    }
 }

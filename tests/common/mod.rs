@@ -7,10 +7,8 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 use std::future::Future;
-use std::io::Read;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -71,24 +69,10 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{t}-{n}", std::process::id() % 10_000)
 }
 
-/// Creates a fresh namespace for one test.
-pub async fn namespace(client: &Client, prefix: &str) -> String {
-    let name = unique(prefix);
-    let api: Api<Namespace> = Api::all(client.clone());
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
-    api.create(&PostParams::default(), &ns)
-        .await
-        .expect("create namespace");
-    // The service account controller creates `default`; pods need it.
-    let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(client.clone(), &name);
-    wait_for(
-        Duration::from_secs(60),
-        "the default ServiceAccount",
-        || async { sa.get_opt("default").await.ok().flatten() },
-    )
-    .await;
-    name
+/// Creates a fresh namespace for one test, deleted when the returned guard drops
+/// (namespace.rs).
+pub async fn namespace(client: &Client, prefix: &str) -> TestNamespace {
+    TestNamespace::create(client, prefix).await
 }
 
 /// Polls `probe` until it returns `Some`, or fails the test after `timeout` naming `what`.
@@ -200,194 +184,6 @@ pub async fn wait_ready(
     .await
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// A `rulebook run` process, killed when dropped.
-pub struct Operator {
-    child: Option<Child>,
-    pub metrics_port: u16,
-    pub log: PathBuf,
-}
-
-impl Operator {
-    /// Starts the operator on `rules`/`templates`, watching namespace `ns` only, with
-    /// `extra` arguments; waits until it serves `/healthz`.
-    pub async fn start(
-        rules: &Path,
-        templates: &Path,
-        ns: Option<&str>,
-        extra: &[&str],
-    ) -> Operator {
-        Operator::start_as(&kubeconfig_path(), rules, templates, ns, extra).await
-    }
-
-    /// Like [`Operator::start`], with another identity's kubeconfig.
-    pub async fn start_as(
-        kubeconfig: &Path,
-        rules: &Path,
-        templates: &Path,
-        ns: Option<&str>,
-        extra: &[&str],
-    ) -> Operator {
-        let log = std::env::var("RULEBOOK_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into());
-        Operator::start_logging(kubeconfig, rules, templates, ns, extra, &log).await
-    }
-
-    /// Like [`Operator::start_as`], logging as `rust_log` says (`RUST_LOG`).
-    pub async fn start_logging(
-        kubeconfig: &Path,
-        rules: &Path,
-        templates: &Path,
-        ns: Option<&str>,
-        extra: &[&str],
-        rust_log: &str,
-    ) -> Operator {
-        let cmd = Command::new(env!("CARGO_BIN_EXE_rulebook"));
-        Operator::spawn(cmd, kubeconfig, rules, templates, ns, extra, rust_log).await
-    }
-
-    /// Like [`Operator::start`], the process placed in the cgroup whose `cgroup.procs`
-    /// is `procs` before it runs (a shell writes its own pid there, then execs the
-    /// operator: the same pid, every byte the operator allocates charged to the cgroup).
-    pub async fn start_in_cgroup(
-        procs: &Path,
-        rules: &Path,
-        templates: &Path,
-        ns: Option<&str>,
-        extra: &[&str],
-    ) -> Operator {
-        let log = std::env::var("RULEBOOK_TEST_LOG").unwrap_or_else(|_| "info,kube=warn".into());
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c")
-            .arg(r#"echo $$ > "$0" && exec "$@""#)
-            .arg(procs)
-            .arg(env!("CARGO_BIN_EXE_rulebook"));
-        Operator::spawn(cmd, &kubeconfig_path(), rules, templates, ns, extra, &log).await
-    }
-
-    async fn spawn(
-        mut cmd: Command,
-        kubeconfig: &Path,
-        rules: &Path,
-        templates: &Path,
-        ns: Option<&str>,
-        extra: &[&str],
-        rust_log: &str,
-    ) -> Operator {
-        let metrics_port = free_port();
-        let log = std::env::temp_dir().join(format!("{}.log", unique("rulebook-op")));
-        let log_file = std::fs::File::create(&log).expect("log file");
-        cmd.arg("run")
-            .arg("--rules")
-            .arg(rules)
-            .arg("--templates")
-            .arg(templates)
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg("--metrics-addr")
-            .arg(format!("127.0.0.1:{metrics_port}"));
-        if let Some(ns) = ns {
-            cmd.arg("--namespace").arg(ns);
-        }
-        cmd.args(extra)
-            .env("RUST_LOG", rust_log)
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("log"))
-            .stderr(log_file);
-        let child = cmd.spawn().expect("spawn rulebook run");
-        let op = Operator {
-            child: Some(child),
-            metrics_port,
-            log,
-        };
-        let url = format!("http://127.0.0.1:{metrics_port}/healthz");
-        wait_for(
-            Duration::from_secs(30),
-            "the operator's /healthz",
-            || async { http_get(&url).await.ok() },
-        )
-        .await;
-        op
-    }
-
-    /// Like [`Operator::get`], but `None` for an error status (e.g. `/readyz` answering
-    /// 503 while the operator is still starting), for probes that wait.
-    pub async fn get_opt(&self, path: &str) -> Option<String> {
-        http_get(&format!("http://127.0.0.1:{}{path}", self.metrics_port))
-            .await
-            .ok()
-    }
-
-    pub async fn get(&self, path: &str) -> String {
-        http_get(&format!("http://127.0.0.1:{}{path}", self.metrics_port))
-            .await
-            .unwrap_or_else(|e| {
-                panic!("GET {path}: {e}\n--- operator log ---\n{}", self.log_tail())
-            })
-    }
-
-    /// The value of one metric series, e.g. `rulebook_api_writes_total{rule="x",verb="apply"}`,
-    /// or the sum of a family's series (`rulebook_reconciles_total`). Fails the test when
-    /// `/metrics` has no such series: an absent series is not a 0 (a renamed metric or
-    /// label gives one too), so `metric(..) == 0.0` holds only for a series that is there
-    /// and counted nothing. [`Operator::metric_opt`] tells "absent" (`None`) apart.
-    pub async fn metric(&self, series: &str) -> f64 {
-        let text = self.get("/metrics").await;
-        parse_metric(&text, series).unwrap_or_else(|| {
-            panic!("/metrics has no series {series} (a renamed metric or label?):\n{text}")
-        })
-    }
-
-    /// Like [`Operator::metric`], but `None` when `/metrics` has no such series (a family
-    /// without series is not listed at all, not even its `# TYPE`).
-    pub async fn metric_opt(&self, series: &str) -> Option<f64> {
-        parse_metric(&self.get("/metrics").await, series)
-    }
-
-    pub fn log_tail(&self) -> String {
-        let mut s = String::new();
-        if let Ok(mut f) = std::fs::File::open(&self.log) {
-            let _ = f.read_to_string(&mut s);
-        }
-        let lines: Vec<&str> = s.lines().collect();
-        lines[lines.len().saturating_sub(60)..].join("\n")
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
-    }
-
-    /// Sends a signal (e.g. `TERM`, `KILL`) and waits for the process to exit.
-    pub fn signal_and_wait(&mut self, signal: &str) -> std::process::ExitStatus {
-        self.signal(signal);
-        self.wait()
-    }
-
-    /// Sends a signal without waiting (see [`Operator::wait`]).
-    pub fn signal(&self, signal: &str) {
-        let _ = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.pid().to_string())
-            .status();
-    }
-
-    /// How the process ended, if it has (without waiting).
-    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut()?.try_wait().ok().flatten()
-    }
-
-    /// Waits for the process to exit.
-    pub fn wait(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("running");
-        child.wait().expect("wait")
-    }
-}
-
 /// The value of `series` in a Prometheus/OpenMetrics text: the sum over the lines whose
 /// name (and labels, when `series` has them) is exactly `series`, or over every series of
 /// the name when `series` has no labels; `None` when no line matches.
@@ -403,25 +199,15 @@ pub fn parse_metric(text: &str, series: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
-impl Drop for Operator {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!(
-                "--- operator log ({}) ---\n{}",
-                self.log.display(),
-                self.log_tail()
-            );
-        }
-    }
-}
-
 mod http_get;
+mod namespace;
+mod operator;
 pub mod reload;
 pub use http_get::http_get;
+#[allow(unused_imports)] // not every binary creates several at once
+pub use namespace::{TestNamespace, TestNamespaces};
+#[allow(unused_imports)] // each test binary uses a different part of the harness
+pub use operator::{DEFAULT_LOG, Operator, OperatorBuilder};
 
 /// Copies the repository's rules and templates into a temp dir the test may change.
 pub fn copy_rules() -> tempfile::TempDir {

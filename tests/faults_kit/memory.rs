@@ -106,31 +106,6 @@ impl Drop for MemoryCgroup {
     }
 }
 
-/// Deletes its namespaces when dropped, whether the test passed or failed (unlike the
-/// other fault tests, which leave a failed test's namespace for inspection): a thousand
-/// ConfigMaps of 15 KB are not left on a shared cluster.
-struct Namespaces(Vec<String>);
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        let names = std::mem::take(&mut self.0);
-        let deleting = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build();
-            if let Ok(rt) = runtime {
-                rt.block_on(async {
-                    let client = client().await;
-                    for ns in &names {
-                        cleanup_namespace(&client, ns).await;
-                    }
-                });
-            }
-        });
-        let _ = deleting.join();
-    }
-}
-
 /// The rule: parents of `kind` read every ConfigMap labelled `refmem-team=<spec.team>`
 /// of their namespace, and print all their data into one ConfigMap child.
 fn rules(rule: &str, kind: &str) -> RuleDir {
@@ -347,7 +322,6 @@ pub async fn reference_flood(kind: &str, f: Flood) -> FloodReport {
     let client = client().await;
     let big = namespace(&client, "faults-refmem").await;
     let other = namespace(&client, "faults-refmem-other").await;
-    let _delete = Namespaces(vec![big.clone(), other.clone()]);
     let rule = kind.to_lowercase();
     let d = rules(&rule, kind);
     let cg = MemoryCgroup::new(&unique("rulebook-refmem"), f.limit);
@@ -357,7 +331,7 @@ pub async fn reference_flood(kind: &str, f: Flood) -> FloodReport {
         let (d, concurrency) = (&d, &concurrency);
         async move {
             let args = ["--install-crds", "--concurrency", concurrency];
-            Operator::start_in_cgroup(&procs, &d.rules, &d.templates, None, &args).await
+            d.operator().flags(&args).in_cgroup(&procs).start().await
         }
     };
     let mut op = start(&cg).await;

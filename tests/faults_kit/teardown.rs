@@ -164,7 +164,12 @@ pub async fn kill_during_teardown(
     let d = RuleDir::new();
     database_templates(&d);
     d.rule("db.yaml", &database_rule(&rule, kind, "60s", false));
-    let start = || Operator::start(&d.rules, &d.templates, Some(&ns), &["--install-crds"]);
+    let start = || {
+        d.operator()
+            .namespace(&ns)
+            .flags(&["--install-crds"])
+            .start()
+    };
     let mut op = start().await;
     let parents = kind_api(&client, &ns, kind, timeout).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -308,7 +313,6 @@ pub async fn kill_during_teardown(
         "{test}: deleted more than once: {twice:?}"
     );
     drop(op);
-    cleanup_namespace(&client, &ns).await;
     TeardownKills {
         rounds,
         parents: rounds * per_round,

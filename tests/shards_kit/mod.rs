@@ -103,14 +103,12 @@ impl Fleet {
         if let Some(id) = identity {
             args.extend(["--identity", id]);
         }
-        Operator::start_as(
-            &self.kubeconfig,
-            &self.d.rules,
-            &self.d.templates,
-            None,
-            &args,
-        )
-        .await
+        self.d
+            .operator()
+            .flags(&args)
+            .kubeconfig(&self.kubeconfig)
+            .start()
+            .await
     }
 }
 
@@ -293,19 +291,14 @@ pub async fn cached_parents(op: &Operator, rule: &str) -> f64 {
     .unwrap_or(0.0)
 }
 
-/// Creates `n` namespaces `<prefix>-0` … (named alike, as the set-up has them).
-pub async fn namespaces(client: &kube::Client, prefix: &str, n: usize) -> Vec<String> {
-    let a: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+/// Creates `n` namespaces `<prefix>-0` … (named alike, as the set-up has them),
+/// deleted when the returned guard drops.
+pub async fn namespaces(client: &kube::Client, prefix: &str, n: usize) -> TestNamespaces {
     let mut spaces = Vec::new();
     for i in 0..n {
-        let ns = format!("{prefix}-{i}");
-        let obj = serde_json::from_value(json!({"metadata": {"name": ns}})).expect("namespace");
-        a.create(&Default::default(), &obj)
-            .await
-            .expect("namespace");
-        spaces.push(ns);
+        spaces.push(TestNamespace::create_without_pods(client, &format!("{prefix}-{i}")).await);
     }
-    spaces
+    TestNamespaces::new(spaces)
 }
 
 /// Creates `per` parents `p0` … in each namespace of `spaces`.
