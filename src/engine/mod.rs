@@ -2,12 +2,12 @@
 //! the rule set changes. A rule whose kinds cannot be resolved (CRD not installed yet)
 //! or that fails in any other way waits and retries on its own; the other rules run on.
 //!
-//! `runner.rs` runs one rule (resolve its kinds, build its caches and controller),
-//! `streams.rs` holds the pass-throughs its watch streams go through, `dropped.rs` cleans
-//! up after a rule drops a kind of child, `released.rs` releases the finalizers of a
-//! removed rule's parents, `permissions.rs` checks a rule's RBAC first, `resync.rs`
-//! spreads a rule's resyncs over its period, `turns.rs` lets namespaces take turns at a
-//! rule's reconciles.
+//! `runner.rs` runs one rule (resolve its kinds, then `wiring.rs` builds its caches and
+//! controller and runs it), `streams.rs` holds the pass-throughs its watch streams go
+//! through, `dropped.rs` cleans up after a rule drops a kind of child, `released.rs`
+//! releases the finalizers of a removed rule's parents, `permissions.rs` checks a rule's
+//! RBAC first, `resync.rs` spreads a rule's resyncs over its period, `turns.rs` lets
+//! namespaces take turns at a rule's reconciles.
 
 mod dropped;
 mod health;
@@ -18,6 +18,7 @@ mod resync;
 mod runner;
 mod streams;
 mod turns;
+mod wiring;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::write::recorder::Recorder;
-use kube::api::{ListParams, ObjectMeta};
+use kube::api::{ApiResource, ListParams, ObjectMeta};
 use kube::core::discovery::Scope as KubeScope;
 use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource};
@@ -102,6 +102,15 @@ pub async fn release_parents(
     let (ar, caps) = discover(client, "parent", &of.api_version, &of.kind).await?;
     let namespaced = caps.scope == KubeScope::Namespaced;
     let list_api = kind_api(client, &ar, namespaced, of.namespace.as_deref());
+    let release = Release {
+        client,
+        of,
+        writer,
+        recorder,
+        why,
+        ar,
+        namespaced,
+    };
     let mut out = Released::default();
     let mut params = ListParams::default().limit(100);
     if let Some(selector) = &of.selector {
@@ -112,7 +121,7 @@ pub async fn release_parents(
             .list_metadata(&params)
             .await
             .map_err(|source| ReleaseError::List {
-                kind: ar.kind.clone(),
+                kind: release.ar.kind.clone(),
                 source,
             })?;
         let mine = |ns: Option<&str>| {
@@ -126,83 +135,7 @@ pub async fn release_parents(
             .filter(|i| mine(i.metadata.namespace.as_deref()))
         {
             out.parents += 1;
-            let mut meta: ObjectMeta = item.metadata.clone();
-            if meta.finalizers.iter().flatten().any(|f| f == FINALIZER) {
-                match orphans_first(client, of, &ar, namespaced, &meta, writer).await {
-                    Ok(done) => out.orphaned.extend(done),
-                    Err(ReconcileError::NotLeader) => return Err(ReleaseError::NotLeader),
-                    Err(e) => {
-                        let name = meta.name.as_deref().unwrap_or_default();
-                        out.kept.push(match &meta.namespace {
-                            Some(ns) => format!("{ns}/{name}: {e}"),
-                            None => format!("{name}: {e}"),
-                        });
-                        continue;
-                    }
-                }
-            }
-            let parent_name = |m: &ObjectMeta| {
-                let name = m.name.as_deref().unwrap_or_default();
-                match &m.namespace {
-                    Some(ns) => format!("{ns}/{name}"),
-                    None => name.to_string(),
-                }
-            };
-            for attempt in 0..=RELEASE_RETRIES {
-                if !meta.finalizers.iter().flatten().any(|f| f == FINALIZER) {
-                    break;
-                }
-                if attempt == RELEASE_RETRIES {
-                    // Kept changing: counted, so that the release is tried again.
-                    out.kept
-                        .push(format!("{}: it kept changing", parent_name(&meta)));
-                    break;
-                }
-                let name = meta.name.clone().unwrap_or_default();
-                let api = kind_api(client, &ar, namespaced, meta.namespace.as_deref());
-                let obj = kube::api::DynamicObject {
-                    types: None,
-                    metadata: meta.clone(),
-                    data: serde_json::Value::Null,
-                };
-                match writer
-                    .merge_patch(&api, &name, &finalizer_patch(&obj, false))
-                    .await
-                {
-                    Ok(Patched::Patched) => {
-                        let what = match &meta.namespace {
-                            Some(ns) => format!("{ns}/{name}"),
-                            None => name.clone(),
-                        };
-                        info!(kind = %of.kind, parent = %what, "finalizer released");
-                        if let Some(recorder) = recorder {
-                            let ev = Event {
-                                type_: EventType::Warning,
-                                reason: "FinalizerReleased".into(),
-                                note: Some(format!(
-                                    "{FINALIZER} removed: {why}; no deletion step runs, the garbage collector removes the children (those with deletionPolicy Orphan were let go of first)"
-                                )),
-                                action: "Release".into(),
-                                secondary: None,
-                            };
-                            writer.publish(recorder, ev, obj.object_ref(&ar), || ());
-                        }
-                        out.released.push(what);
-                        break;
-                    }
-                    Ok(Patched::Stale) => match api.get_metadata_opt(&name).await {
-                        Ok(Some(fresh)) if fresh.metadata.uid == meta.uid => meta = fresh.metadata,
-                        _ => break, // gone, or replaced by another object
-                    },
-                    Err(WriteError::NotLeader) => return Err(ReleaseError::NotLeader),
-                    // One parent refused (say, by a webhook of its namespace) does not hold
-                    // the others' release.
-                    Err(WriteError::Api(source)) => {
-                        out.kept.push(format!("{}: {source}", parent_name(&meta)));
-                        break;
-                    }
-                }
-            }
+            release.parent(item.metadata.clone(), &mut out).await?;
         }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
@@ -210,6 +143,130 @@ pub async fn release_parents(
         }
     }
     Ok(out)
+}
+
+/// One [`release_parents`] under way: what the release of each of its parents reads.
+struct Release<'a> {
+    client: &'a Client,
+    of: &'a ParentsOf,
+    writer: &'a Writer,
+    recorder: Option<&'a Recorder>,
+    why: &'a str,
+    /// The parents' kind, and whether it is namespaced.
+    ar: ApiResource,
+    namespaced: bool,
+}
+
+impl Release<'_> {
+    /// Releases the parent `meta` (as listed), noting in `out` what it did: its `Orphan`
+    /// children first, then its finalizer.
+    async fn parent(&self, meta: ObjectMeta, out: &mut Released) -> Result<(), ReleaseError> {
+        if meta.finalizers.iter().flatten().any(|f| f == FINALIZER) {
+            match orphans_first(
+                self.client,
+                self.of,
+                &self.ar,
+                self.namespaced,
+                &meta,
+                self.writer,
+            )
+            .await
+            {
+                Ok(done) => out.orphaned.extend(done),
+                Err(ReconcileError::NotLeader) => return Err(ReleaseError::NotLeader),
+                Err(e) => {
+                    out.kept.push(format!("{}: {e}", parent_name(&meta)));
+                    return Ok(());
+                }
+            }
+        }
+        self.finalizer(meta, out).await
+    }
+
+    /// Takes Rulebook's finalizer off the parent `meta`, reading it again (up to
+    /// [`RELEASE_RETRIES`] times) while it changed since it was read.
+    async fn finalizer(
+        &self,
+        mut meta: ObjectMeta,
+        out: &mut Released,
+    ) -> Result<(), ReleaseError> {
+        for attempt in 0..=RELEASE_RETRIES {
+            if !meta.finalizers.iter().flatten().any(|f| f == FINALIZER) {
+                break;
+            }
+            if attempt == RELEASE_RETRIES {
+                // Kept changing: counted, so that the release is tried again.
+                out.kept
+                    .push(format!("{}: it kept changing", parent_name(&meta)));
+                break;
+            }
+            let name = meta.name.clone().unwrap_or_default();
+            let api = kind_api(
+                self.client,
+                &self.ar,
+                self.namespaced,
+                meta.namespace.as_deref(),
+            );
+            let obj = kube::api::DynamicObject {
+                types: None,
+                metadata: meta.clone(),
+                data: serde_json::Value::Null,
+            };
+            match self
+                .writer
+                .merge_patch(&api, &name, &finalizer_patch(&obj, false))
+                .await
+            {
+                Ok(Patched::Patched) => {
+                    let what = parent_name(&meta);
+                    info!(kind = %self.of.kind, parent = %what, "finalizer released");
+                    self.released_event(&obj);
+                    out.released.push(what);
+                    break;
+                }
+                Ok(Patched::Stale) => match api.get_metadata_opt(&name).await {
+                    Ok(Some(fresh)) if fresh.metadata.uid == meta.uid => meta = fresh.metadata,
+                    _ => break, // gone, or replaced by another object
+                },
+                Err(WriteError::NotLeader) => return Err(ReleaseError::NotLeader),
+                // One parent refused (say, by a webhook of its namespace) does not hold
+                // the others' release.
+                Err(WriteError::Api(source)) => {
+                    out.kept.push(format!("{}: {source}", parent_name(&meta)));
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The Warning event on a released parent, with a recorder.
+    fn released_event(&self, obj: &kube::api::DynamicObject) {
+        let Some(recorder) = self.recorder else {
+            return;
+        };
+        let why = self.why;
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: "FinalizerReleased".into(),
+            note: Some(format!(
+                "{FINALIZER} removed: {why}; no deletion step runs, the garbage collector removes the children (those with deletionPolicy Orphan were let go of first)"
+            )),
+            action: "Release".into(),
+            secondary: None,
+        };
+        self.writer
+            .publish(recorder, ev, obj.object_ref(&self.ar), || ());
+    }
+}
+
+/// A parent as `ns/name` (`name` when cluster-scoped).
+fn parent_name(m: &ObjectMeta) -> String {
+    let name = m.name.as_deref().unwrap_or_default();
+    match &m.namespace {
+        Some(ns) => format!("{ns}/{name}"),
+        None => name.to_string(),
+    }
 }
 
 /// Lets go of the `Orphan` children of the parent `meta`, of the rule's kinds and those
