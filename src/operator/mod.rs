@@ -4,9 +4,11 @@
 //! its own beyond that order.
 
 pub(crate) mod client;
+mod rules;
 mod shards;
 
 pub use client::gated_client;
+use rules::Rules;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,8 +24,8 @@ use tracing::{error, info, warn};
 
 use crate::engine::{Engine, EngineConfig};
 use crate::http::{self, AppState, RuleSetState};
-use crate::metrics::{Metrics, ReloadLabel};
-use crate::reload::{ChangeWatcher, Reload, RuleSource};
+use crate::metrics::Metrics;
+use crate::reload::{ChangeWatcher, RuleSource};
 use crate::render::Limits;
 use crate::render::RuleSet;
 use crate::write::gate::{LeaseGate, WriteGate};
@@ -130,20 +132,8 @@ where
 }
 
 pub async fn run(args: Settings) -> Result<()> {
-    if (args.leader_elect || args.sharding) && args.lease_duration < 3 {
-        bail!("--lease-duration must be at least 3 seconds");
-    }
-    if args.leader_elect && args.sharding {
-        bail!(
-            "--sharding namespace replaces --leader-elect: replicas share the parents instead of one leading"
-        );
-    }
-    let identity = args.identity.clone().unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_else(|_| "rulebook".into());
-        format!("{host}-{}", std::process::id())
-    });
+    check_flags(&args)?;
+    let identity = identity(&args);
     let config = client_config(args.kubeconfig.as_ref(), &identity).await?;
     let metrics = Arc::new(Metrics::new());
     let single = !args.leader_elect && !args.sharding;
@@ -158,45 +148,18 @@ pub async fn run(args: Settings) -> Result<()> {
     } else {
         LeaseGate::leased()
     });
-    let mut shards = if args.sharding {
-        Some(
-            shards::Shards::start(
-                &config,
-                metrics.clone(),
-                shards::ShardOptions {
-                    namespace: &lease_ns,
-                    group: &args.lease_name,
-                    identity: &identity,
-                    duration: Duration::from_secs(args.lease_duration),
-                    rebalance: Duration::from_secs(args.shard_rebalance_seconds.max(1)),
-                    client_only: args.shard_filter_client,
-                },
-            )
-            .await?,
-        )
-    } else {
-        None
-    };
+    let shards = start_shards(&args, &config, &metrics, &lease_ns, &identity).await?;
     let write_gate: Arc<dyn WriteGate> = match &shards {
         Some(s) => s.gate.clone(),
         None => gate.clone(),
     };
     let client = gated_client(config.clone(), write_gate.clone(), metrics.clone())?;
-    let engine_config = EngineConfig {
-        concurrency: args.concurrency.max(1),
-        namespace: args.namespace.clone(),
-        parent_selector: args.selector.clone(),
-        reporter: "rulebook".into(),
-        instance: Some(identity.clone()),
-        check_permissions: args.check_permissions,
-        cache: crate::cache::admission::CacheLimits {
-            per_namespace: args.cache_namespace_mib.saturating_mul(1 << 20),
-            total: args.cache_total_mib.saturating_mul(1 << 20),
-        },
-        inputs_in_flight: args.inputs_in_flight_mib.saturating_mul(1 << 20),
-        shard: None,
-    };
-    let mut engine = Engine::new(client.clone(), engine_config, metrics.clone(), write_gate);
+    let engine = Engine::new(
+        client.clone(),
+        engine_config(&args, &identity),
+        metrics.clone(),
+        write_gate,
+    );
     let ruleset_state = Arc::new(RwLock::new(RuleSetState::default()));
     let leader_flag = is_leader.clone();
     let app = AppState {
@@ -206,88 +169,20 @@ pub async fn run(args: Settings) -> Result<()> {
         leader: Arc::new(move || leader_flag.load(Ordering::SeqCst)),
         sharding: shards.as_ref().map(|s| s.status.clone()),
     };
-    let addr = args.metrics_addr;
-    let http = tokio::spawn(async move {
-        if let Err(e) = http::serve(addr, app).await {
-            error!(error = %e, "HTTP endpoint failed");
-        }
-    });
+    let http = serve_http(args.metrics_addr, app);
 
     let source = RuleSource {
         rules_dir: args.rules.clone(),
         templates_dir: args.templates.clone(),
         limits: Limits::default(),
     };
-    let mut serving: Option<RuleSet> = None;
-    let mut last_seen: Option<String> = None;
-    let reload = |serving: &mut Option<RuleSet>, last_seen: &mut Option<String>| -> bool {
-        match source.load(last_seen.as_deref()) {
-            Reload::Unchanged => {
-                metrics
-                    .reloads
-                    .get_or_create(&ReloadLabel {
-                        result: "unchanged".into(),
-                    })
-                    .inc();
-                false
-            }
-            Reload::Valid(set) => {
-                info!(rules = set.rules.len(), fingerprint = %set.fingerprint, "rule set loaded");
-                *last_seen = Some(set.fingerprint.clone());
-                metrics.ruleset_valid.set(1);
-                metrics
-                    .reloads
-                    .get_or_create(&ReloadLabel {
-                        result: "applied".into(),
-                    })
-                    .inc();
-                if let Ok(mut s) = ruleset_state.write() {
-                    s.loaded = true;
-                    s.valid = true;
-                    s.serving = Some(set.fingerprint.clone());
-                    s.errors.clear();
-                }
-                *serving = Some(set);
-                true
-            }
-            Reload::Invalid {
-                diagnostics: diags,
-                fingerprint,
-            } => {
-                *last_seen = Some(fingerprint);
-                metrics.ruleset_valid.set(0);
-                metrics
-                    .reloads
-                    .get_or_create(&ReloadLabel {
-                        result: "invalid".into(),
-                    })
-                    .inc();
-                for d in &diags.0 {
-                    error!("{d}");
-                }
-                warn!(
-                    errors = diags.0.len(),
-                    "the rules on disk are invalid; {}",
-                    if serving.is_some() {
-                        "the last good rule set keeps serving"
-                    } else {
-                        "waiting for a valid rule set"
-                    }
-                );
-                if let Ok(mut s) = ruleset_state.write() {
-                    s.valid = false;
-                    s.errors = diags.0.iter().map(ToString::to_string).collect();
-                }
-                false
-            }
-        }
-    };
-    reload(&mut serving, &mut last_seen);
-    if let (Some(s), Some(set)) = (&shards, &serving) {
+    let mut rules = Rules::new(source, metrics.clone(), ruleset_state);
+    rules.reload();
+    if let (Some(s), Some(set)) = (&shards, &rules.serving) {
         s.rules_changed(set);
     }
 
-    let mut watcher = if args.watch {
+    let watcher = if args.watch {
         Some(ChangeWatcher::new(&[&args.rules, &args.templates])?)
     } else {
         None
@@ -295,10 +190,131 @@ pub async fn run(args: Settings) -> Result<()> {
     let mut rescan = tokio::time::interval(Duration::from_secs(args.rescan_seconds.max(1)));
     rescan.tick().await;
 
-    // Leadership: without election this process always leads.
-    let (stop_election, election_stopped) = tokio::sync::watch::channel(false);
-    let (mut leader_rx, election) = if args.leader_elect {
-        let ns = lease_ns.clone();
+    let mut election = Election::start(&args, &config, &gate, &lease_ns, &identity)?;
+    let mut operator = Operator {
+        client,
+        engine,
+        metrics,
+        is_leader,
+        shards,
+        rules,
+        install_crds: args.install_crds,
+    };
+    let mut events = Events {
+        watcher,
+        rescan,
+        leader: election.leading.take(),
+    };
+    operator.serve(&args, &mut events).await?;
+    operator.shutdown(&gate, election).await;
+    http.abort();
+    Ok(())
+}
+
+/// Refuses the flag combinations `run` cannot honour.
+fn check_flags(args: &Settings) -> Result<()> {
+    if (args.leader_elect || args.sharding) && args.lease_duration < 3 {
+        bail!("--lease-duration must be at least 3 seconds");
+    }
+    if args.leader_elect && args.sharding {
+        bail!(
+            "--sharding namespace replaces --leader-elect: replicas share the parents instead of one leading"
+        );
+    }
+    Ok(())
+}
+
+/// This instance's identity: `--identity`, else the host name and pid.
+fn identity(args: &Settings) -> String {
+    args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "rulebook".into());
+        format!("{host}-{}", std::process::id())
+    })
+}
+
+/// Joins the shard group when `--sharding` asks for it.
+async fn start_shards(
+    args: &Settings,
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    lease_ns: &str,
+    identity: &str,
+) -> Result<Option<shards::Shards>> {
+    if !args.sharding {
+        return Ok(None);
+    }
+    let shards = shards::Shards::start(
+        config,
+        metrics.clone(),
+        shards::ShardOptions {
+            namespace: lease_ns,
+            group: &args.lease_name,
+            identity,
+            duration: Duration::from_secs(args.lease_duration),
+            rebalance: Duration::from_secs(args.shard_rebalance_seconds.max(1)),
+            client_only: args.shard_filter_client,
+        },
+    )
+    .await?;
+    Ok(Some(shards))
+}
+
+/// The engine's settings from the command line.
+fn engine_config(args: &Settings, identity: &str) -> EngineConfig {
+    EngineConfig {
+        concurrency: args.concurrency.max(1),
+        namespace: args.namespace.clone(),
+        parent_selector: args.selector.clone(),
+        reporter: "rulebook".into(),
+        instance: Some(identity.to_string()),
+        check_permissions: args.check_permissions,
+        cache: crate::cache::admission::CacheLimits {
+            per_namespace: args.cache_namespace_mib.saturating_mul(1 << 20),
+            total: args.cache_total_mib.saturating_mul(1 << 20),
+        },
+        inputs_in_flight: args.inputs_in_flight_mib.saturating_mul(1 << 20),
+        shard: None,
+    }
+}
+
+/// Serves /metrics, /healthz, /readyz and /status in a task of its own.
+fn serve_http(addr: SocketAddr, app: AppState) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(e) = http::serve(addr, app).await {
+            error!(error = %e, "HTTP endpoint failed");
+        }
+    })
+}
+
+/// Leader election (`--leader-elect`): the task that holds the lease, and how to reach it.
+struct Election {
+    /// Tells the election task to give the lease up.
+    stop: tokio::sync::watch::Sender<bool>,
+    /// Whether this instance leads; `None` without election.
+    leading: Option<tokio::sync::watch::Receiver<bool>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Election {
+    fn start(
+        args: &Settings,
+        config: &Config,
+        gate: &Arc<LeaseGate>,
+        lease_ns: &str,
+        identity: &str,
+    ) -> Result<Self> {
+        // Leadership: without election this process always leads.
+        let (stop, election_stopped) = tokio::sync::watch::channel(false);
+        if !args.leader_elect {
+            return Ok(Self {
+                stop,
+                leading: None,
+                task: None,
+            });
+        }
+        let ns = lease_ns.to_string();
         let (tx, rx) = tokio::sync::watch::channel(false);
         // The lease is renewed through a client of its own: ungated, and with a read
         // timeout shorter than a renewal period, so a hung request cannot outlive it.
@@ -309,103 +325,165 @@ pub async fn run(args: Settings) -> Result<()> {
             gate.clone(),
             &ns,
             &args.lease_name,
-            &identity,
+            identity,
             Duration::from_secs(args.lease_duration),
         );
         info!(lease = %args.lease_name, namespace = %ns, %identity, "leader election on; waiting for the lease");
-        (
-            Some(rx),
-            Some(tokio::spawn(election.run(tx, election_stopped))),
-        )
-    } else {
-        (None, None)
-    };
-
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    if is_leader.load(Ordering::SeqCst)
-        && let Some(set) = &serving
-    {
-        activate(&client, &mut engine, set, args.install_crds, None).await;
+        Ok(Self {
+            stop,
+            leading: Some(rx),
+            task: Some(tokio::spawn(election.run(tx, election_stopped))),
+        })
     }
-    loop {
-        let changed = tokio::select! {
-            Some(()) = async { match watcher.as_mut() { Some(w) => w.changes.recv().await, None => std::future::pending().await } } => {
-                // Watch afresh: a flipped symlink leaves the old watches on the old target.
-                match ChangeWatcher::new(&[&args.rules, &args.templates]) {
-                    Ok(w) => watcher = Some(w),
-                    Err(e) => warn!(error = %e, "cannot re-establish file watches; relying on the periodic re-scan"),
+}
+
+/// What wakes the operator's loop besides signals and shard changes.
+struct Events {
+    /// File events in the rules and templates directories (`--watch`).
+    watcher: Option<ChangeWatcher>,
+    /// The periodic re-scan that backs up missed file events.
+    rescan: tokio::time::Interval,
+    /// Leadership changes (`--leader-elect`).
+    leader: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+/// The running operator: the engine, the rule set it serves, and whether (or for which
+/// share) it may write.
+struct Operator {
+    client: Client,
+    engine: Engine,
+    metrics: Arc<Metrics>,
+    is_leader: Arc<AtomicBool>,
+    shards: Option<shards::Shards>,
+    rules: Rules,
+    install_crds: bool,
+}
+
+impl Operator {
+    /// Runs the rule set and follows rule, leadership and shard changes until a signal.
+    async fn serve(&mut self, args: &Settings, events: &mut Events) -> Result<()> {
+        let mut sigterm =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        if self.is_leader.load(Ordering::SeqCst)
+            && let Some(set) = &self.rules.serving
+        {
+            activate(&self.client, &mut self.engine, set, self.install_crds, None).await;
+        }
+        loop {
+            let changed = tokio::select! {
+                Some(()) = async { match events.watcher.as_mut() { Some(w) => w.changes.recv().await, None => std::future::pending().await } } => {
+                    // Watch afresh: a flipped symlink leaves the old watches on the old target.
+                    match ChangeWatcher::new(&[&args.rules, &args.templates]) {
+                        Ok(w) => events.watcher = Some(w),
+                        Err(e) => warn!(error = %e, "cannot re-establish file watches; relying on the periodic re-scan"),
+                    }
+                    self.rules.reload()
                 }
-                reload(&mut serving, &mut last_seen)
-            }
-            _ = rescan.tick(), if args.watch => reload(&mut serving, &mut last_seen),
-            Ok(()) = async { match leader_rx.as_mut() { Some(rx) => rx.changed().await, None => std::future::pending().await } } => {
-                let leading = leader_rx.as_ref().is_some_and(|rx| *rx.borrow());
-                is_leader.store(leading, Ordering::SeqCst);
-                metrics.leader.set(i64::from(leading));
-                if leading {
-                    info!("became the leader");
-                    true
-                } else {
-                    warn!("lost the lease: stopping all writes");
-                    engine.shutdown().await;
+                _ = events.rescan.tick(), if args.watch => self.rules.reload(),
+                Ok(()) = async { match events.leader.as_mut() { Some(rx) => rx.changed().await, None => std::future::pending().await } } => {
+                    let leading = events.leader.as_ref().is_some_and(|rx| *rx.borrow());
+                    self.leadership_changed(leading).await
+                }
+                Ok(()) = async { match self.shards.as_mut() { Some(s) => s.shares.changed().await, None => std::future::pending().await } } => {
+                    self.shares_changed().await;
                     false
                 }
+                _ = tokio::signal::ctrl_c() => break,
+                _ = sigterm.recv() => break,
+            };
+            if changed {
+                self.rules_changed().await;
             }
-            Ok(()) = async { match shards.as_mut() { Some(s) => s.shares.changed().await, None => std::future::pending().await } } => {
-                if let Some(s) = &shards {
-                    if let shards::Switched::To(share) = s.switch(&mut engine, serving.as_ref()).await {
-                        let holds = !share.is_empty();
-                        is_leader.store(holds, Ordering::SeqCst);
-                        metrics.leader.set(i64::from(holds));
-                        if holds && let Some(set) = &serving {
-                            activate(&client, &mut engine, set, args.install_crds, Some(&share)).await;
-                        }
-                    }
-                    if let Some(set) = &serving {
-                        s.refresh(&client, set).await;
-                    }
-                    s.acknowledge();
+        }
+        Ok(())
+    }
+
+    /// Follows the lease: true when this instance just became the leader.
+    async fn leadership_changed(&mut self, leading: bool) -> bool {
+        self.is_leader.store(leading, Ordering::SeqCst);
+        self.metrics.leader.set(i64::from(leading));
+        if leading {
+            info!("became the leader");
+            true
+        } else {
+            warn!("lost the lease: stopping all writes");
+            self.engine.shutdown().await;
+            false
+        }
+    }
+
+    /// Follows this replica's share of the namespaces.
+    async fn shares_changed(&mut self) {
+        if let Some(s) = &self.shards {
+            if let shards::Switched::To(share) = s
+                .switch(&mut self.engine, self.rules.serving.as_ref())
+                .await
+            {
+                let holds = !share.is_empty();
+                self.is_leader.store(holds, Ordering::SeqCst);
+                self.metrics.leader.set(i64::from(holds));
+                if holds && let Some(set) = &self.rules.serving {
+                    activate(
+                        &self.client,
+                        &mut self.engine,
+                        set,
+                        self.install_crds,
+                        Some(&share),
+                    )
+                    .await;
                 }
-                false
             }
-            _ = tokio::signal::ctrl_c() => break,
-            _ = sigterm.recv() => break,
-        };
-        if changed && let (Some(s), Some(set)) = (&shards, &serving) {
+            if let Some(set) = &self.rules.serving {
+                s.refresh(&self.client, set).await;
+            }
+            s.acknowledge();
+        }
+    }
+
+    /// A new rule set serves, or this instance just became the leader: run it.
+    async fn rules_changed(&mut self) {
+        if let (Some(s), Some(set)) = (&self.shards, &self.rules.serving) {
             s.rules_changed(set);
         }
-        if changed
-            && is_leader.load(Ordering::SeqCst)
-            && let Some(set) = &serving
+        if self.is_leader.load(Ordering::SeqCst)
+            && let Some(set) = &self.rules.serving
         {
-            let share = shards.as_ref().map(|s| s.gate.claims());
-            activate(&client, &mut engine, set, args.install_crds, share.as_ref()).await;
+            let share = self.shards.as_ref().map(|s| s.gate.claims());
+            activate(
+                &self.client,
+                &mut self.engine,
+                set,
+                self.install_crds,
+                share.as_ref(),
+            )
+            .await;
             // A rule with cluster-scoped parents may have come or gone (or its CRD was
             // just installed).
-            if let Some(s) = &shards {
-                s.refresh(&client, set).await;
+            if let Some(s) = &self.shards {
+                s.refresh(&self.client, set).await;
             }
         }
     }
 
-    info!("shutting down: finishing in-flight reconciles");
-    engine.shutdown().await;
-    is_leader.store(false, Ordering::SeqCst);
-    gate.close();
-    if let Some(s) = shards.take() {
-        s.leave().await;
+    /// Finishes in-flight reconciles, closes the gate, then gives up the share or the lease.
+    async fn shutdown(mut self, gate: &LeaseGate, election: Election) {
+        info!("shutting down: finishing in-flight reconciles");
+        self.engine.shutdown().await;
+        self.is_leader.store(false, Ordering::SeqCst);
+        gate.close();
+        if let Some(s) = self.shards.take() {
+            s.leave().await;
+        }
+        // Only now, with no write left in flight, give the lease to a standby.
+        let _ = election.stop.send(true);
+        if let Some(task) = election.task
+            && tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+        {
+            warn!("could not release the lease in time; a standby takes over when it expires");
+        }
     }
-    // Only now, with no write left in flight, give the lease to a standby.
-    let _ = stop_election.send(true);
-    if let Some(task) = election
-        && tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .is_err()
-    {
-        warn!("could not release the lease in time; a standby takes over when it expires");
-    }
-    http.abort();
-    Ok(())
 }
 
 /// Installs CRDs when asked (sharded: those whose name hashes into `share`), then makes
