@@ -12,10 +12,19 @@
 //! finds its gate closed when it resumes, whatever its main loop has seen. Every request
 //! of a renewal carries a deadline of a quarter lease, so a hung call cannot keep it going.
 //!
-//! Hand-written, not a crate: kube-runtime 5 has no lease module, and kube-lease-manager
-//! compares `renewTime + leaseDuration` with the local clock (so clock skew between
-//! nodes decides who leads), its standbys sleep until expiry instead of watching the
-//! Lease, and a holder cut off from the API server does not step down on its own.
+//! Hand-written, not a crate: kube-runtime 5 has no lease module, and the two crates
+//! re-examined (issue 42) both decide from wall-clock time on the Lease:
+//! kube-lease-manager compares `renewTime + leaseDuration` with the local clock (so clock
+//! skew between nodes decides who leads), its standbys sleep until expiry instead of
+//! watching the Lease, and a holder cut off from the API server does not step down on its
+//! own. kubert's `LeaseManager` (0.25, linkerd's) keeps a `Claim` whose expiry is the
+//! Lease's `renewTime` plus its duration as a wall-clock time, requires the Lease to exist
+//! before `init` (a 404 otherwise), and tells a holder it still leads by comparing that
+//! expiry with the current time: nothing in it ends the right to write at a deadline
+//! measured on this process's monotonic clock from the start of the last renewal that
+//! succeeded, which is what the write gate needs ([`LeaseGate::grant_until`]) so that a
+//! process stopped or starved past it cannot write when it resumes. Adopting it would
+//! keep this file's deadline logic and add a second view of the same Lease.
 
 use std::time::{Duration, Instant};
 
