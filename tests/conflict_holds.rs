@@ -107,8 +107,11 @@ async fn a_foreign_secret_holds_the_project(test: &str, d: RuleDir) {
     );
     // A retry of the reconcile (the conflict's backoff: 1 s, 2 s, ...) holds it too.
     let series = "rulebook_reconciles_total{rule=\"project\",result=\"conflict\"}";
+    // `metric_opt`: the status is written inside the reconcile, the count after it, so
+    // the series may not exist yet when the condition is seen (a race that failed this
+    // test once under load, 2026-11-28).
     wait_for(T, "a second reconcile that meets the conflict", || async {
-        (op.metric(series).await >= 2.0).then_some(())
+        (op.metric_opt(series).await? >= 2.0).then_some(())
     })
     .await;
 
