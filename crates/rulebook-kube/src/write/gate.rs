@@ -208,6 +208,23 @@ where
     }
 }
 
+/// The top of the client stack, [`GateLayer`], over `inner`: the operator's client puts
+/// it over the connection (`operator/client.rs`), and the reconcile's mock-API tests
+/// (`reconcile::stages_mock`) over a `tower_test` mock, so that their requests pass the
+/// same gate as the operator's.
+pub fn gate_over<S>(
+    inner: S,
+    default_namespace: String,
+    gate: Arc<dyn WriteGate>,
+    metrics: Arc<dyn WriteCounts>,
+) -> kube::client::ClientBuilder<Gated<S>>
+where
+    S: tower::Service<Request<kube::client::Body>>,
+{
+    kube::client::ClientBuilder::new(inner, default_namespace)
+        .with_layer(&GateLayer::new(gate, metrics))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -318,21 +335,4 @@ mod tests {
         assert_eq!(sent.load(Ordering::SeqCst), 0);
         assert_eq!(metrics.refused(), 1);
     }
-}
-
-/// The top of the client stack, [`GateLayer`], over `inner`: the operator's client puts
-/// it over the connection (`operator/client.rs`), and the reconcile's mock-API tests
-/// (`reconcile::stages_mock`) over a `tower_test` mock, so that their requests pass the
-/// same gate as the operator's.
-pub fn gate_over<S>(
-    inner: S,
-    default_namespace: String,
-    gate: Arc<dyn WriteGate>,
-    metrics: Arc<dyn WriteCounts>,
-) -> kube::client::ClientBuilder<Gated<S>>
-where
-    S: tower::Service<Request<kube::client::Body>>,
-{
-    kube::client::ClientBuilder::new(inner, default_namespace)
-        .with_layer(&GateLayer::new(gate, metrics))
 }
