@@ -118,204 +118,199 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Metrics {
-        let mut registry = Registry::with_prefix("rulebook");
-        let reconciles = Family::<ResultLabels, Counter>::default();
-        registry.register(
+        let mut metrics = Metrics {
+            registry: Registry::with_prefix("rulebook"),
+            reconciles: Family::default(),
+            reconcile_duration: Family::new_with_constructor(duration_histogram),
+            in_flight: Family::default(),
+            waiting: Family::default(),
+            children_applied: Family::default(),
+            children_pruned: Family::default(),
+            api_writes: Family::default(),
+            render_errors: Family::default(),
+            renders_offloaded: Family::default(),
+            reconciles_skipped: Family::default(),
+            child_events_awaited: Family::default(),
+            rule_running: Family::default(),
+            reloads: Family::default(),
+            ruleset_valid: Gauge::default(),
+            leader: Gauge::default(),
+            cache_content_bytes: Family::default(),
+            cache_stubbed: Family::default(),
+            unreadable_objects: Family::default(),
+            writes_refused: Counter::default(),
+            events_dropped: Family::default(),
+            events_unsent: Gauge::default(),
+            cached_objects: Family::default(),
+            shard_mode: Family::default(),
+            shard_share: Gauge::default(),
+            inputs: InputMetrics::default(),
+        };
+        // The families are registered, and so listed on /metrics, in this order.
+        metrics.register_reconciles();
+        metrics.register_rule_set_and_leader();
+        metrics.register_caches_and_writes();
+        metrics.register_sharding_and_inputs();
+        metrics
+    }
+
+    /// Reconciles: how many, how long, and what they did (children written, pruned,
+    /// renders offloaded, reconciles skipped, awaited events), and whether each rule runs.
+    fn register_reconciles(&mut self) {
+        self.registry.register(
             "reconciles",
             "Reconciles by rule and result (ok, render_failed, conflict, apply_failed, not_leader, error)",
-            reconciles.clone(),
+            self.reconciles.clone(),
         );
-        let reconcile_duration =
-            Family::<RuleLabel, Histogram, fn() -> Histogram>::new_with_constructor(
-                duration_histogram,
-            );
-        registry.register(
+        self.registry.register(
             "reconcile_duration_seconds",
             "Time of one reconcile",
-            reconcile_duration.clone(),
+            self.reconcile_duration.clone(),
         );
-        let in_flight = Family::<RuleLabel, Gauge>::default();
-        registry.register(
+        self.registry.register(
             "reconciles_in_flight",
             "Reconciles running now, by rule",
-            in_flight.clone(),
+            self.in_flight.clone(),
         );
-        let waiting = Family::<RuleLabel, Gauge>::default();
-        registry.register(
+        self.registry.register(
             "reconciles_waiting",
             "Reconciles waiting for a turn (namespaces take turns), by rule",
-            waiting.clone(),
+            self.waiting.clone(),
         );
-        let children_applied = Family::<RuleLabel, Counter>::default();
-        registry.register(
+        self.registry.register(
             "children_applied",
             "Children created or updated by server-side apply",
-            children_applied.clone(),
+            self.children_applied.clone(),
         );
-        let renders_offloaded = Family::<RuleLabel, Counter>::default();
-        registry.register(
+        self.registry.register(
             "renders_offloaded",
             "Renders and status evaluations that ran on the blocking pool: of a rule that is not straight-line code, over inputs heavier than the slice allows, or after outgrowing their first slice on the async runtime (finalize steps, always on the pool, are not counted)",
-            renders_offloaded.clone(),
+            self.renders_offloaded.clone(),
         );
-        let children_pruned = Family::<RuleLabel, Counter>::default();
-        registry.register(
+        self.registry.register(
             "children_pruned",
             "Children deleted because no rule renders them any more",
-            children_pruned.clone(),
+            self.children_pruned.clone(),
         );
-        let api_writes = Family::<VerbLabels, Counter>::default();
-        registry.register(
+        self.registry.register(
             "api_writes",
             "Write requests to the API server (apply, apply_status, delete, event)",
-            api_writes.clone(),
+            self.api_writes.clone(),
         );
-        let render_errors = Family::<RuleLabel, Counter>::default();
-        registry.register(
+        self.registry.register(
             "render_errors",
             "Parents whose templates or expressions failed",
-            render_errors.clone(),
+            self.render_errors.clone(),
         );
-        let reconciles_skipped = Family::<RuleLabel, Counter>::default();
-        registry.register(
+        self.registry.register(
             "reconciles_skipped",
             "Reconciles that stopped after observing: the parent, its children and its references unchanged since a reconcile that had nothing to do",
-            reconciles_skipped.clone(),
+            self.reconciles_skipped.clone(),
         );
-        let child_events_awaited = Family::<RuleLabel, Counter>::default();
-        registry.register(
+        self.registry.register(
             "child_events_awaited",
             "Children's watch events that carried a version this process had just written, awaited by the parent's last reconcile, and brought no reconcile",
-            child_events_awaited.clone(),
+            self.child_events_awaited.clone(),
         );
-        let rule_running = Family::<RuleLabel, Gauge>::default();
-        registry.register(
+        self.registry.register(
             "rule_running",
             "1 while the rule's controller runs, 0 while it waits (missing kind, missing permission)",
-            rule_running.clone(),
+            self.rule_running.clone(),
         );
-        let reloads = Family::<ReloadLabel, Counter>::default();
-        registry.register(
+    }
+
+    /// The rule set on disk, and whether this process may write.
+    fn register_rule_set_and_leader(&mut self) {
+        self.registry.register(
             "ruleset_reloads",
             "Rule set reloads by result (applied, invalid, unchanged)",
-            reloads.clone(),
+            self.reloads.clone(),
         );
-        let ruleset_valid = Gauge::default();
-        registry.register(
+        self.registry.register(
             "ruleset_valid",
             "1 when the rules on disk are valid, 0 while the last good rule set still serves",
-            ruleset_valid.clone(),
+            self.ruleset_valid.clone(),
         );
-        let leader = Gauge::default();
-        registry.register(
+        self.registry.register(
             "leader",
             "1 while this process holds the leader lease (or runs without leader election)",
-            leader.clone(),
+            self.leader.clone(),
         );
-        let cache_content_bytes = Family::<CacheKindLabel, Gauge>::default();
-        registry.register(
+    }
+
+    /// The caches (budget, stubs, unreadable objects, sizes) and the write path (refused
+    /// writes, the event outbox).
+    fn register_caches_and_writes(&mut self) {
+        self.registry.register(
             "cache_content_bytes",
             "Bytes the cache budget counts (content, and metadata beyond 4 KiB per object), by cache: parents, children, references",
-            cache_content_bytes.clone(),
+            self.cache_content_bytes.clone(),
         );
-        let cache_stubbed = Family::<CacheLabels, Counter>::default();
-        registry.register(
+        self.registry.register(
             "cache_stubbed_objects",
             "Children cached without content because their namespace or the operator is over the cache budget",
-            cache_stubbed.clone(),
+            self.cache_stubbed.clone(),
         );
-        let unreadable_objects = Family::<RuleLabel, Counter>::default();
-        registry.register(
+        self.registry.register(
             "unreadable_objects",
             "Parents or children Rulebook could not read (nested too deeply); each fails only its own parent",
-            unreadable_objects.clone(),
+            self.unreadable_objects.clone(),
         );
-        let writes_refused = Counter::default();
-        registry.register(
+        self.registry.register(
             "writes_refused",
             "Write requests refused by the write gate (not the leader, or leadership lapsed)",
-            writes_refused.clone(),
+            self.writes_refused.clone(),
         );
-        let events_dropped = Family::<DroppedLabel, Counter>::default();
         // Both series exist from the start, at 0, so the first drop is an increase.
         for reason in EVENTS_DROPPED_REASONS {
-            let _series = events_dropped.get_or_create(&DroppedLabel {
+            let _series = self.events_dropped.get_or_create(&DroppedLabel {
                 reason: reason.to_string(),
             });
         }
-        registry.register(
+        self.registry.register(
             "events_dropped",
             "Events not sent because the event outbox (outbox_full: a slow or throttled API server) or one namespace's share of it (namespace_share) was full",
-            events_dropped.clone(),
+            self.events_dropped.clone(),
         );
-        let events_unsent = Gauge::default();
-        registry.register(
+        self.registry.register(
             "events_unsent",
             "Events in the event outbox, waiting to be sent or being sent",
-            events_unsent.clone(),
+            self.events_unsent.clone(),
         );
-        let cached_objects = Family::<CacheLabels, Gauge>::default();
-        registry.register(
+        self.registry.register(
             "cached_objects",
             "Objects in a rule's parent and child caches",
-            cached_objects.clone(),
+            self.cached_objects.clone(),
         );
-        let shard_mode = Family::<ModeLabel, Gauge>::default();
-        registry.register(
+    }
+
+    /// Sharding, and the budget of reconcile inputs in flight (`reconcile::inflight`).
+    fn register_sharding_and_inputs(&mut self) {
+        self.registry.register(
             "shard_mode",
             "1 for the active sharding mode: server (the API server filters the watches), client (filtered here: the API server lacks ShardedListAndWatch), off",
-            shard_mode.clone(),
+            self.shard_mode.clone(),
         );
-        let shard_share = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        registry.register(
+        self.registry.register(
             "shard_share_percent",
             "The share of the namespace hash space this replica holds (sharded), in percent",
-            shard_share.clone(),
+            self.shard_share.clone(),
         );
-        let inputs = InputMetrics::default();
-        registry.register(
+        self.registry.register(
             "inputs_in_flight_bytes",
             "Bytes of reconcile inputs (parents, live children, referenced objects, as cached) held by the reconciles running now, all rules (run --inputs-in-flight-mib bounds them)",
-            inputs.in_flight.clone(),
+            self.inputs.in_flight.clone(),
         );
-        registry.register(
+        self.registry.register(
             "inputs_waits",
             "Reconciles that waited for room in the budget of inputs in flight before reading their inputs",
-            inputs.waits.clone(),
+            self.inputs.waits.clone(),
         );
-        registry.register(
+        self.registry.register(
             "inputs_refused",
             "Reconciles whose inputs weighed more than one reconcile may hold at once (the parent failed with RenderBudgetExceeded)",
-            inputs.refused.clone(),
+            self.inputs.refused.clone(),
         );
-        Metrics {
-            inputs,
-            registry,
-            cached_objects,
-            shard_mode,
-            shard_share,
-            cache_content_bytes,
-            cache_stubbed,
-            unreadable_objects,
-            writes_refused,
-            events_dropped,
-            events_unsent,
-            reconciles,
-            reconcile_duration,
-            in_flight,
-            waiting,
-            children_applied,
-            children_pruned,
-            api_writes,
-            render_errors,
-            renders_offloaded,
-            reconciles_skipped,
-            child_events_awaited,
-            rule_running,
-            reloads,
-            ruleset_valid,
-            leader,
-        }
     }
 
     /// The verbs of `rulebook_api_writes_total`.

@@ -41,6 +41,19 @@ pub fn apply(schema: &Json, value: &mut Json) {
 /// The first problem of `value` against `schema`, as `path: message` (`path` is where
 /// `value` sits, e.g. `spec`).
 pub fn validate(schema: &Json, value: &Json, path: &str) -> Option<String> {
+    type_problem(schema, value, path)
+        .or_else(|| enum_problem(schema, value, path))
+        .or_else(|| number_problem(schema, value, path))
+        .or_else(|| string_problem(schema, value, path))
+        .or_else(|| match value {
+            Json::Object(map) => object_problem(schema, map, path),
+            Json::Array(items) => array_problem(schema, items, path),
+            _ => None,
+        })
+}
+
+/// `type` (and `x-kubernetes-int-or-string`).
+fn type_problem(schema: &Json, value: &Json, path: &str) -> Option<String> {
     let type_ok = match schema.get("type").and_then(Json::as_str) {
         Some("object") => value.is_object(),
         Some("array") => value.is_array(),
@@ -58,93 +71,120 @@ pub fn validate(schema: &Json, value: &Json, path: &str) -> Option<String> {
             schema["type"].as_str().unwrap_or("?")
         ));
     }
+    None
+}
+
+/// `enum`.
+fn enum_problem(schema: &Json, value: &Json, path: &str) -> Option<String> {
     if let Some(options) = schema.get("enum").and_then(Json::as_array)
         && !options.contains(value)
     {
         return Some(format!("{path}: Unsupported value: {value}"));
     }
-    let num = |k: &str| schema.get(k).and_then(Json::as_f64);
-    let len = |k: &str| schema.get(k).and_then(Json::as_u64);
-    if let Some(v) = value.as_f64() {
-        if let Some(min) = num("minimum").filter(|m| v < *m) {
-            return Some(format!(
-                "{path}: Invalid value: {value}: {path} in body should be greater than or equal to {min}"
-            ));
-        }
-        if let Some(max) = num("maximum").filter(|m| v > *m) {
-            return Some(format!(
-                "{path}: Invalid value: {value}: {path} in body should be less than or equal to {max}"
-            ));
-        }
+    None
+}
+
+/// A numeric keyword of `schema` (`minimum`, `maximum`).
+fn num(schema: &Json, k: &str) -> Option<f64> {
+    schema.get(k).and_then(Json::as_f64)
+}
+
+/// A count keyword of `schema` (`minLength`, `maxItems`, ...).
+fn len(schema: &Json, k: &str) -> Option<u64> {
+    schema.get(k).and_then(Json::as_u64)
+}
+
+/// `minimum` and `maximum`.
+fn number_problem(schema: &Json, value: &Json, path: &str) -> Option<String> {
+    let v = value.as_f64()?;
+    if let Some(min) = num(schema, "minimum").filter(|m| v < *m) {
+        return Some(format!(
+            "{path}: Invalid value: {value}: {path} in body should be greater than or equal to {min}"
+        ));
     }
-    if let Some(text) = value.as_str() {
-        let n = text.chars().count() as u64;
-        if let Some(min) = len("minLength").filter(|m| n < *m) {
-            return Some(format!(
-                "{path}: Invalid value: {value}: {path} in body should be at least {min} chars long"
-            ));
-        }
-        if let Some(max) = len("maxLength").filter(|m| n > *m) {
-            return Some(format!(
-                "{path}: Too long: may not be more than {max} bytes"
-            ));
-        }
-        if let Some(p) = schema.get("pattern").and_then(Json::as_str)
-            && let Ok(re) = regex::Regex::new(p)
-            && !re.is_match(text)
+    if let Some(max) = num(schema, "maximum").filter(|m| v > *m) {
+        return Some(format!(
+            "{path}: Invalid value: {value}: {path} in body should be less than or equal to {max}"
+        ));
+    }
+    None
+}
+
+/// `minLength`, `maxLength` and `pattern`.
+fn string_problem(schema: &Json, value: &Json, path: &str) -> Option<String> {
+    let text = value.as_str()?;
+    let n = text.chars().count() as u64;
+    if let Some(min) = len(schema, "minLength").filter(|m| n < *m) {
+        return Some(format!(
+            "{path}: Invalid value: {value}: {path} in body should be at least {min} chars long"
+        ));
+    }
+    if let Some(max) = len(schema, "maxLength").filter(|m| n > *m) {
+        return Some(format!(
+            "{path}: Too long: may not be more than {max} bytes"
+        ));
+    }
+    if let Some(p) = schema.get("pattern").and_then(Json::as_str)
+        && let Ok(re) = regex::Regex::new(p)
+        && !re.is_match(text)
+    {
+        return Some(format!(
+            "{path}: Invalid value: {value}: {path} in body should match '{p}'"
+        ));
+    }
+    None
+}
+
+/// `required`, then each property against its own schema (or `additionalProperties`).
+fn object_problem(
+    schema: &Json,
+    map: &serde_json::Map<String, Json>,
+    path: &str,
+) -> Option<String> {
+    for r in schema
+        .get("required")
+        .and_then(Json::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(k) = r.as_str()
+            && !map.contains_key(k)
         {
-            return Some(format!(
-                "{path}: Invalid value: {value}: {path} in body should match '{p}'"
-            ));
+            return Some(format!("{path}.{k}: Required value"));
         }
     }
-    match value {
-        Json::Object(map) => {
-            for r in schema
-                .get("required")
-                .and_then(Json::as_array)
-                .into_iter()
-                .flatten()
-            {
-                if let Some(k) = r.as_str()
-                    && !map.contains_key(k)
-                {
-                    return Some(format!("{path}.{k}: Required value"));
-                }
-            }
-            let props = schema.get("properties").and_then(Json::as_object);
-            for (k, v) in map {
-                let sub = props
-                    .and_then(|p| p.get(k))
-                    .or_else(|| schema.get("additionalProperties").filter(|s| s.is_object()));
-                if let Some(sub) = sub
-                    && let Some(problem) = validate(sub, v, &format!("{path}.{k}"))
-                {
-                    return Some(problem);
-                }
-            }
-            None
+    let props = schema.get("properties").and_then(Json::as_object);
+    for (k, v) in map {
+        let sub = props
+            .and_then(|p| p.get(k))
+            .or_else(|| schema.get("additionalProperties").filter(|s| s.is_object()));
+        if let Some(sub) = sub
+            && let Some(problem) = validate(sub, v, &format!("{path}.{k}"))
+        {
+            return Some(problem);
         }
-        Json::Array(items) => {
-            if let Some(min) = len("minItems").filter(|m| (items.len() as u64) < *m) {
-                return Some(format!(
-                    "{path}: Invalid value: {path} in body should have at least {min} items"
-                ));
-            }
-            if let Some(max) = len("maxItems").filter(|m| (items.len() as u64) > *m) {
-                return Some(format!(
-                    "{path}: Too many: {}: must have at most {max} items",
-                    items.len()
-                ));
-            }
-            let sub = schema.get("items")?;
-            items
-                .iter()
-                .enumerate()
-                .find_map(|(i, v)| validate(sub, v, &format!("{path}[{i}]")))
-        }
-        _ => None,
     }
+    None
+}
+
+/// `minItems`, `maxItems`, then each item against `items`.
+fn array_problem(schema: &Json, items: &[Json], path: &str) -> Option<String> {
+    if let Some(min) = len(schema, "minItems").filter(|m| (items.len() as u64) < *m) {
+        return Some(format!(
+            "{path}: Invalid value: {path} in body should have at least {min} items"
+        ));
+    }
+    if let Some(max) = len(schema, "maxItems").filter(|m| (items.len() as u64) > *m) {
+        return Some(format!(
+            "{path}: Too many: {}: must have at most {max} items",
+            items.len()
+        ));
+    }
+    let sub = schema.get("items")?;
+    items
+        .iter()
+        .enumerate()
+        .find_map(|(i, v)| validate(sub, v, &format!("{path}[{i}]")))
 }
 
 #[cfg(test)]

@@ -196,90 +196,8 @@ impl CompiledRule {
         let parent_ns = parent.at(&["metadata", "namespace"]).and_then(Json::as_str);
         let mut out = Vec::with_capacity(refs.len());
         for (i, (r, p)) in refs.iter().zip(programs).enumerate() {
-            let key = format!("spec.references[{i}]");
-            let fail = |line: u64, message: String| {
-                RenderError::new(
-                    self.file.clone(),
-                    Some(line),
-                    format!("rule '{}': {key}: {message}", self.name),
-                )
-            };
-            let namespace = match (scope(i), r.literal_namespace(), &p.namespace) {
-                (Scope::Cluster, ..) => None,
-                (Scope::Namespaced, Some(Ok(ns)), _) => Some(ns.to_string()),
-                (Scope::Namespaced, _, Some(e)) => {
-                    if parent_ns.is_some() {
-                        return Err(fail(
-                            e.line,
-                            "namespace: a namespaced parent's reference may name another namespace only literally".into(),
-                        ));
-                    }
-                    let v = self.eval(e, &ctx)?;
-                    match v.as_str() {
-                        Some(ns) if crate::meta::is_dns_label(ns) => Some(ns.to_string()),
-                        _ => {
-                            return Err(fail(
-                                e.line,
-                                format!("namespace gives a {}, not a namespace name", v.kind()),
-                            ));
-                        }
-                    }
-                }
-                (Scope::Namespaced, ..) => match parent_ns {
-                    Some(ns) => Some(ns.to_string()),
-                    None => {
-                        return Err(fail(
-                            r.name.line,
-                            format!(
-                                "{} is namespaced and the parent is not: give the reference a namespace",
-                                r.kind.value
-                            ),
-                        ));
-                    }
-                },
-            };
-            let select = if let Some(e) = &p.object_name {
-                let v = self.eval(e, &ctx)?;
-                match v.as_str() {
-                    Some(n) if !n.is_empty() && super::check_object_name("name", n).is_ok() => {
-                        RefSelect::Name(n.to_string())
-                    }
-                    _ if v.is_undefined() || v.is_none() => {
-                        return Err(fail(
-                            e.line,
-                            "objectName is undefined for this parent".into(),
-                        ));
-                    }
-                    _ => {
-                        return Err(fail(
-                            e.line,
-                            format!("objectName gives a {}, not an object name", v.kind()),
-                        ));
-                    }
-                }
-            } else if let Some(e) = &p.selector {
-                let v = self.eval(e, &ctx)?;
-                let labels = match_labels(&v).map_err(|m| fail(e.line, m))?;
-                let filter = cache_filter(r);
-                if let Some(k) = filter
-                    .derived_keys
-                    .iter()
-                    .find(|k| !labels.contains_key(*k))
-                {
-                    return Err(fail(
-                        e.line,
-                        format!(
-                            "selector has no key '{k}' for this parent (Rulebook caches only objects labelled with every key the selector is written with)"
-                        ),
-                    ));
-                }
-                RefSelect::Labels(labels)
-            } else {
-                return Err(fail(
-                    r.name.line,
-                    "has neither objectName nor selector".into(),
-                ));
-            };
+            let namespace = self.reference_namespace(i, r, p, scope(i), parent_ns, &ctx)?;
+            let select = self.reference_select(i, r, p, &ctx)?;
             out.push(RefTarget {
                 reference: i,
                 namespace,
@@ -287,6 +205,113 @@ impl CompiledRule {
             });
         }
         Ok(out)
+    }
+
+    /// The namespace reference `i` points into: none for a cluster-scoped kind, else
+    /// its literal namespace, else (cluster-scoped parents only) its `namespace`
+    /// expression, else the parent's namespace.
+    fn reference_namespace(
+        &self,
+        i: usize,
+        r: &Reference,
+        p: &RefProgram<'_>,
+        scope: Scope,
+        parent_ns: Option<&str>,
+        ctx: &BTreeMap<&'static str, Value>,
+    ) -> Result<Option<String>, RenderError> {
+        let fail = |line: u64, message: String| self.reference_error(i, line, message);
+        Ok(match (scope, r.literal_namespace(), &p.namespace) {
+            (Scope::Cluster, ..) => None,
+            (Scope::Namespaced, Some(Ok(ns)), _) => Some(ns.to_string()),
+            (Scope::Namespaced, _, Some(e)) => {
+                if parent_ns.is_some() {
+                    return Err(fail(
+                        e.line,
+                        "namespace: a namespaced parent's reference may name another namespace only literally".into(),
+                    ));
+                }
+                let v = self.eval(e, ctx)?;
+                match v.as_str() {
+                    Some(ns) if crate::meta::is_dns_label(ns) => Some(ns.to_string()),
+                    _ => {
+                        return Err(fail(
+                            e.line,
+                            format!("namespace gives a {}, not a namespace name", v.kind()),
+                        ));
+                    }
+                }
+            }
+            (Scope::Namespaced, ..) => match parent_ns {
+                Some(ns) => Some(ns.to_string()),
+                None => {
+                    return Err(fail(
+                        r.name.line,
+                        format!(
+                            "{} is namespaced and the parent is not: give the reference a namespace",
+                            r.kind.value
+                        ),
+                    ));
+                }
+            },
+        })
+    }
+
+    /// How reference `i`'s object is found: its `objectName`, else its `selector`.
+    fn reference_select(
+        &self,
+        i: usize,
+        r: &Reference,
+        p: &RefProgram<'_>,
+        ctx: &BTreeMap<&'static str, Value>,
+    ) -> Result<RefSelect, RenderError> {
+        let fail = |line: u64, message: String| self.reference_error(i, line, message);
+        if let Some(e) = &p.object_name {
+            let v = self.eval(e, ctx)?;
+            match v.as_str() {
+                Some(n) if !n.is_empty() && super::check_object_name("name", n).is_ok() => {
+                    Ok(RefSelect::Name(n.to_string()))
+                }
+                _ if v.is_undefined() || v.is_none() => Err(fail(
+                    e.line,
+                    "objectName is undefined for this parent".into(),
+                )),
+                _ => Err(fail(
+                    e.line,
+                    format!("objectName gives a {}, not an object name", v.kind()),
+                )),
+            }
+        } else if let Some(e) = &p.selector {
+            let v = self.eval(e, ctx)?;
+            let labels = match_labels(&v).map_err(|m| fail(e.line, m))?;
+            let filter = cache_filter(r);
+            if let Some(k) = filter
+                .derived_keys
+                .iter()
+                .find(|k| !labels.contains_key(*k))
+            {
+                return Err(fail(
+                    e.line,
+                    format!(
+                        "selector has no key '{k}' for this parent (Rulebook caches only objects labelled with every key the selector is written with)"
+                    ),
+                ));
+            }
+            Ok(RefSelect::Labels(labels))
+        } else {
+            Err(fail(
+                r.name.line,
+                "has neither objectName nor selector".into(),
+            ))
+        }
+    }
+
+    /// An error in `spec.references[i]`, at `line` of the rule file.
+    fn reference_error(&self, i: usize, line: u64, message: String) -> RenderError {
+        RenderError::new(
+            self.file.clone(),
+            Some(line),
+            format!("rule '{}': spec.references[{i}]: {message}", self.name),
+        )
     }
 }
 
