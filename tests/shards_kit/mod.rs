@@ -112,20 +112,6 @@ impl Fleet {
     }
 }
 
-/// A process's resident memory, in MiB (from /proc).
-pub fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
 /// Whether namespace `ns` hashes into `ranges` (`/status`'s `start-end,…` in hex).
 pub fn in_ranges(ranges: &str, ns: &str) -> bool {
     rulebook::shard::Ranges::decode(ranges).is_ok_and(|r| r.holds_namespace(ns))
