@@ -77,12 +77,7 @@ async fn a_template_edit_writes_only_the_children_it_changes() {
     let ns = namespace(&client, "cheaper").await;
     let (kind, rule) = ("CheapApp", "cheapapp");
     let d = three_configmaps(rule, kind);
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let at_creation = Audit::mark();
     let names = put_parents(&parents, kind, &ns).await;
@@ -222,12 +217,7 @@ async fn a_new_parent_costs_one_request_per_child() {
     )
     .await;
     let foreign_rv = foreign.metadata.resource_version.clone();
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
 
     let audit = Audit::mark();
@@ -351,12 +341,7 @@ async fn a_child_kind_no_rule_reads_is_cached_without_its_content() {
         &format!("{rule}.yaml"),
         &format!("{base}  status:\n    name: \"$.children.a.metadata.name\"\n"),
     );
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names = put_parents(&parents, kind, &ns).await;
     wait_all_ready(&parents, &names, T).await;
@@ -437,12 +422,7 @@ async fn a_parents_own_writes_bring_no_reconcile() {
         let v = "  v: {{ parent.spec.v | default('1') }}\n";
         d.template(&format!("{c}.yaml"), &configmap_template(c, v));
     }
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names = put_parents(&parents, kind, &ns).await;
     wait_all_ready(&parents, &names, T).await;
@@ -537,12 +517,7 @@ async fn a_parent_edited_twice_at_once_ends_as_the_last_edit_says() {
     );
     let v = "  v: {{ parent.spec.v | default('1') }}\n";
     d.template("a.yaml", &configmap_template("a", v));
-    let _op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let _op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names = put_parents(&parents, kind, &ns).await;
     wait_all_ready(&parents, &names, T).await;
@@ -586,12 +561,7 @@ async fn a_child_that_waits_on_the_parents_status_is_created() {
             ("b", Some("includeWhen: \"parent.status.name is defined\"")),
         ],
     );
-    let _op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let _op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names = put_parents(&parents, kind, &ns).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");

@@ -75,12 +75,7 @@ async fn a_foreign_secret_holds_the_project(test: &str, d: RuleDir) {
     )
     .await;
     let foreign_rv = foreign.metadata.resource_version.clone();
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let projects = api(&client, Some(&ns), "xyz.com/v1", "Project", "projects");
     wait_for(T, "the Project CRD to be served", || async {
         projects.list(&Default::default()).await.ok().map(|_| ())
@@ -229,12 +224,7 @@ async fn a_failed_child_holds_only_the_children_that_name_it() {
         &configmap_template("bad", "  \"no blanks allowed\": x\n"),
     );
     d.template("held/free.yaml", &configmap_template("free", "  k: v\n"));
-    let _op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let _op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let deploys = api(&client, Some(&ns), "apps/v1", "Deployment", "deployments");

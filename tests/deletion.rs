@@ -41,12 +41,7 @@ async fn finalize_job_then_reverse_waves_and_orphan() {
     let d = RuleDir::new();
     database_templates(&d);
     d.rule("db.yaml", &database_rule(rule, kind, "60s", false));
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let pvcs = api(
@@ -269,12 +264,7 @@ async fn finalize_timeout_warns_and_teardown_finishes() {
     let d = RuleDir::new();
     database_templates(&d);
     d.rule("db.yaml", &database_rule(rule, kind, "3s", false));
-    let _op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let _op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let jobs = api(&client, Some(&ns), "batch/v1", "Job", "jobs");
     // A marker written before the deletion (by the parent's author) counts for nothing:
@@ -329,12 +319,7 @@ async fn a_lookalike_of_the_finalize_child_does_not_stand_in_for_it() {
     let d = RuleDir::new();
     database_templates(&d);
     d.rule("db.yaml", &database_rule(rule, kind, "600s", false));
-    let _op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let _op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let jobs = api(&client, Some(&ns), "batch/v1", "Job", "jobs");
     put(&parents, &parent(kind, &ns, "db3", json!({}))).await;
@@ -414,12 +399,7 @@ async fn removing_the_rule_releases_its_finalizers() {
             &[child("config", "v1", "ConfigMap", "plain.yaml", &[])],
         ),
     );
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let plain = kind_api(&client, &ns, "DelPlain", T).await;
     let names: BTreeSet<String> = (0..3).map(|i| format!("r{i}")).collect();
@@ -498,12 +478,7 @@ async fn release_command_frees_parents_without_the_operator() {
     let d = RuleDir::new();
     d.template("cm.yaml", &configmap_template("cm", "  k: v\n"));
     d.rule("r.yaml", &orphan_rule(rule, kind));
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     for (name, team) in [("x", "a"), ("y", "b")] {
         let mut p = parent(kind, &ns, name, json!({}));
@@ -676,12 +651,7 @@ async fn dropping_the_deletion_steps_removes_the_finalizer() {
     let d = RuleDir::new();
     d.template("cm.yaml", &configmap_template("cm", "  k: v\n"));
     d.rule("r.yaml", &orphan_rule(rule, kind));
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names: BTreeSet<String> = (0..2).map(|i| format!("d{i}")).collect();
     for n in &names {
@@ -1044,12 +1014,7 @@ async fn an_orphan_child_outlives_every_propagation_policy() {
             ],
         ),
     );
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let pvcs = api(

@@ -91,12 +91,7 @@ async fn diff_shows_exactly_what_a_change_would_do() {
     d.template("config.yaml", CONFIG);
     d.template("secret.yaml", &secret(""));
     diff_rule(&d, rule, kind);
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names: BTreeSet<String> = ["p0", "p1", "p2"].iter().map(|s| s.to_string()).collect();
     for (n, team) in [("p0", "a"), ("p1", "b"), ("p2", "b")] {

@@ -168,12 +168,7 @@ async fn a_fight_is_bounded_and_reported() {
         "fight/config.yaml",
         &configmap_template("config", "  mode: \"rulebook\"\n"),
     );
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let names: BTreeSet<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
@@ -738,12 +733,7 @@ async fn a_child_cannot_leave_its_namespace() {
         .await;
         victims.push((a.clone(), rv_of(&to_json(&v))));
     }
-    let _op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let _op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cases: Vec<(&str, String, String)> = vec![
         ("good", "good-cm".into(), ns.to_string()),
@@ -855,12 +845,7 @@ async fn a_cluster_scoped_child_is_refused() {
         ),
     );
     d.template("scope/cm.yaml", &configmap_template("cm", "  a: \"b\"\n"));
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let s = wait_for(T, "the rule to report the cluster-scoped child", || async {
         let s = status(&op).await;
         let r = s["rules"]["scopeparent"].clone();
@@ -945,12 +930,7 @@ async fn a_foreign_object_is_left_alone_until_adopted() {
         )
         .await,
     );
-    let _op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let _op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     put(&parents, &parent(kind, &ns, "x", json!({}))).await;
     put(&parents, &parent(kind, &ns, "y", json!({}))).await;
@@ -1056,12 +1036,7 @@ async fn exhaustion_fails_only_its_parent() {
         "exhaust/plain.yaml",
         &configmap_template("plain", "  a: \"b\"\n"),
     );
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     // ~900 KB, with characters JSON must escape: the parent fits the API server's limits,
@@ -1168,12 +1143,7 @@ async fn templates_cannot_read_env_or_files() {
     d.template("dyn/part.yaml", "\"partial\"");
     // A file next to the templates directory.
     std::fs::write(d.templates.join("../secret.txt"), "TOP-SECRET-FILE").unwrap();
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let sp = kind_api(&client, &ns, kind, T).await;
     let dp = kind_api(&client, &ns, "DynIncParent", T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");

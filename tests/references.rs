@@ -538,12 +538,7 @@ async fn a_failing_parent_keeps_its_backoff_on_reference_edits() {
         ("conf", "ConfigMap", "conf", &ns),
         "  good: {{ refs.conf.data.good }}",
     );
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     put(&cms, &team_cm(&ns, "conf", "none", json!({"n": "0"}))).await;
@@ -601,12 +596,7 @@ async fn a_literal_namespace_is_readable() {
         ("global", "ConfigMap", "global-settings", &shared),
         "  region: {{ refs.global.data.region }}",
     );
-    let _op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let _op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let shared_cms = api(&client, Some(&shared), "v1", "ConfigMap", "configmaps");
     put(
@@ -662,12 +652,7 @@ async fn wait_for_orders_children_and_never_prunes_a_started_one() {
         "  status:\n    dbReady:\n      expr: \"ready(children.db)\"\n  crd:\n",
     );
     d.rule("wait.yaml", &rule);
-    let _op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let _op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     put(&parents, &parent(kind, &ns, "w1", json!({}))).await;
@@ -747,12 +732,7 @@ async fn a_paused_parent_gets_nothing_but_its_paused_condition() {
             &[child("cm", "v1", "ConfigMap", "cm.yaml", &[])],
         ),
     );
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     put(&parents, &parent(kind, &ns, "p1", json!({"size": 1}))).await;

@@ -71,12 +71,7 @@ async fn light_renders_stay_on_the_runtime_heavy_and_looping_ones_go_to_the_pool
             &[child("out", "v1", "ConfigMap", "plain.yaml", &[])],
         ),
     );
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let plain = kind_api(&client, &ns, "SlicePlain", T).await;
     let heavy_kind = kind_api(&client, &ns, "SliceHeavy", T).await;
     let looped = kind_api(&client, &ns, "SliceLooped", T).await;

@@ -42,12 +42,7 @@ async fn a_standby_never_writes_not_even_when_a_rule_drops_a_kind() {
     d.rule("app.yaml", &rule_text(rule, kind, &[cm.clone(), secret]));
 
     // A leader creates the children, then goes away.
-    let mut leader = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let mut leader = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let names: std::collections::BTreeSet<String> = (0..3).map(|i| format!("p{i}")).collect();
     put_all(

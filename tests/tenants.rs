@@ -128,12 +128,7 @@ async fn apiversion_move_keeps_children() {
     };
     d.template("hpa/v2.yaml", HPA_V2);
     d.rule("hpa.yaml", &rule_for("v2", "hpa/v2.yaml"));
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let hpas = api(
         &client,
@@ -679,12 +674,7 @@ async fn heavy_render_keeps_health_and_fails_with_budget() {
         "{% for i in range(parent.spec.rounds) %}{% if (parent.spec.blob | replace(\"a\", \"bb\") | length) < 0 %}x{% endif %}{% endfor %}\n\
          apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ \"-out\" }}\ndata:\n  rounds: {{ parent.spec.rounds | string }}\n",
     );
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     // A light parent first: the rule serves.
     put(

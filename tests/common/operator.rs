@@ -36,6 +36,8 @@ pub struct Operator {
 /// ```ignore
 /// let op = d.operator().namespace(&ns).flags(&["--install-crds"]).start().await;
 /// ```
+///
+/// (that one, the most common, is `RuleDir::start_in(&ns)`).
 pub struct OperatorBuilder {
     rules: PathBuf,
     templates: PathBuf,

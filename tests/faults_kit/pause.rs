@@ -38,12 +38,7 @@ pub async fn pause_resume(kind: &str, gap: Gap) {
         "pause/config.yaml",
         &configmap_template("config", "  rev: {{ parent.spec.rev | string }}\n"),
     );
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, Duration::from_secs(120)).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
     let mut names: BTreeSet<String> = (0..N).map(|i| format!("p{i}")).collect();

@@ -41,12 +41,7 @@ pub async fn poison(kind: &str, poisoned: usize, healthy: usize) -> PoisonReport
             "  ok: \"yes\"\n{% if parent.spec.poison %}\n  broken: {{ parent.spec.missing.field }}\n{% endif %}\n",
         ),
     );
-    let op = d
-        .operator()
-        .namespace(&ns)
-        .flags(&["--install-crds"])
-        .start()
-        .await;
+    let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, Duration::from_secs(120)).await;
     let t = Duration::from_secs(600);
     let batch = |prefix: &str, n: usize, poison: bool| -> (BTreeSet<String>, Vec<Json>) {

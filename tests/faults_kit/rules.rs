@@ -39,6 +39,16 @@ impl RuleDir {
         Operator::on(&self.rules, &self.templates)
     }
 
+    /// The most common operator of a test: these rules, watching namespace `ns`, the
+    /// rules' CRDs installed (`--install-crds`).
+    pub async fn start_in(&self, ns: &str) -> Operator {
+        self.operator()
+            .namespace(ns)
+            .flags(&["--install-crds"])
+            .start()
+            .await
+    }
+
     pub fn template(&self, rel: &str, text: &str) {
         let path = self.templates.join(rel);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
