@@ -37,18 +37,7 @@ fn a_status_answer_has_the_identity_of_the_whole_object() {
 
 #[test]
 fn an_apply_answer_covers_the_fields_the_whole_object_covers() {
-    let answer = json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "c", "namespace": "n", "uid": "u", "resourceVersion": "42",
-            "labels": {"rulebook.dev/owner": "p"},
-            "managedFields": [
-                {"manager": "rulebook", "operation": "Apply", "fieldsType": "FieldsV1",
-                 "fieldsV1": {"f:data": {"f:k": {}}, "f:metadata": {"f:labels": {"f:rulebook.dev/owner": {}}}}},
-                {"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
-                 "fieldsV1": {"f:data": {"f:z": {}}}}]},
-        "data": {"k": "v", "z": "w"}
-    })
-    .to_string();
+    let answer = crate::write::writer::sample_apply_answer();
     let lean = serde_json::from_str::<Wire<false>>(&answer)
         .unwrap()
         .into_packed();

@@ -404,6 +404,26 @@ fn raw_body(text: String) -> Box<serde_json::value::RawValue> {
     }
 }
 
+/// An apply's answer for a ConfigMap child: Rulebook's fields and another manager's, as
+/// the API server sends it. The writer's tests decode it here; the operator's tests
+/// (`reconcile::write_answers_tests`) check that the memo and the drift check read it
+/// as they read the whole object.
+#[doc(hidden)]
+pub fn sample_apply_answer() -> String {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "c", "namespace": "n", "uid": "u", "resourceVersion": "42",
+            "labels": {"rulebook.dev/owner": "p"},
+            "managedFields": [
+                {"manager": "rulebook", "operation": "Apply", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:data": {"f:k": {}}, "f:metadata": {"f:labels": {"f:rulebook.dev/owner": {}}}}},
+                {"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:data": {"f:z": {}}}}]},
+        "data": {"k": "v", "z": "w"}
+    })
+    .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -503,18 +523,7 @@ mod tests {
 
     #[test]
     fn an_apply_answer_reads_as_a_cached_child_and_as_the_whole_object_would() {
-        let answer = json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "c", "namespace": "n", "uid": "u", "resourceVersion": "42",
-                "labels": {"rulebook.dev/owner": "p"},
-                "managedFields": [
-                    {"manager": "rulebook", "operation": "Apply", "fieldsType": "FieldsV1",
-                     "fieldsV1": {"f:data": {"f:k": {}}, "f:metadata": {"f:labels": {"f:rulebook.dev/owner": {}}}}},
-                    {"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
-                     "fieldsV1": {"f:data": {"f:z": {}}}}]},
-            "data": {"k": "v", "z": "w"}
-        })
-        .to_string();
+        let answer = sample_apply_answer();
         let lean = serde_json::from_str::<Wire<false>>(&answer)
             .unwrap()
             .into_packed();
