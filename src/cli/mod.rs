@@ -4,6 +4,7 @@
 pub mod diff;
 pub mod observed;
 pub mod release;
+pub mod roundtrip;
 pub mod ruletest;
 
 use std::io::Write;
@@ -313,13 +314,38 @@ fn crds(args: &CrdsArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
     let Some(set) = load_or_report(&args.dirs, err)? else {
         return Ok(1);
     };
-    let crds: Vec<Json> = set
-        .rules
-        .values()
-        .filter_map(|r| crate::rules::crd::crd_for(&r.rule))
-        .collect();
+    let crds = crds_of(&set, None, err)?;
     write_stream(&crds, out)?;
     Ok(0)
+}
+
+/// The CRDs of `set`; a rule converting between versions gets `endpoint`'s
+/// `clientConfig` for its conversion webhook, or the placeholder, said on `err`.
+fn crds_of(
+    set: &RuleSet,
+    endpoint: Option<&crate::webhook::Endpoint>,
+    err: &mut dyn Write,
+) -> Result<Vec<Json>> {
+    let mut crds = Vec::new();
+    for r in set.rules.values() {
+        let path = crate::rules::crd::conversion_path(&r.name);
+        let client = endpoint.map(|e| e.client_config(&path));
+        let Some(crd) = crate::rules::crd::crd_with_webhook(&r.rule, client.as_ref()) else {
+            continue;
+        };
+        if client.is_none() && crate::rules::crd::needs_conversion_webhook(&r.rule) {
+            writeln!(
+                err,
+                "note: CRD {} converts through Rulebook's webhook; its clientConfig is a \
+                 placeholder (Service rulebook-system/rulebook-webhook, path {path}, no \
+                 caBundle): give --webhook-url or --webhook-service, or let `run \
+                 --install-crds` write it with the CA",
+                crd["metadata"]["name"].as_str().unwrap_or("")
+            )?;
+        }
+        crds.push(crd);
+    }
+    Ok(crds)
 }
 
 fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
@@ -369,6 +395,24 @@ fn check(args: &CheckArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i
                     rule.version
                 )?;
             }
+            let trips = roundtrip::check(&set, &args.dirs);
+            for (rule, n) in &trips.tried {
+                if *n == 0 {
+                    writeln!(
+                        err,
+                        "warning: rule '{rule}': no example or RuleTest parent to prove its conversions round-trip on"
+                    )?;
+                } else {
+                    writeln!(out, "ok  {rule}  conversions round-trip on {n} objects")?;
+                }
+            }
+            if !trips.problems.is_empty() {
+                for p in &trips.problems {
+                    writeln!(err, "{p}")?;
+                }
+                writeln!(err, "{} errors", trips.problems.len())?;
+                return Ok(1);
+            }
             writeln!(out, "{} rules valid", set.rules.len())?;
             Ok(0)
         }
@@ -401,13 +445,17 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
         .and_then(Json::as_str)
         .unwrap_or("");
     let kind = parent.get("kind").and_then(Json::as_str).unwrap_or("");
-    let Some(rule) = set.rules.values().find(|r| {
-        r.rule.spec.parent.api_version.as_str() == api_version
-            && r.rule.spec.parent.kind.as_str() == kind
-    }) else {
+    let Some(rule) = rule_for(&set, api_version, kind) else {
         bail!("no rule has parent {api_version} {kind}");
     };
-    let parent = with_render_defaults(rule, parent);
+    // Read in the storage version, as the operator reads it.
+    let parent = match ruletest::in_storage_version(rule, &parent) {
+        Ok(p) => with_render_defaults(rule, p),
+        Err(e) => {
+            writeln!(err, "{e}")?;
+            return Ok(1);
+        }
+    };
     // The documents after the parent in its own file count as observed objects too (an
     // example's referenced Secret and ConfigMaps, say).
     let mut objects: Vec<Json> = read_objects(&args.parent)?.into_iter().skip(1).collect();
@@ -473,6 +521,31 @@ fn with_render_defaults(rule: &crate::render::CompiledRule, mut parent: Json) ->
         meta.entry("generation").or_insert_with(|| 1.into());
     }
     parent
+}
+
+/// The rule whose parent is `api_version` `kind`: the same apiVersion, or, for a rule
+/// listing versions (`spec.crd.versions`), any of them.
+pub fn rule_for<'a>(set: &'a RuleSet, api_version: &str, kind: &str) -> Option<&'a crate::render::SharedRule> {
+    let (group, version) = crate::meta::split_api_version(api_version);
+    set.rules.values().find(|r| {
+        let p = &r.rule.spec.parent;
+        p.kind.value == kind
+            && (p.api_version.value == api_version
+                || (p.group_version().0 == group
+                    && r.crd_versions().iter().any(|(v, _)| v == version)))
+    })
+}
+
+/// The schema of the parent's `.spec` in the storage version: the storage version's
+/// own, else `spec.crd.specSchema`.
+pub fn storage_spec_schema(rule: &crate::render::CompiledRule) -> Option<&Json> {
+    let crd = rule.rule.spec.crd.as_ref()?;
+    crd.versions
+        .iter()
+        .find(|v| v.storage)
+        .and_then(|v| v.spec_schema.as_ref())
+        .or(crd.spec_schema.as_ref())
+        .map(|s| &s.value)
 }
 
 /// How `rule`'s children are placed without discovery: built-in cluster-scoped kinds as

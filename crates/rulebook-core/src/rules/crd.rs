@@ -256,6 +256,39 @@ fn conditions_schema() -> Json {
     })
 }
 
+/// How to make an incompatible schema change without breaking stored objects: a new
+/// version beside the current one, with conversions, as a one-line snippet for the
+/// breaking-change refusal.
+pub fn add_version_hint(rule: &Rule) -> String {
+    let (group, current) = split_api_version(&rule.spec.parent.api_version);
+    let current = rule
+        .spec
+        .crd
+        .as_ref()
+        .and_then(|c| c.versions.iter().find(|v| v.storage))
+        .map_or(current, |v| v.name.as_str());
+    let next = next_version(current);
+    let dir = rule.metadata.name.as_str();
+    format!(
+        "to change the schema incompatibly, add a version instead: spec.parent.apiVersion: \
+         {group}/{next}; spec.crd.versions: [{{name: {next}, storage: true, specSchema: <the new \
+         schema>}}, {{name: {current}, deprecated: true, specSchema: <the old schema>}}]; \
+         spec.crd.conversion: [{{from: {current}, to: {next}, template: \
+         {dir}/{current}-to-{next}.yaml}}, {{from: {next}, to: {current}, template: \
+         {dir}/{next}-to-{current}.yaml}}] (docs/reference/crd.md#versions)"
+    )
+}
+
+/// The version after `v`: `v1` → `v2`, `v1beta1` → `v1beta2`, `v2alpha3` → `v2alpha4`.
+fn next_version(v: &str) -> String {
+    let digits = v.len() - v.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let (head, n) = v.split_at(v.len() - digits);
+    match n.parse::<u64>() {
+        Ok(n) if !head.is_empty() => format!("{head}{}", n + 1),
+        _ => format!("{v}2"),
+    }
+}
+
 /// Schema changes that could break objects already stored: a removed property, a
 /// changed type, a new required field, tighter bounds, fewer enum values, stricter
 /// patterns or formats. `path` names the place, e.g. `spec.replicas`.
@@ -639,6 +672,19 @@ mod tests {
         assert!(crd["spec"].get("conversion").is_none());
         assert_eq!(crd["spec"]["versions"].as_array().unwrap().len(), 1);
         assert_eq!(crd["spec"]["versions"][0]["name"], "v1");
+    }
+
+    #[test]
+    fn the_hint_names_the_next_version() {
+        assert_eq!(next_version("v1"), "v2");
+        assert_eq!(next_version("v1beta1"), "v1beta2");
+        assert_eq!(next_version("v2alpha9"), "v2alpha10");
+        let hint = add_version_hint(&webapp());
+        assert!(
+            hint.contains("web.example.com/v2")
+                && hint.contains("{from: v1, to: v2, template: webapp/v1-to-v2.yaml}"),
+            "{hint}"
+        );
     }
 
     #[test]
