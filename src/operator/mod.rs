@@ -505,6 +505,8 @@ async fn activate(
                 .map(|(_, m)| m.clone());
             engine.status.set_problem(rule, problem);
         }
+        // Objects stored in a version the CRD no longer stores in are rewritten.
+        engine.migrate(set, &mine);
     }
     engine.apply(set).await;
 }

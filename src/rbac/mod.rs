@@ -204,6 +204,9 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
             }));
         }
     }
+    if opts.install_crds {
+        rules.extend(migration_rules(set));
+    }
     if opts.leader_elect {
         rules.push(json!({
             "apiGroups": ["coordination.k8s.io"],
@@ -230,6 +233,41 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
         }));
     }
     bind(rules, opts)
+}
+
+/// What the storage migration of `run --install-crds` needs for the rules listing
+/// versions (`spec.crd.versions`; engine/migrate.rs): `update` on their parents (each
+/// stored object is replaced with itself) and `patch` on their CRDs' status (to trim
+/// `status.storedVersions`), by name.
+fn migration_rules(set: &RuleSet) -> Vec<Json> {
+    let versioned: Vec<_> = set
+        .rules
+        .values()
+        .filter(|r| r.rule.spec.crd.as_ref().is_some_and(|c| !c.versions.is_empty()))
+        .collect();
+    let names: BTreeSet<String> = versioned
+        .iter()
+        .filter_map(|r| crate::rules::crd::crd_name(&r.rule))
+        .collect();
+    if names.is_empty() {
+        return Vec::new();
+    }
+    let mut out = vec![json!({
+        "apiGroups": ["apiextensions.k8s.io"],
+        "resources": ["customresourcedefinitions/status"],
+        "resourceNames": names,
+        "verbs": ["patch"],
+    })];
+    for r in versioned {
+        let p = &r.rule.spec.parent;
+        let (group, _) = split_api_version(&p.api_version);
+        out.push(json!({
+            "apiGroups": [group],
+            "resources": [plural_of(set, &p.api_version, &p.kind)],
+            "verbs": ["update"],
+        }));
+    }
+    out
 }
 
 /// A ClusterRole with `rules`, and its binding to the options' ServiceAccount.
