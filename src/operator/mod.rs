@@ -224,6 +224,9 @@ fn check_flags(args: &Settings) -> Result<()> {
     if (args.leader_elect || args.sharding) && args.lease_duration < 3 {
         bail!("--lease-duration must be at least 3 seconds");
     }
+    if let Some(w) = &args.webhook {
+        crate::webhook::run::check_validity(w).map_err(anyhow::Error::msg)?;
+    }
     if args.leader_elect && args.sharding {
         bail!(
             "--sharding namespace replaces --leader-elect: replicas share the parents instead of one leading"

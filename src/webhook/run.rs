@@ -49,6 +49,22 @@ pub fn settle(refresh: Duration) -> Duration {
     refresh * 3 + Duration::from_secs(5)
 }
 
+/// Refuses lifetimes the rotation cannot keep: a serving certificate must outlive a
+/// rotation step by the third of its life left when it is renewed, and the CA two steps.
+pub fn check_validity(s: &Settings) -> Result<(), String> {
+    let step = settle(s.refresh);
+    if s.cert_validity < step * 3 {
+        return Err(format!(
+            "--webhook-cert-validity must be at least 3 × (3 × --webhook-refresh + 5 s) = {}s",
+            (step * 3).as_secs()
+        ));
+    }
+    if s.ca_validity < s.cert_validity * 2 {
+        return Err("--webhook-ca-validity must be at least twice --webhook-cert-validity".into());
+    }
+    Ok(())
+}
+
 /// The webhook server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
