@@ -70,6 +70,8 @@ async fn certificates_rotate_under_continuous_creates_without_a_failed_request()
         clients.push(tokio::spawn(async move {
             let dry = PostParams { dry_run: true, ..Default::default() };
             while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                // ~40 a second per client: continuous, without crowding the shared API server.
+                tokio::time::sleep(Duration::from_millis(25)).await;
                 let r = parents.create(&dry, &parent).await;
                 let mut o = outcomes.lock().unwrap();
                 match r {
