@@ -172,7 +172,7 @@ pub async fn install_with(
             failures.push((
                 rule.name.clone(),
                 format!(
-                    "CRD {}: not applied: the rule converts between versions (spec.crd.conversion), which Rulebook's webhook server serves; run with --webhook-url or --webhook-service",
+                    "CRD {}: not applied: the rule converts between versions (spec.crd.conversion) through Rulebook's webhook server, which is off or has no certificate yet (run with --webhook-url or --webhook-service); a CRD whose conversion nobody serves makes its kind unreadable",
                     desired.pointer("/metadata/name").and_then(Json::as_str).unwrap_or("")
                 ),
             ));

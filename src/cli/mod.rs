@@ -6,6 +6,7 @@ pub mod observed;
 pub mod release;
 pub mod roundtrip;
 pub mod ruletest;
+pub mod webhook_args;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -128,6 +129,8 @@ pub struct RunArgs {
     /// once per this many seconds; a member joining or leaving moves them at once.
     #[arg(long, default_value_t = 60)]
     pub shard_rebalance_seconds: u64,
+    #[command(flatten)]
+    pub webhook: webhook_args::WebhookArgs,
 }
 
 impl RunArgs {
@@ -156,6 +159,7 @@ impl RunArgs {
             sharding: self.sharding == "namespace",
             shard_filter_client: self.shard_filter == "client",
             shard_rebalance_seconds: self.shard_rebalance_seconds,
+            webhook: self.webhook.settings(self.lease_namespace.as_deref()),
         }
     }
 }
@@ -164,6 +168,24 @@ impl RunArgs {
 pub struct CrdsArgs {
     #[command(flatten)]
     pub dirs: RuleDirs,
+    /// Also print the ValidatingWebhookConfiguration and MutatingWebhookConfiguration
+    /// `run` generates for the rules' `expr:` checks and defaults (without `caBundle`,
+    /// which `run` fills in from its CA).
+    #[arg(long)]
+    pub webhooks: bool,
+    /// With `--webhooks`: how the API server reaches the webhooks, as `run
+    /// --webhook-url` (default: the Service below).
+    #[arg(long, value_parser = webhook_args::url, conflicts_with = "webhook_service")]
+    pub webhook_url: Option<crate::webhook::Base>,
+    /// With `--webhooks`: as `run --webhook-service`.
+    #[arg(long, value_parser = webhook_args::service, default_value = "rulebook-system/rulebook-webhook")]
+    pub webhook_service: crate::webhook::Base,
+    /// With `--webhooks`: as `run --webhook-configuration`.
+    #[arg(long, default_value = "rulebook")]
+    pub webhook_configuration: String,
+    /// With `--webhooks`: Rulebook's own namespace, excluded from the webhooks.
+    #[arg(long, default_value = "rulebook-system")]
+    pub webhook_namespace: String,
 }
 
 #[derive(Args, Debug)]
@@ -199,6 +221,16 @@ pub struct RbacArgs {
     /// reads (the Secret part of the role is bound there only); repeat for several.
     #[arg(long = "namespace", requires = "diff_role")]
     pub diff_namespaces: Vec<String>,
+    /// Include what `run --webhook-url/--webhook-service` needs: the webhook
+    /// configurations by name, and a Role on the certificates' Secret in its namespace.
+    #[arg(long)]
+    pub webhooks: bool,
+    /// With `--webhooks`: `run --webhook-configuration`.
+    #[arg(long, default_value = "rulebook")]
+    pub webhook_configuration: String,
+    /// With `--webhooks`: `run --webhook-secret`.
+    #[arg(long, default_value = "rulebook-system/rulebook-webhook", value_parser = webhook_args::namespaced)]
+    pub webhook_secret: (String, String),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -314,38 +346,85 @@ fn crds(args: &CrdsArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
     let Some(set) = load_or_report(&args.dirs, err)? else {
         return Ok(1);
     };
-    let crds = crds_of(&set, None, err)?;
-    write_stream(&crds, out)?;
+    let endpoint = crate::webhook::Endpoint {
+        base: args
+            .webhook_url
+            .clone()
+            .unwrap_or_else(|| args.webhook_service.clone()),
+        ca_bundle_pem: Vec::new(),
+    };
+    let mut objects = crds_of(&set, &endpoint, err)?;
+    if args.webhooks {
+        objects.extend(webhook_configurations(args, &set)?);
+    }
+    write_stream(&objects, out)?;
     Ok(0)
 }
 
 /// The CRDs of `set`; a rule converting between versions gets `endpoint`'s
-/// `clientConfig` for its conversion webhook, or the placeholder, said on `err`.
+/// `clientConfig` for its conversion webhook, without a `caBundle` (said on `err`: `run
+/// --install-crds` writes it from its CA).
 fn crds_of(
     set: &RuleSet,
-    endpoint: Option<&crate::webhook::Endpoint>,
+    endpoint: &crate::webhook::Endpoint,
     err: &mut dyn Write,
 ) -> Result<Vec<Json>> {
     let mut crds = Vec::new();
     for r in set.rules.values() {
         let path = crate::rules::crd::conversion_path(&r.name);
-        let client = endpoint.map(|e| e.client_config(&path));
-        let Some(crd) = crate::rules::crd::crd_with_webhook(&r.rule, client.as_ref()) else {
+        let mut client = endpoint.client_config(&path);
+        if let Some(c) = client.as_object_mut() {
+            c.remove("caBundle");
+        }
+        let Some(crd) = crate::rules::crd::crd_with_webhook(&r.rule, Some(&client)) else {
             continue;
         };
-        if client.is_none() && crate::rules::crd::needs_conversion_webhook(&r.rule) {
+        if crate::rules::crd::needs_conversion_webhook(&r.rule) {
+            let at = match &endpoint.base {
+                crate::webhook::Base::Url(u) => format!("{u}{path}"),
+                crate::webhook::Base::Service {
+                    namespace,
+                    name,
+                    port,
+                } => format!("Service {namespace}/{name} port {port} path {path}"),
+            };
             writeln!(
                 err,
-                "note: CRD {} converts through Rulebook's webhook; its clientConfig is a \
-                 placeholder (Service rulebook-system/rulebook-webhook, path {path}, no \
-                 caBundle): give --webhook-url or --webhook-service, or let `run \
-                 --install-crds` write it with the CA",
+                "note: CRD {} converts through Rulebook's webhook at {at} (--webhook-url or \
+                 --webhook-service); printed without a caBundle, which `run --install-crds` \
+                 writes from its CA",
                 crd["metadata"]["name"].as_str().unwrap_or("")
             )?;
         }
         crds.push(crd);
     }
     Ok(crds)
+}
+
+/// The webhook configurations `run` would apply, printed without a `caBundle`.
+fn webhook_configurations(args: &CrdsArgs, set: &RuleSet) -> Result<Vec<Json>> {
+    let endpoint = crate::webhook::Endpoint {
+        base: args
+            .webhook_url
+            .clone()
+            .unwrap_or_else(|| args.webhook_service.clone()),
+        ca_bundle_pem: Vec::new(),
+    };
+    let scope = crate::webhook::configs::Scope {
+        name: args.webhook_configuration.clone(),
+        own_namespace: Some(args.webhook_namespace.clone()),
+        namespace: None,
+        selector: None,
+    };
+    let mut configs = crate::webhook::configs::configurations(set, &endpoint, &scope)?;
+    for c in &mut configs {
+        for hook in c["webhooks"].as_array_mut().into_iter().flatten() {
+            if let Some(cc) = hook["clientConfig"].as_object_mut() {
+                cc.remove("caBundle");
+            }
+        }
+    }
+    Ok(configs)
 }
 
 fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
@@ -370,6 +449,9 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
         lease_name: args.lease_name.clone(),
         diff_role: args.diff_role,
         diff_namespaces: args.diff_namespaces.clone(),
+        webhooks: args
+            .webhooks
+            .then(|| (args.webhook_configuration.clone(), args.webhook_secret.clone())),
     };
     write_stream(&crate::rbac::manifests(&set, &opts), out)?;
     Ok(0)
