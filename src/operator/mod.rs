@@ -524,6 +524,11 @@ impl Operator {
             webhooks: self.webhooks.as_ref(),
         };
         publish_objects(&self.client, &self.engine, set, &publish).await;
+        if self.install_crds {
+            // A CRD that converts is applied only once the webhook has its certificate.
+            let mine = |name: &str| share.as_ref().is_none_or(|r| r.holds_namespace(name));
+            self.engine.migrate(set, &mine);
+        }
     }
 
     /// Finishes in-flight reconciles, closes the gate, then gives up the share or the lease.
