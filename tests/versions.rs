@@ -231,7 +231,7 @@ async fn objects_read_back_in_either_version_and_children_render_from_storage() 
     let v = Versioned::new("rd");
     v.write_rule("v1", true);
     let port = free_port();
-    let _op = v.operator(&ns, port).start().await;
+    let op = v.operator(&ns, port).start().await;
     let crd = v.wait_crd(&client, port, "v1").await;
     assert_eq!(crd["spec"]["conversion"]["webhook"]["conversionReviewVersions"], json!(["v1"]));
     let alpha = v.api(&client, &ns, "v1alpha1");
@@ -280,6 +280,31 @@ async fn objects_read_back_in_either_version_and_children_render_from_storage() 
         assert_eq!(cm["data"]["image"], image);
         assert_eq!(cm["data"]["readAs"], format!("{GROUP}/v1"));
     }
+
+    // Conversion has no failure policy: with no replica answering, the kind cannot be
+    // read in another version than it is stored in (a clear error); nothing is lost,
+    // and reads come back with the operator.
+    drop(op);
+    let err = wait_for(T, "reads in v1alpha1 to fail", || async {
+        match alpha.get("old").await {
+            Err(kube::Error::Api(s)) => Some(s.message),
+            _ => None,
+        }
+    })
+    .await;
+    println!("with no webhook: {err}");
+    assert!(err.contains("conversion webhook"), "{err}");
+    assert_eq!(
+        to_json(&one.get("old").await.unwrap())["spec"]["container"]["image"],
+        "old:1",
+        "the storage version reads without conversion"
+    );
+    let _op = v.operator(&ns, port).start().await;
+    let back = wait_for(T, "reads in v1alpha1 to come back", || async {
+        alpha.get("old").await.ok()
+    })
+    .await;
+    assert_eq!(to_json(&back)["spec"]["image"], "old:1");
     v.remove_crd(&client).await;
 }
 
