@@ -13,7 +13,6 @@ use crate::rules::crd::{
     MANAGED_BY_LABEL, MANAGED_BY_VALUE, add_version_hint, breaking_changes, crd_with_webhook,
     needs_conversion_webhook,
 };
-use crate::webhook::Endpoint;
 
 /// The storage version's schema of a CRD object.
 fn schema_of(crd: &Json) -> Option<&Json> {
@@ -148,41 +147,37 @@ pub async fn install(
     install_with(client, set, mine, None).await
 }
 
-/// [`install`], with the conversion webhook's `endpoint` (the webhook server's, with its
-/// current CA) in the CRDs of rules that convert between versions. Without one, such a
-/// CRD is not applied: a CRD whose conversion webhook nobody serves makes its kind
-/// unreadable.
+/// The conversion webhook's `clientConfig` for a path (`/convert/<rule>`): the webhook
+/// server's `Endpoint::client_config`, with its current CA.
+pub type ClientConfig<'a> = &'a (dyn Fn(&str) -> Json + Sync);
+
+/// [`install`], with the conversion webhook's `clientConfig` in the CRDs of rules that
+/// convert between versions. Without one, such a CRD is not applied: a CRD whose
+/// conversion webhook nobody serves makes its kind unreadable.
 pub async fn install_with(
     client: &kube::Client,
     set: &crate::render::RuleSet,
     mine: &(dyn Fn(&str) -> bool + Sync),
-    endpoint: Option<&Endpoint>,
+    conversion: Option<ClientConfig<'_>>,
 ) -> Vec<(String, String)> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut failures = Vec::new();
     for rule in set.rules.values() {
         let converts = needs_conversion_webhook(&rule.rule);
-        let client_config = endpoint.map(|e| {
-            e.client_config(&crate::rules::crd::conversion_path(&rule.name))
-        });
+        let client_config =
+            conversion.map(|c| c(&crate::rules::crd::conversion_path(&rule.name)));
         let Some(desired) = crd_with_webhook(&rule.rule, client_config.as_ref()) else {
             continue;
         };
-        if converts && client_config.is_none() {
-            failures.push((
-                rule.name.clone(),
-                format!(
-                    "CRD {}: not applied: the rule converts between versions (spec.crd.conversion) through Rulebook's webhook server, which is off or has no certificate yet (run with --webhook-url or --webhook-service); a CRD whose conversion nobody serves makes its kind unreadable",
-                    desired.pointer("/metadata/name").and_then(Json::as_str).unwrap_or("")
-                ),
-            ));
-            continue;
-        }
         let name = desired
             .pointer("/metadata/name")
             .and_then(Json::as_str)
             .unwrap_or("")
             .to_string();
+        if converts && client_config.is_none() {
+            failures.push((rule.name.clone(), unserved_conversion(&name)));
+            continue;
+        }
         let allow_breaking = rule
             .rule
             .spec
@@ -252,6 +247,17 @@ pub async fn install_with(
         }
     }
     failures
+}
+
+/// Why the CRD `name` of a rule with conversions is not applied without the webhook
+/// server's endpoint.
+fn unserved_conversion(name: &str) -> String {
+    format!(
+        "CRD {name}: not applied: the rule converts between versions (spec.crd.conversion) \
+         through Rulebook's webhook server, which is off or has no certificate yet (run with \
+         --webhook-url or --webhook-service); a CRD whose conversion nobody serves makes its \
+         kind unreadable"
+    )
 }
 
 /// Whether the live CRD already carries everything in `desired`.
