@@ -173,13 +173,14 @@ pub struct CrdsArgs {
     /// which `run` fills in from its CA).
     #[arg(long)]
     pub webhooks: bool,
-    /// With `--webhooks`: how the API server reaches the webhooks, as `run
-    /// --webhook-url` (default: the Service below).
+    /// How the API server reaches the webhooks, as `run --webhook-url`: written into the
+    /// CRDs' conversion and, with `--webhooks`, the webhook configurations.
     #[arg(long, value_parser = webhook_args::url, conflicts_with = "webhook_service")]
     pub webhook_url: Option<crate::webhook::Base>,
-    /// With `--webhooks`: as `run --webhook-service`.
-    #[arg(long, value_parser = webhook_args::service, default_value = "rulebook-system/rulebook-webhook")]
-    pub webhook_service: crate::webhook::Base,
+    /// As `run --webhook-service`, likewise (with `--webhooks` and neither flag:
+    /// `rulebook-system/rulebook-webhook:443`, the Service of deploy/).
+    #[arg(long, value_parser = webhook_args::service)]
+    pub webhook_service: Option<crate::webhook::Base>,
     /// With `--webhooks`: as `run --webhook-configuration`.
     #[arg(long, default_value = "rulebook")]
     pub webhook_configuration: String,
@@ -346,85 +347,107 @@ fn crds(args: &CrdsArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
     let Some(set) = load_or_report(&args.dirs, err)? else {
         return Ok(1);
     };
-    let endpoint = crate::webhook::Endpoint {
-        base: args
-            .webhook_url
-            .clone()
-            .unwrap_or_else(|| args.webhook_service.clone()),
-        ca_bundle_pem: Vec::new(),
-    };
-    let mut objects = crds_of(&set, &endpoint, err)?;
+    // Given --webhook-url or --webhook-service, the CRDs' conversion and the webhook
+    // configurations name that endpoint; no caBundle: `run` writes it from its CA.
+    let endpoint = args
+        .webhook_url
+        .clone()
+        .or_else(|| args.webhook_service.clone())
+        .map(|base| crate::webhook::Endpoint {
+            base,
+            ca_bundle_pem: Vec::new(),
+        });
+    let mut objects = crds_of(&set, endpoint.as_ref(), err)?;
     if args.webhooks {
-        objects.extend(webhook_configurations(args, &set)?);
+        objects.extend(webhook_configurations(args, &set, endpoint)?);
+    }
+    for o in &mut objects {
+        without_empty_ca_bundle(o);
     }
     write_stream(&objects, out)?;
     Ok(0)
 }
 
-/// The CRDs of `set`; a rule converting between versions gets `endpoint`'s
-/// `clientConfig` for its conversion webhook, without a `caBundle` (said on `err`: `run
-/// --install-crds` writes it from its CA).
-fn crds_of(
-    set: &RuleSet,
-    endpoint: &crate::webhook::Endpoint,
-    err: &mut dyn Write,
-) -> Result<Vec<Json>> {
-    let mut crds = Vec::new();
-    for r in set.rules.values() {
-        let path = crate::rules::crd::conversion_path(&r.name);
-        let mut client = endpoint.client_config(&path);
-        if let Some(c) = client.as_object_mut() {
-            c.remove("caBundle");
+/// `o` without the `caBundle: ""` of an endpoint printed before `run` has a CA.
+fn without_empty_ca_bundle(o: &mut Json) {
+    fn strip(c: &mut Json) {
+        if let Some(cc) = c.as_object_mut()
+            && cc.get("caBundle").and_then(Json::as_str) == Some("")
+        {
+            cc.remove("caBundle");
         }
-        let Some(crd) = crate::rules::crd::crd_with_webhook(&r.rule, Some(&client)) else {
-            continue;
-        };
-        if crate::rules::crd::needs_conversion_webhook(&r.rule) {
-            let at = match &endpoint.base {
-                crate::webhook::Base::Url(u) => format!("{u}{path}"),
-                crate::webhook::Base::Service {
-                    namespace,
-                    name,
-                    port,
-                } => format!("Service {namespace}/{name} port {port} path {path}"),
-            };
-            writeln!(
-                err,
-                "note: CRD {} converts through Rulebook's webhook at {at} (--webhook-url or \
-                 --webhook-service); printed without a caBundle, which `run --install-crds` \
-                 writes from its CA",
-                crd["metadata"]["name"].as_str().unwrap_or("")
-            )?;
-        }
-        crds.push(crd);
     }
-    Ok(crds)
+    if let Some(c) = o.pointer_mut("/spec/conversion/webhook/clientConfig") {
+        strip(c);
+    }
+    let hooks = o.get_mut("webhooks").and_then(Json::as_array_mut);
+    for hook in hooks.into_iter().flatten() {
+        if let Some(c) = hook.get_mut("clientConfig") {
+            strip(c);
+        }
+    }
 }
 
-/// The webhook configurations `run` would apply, printed without a `caBundle`.
-fn webhook_configurations(args: &CrdsArgs, set: &RuleSet) -> Result<Vec<Json>> {
-    let endpoint = crate::webhook::Endpoint {
-        base: args
-            .webhook_url
-            .clone()
-            .unwrap_or_else(|| args.webhook_service.clone()),
+/// The webhook configurations `run` would apply for `set` (default endpoint: the
+/// Service rulebook-system/rulebook-webhook:443 of deploy/).
+fn webhook_configurations(
+    args: &CrdsArgs,
+    set: &RuleSet,
+    endpoint: Option<crate::webhook::Endpoint>,
+) -> Result<Vec<Json>> {
+    let endpoint = endpoint.unwrap_or_else(|| crate::webhook::Endpoint {
+        base: crate::webhook::Base::Service {
+            namespace: "rulebook-system".into(),
+            name: "rulebook-webhook".into(),
+            port: 443,
+        },
         ca_bundle_pem: Vec::new(),
-    };
+    });
     let scope = crate::webhook::configs::Scope {
         name: args.webhook_configuration.clone(),
         own_namespace: Some(args.webhook_namespace.clone()),
         namespace: None,
         selector: None,
     };
-    let mut configs = crate::webhook::configs::configurations(set, &endpoint, &scope)?;
-    for c in &mut configs {
-        for hook in c["webhooks"].as_array_mut().into_iter().flatten() {
-            if let Some(cc) = hook["clientConfig"].as_object_mut() {
-                cc.remove("caBundle");
+    Ok(crate::webhook::configs::configurations(set, &endpoint, &scope)?)
+}
+
+/// The CRDs of `set`; a rule converting between versions gets `endpoint`'s
+/// `clientConfig` for its conversion webhook (its empty `caBundle` is dropped by the
+/// caller), or without one the placeholder; either is said on `err`.
+fn crds_of(
+    set: &RuleSet,
+    endpoint: Option<&crate::webhook::Endpoint>,
+    err: &mut dyn Write,
+) -> Result<Vec<Json>> {
+    let mut crds = Vec::new();
+    for r in set.rules.values() {
+        let path = crate::rules::crd::conversion_path(&r.name);
+        let client = endpoint.map(|e| e.client_config(&path));
+        let Some(crd) = crate::rules::crd::crd_with_webhook(&r.rule, client.as_ref()) else {
+            continue;
+        };
+        if crate::rules::crd::needs_conversion_webhook(&r.rule) {
+            let name = crd["metadata"]["name"].as_str().unwrap_or("");
+            if endpoint.is_some() {
+                writeln!(
+                    err,
+                    "note: CRD {name} converts through Rulebook's webhook at {path}; printed \
+                     without a caBundle, which `run --install-crds` writes from its CA"
+                )?;
+            } else {
+                writeln!(
+                    err,
+                    "note: CRD {name} converts through Rulebook's webhook; its clientConfig is \
+                     a placeholder (Service rulebook-system/rulebook-webhook, path {path}, no \
+                     caBundle): give --webhook-url or --webhook-service, or let `run \
+                     --install-crds` write it with the CA"
+                )?;
             }
         }
+        crds.push(crd);
     }
-    Ok(configs)
+    Ok(crds)
 }
 
 fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {

@@ -573,6 +573,12 @@ async fn activate(client: &Client, engine: &mut Engine, set: &RuleSet, publish: 
     engine.apply(set).await;
 }
 
+fn converts(set: &RuleSet, rule: &str) -> bool {
+    set.rules
+        .get(rule)
+        .is_some_and(|r| crate::rules::crd::needs_conversion_webhook(&r.rule))
+}
+
 /// Applies the CRDs when asked and the webhook configurations when the server is on,
 /// and reports each rule's problems with them on `/status`.
 async fn publish_objects(client: &Client, engine: &Engine, set: &RuleSet, publish: &Publish<'_>) {
@@ -593,7 +599,12 @@ async fn publish_objects(client: &Client, engine: &Engine, set: &RuleSet, publis
         }
         // The certificates are not read yet: published when they are (`endpoint_changed`).
         (Some(_), None) => {}
-        (None, _) => problems.extend(crate::webhook::unserved(set)),
+        // (A rule that converts is refused by `install_with` when CRDs are installed.)
+        (None, _) => problems.extend(
+            crate::webhook::unserved(set)
+                .into_iter()
+                .filter(|(r, _)| !(publish.install_crds && converts(set, r))),
+        ),
     }
     for rule in set.rules.keys() {
         let mine: Vec<&str> = problems
