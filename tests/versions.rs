@@ -19,6 +19,8 @@ use serde_json::{Value as Json, json};
 
 const GROUP: &str = "versions.rulebook.dev";
 const T: Duration = Duration::from_secs(120);
+/// A migration of [`MIGRATED`] objects under a loaded `make test` (one took 40 s alone).
+const MIGRATION_T: Duration = Duration::from_secs(300);
 
 /// A loopback port nobody listens on now.
 fn free_port() -> u16 {
@@ -54,7 +56,10 @@ impl Versioned {
             std::fs::copy(example.join(t), templates.join("v").join(t)).unwrap();
         }
         // The child reads the storage version, whichever it is.
-        for (version, image) in [("v1", "parent.spec.container.image"), ("v1alpha1", "parent.spec.image")] {
+        for (version, image) in [
+            ("v1", "parent.spec.container.image"),
+            ("v1alpha1", "parent.spec.image"),
+        ] {
             std::fs::write(
                 templates.join(format!("v/config-{version}.yaml")),
                 format!(
@@ -190,7 +195,9 @@ spec:
                 .as_array()?
                 .iter()
                 .any(|v| v["name"] == storage && v["storage"] == true);
-            (cc["url"] == url.as_str() && cc["caBundle"].as_str().is_some_and(|s| !s.is_empty()) && stores)
+            (cc["url"] == url.as_str()
+                && cc["caBundle"].as_str().is_some_and(|s| !s.is_empty())
+                && stores)
                 .then_some(c)
         })
         .await;
@@ -202,14 +209,29 @@ spec:
     /// serves the conversion the API server needs to delete them.
     async fn remove_crd(&self, client: &kube::Client) {
         let crds = self.crds(client);
-        let _ = crds.delete(&self.crd_name(), &DeleteParams::default()).await;
+        let _ = crds
+            .delete(&self.crd_name(), &DeleteParams::default())
+            .await;
         let _ = poll_for(T, || async {
-            crds.get_opt(&self.crd_name()).await.ok()?.is_none().then_some(())
+            crds.get_opt(&self.crd_name())
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
         })
         .await;
-        for kind in ["ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"] {
+        for kind in [
+            "ValidatingWebhookConfiguration",
+            "MutatingWebhookConfiguration",
+        ] {
             let plural = format!("{}s", kind.to_lowercase());
-            let a = api(client, None, "admissionregistration.k8s.io/v1", kind, &plural);
+            let a = api(
+                client,
+                None,
+                "admissionregistration.k8s.io/v1",
+                kind,
+                &plural,
+            );
             let _ = a.delete(&self.name, &DeleteParams::default()).await;
         }
     }
@@ -233,7 +255,10 @@ async fn objects_read_back_in_either_version_and_children_render_from_storage() 
     let port = free_port();
     let op = v.operator(&ns, port).start().await;
     let crd = v.wait_crd(&client, port, "v1").await;
-    assert_eq!(crd["spec"]["conversion"]["webhook"]["conversionReviewVersions"], json!(["v1"]));
+    assert_eq!(
+        crd["spec"]["conversion"]["webhook"]["conversionReviewVersions"],
+        json!(["v1"])
+    );
     let alpha = v.api(&client, &ns, "v1alpha1");
     let one = v.api(&client, &ns, "v1");
 
@@ -253,7 +278,10 @@ async fn objects_read_back_in_either_version_and_children_render_from_storage() 
     );
     // And back as v1alpha1, as written.
     let back = to_json(&alpha.get("old").await.unwrap());
-    assert_eq!(back["spec"], json!({"replicas": 1, "image": "old:1", "port": 8080}));
+    assert_eq!(
+        back["spec"],
+        json!({"replicas": 1, "image": "old:1", "port": 8080})
+    );
 
     // Created as v1, read as v1alpha1.
     let new: DynamicObject = serde_json::from_value(json!({
@@ -338,7 +366,8 @@ async fn stored_versions(v: &Versioned, ns: &str) -> std::collections::BTreeMap<
         let value = base64::engine::general_purpose::STANDARD
             .decode(kv["value"].as_str().unwrap())
             .unwrap();
-        let stored: Json = serde_json::from_slice(&value).expect("a custom resource is stored as JSON");
+        let stored: Json =
+            serde_json::from_slice(&value).expect("a custom resource is stored as JSON");
         *counts
             .entry(stored["apiVersion"].as_str().unwrap().to_string())
             .or_insert(0) += 1;
@@ -366,7 +395,10 @@ async fn etcd_post(port: &str, path: &str, body: &str) -> String {
     let text = String::from_utf8(buf).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         let mut out = String::new();
         let mut rest = body;
         while let Some((size, tail)) = rest.split_once("\r\n") {
@@ -414,7 +446,10 @@ async fn switching_the_storage_version_migrates_every_object_through_a_sigkill()
         );
         creates.spawn(async move {
             for o in objects {
-                alpha.create(&PostParams::default(), &o).await.expect("create");
+                alpha
+                    .create(&PostParams::default(), &o)
+                    .await
+                    .expect("create");
             }
         });
     }
@@ -423,13 +458,17 @@ async fn switching_the_storage_version_migrates_every_object_through_a_sigkill()
     }
     println!("{MIGRATED} objects created in {:?}", started.elapsed());
     let before = stored_versions(&v, &ns).await;
-    assert_eq!(before, [(format!("{GROUP}/v1alpha1"), MIGRATED)].into(), "stored before");
+    assert_eq!(
+        before,
+        [(format!("{GROUP}/v1alpha1"), MIGRATED)].into(),
+        "stored before"
+    );
 
     // v1 becomes the storage version: the migration starts; the operator is killed
     // mid-way (after at least two pages).
     let started = Instant::now();
     v.write_rule("v1", false);
-    let seen = wait_for(T, "the migration to be under way", || async {
+    let seen = wait_for(MIGRATION_T, "the migration to be under way", || async {
         let m = migration(&op, &v.rule).await?;
         (m["state"] == "running" && m["rewritten"].as_u64()? >= 200).then_some(m)
     })
@@ -454,15 +493,19 @@ async fn switching_the_storage_version_migrates_every_object_through_a_sigkill()
     let partly = stored_versions(&v, &ns).await;
     println!("stored after the kill: {partly:?}");
     assert!(
-        partly.get(&format!("{GROUP}/v1")).copied().unwrap_or(0) >= marker["rewritten"].as_u64().unwrap() as usize,
+        partly.get(&format!("{GROUP}/v1")).copied().unwrap_or(0)
+            >= marker["rewritten"].as_u64().unwrap() as usize,
         "every object up to the marker is stored as v1: {partly:?}, {marker}"
     );
-    assert!(partly.get(&format!("{GROUP}/v1alpha1")).is_some(), "killed mid-way: {partly:?}");
+    assert!(
+        partly.contains_key(&format!("{GROUP}/v1alpha1")),
+        "killed mid-way: {partly:?}"
+    );
 
     // A new operator resumes and finishes; every object is stored as v1, and v1alpha1
     // leaves storedVersions.
     let op2 = v.operator(&ns, port).start().await;
-    let done = wait_for(T, "the migration to finish", || async {
+    let done = wait_for(MIGRATION_T, "the migration to finish", || async {
         let m = migration(&op2, &v.rule).await?;
         (m["state"] == "done").then_some(m)
     })
@@ -471,18 +514,27 @@ async fn switching_the_storage_version_migrates_every_object_through_a_sigkill()
     assert_eq!(done["rewritten"], MIGRATED, "each object counted once");
     let crd = to_json(&v.crds(&client).get(&v.crd_name()).await.unwrap());
     assert_eq!(crd["status"]["storedVersions"], json!(["v1"]));
-    assert!(crd["metadata"]["annotations"]
-        .get("rulebook.dev/storage-migration")
-        .is_none());
+    assert!(
+        crd["metadata"]["annotations"]
+            .get("rulebook.dev/storage-migration")
+            .is_none()
+    );
     let after = stored_versions(&v, &ns).await;
-    assert_eq!(after, [(format!("{GROUP}/v1"), MIGRATED)].into(), "stored after");
+    assert_eq!(
+        after,
+        [(format!("{GROUP}/v1"), MIGRATED)].into(),
+        "stored after"
+    );
     // Nothing lost, nothing changed: every object reads as it was written.
     let listed = alpha.list(&ListParams::default()).await.unwrap();
     assert_eq!(listed.items.len(), MIGRATED);
     for o in &listed.items {
         let o = to_json(o);
         let name = o["metadata"]["name"].as_str().unwrap();
-        assert_eq!(o["spec"], json!({"replicas": 1, "image": format!("{name}:1"), "port": 8080}));
+        assert_eq!(
+            o["spec"],
+            json!({"replicas": 1, "image": format!("{name}:1"), "port": 8080})
+        );
     }
     assert!(op2.log_tail().contains("storage migration: done"));
     v.remove_crd(&client).await;

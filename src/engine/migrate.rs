@@ -83,7 +83,12 @@ struct Target {
 impl Target {
     /// A rule listing versions (the only CRDs whose storage version a rule changes).
     fn of(rule: &CompiledRule) -> Option<Target> {
-        let crd = rule.rule.spec.crd.as_ref().filter(|c| !c.versions.is_empty())?;
+        let crd = rule
+            .rule
+            .spec
+            .crd
+            .as_ref()
+            .filter(|c| !c.versions.is_empty())?;
         let parent = &rule.rule.spec.parent;
         let (group, version) = parent.group_version();
         Some(Target {
@@ -182,7 +187,10 @@ struct Live {
 }
 
 async fn live(crds: &Api<CustomResourceDefinition>, name: &str) -> Result<Live, MigrateError> {
-    let crd = crds.get(name).await.map_err(api_err(format!("CRD {name}")))?;
+    let crd = crds
+        .get(name)
+        .await
+        .map_err(api_err(format!("CRD {name}")))?;
     let storage = crd
         .spec
         .versions
@@ -333,7 +341,11 @@ fn key_of(o: &DynamicObject) -> String {
 /// Replaces `o` with itself, which stores it in the storage version. A conflict reads
 /// it again and retries; after [`CONFLICT_RETRIES`], or when it is gone, it counts as
 /// written (somebody else's write stored it in the storage version).
-async fn rewrite(client: &Client, ar: &ApiResource, mut o: DynamicObject) -> Result<(), MigrateError> {
+async fn rewrite(
+    client: &Client,
+    ar: &ApiResource,
+    mut o: DynamicObject,
+) -> Result<(), MigrateError> {
     let name = o.name_any();
     let api: Api<DynamicObject> = match o.namespace() {
         Some(ns) => Api::namespaced_with(client.clone(), &ns, ar),
@@ -393,7 +405,10 @@ mod tests {
     #[test]
     fn keys_order_as_the_api_server_lists() {
         let o = |ns: Option<&str>, name: &str| {
-            let mut d = DynamicObject::new(name, &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()));
+            let mut d = DynamicObject::new(
+                name,
+                &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            );
             d.metadata.namespace = ns.map(str::to_string);
             d
         };

@@ -383,7 +383,8 @@ impl Engine {
         if self.config.shard.is_some() {
             return;
         }
-        self.migrations.ensure(&self.client, set, mine, &self.status);
+        self.migrations
+            .ensure(&self.client, set, mine, &self.status);
     }
 
     pub async fn shutdown(&mut self) {

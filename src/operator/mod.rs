@@ -587,7 +587,9 @@ async fn publish_objects(client: &Client, engine: &Engine, set: &RuleSet, publis
     let endpoint = publish.webhooks.and_then(|w| w.current());
     let mut problems = Vec::new();
     if publish.install_crds {
-        let client_config = endpoint.as_ref().map(|e| move |path: &str| e.client_config(path));
+        let client_config = endpoint
+            .as_ref()
+            .map(|e| move |path: &str| e.client_config(path));
         let conversion = client_config
             .as_ref()
             .map(|c| c as crate::crds::ClientConfig<'_>);

@@ -42,7 +42,7 @@ impl CompiledRule {
         let mut env = env::environment(limits);
         let used = used_templates(rule, templates, &at, &mut diags);
         let straight = add_templates(&mut env, &used, templates, &mut diags);
-        let reads = inspect_templates(&env, rule, (&used, templates), straight, &mut diags);
+        let reads = inspect_templates(&env, rule, &used, templates, straight, &mut diags);
         let version = rule_version(rule, &used, templates);
         let resync = rule
             .spec
@@ -104,7 +104,9 @@ fn used_templates(
             ));
         }
     }
-    queue.extend(super::convert::conversion_templates(rule, templates, at, diags));
+    queue.extend(super::convert::conversion_templates(
+        rule, templates, at, diags,
+    ));
     let mut dynamic_include = false;
     while let Some(t) = queue.pop() {
         if used.contains_key(&t) {
@@ -183,10 +185,8 @@ fn add_templates(
 fn inspect_templates(
     env: &Environment<'static>,
     rule: &Rule,
-    (used, templates): (
-        &BTreeMap<String, String>,
-        &BTreeMap<String, (String, String)>,
-    ),
+    used: &BTreeMap<String, String>,
+    templates: &BTreeMap<String, (String, String)>,
     straight: bool,
     diags: &mut Vec<Diagnostic>,
 ) -> TemplateReads {
@@ -214,9 +214,8 @@ fn inspect_templates(
             reads.parent_status |= may_read_parent_status(&tmpl.undeclared_variables(true));
             reads.ready |= READY_CALL.is_match(source);
         }
-        let known = |v: &String| {
-            (child && allowed.contains(v)) || (conversion && converting.contains(v))
-        };
+        let known =
+            |v: &String| (child && allowed.contains(v)) || (conversion && converting.contains(v));
         for var in vars.into_iter().filter(|v| !known(v)) {
             let line = Regex::new(&format!(r"\b{}\b", regex::escape(&var)))
                 .ok()

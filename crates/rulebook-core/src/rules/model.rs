@@ -559,9 +559,10 @@ pub struct Conversion {
     /// The version converted to, e.g. `v1`.
     pub to: Loc<String>,
     /// A minijinja template, relative to the templates directory, rendering the object in
-    /// version `to` from `object` (the object in version `from`). `apiVersion`,
-    /// `kind` and `metadata` are kept from the input whatever the template says, as the
-    /// API server requires.
+    /// version `to` from `object` (the object in version `from`; `parent` is the same).
+    /// As the API server requires, whatever the template says: `apiVersion` is `to`'s,
+    /// `kind` is kept, and `metadata` is the input's but for `labels` and `annotations`,
+    /// which the template may change. `status` is what the template renders.
     pub template: Loc<String>,
 }
 
