@@ -113,7 +113,7 @@ bench-sharded: cluster ## Benchmark: one replica vs three --sharding namespace r
 
 # No --leader-elect: deploy/base/leader-election.yaml grants the Lease permissions on the
 # one Lease in rulebook-system only.
-DEPLOY_RBAC_FLAGS := --service-account rulebook-system/rulebook --install-crds
+DEPLOY_RBAC_FLAGS := --service-account rulebook-system/rulebook --install-crds --webhooks
 
 .PHONY: rbac
 rbac: ## Regenerate deploy/base/rbac.yaml (rulebook rbac) from rules/

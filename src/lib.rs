@@ -16,6 +16,7 @@ pub mod rbac;
 pub mod reconcile;
 pub mod reload;
 pub mod shard;
+pub mod webhook;
 
 // The pure core, a crate of its own (crates/rulebook-core): `crate::rules`, `crate::render`
 // and `crate::meta` name it as before.

@@ -42,6 +42,38 @@ pub struct RuleStatus {
     pub problem: Option<String>,
     /// Parents paused with the `rulebook.dev/paused` annotation.
     pub paused: usize,
+    /// The storage migration of the rule's CRD (`migrate.rs`), the last one this replica
+    /// ran or runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub migration: Option<MigrationStatus>,
+}
+
+/// A storage migration's progress, for `/status`.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationStatus {
+    /// The CRD.
+    pub crd: String,
+    /// The versions objects were stored in besides the storage version.
+    pub from: Vec<String>,
+    /// The storage version.
+    pub to: String,
+    pub state: MigrationState,
+    /// Objects rewritten so far (by this pass and the one it resumed).
+    pub rewritten: u64,
+    /// Why the last pass failed (it is retried).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum MigrationState {
+    Running,
+    /// Every object rewritten and `status.storedVersions` trimmed.
+    Done,
+    /// The last pass failed; another follows.
+    Failed,
 }
 
 #[derive(Default)]
@@ -49,6 +81,7 @@ pub struct EngineStatus {
     rules: RwLock<BTreeMap<String, RuleStatus>>,
     problems: RwLock<BTreeMap<String, String>>,
     paused: RwLock<BTreeMap<String, Arc<Paused>>>,
+    migrations: RwLock<BTreeMap<String, MigrationStatus>>,
 }
 
 impl EngineStatus {
@@ -68,7 +101,31 @@ impl EngineStatus {
                 }
             }
         }
+        if let Ok(migrations) = self.migrations.read() {
+            for (rule, m) in migrations.iter() {
+                if let Some(s) = rules.get_mut(rule) {
+                    s.migration = Some(m.clone());
+                }
+            }
+        }
         rules
+    }
+    /// Records (or, with `None`, clears) the storage migration of `rule`'s CRD.
+    pub fn set_migration(&self, rule: &str, m: Option<MigrationStatus>) {
+        if let Ok(mut all) = self.migrations.write() {
+            match m {
+                Some(m) => all.insert(rule.to_string(), m),
+                None => all.remove(rule),
+            };
+        }
+    }
+    /// Changes the recorded storage migration of `rule`'s CRD, if there is one.
+    pub fn update_migration(&self, rule: &str, f: impl FnOnce(&mut MigrationStatus)) {
+        if let Ok(mut all) = self.migrations.write()
+            && let Some(m) = all.get_mut(rule)
+        {
+            f(m)
+        }
     }
     /// Records (or, with `None`, clears) a problem of `rule` found outside its controller.
     pub fn set_problem(&self, rule: &str, problem: Option<String>) {

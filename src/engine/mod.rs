@@ -11,6 +11,7 @@
 
 mod dropped;
 mod health;
+pub mod migrate;
 mod permissions;
 mod refstream;
 mod released;
@@ -112,6 +113,8 @@ pub struct Engine {
     outbox: Outbox,
     /// The clean-ups after kinds of children the rules dropped, one per rule at most.
     cleanups: Cleanups,
+    /// Storage migrations of the rules' CRDs in flight (`migrate.rs`).
+    migrations: migrate::Migrations,
 }
 
 /// How long a stopping rule may take to finish its in-flight reconciles.
@@ -177,6 +180,7 @@ impl Engine {
             releases: BTreeMap::new(),
             steady: BTreeMap::new(),
             cleanups: Cleanups::default(),
+            migrations: migrate::Migrations::default(),
         }
     }
 
@@ -291,6 +295,7 @@ impl Engine {
                 synced: false,
                 problem: None,
                 paused: 0,
+                migration: None,
             },
         );
         let (stop, stopped) = watch::channel(false);
@@ -372,7 +377,18 @@ impl Engine {
         }
     }
 
+    /// Starts the storage migrations of the CRDs of `set` that `mine` accepts (this
+    /// replica applies them); not when sharded (a replica writes only its share).
+    pub fn migrate(&mut self, set: &RuleSet, mine: &dyn Fn(&str) -> bool) {
+        if self.config.shard.is_some() {
+            return;
+        }
+        self.migrations
+            .ensure(&self.client, set, mine, &self.status);
+    }
+
     pub async fn shutdown(&mut self) {
+        self.migrations.stop();
         let names: Vec<String> = self.running.keys().cloned().collect();
         for r in self.running.values() {
             let _ = r.stop.send(true);

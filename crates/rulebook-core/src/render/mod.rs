@@ -6,11 +6,13 @@
 //! ([`CompiledRule::render_within`], `children.rs`) and evaluating its status
 //! ([`CompiledRule::status_within`], `status_eval.rs`) spend from one [`ParentBudget`].
 
+pub mod admission;
 pub mod adopt;
 pub mod budget;
 mod children;
 mod compile;
 mod compile_exprs;
+mod convert;
 mod env;
 mod error;
 mod fastyaml;

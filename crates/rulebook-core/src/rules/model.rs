@@ -122,6 +122,69 @@ pub struct RuleSpec {
     /// the children and Rulebook puts no finalizer on parents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deletion: Option<Deletion>,
+    /// Checks and computed defaults applied when a parent is created or updated, before
+    /// it is stored. `cel:` rules are enforced by the API server itself (the CRD's
+    /// `x-kubernetes-validations`, or a generated `ValidatingAdmissionPolicy`); `expr:`
+    /// rules and computed defaults by Rulebook's admission webhooks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<Admission>,
+}
+
+/// `spec.admission`: validation beyond types, and computed defaults.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Admission {
+    /// Checks, in order; the first that fails refuses the create or update.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validate: Vec<ValidateRule>,
+    /// Fields set when absent, in order (a later default sees the earlier ones).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub default: Vec<DefaultRule>,
+    /// What the API server does when no Rulebook replica answers the webhook in time:
+    /// `Fail` (default: refuse the request) or `Ignore` (store it unchecked). Only for
+    /// `expr:` checks and computed defaults; `cel:` rules need no webhook.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_policy: Option<Loc<String>>,
+}
+
+/// One check of `spec.admission.validate`: exactly one of `cel` and `expr`.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ValidateRule {
+    /// A Kubernetes CEL expression over `self` (the object) and, on updates, `oldSelf`
+    /// (a transition rule); true means allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cel: Option<Loc<String>>,
+    /// A minijinja expression over `parent`, `old` (on updates) and `refs`; true means
+    /// allowed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expr: Option<Loc<String>>,
+    /// The denial's message. For `expr:` checks a minijinja template over the same
+    /// variables (rendered, redacted); for `cel:` a plain string.
+    pub message: Loc<String>,
+    /// The field the denial points at, e.g. `spec.replicas`. Default: the object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_path: Option<Loc<String>>,
+    /// `CREATE`, `UPDATE` or both (default: both; a rule reading `oldSelf`/`old` runs on
+    /// updates only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operations: Vec<Loc<String>>,
+}
+
+/// One computed default of `spec.admission.default`: exactly one of `expr` and `cel`.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DefaultRule {
+    /// The field to set when it is absent, as a dotted path, e.g. `spec.image`.
+    pub path: Loc<String>,
+    /// A minijinja expression over `parent` and `refs` giving the value (served by
+    /// Rulebook's mutating webhook). Undefined leaves the field absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expr: Option<Loc<String>>,
+    /// A CEL expression over `object` giving the value; compiled into a
+    /// `MutatingAdmissionPolicy`, so no webhook is needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cel: Option<Loc<String>>,
 }
 
 /// An object (or, with `selector`, a list of objects) a rule reads but does not own
@@ -440,6 +503,67 @@ pub struct CrdSpec {
     /// Allow schema changes that can break stored objects (removed fields, changed types).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_breaking_changes: bool,
+    /// Several versions of the kind. Without it the CRD has one version, the one of
+    /// `spec.parent.apiVersion`. With it, exactly one is `storage: true`, and
+    /// `spec.parent.apiVersion` names that one: the rule's templates read the storage
+    /// version. `specSchema`/`statusSchema` above are the default of versions without
+    /// their own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub versions: Vec<CrdVersion>,
+    /// How objects move between versions: a template per direction, served by Rulebook's
+    /// conversion webhook. Every pair of served versions needs a path (direct or through
+    /// the storage version).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conversion: Vec<Conversion>,
+}
+
+/// One version of `spec.crd.versions`.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct CrdVersion {
+    /// e.g. `v1`, `v1beta1`, `v1alpha1`.
+    pub name: Loc<String>,
+    /// Served by the API server (default true).
+    #[serde(default = "yes")]
+    pub served: bool,
+    /// The version objects are stored in: exactly one version has it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub storage: bool,
+    /// Served with a deprecation warning.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub deprecated: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deprecation_warning: Option<String>,
+    /// OpenAPI v3 schema of this version's `.spec` (default: `spec.crd.specSchema`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_schema: Option<Loc<serde_json::Value>>,
+    /// OpenAPI v3 schema of this version's extra `.status` properties (default:
+    /// `spec.crd.statusSchema`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_schema: Option<Loc<serde_json::Value>>,
+    /// Extra `kubectl get` columns for this version (default: `spec.crd.printerColumns`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub printer_columns: Vec<PrinterColumn>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One direction of `spec.crd.conversion`.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Conversion {
+    /// The version converted from, e.g. `v1alpha1`.
+    pub from: Loc<String>,
+    /// The version converted to, e.g. `v1`.
+    pub to: Loc<String>,
+    /// A minijinja template, relative to the templates directory, rendering the object in
+    /// version `to` from `object` (the object in version `from`; `parent` is the same).
+    /// As the API server requires, whatever the template says: `apiVersion` is `to`'s,
+    /// `kind` is kept, and `metadata` is the input's but for `labels` and `annotations`,
+    /// which the template may change. `status` is what the template renders.
+    pub template: Loc<String>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
