@@ -73,7 +73,13 @@ struct Round {
 }
 
 /// Creates `n` objects of `kind` in `ns` from `clients` clients; every latency, in ms.
-async fn round(client: &kube::Client, ns: &str, kind: &str, n: usize, clients: usize) -> Result<Round> {
+async fn round(
+    client: &kube::Client,
+    ns: &str,
+    kind: &str,
+    n: usize,
+    clients: usize,
+) -> Result<Round> {
     let gvk = GroupVersionKind::gvk(GROUP, "v1", kind);
     let ar = ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_lowercase()));
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
@@ -147,7 +153,9 @@ impl Drop for Killed {
 #[tokio::main]
 async fn main() -> Result<()> {
     if !std::env::args().any(|a| a == "--bench") {
-        println!("admission: a benchmark; run it with `cargo bench --bench admission` (make bench-admission)");
+        println!(
+            "admission: a benchmark; run it with `cargo bench --bench admission` (make bench-admission)"
+        );
         return Ok(());
     }
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -180,12 +188,22 @@ async fn main() -> Result<()> {
     std::fs::create_dir_all(&rules)?;
     std::fs::create_dir_all(&templates)?;
     let check = "  admission:\n    validate:\n      - expr: \"parent.spec.replicas <= 3\"\n        message: \"replicas {{ parent.spec.replicas }} is more than 3\"\n";
-    std::fs::write(rules.join("hooked.yaml"), rule(&format!("hooked-{stamp}"), &hooked, check))?;
-    std::fs::write(rules.join("plain.yaml"), rule(&format!("plain-{stamp}"), &plain, ""))?;
+    std::fs::write(
+        rules.join("hooked.yaml"),
+        rule(&format!("hooked-{stamp}"), &hooked, check),
+    )?;
+    std::fs::write(
+        rules.join("plain.yaml"),
+        rule(&format!("plain-{stamp}"), &plain, ""),
+    )?;
     let secret_ns = format!("adm-bench-{stamp}");
     namespace(&client, &secret_ns).await?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let config_name = format!("rulebook-bench-{stamp}");
     let log = std::fs::File::create(repo.join("target/bench/admission-operator.log"))?;
     let _op = Killed(
@@ -227,12 +245,20 @@ async fn main() -> Result<()> {
 
     let mut results: Vec<(&str, Round)> = Vec::new();
     for r in 0..repeats {
-        let order = if r % 2 == 0 { [&plain, &hooked] } else { [&hooked, &plain] };
+        let order = if r % 2 == 0 {
+            [&plain, &hooked]
+        } else {
+            [&hooked, &plain]
+        };
         for kind in order {
             let ns = format!("adm-bench-{stamp}-{r}-{}", kind.to_lowercase());
             namespace(&client, &ns).await?;
             let got = round(&client, &ns, kind, n, clients).await?;
-            let label = if kind == &hooked { "with the webhook" } else { "without" };
+            let label = if kind == &hooked {
+                "with the webhook"
+            } else {
+                "without"
+            };
             println!(
                 "round {r} {label}: p50 {:.1} ms, p99 {:.1} ms, {:.0} creates/s",
                 got.p50_ms, got.p99_ms, got.per_second
@@ -248,7 +274,11 @@ async fn main() -> Result<()> {
     );
     for label in ["without", "with the webhook"] {
         let of = |f: fn(&Round) -> f64| -> Vec<f64> {
-            results.iter().filter(|(l, _)| *l == label).map(|(_, r)| f(r)).collect()
+            results
+                .iter()
+                .filter(|(l, _)| *l == label)
+                .map(|(_, r)| f(r))
+                .collect()
         };
         let cell = |v: Vec<f64>| {
             let (lo, hi) = range(&v);
@@ -267,7 +297,11 @@ async fn main() -> Result<()> {
     let _ = kube::Api::<DynamicObject>::all_with(
         client.clone(),
         &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration"),
+            &GroupVersionKind::gvk(
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingWebhookConfiguration",
+            ),
             "validatingwebhookconfigurations",
         ),
     )

@@ -61,11 +61,7 @@ pub fn handlers(rules: Rules, offload: Offload) -> Handlers {
 }
 
 /// A handler that answers with `judge(rule set, rule, review)` on the pool.
-fn on_pool(
-    rules: Rules,
-    offload: Offload,
-    judge: fn(&RuleSet, &str, &Json) -> Json,
-) -> Handler {
+fn on_pool(rules: Rules, offload: Offload, judge: fn(&RuleSet, &str, &Json) -> Json) -> Handler {
     Arc::new(move |rule: String, review: Json| -> Answer {
         let set = rules.borrow().clone();
         let offload = offload.clone();
@@ -79,7 +75,12 @@ fn on_pool(
 }
 
 /// An `AdmissionReview` answer for `review`.
-pub fn admission_answer(review: &Json, allowed: bool, message: &str, patch: Option<&[Json]>) -> Json {
+pub fn admission_answer(
+    review: &Json,
+    allowed: bool,
+    message: &str,
+    patch: Option<&[Json]>,
+) -> Json {
     let uid = review.pointer("/request/uid").cloned().unwrap_or(json!(""));
     let mut response = json!({"uid": uid, "allowed": allowed});
     if !allowed {
@@ -104,8 +105,13 @@ fn admission_review(set: &RuleSet, rule: &str, review: &Json) -> Json {
         Some("UPDATE") => Operation::Update,
         _ => Operation::Create,
     };
-    let object = review.pointer("/request/object").cloned().unwrap_or(Json::Null);
-    let old = review.pointer("/request/oldObject").filter(|o| !o.is_null());
+    let object = review
+        .pointer("/request/object")
+        .cloned()
+        .unwrap_or(Json::Null);
+    let old = review
+        .pointer("/request/oldObject")
+        .filter(|o| !o.is_null());
     let refs = serde_json::Map::new();
     let request = AdmitRequest {
         operation,

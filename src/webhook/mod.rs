@@ -99,7 +99,13 @@ pub fn unserved(set: &RuleSet) -> Vec<(String, String)> {
         .filter_map(|r| {
             let what = if configs::validates(r) || configs::mutates(r) {
                 "expr: admission checks or defaults"
-            } else if r.rule.spec.crd.as_ref().is_some_and(|c| !c.conversion.is_empty()) {
+            } else if r
+                .rule
+                .spec
+                .crd
+                .as_ref()
+                .is_some_and(|c| !c.conversion.is_empty())
+            {
                 "a conversion webhook"
             } else {
                 return None;
