@@ -309,7 +309,11 @@ async fn main() -> Result<()> {
     md.push_str(&format!(
         "\nbinary: {}{}\n",
         binary.display(),
-        if dry_run { "; server-side dry runs" } else { "" }
+        if dry_run {
+            "; server-side dry runs"
+        } else {
+            ""
+        }
     ));
     println!("\n{md}");
     std::fs::write(repo.join("target/bench/admission.md"), &md)?;

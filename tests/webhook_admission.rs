@@ -1,7 +1,7 @@
 //! The API server calls the admission webhook Rulebook serves (issue 43), on the local
 //! control plane: a rule with an `expr:` check gets a generated
 //! ValidatingWebhookConfiguration (scoped to its kind, `caBundle` from Rulebook's CA,
-//! the settings docs/reference/admission.md promises), a create of its kind is refused
+//! the settings docs/reference/webhooks.md promises), a create of its kind is refused
 //! with the webhook's answer, `/readyz` says the server serves, and the configuration
 //! goes when the rule does.
 
@@ -89,7 +89,7 @@ async fn the_api_server_calls_the_webhook_rulebook_serves() {
         .await;
     match refused {
         Err(kube::Error::Api(s)) => {
-            assert!(s.message.contains(REFUSAL), "{}", s.message);
+            assert!(is_refusal(&s.message), "{}", s.message);
             assert!(s.message.contains("denied the request"), "{}", s.message);
         }
         other => panic!("the create was not refused by the webhook: {other:?}"),

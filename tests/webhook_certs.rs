@@ -82,7 +82,7 @@ async fn certificates_rotate_under_continuous_creates_without_a_failed_request()
                 let r = parents.create(&dry, &parent).await;
                 let mut o = outcomes.lock().unwrap();
                 match r {
-                    Err(kube::Error::Api(s)) if s.message.contains(REFUSAL) => o.answered += 1,
+                    Err(kube::Error::Api(s)) if is_refusal(&s.message) => o.answered += 1,
                     Err(e) => o.failed.push(e.to_string()),
                     Ok(_) => o
                         .failed
