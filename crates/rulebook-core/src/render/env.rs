@@ -48,6 +48,37 @@ pub fn environment(limits: &Limits) -> Environment<'static> {
     env
 }
 
+/// The environment of a message shown to a person (an admission denial): the same
+/// sandbox, fuel and filters as [`environment`], but a string prints as its text, not
+/// as a JSON scalar, and nothing is escaped. What it prints is never parsed: the
+/// webhook puts it in a JSON string, redacted and capped.
+pub fn message_environment(limits: &Limits) -> Environment<'static> {
+    let mut env = environment(limits);
+    env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+    env.set_formatter(format_text);
+    env
+}
+
+/// Prints a string as its text and anything else as compact JSON.
+fn format_text(
+    out: &mut minijinja::Output<'_>,
+    state: &mut State<'_, '_>,
+    value: &Value,
+) -> Result<(), Error> {
+    guarded::checkpoint(state)?;
+    if value.is_undefined() {
+        return out
+            .write_str("<undefined>")
+            .map_err(|e| Error::new(ErrorKind::WriteFailure, "cannot write output").with_source(e));
+    }
+    let text = match value.as_str() {
+        Some(s) => s.to_string(),
+        None => json_capped(value)?,
+    };
+    out.write_str(&text)
+        .map_err(|e| Error::new(ErrorKind::WriteFailure, "cannot write output").with_source(e))
+}
+
 fn disabled_filter(_value: Value) -> Result<Value, Error> {
     Err(Error::new(
         ErrorKind::InvalidOperation,

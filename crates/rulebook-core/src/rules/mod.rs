@@ -8,6 +8,7 @@ pub mod crd;
 mod links;
 mod load;
 pub mod model;
+pub mod admission;
 pub mod versions;
 mod yaml;
 
@@ -250,6 +251,7 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
     check_status(r, &mut err);
     check_crd(r, &mut err);
     versions::check_versions(r, &mut err);
+    admission::check_admission(r, &mut err);
     if let Some(resync) = &r.spec.resync
         && let Err(e) = parse_duration(resync)
     {
