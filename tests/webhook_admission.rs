@@ -72,6 +72,16 @@ async fn the_api_server_calls_the_webhook_rulebook_serves() {
         other => panic!("the create was not refused by the webhook: {other:?}"),
     }
     assert!(parents.get_opt("big").await.unwrap().is_none(), "nothing stored");
+    let answered = op
+        .metric(r#"rulebook_webhook_requests_total{route="validate",code="200"}"#)
+        .await;
+    assert!(answered >= 2.0, "reviews counted: {answered}");
+    let expiry = op.metric("rulebook_webhook_certificate_expiry_seconds").await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(expiry > now + 80.0 * 86400.0, "a 90-day certificate: {expiry}");
 
     // The rule goes: so does its webhook, and creates are no longer judged.
     std::fs::remove_file(h.rules.join(format!("{}.yaml", h.rule))).unwrap();

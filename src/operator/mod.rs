@@ -162,7 +162,7 @@ pub async fn run(args: Settings) -> Result<()> {
         metrics.clone(),
         write_gate,
     );
-    let webhooks = start_webhooks(&args, &config).await?;
+    let webhooks = start_webhooks(&args, &config, &metrics).await?;
     let ruleset_state = Arc::new(RwLock::new(RuleSetState::default()));
     let leader_flag = is_leader.clone();
     let app = AppState {
@@ -249,6 +249,7 @@ fn identity(args: &Settings) -> String {
 async fn start_webhooks(
     args: &Settings,
     config: &Config,
+    metrics: &Metrics,
 ) -> Result<Option<crate::webhook::run::Webhooks>> {
     let Some(w) = &args.webhook else {
         return Ok(None);
@@ -263,7 +264,7 @@ async fn start_webhooks(
         crate::webhook::configs::label_selector(sel)?;
     }
     Ok(Some(
-        crate::webhook::run::Webhooks::start(w, config, scope).await?,
+        crate::webhook::run::Webhooks::start(w, config, scope, metrics.webhook.clone()).await?,
     ))
 }
 

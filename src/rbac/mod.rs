@@ -328,6 +328,45 @@ fn binding(namespace: Option<&str>, name: &str, role: &str, opts: &RbacOptions) 
 mod tests {
     use super::*;
 
+    /// `--webhooks`: the two configurations by name, and the Secret in a namespaced Role
+    /// (create cannot be limited by name, so it must not be cluster-wide).
+    #[test]
+    fn webhooks_are_granted_by_name_and_the_secret_in_its_namespace() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let read = crate::rules::read(&root.join("rules"), &root.join("templates"));
+        let set = crate::render::compile_read(&read, &crate::render::Limits::default()).unwrap();
+        let opts = RbacOptions {
+            name: "rulebook".into(),
+            service_account: ("rulebook-system".into(), "rulebook".into()),
+            install_crds: false,
+            leader_elect: false,
+            sharding: false,
+            lease_name: "rulebook".into(),
+            diff_role: false,
+            diff_namespaces: vec![],
+            webhooks: Some(("hooks".into(), ("ops".into(), "certs".into()))),
+        };
+        let out = manifests(&set, &opts);
+        let cluster_rules = out[0]["rules"].as_array().unwrap();
+        let hooks = cluster_rules
+            .iter()
+            .find(|r| r["apiGroups"] == json!(["admissionregistration.k8s.io"]))
+            .expect("the configurations");
+        assert_eq!(hooks["resourceNames"], json!(["hooks"]));
+        assert_eq!(hooks["verbs"], json!(["create", "delete", "get", "patch"]));
+        assert!(
+            !cluster_rules.iter().any(|r| r["resourceNames"] == json!(["certs"])),
+            "the certificates' Secret is granted in its namespace only"
+        );
+        let role = out.iter().find(|o| o["kind"] == "Role").expect("a Role");
+        assert_eq!(role["metadata"]["namespace"], "ops");
+        assert_eq!(role["rules"][0]["resourceNames"], json!(["certs"]));
+        assert_eq!(role["rules"][0]["verbs"], json!(["get", "update"]));
+        assert_eq!(role["rules"][1]["verbs"], json!(["create"]));
+        let binding = out.iter().find(|o| o["kind"] == "RoleBinding").expect("bound");
+        assert_eq!(binding["subjects"][0]["name"], "rulebook");
+    }
+
     #[test]
     fn plurals_follow_kubernetes() {
         assert_eq!(guess_plural("ConfigMap"), "configmaps");

@@ -320,6 +320,82 @@ fn set_values(rest: &str) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::webhook::Base;
+
+    /// A rule set of `rules` (file name → text), each with a ConfigMap child.
+    fn set(rules: &[(&str, &str)]) -> RuleSet {
+        let dir = tempfile::tempdir().unwrap();
+        let (r, t) = (dir.path().join("rules"), dir.path().join("templates"));
+        std::fs::create_dir_all(&r).unwrap();
+        std::fs::create_dir_all(&t).unwrap();
+        std::fs::write(t.join("cm.yaml"), "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n").unwrap();
+        for (name, text) in rules {
+            std::fs::write(r.join(format!("{name}.yaml")), text).unwrap();
+        }
+        let read = crate::rules::read(&r, &t);
+        crate::render::compile_read(&read, &crate::render::Limits::default())
+            .unwrap_or_else(|d| panic!("{d:?}"))
+    }
+
+    fn rule(name: &str, kind: &str, admission: &str) -> String {
+        format!(
+            "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: {name}\nspec:\n  parent:\n    apiVersion: example.com/v1\n    kind: {kind}\n  children:\n    - name: cm\n      apiVersion: v1\n      kind: ConfigMap\n      template: cm.yaml\n  crd:\n    specSchema:\n      type: object\n      x-kubernetes-preserve-unknown-fields: true\n{admission}"
+        )
+    }
+
+    fn endpoint() -> Endpoint {
+        Endpoint {
+            base: Base::Service {
+                namespace: "rulebook-system".into(),
+                name: "rulebook-webhook".into(),
+                port: 443,
+            },
+            ca_bundle_pem: b"CA".to_vec(),
+        }
+    }
+
+    /// Each kind of configuration holds a webhook for exactly the rules that need it,
+    /// with the rule's failure policy and operations.
+    #[test]
+    fn rules_with_expr_checks_and_defaults_get_their_webhooks() {
+        let checks = "  admission:\n    failurePolicy: Ignore\n    validate:\n      - expr: \"parent.spec.a\"\n        message: m\n        operations: [UPDATE]\n      - cel: \"self.spec.b\"\n        message: m\n";
+        let defaults = "  admission:\n    default:\n      - path: spec.image\n        expr: \"'nginx'\"\n";
+        let cel_only = "  admission:\n    validate:\n      - cel: \"self.spec.b\"\n        message: m\n";
+        let set = set(&[
+            ("checked", &rule("checked", "Checked", checks)),
+            ("defaulted", &rule("defaulted", "Defaulted", defaults)),
+            ("celonly", &rule("celonly", "CelOnly", cel_only)),
+            ("plain", &rule("plain", "Plain", "")),
+        ]);
+        let scope = Scope { name: "rulebook".into(), ..Scope::default() };
+        let v = validating(&set, &endpoint(), &scope).unwrap().expect("validating");
+        let hooks = v["webhooks"].as_array().unwrap();
+        assert_eq!(hooks.len(), 1, "only the rule with an expr: check");
+        let h = &hooks[0];
+        assert_eq!(h["name"], "checked.rules.rulebook.dev");
+        assert_eq!(h["failurePolicy"], "Ignore");
+        assert_eq!(h["rules"][0]["operations"], json!(["UPDATE"]));
+        assert_eq!(h["rules"][0]["resources"], json!(["checkeds"]));
+        assert_eq!(h["clientConfig"]["service"]["path"], "/validate/checked");
+        assert_eq!(h["clientConfig"]["caBundle"], "Q0E=");
+        let m = mutating(&set, &endpoint(), &scope).unwrap().expect("mutating");
+        let hooks = m["webhooks"].as_array().unwrap();
+        assert_eq!(hooks.len(), 1);
+        assert_eq!(hooks[0]["failurePolicy"], "Fail", "the default");
+        assert_eq!(hooks[0]["clientConfig"]["service"]["path"], "/mutate/defaulted");
+        assert_eq!(hooks[0]["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
+        let plain = set_without_webhooks();
+        assert_eq!(configurations(&plain, &endpoint(), &scope).unwrap(), Vec::<Json>::new());
+        assert!(!needed(&plain) && needed(&set));
+        assert_eq!(
+            crate::webhook::unserved(&set).iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(),
+            ["checked", "defaulted"]
+        );
+    }
+
+    fn set_without_webhooks() -> RuleSet {
+        set(&[("plain", &rule("plain", "Plain", ""))])
+    }
 
     #[test]
     fn selectors_become_match_expressions() {

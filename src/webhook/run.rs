@@ -116,6 +116,7 @@ impl Webhooks {
         settings: &Settings,
         config: &kube::Config,
         scope: Scope,
+        metrics: crate::metrics::WebhookMetrics,
     ) -> Result<Webhooks, StartError> {
         let addr = SocketAddr::new(settings.bind, settings.port);
         let listener = tokio::net::TcpListener::bind(addr)
@@ -138,6 +139,7 @@ impl Webhooks {
         let app = server::router(
             handlers::handlers(rules_rx, handlers::Offload::new(settings.evaluations)),
             Limits::default(),
+            metrics.clone(),
         );
         let serving = health.clone();
         let tasks = vec![
@@ -146,6 +148,7 @@ impl Webhooks {
                 bundle_rx,
                 resolver,
                 health.clone(),
+                metrics.certificate_expiry,
                 settings.base.clone(),
                 endpoint_tx,
             )),
@@ -190,6 +193,7 @@ async fn follow(
     mut bundles: watch::Receiver<Option<Arc<Bundle>>>,
     resolver: Arc<Resolver>,
     health: Arc<Health>,
+    expiry: prometheus_client::metrics::gauge::Gauge,
     base: Base,
     endpoint: watch::Sender<Option<Endpoint>>,
 ) {
@@ -197,7 +201,10 @@ async fn follow(
         let bundle = bundles.borrow_and_update().clone();
         if let Some(b) = bundle {
             match resolver.set(&b) {
-                Ok(()) => health.set_expiry(b.tls_expires),
+                Ok(()) => {
+                    health.set_expiry(b.tls_expires);
+                    expiry.set(b.tls_expires);
+                }
                 Err(e) => warn!(error = %e, "webhook certificates: cannot serve the new certificate"),
             }
             let e = Endpoint {

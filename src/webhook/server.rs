@@ -40,6 +40,7 @@ use tokio::sync::Semaphore;
 
 use super::Handlers;
 use super::certs::Bundle;
+use crate::metrics::{RouteLabel, WebhookLabels, WebhookMetrics};
 
 /// A certificate or key in the bundle does not load.
 #[derive(Debug, thiserror::Error)]
@@ -163,14 +164,16 @@ struct Routes {
     handlers: Handlers,
     in_flight: Arc<Semaphore>,
     deadline: Duration,
+    metrics: WebhookMetrics,
 }
 
-/// The three routes over `handlers`, within `limits`.
-pub fn router(handlers: Handlers, limits: Limits) -> Router {
+/// The three routes over `handlers`, within `limits`, counted in `metrics`.
+pub fn router(handlers: Handlers, limits: Limits, metrics: WebhookMetrics) -> Router {
     let routes = Routes {
         handlers,
         in_flight: Arc::new(Semaphore::new(limits.in_flight.max(1))),
         deadline: limits.deadline,
+        metrics,
     };
     Router::new()
         .route(
@@ -196,8 +199,37 @@ enum Route {
     Convert,
 }
 
+impl Route {
+    fn as_str(self) -> &'static str {
+        match self {
+            Route::Validate => "validate",
+            Route::Mutate => "mutate",
+            Route::Convert => "convert",
+        }
+    }
+}
+
+/// One review, answered and counted.
+async fn answer(s: State<Routes>, rule: Path<String>, body: Bytes, route: Route) -> Response {
+    let started = std::time::Instant::now();
+    let metrics = s.metrics.clone();
+    let response = judge(s, rule, body, route).await;
+    let labels = WebhookLabels {
+        route: route.as_str().to_string(),
+        code: response.status().as_u16().to_string(),
+    };
+    metrics.requests.get_or_create(&labels).inc();
+    metrics
+        .duration
+        .get_or_create(&RouteLabel {
+            route: labels.route,
+        })
+        .observe(started.elapsed().as_secs_f64());
+    response
+}
+
 /// One review: parsed on the blocking pool, answered by its handler within the deadline.
-async fn answer(
+async fn judge(
     State(s): State<Routes>,
     Path(rule): Path<String>,
     body: Bytes,
@@ -351,7 +383,8 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         let tls = tls_config(resolver).unwrap();
         let health = Arc::new(Health::default());
-        tokio::spawn(serve_on(listener, tls, router(handlers, limits), limits, health));
+        let app = router(handlers, limits, WebhookMetrics::default());
+        tokio::spawn(serve_on(listener, tls, app, limits, health));
         addr
     }
 

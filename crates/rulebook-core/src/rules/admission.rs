@@ -1,5 +1,5 @@
 //! The checks of `spec.admission` that need no template environment (issue 43): the
-//! shape of each check and default, `failurePolicy`, `operations`, and where a default
+//! shape of each check and default, `operations`, and where a default
 //! may write. Expressions and message templates are compiled with the rule
 //! (render/admission.rs) and CEL text by the CEL checks; both report at the same
 //! `file:line` positions.
@@ -25,16 +25,8 @@ pub fn check_admission(r: &Rule, err: &mut impl FnMut((u64, u64), &str, String))
     let Some(a) = &r.spec.admission else {
         return;
     };
+    // failurePolicy: rules/webhooks.rs (the webhook server's part).
     let at = |l: &Loc<String>| (l.line, l.col);
-    if let Some(p) = &a.failure_policy
-        && !matches!(p.as_str(), "Fail" | "Ignore")
-    {
-        err(
-            at(p),
-            "spec.admission.failurePolicy",
-            format!("'{}' is not Fail or Ignore", p.value),
-        );
-    }
     for (i, v) in a.validate.iter().enumerate() {
         let key = format!("spec.admission.validate[{i}]");
         let pos = at(&v.message);

@@ -10,6 +10,7 @@ mod load;
 pub mod model;
 pub mod admission;
 pub mod versions;
+pub mod webhooks;
 mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -251,6 +252,7 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
     check_status(r, &mut err);
     check_crd(r, &mut err);
     versions::check_versions(r, &mut err);
+    webhooks::check_failure_policy(r, &mut err);
     admission::check_admission(r, &mut err);
     if let Some(resync) = &r.spec.resync
         && let Err(e) = parse_duration(resync)
