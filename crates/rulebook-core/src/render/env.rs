@@ -67,9 +67,9 @@ fn format_text(
 ) -> Result<(), Error> {
     guarded::checkpoint(state)?;
     if value.is_undefined() {
-        return out
-            .write_str("<undefined>")
-            .map_err(|e| Error::new(ErrorKind::WriteFailure, "cannot write output").with_source(e));
+        return out.write_str("<undefined>").map_err(|e| {
+            Error::new(ErrorKind::WriteFailure, "cannot write output").with_source(e)
+        });
     }
     let text = match value.as_str() {
         Some(s) => s.to_string(),
