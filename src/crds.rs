@@ -162,8 +162,9 @@ pub async fn install_with(
     let mut failures = Vec::new();
     for rule in set.rules.values() {
         let converts = needs_conversion_webhook(&rule.rule);
-        let client_config =
-            endpoint.map(|e| e.client_config(&crate::rules::crd::conversion_path(&rule.name)));
+        let client_config = endpoint.map(|e| {
+            e.client_config(&crate::rules::crd::conversion_path(&rule.name))
+        });
         let Some(desired) = crd_with_webhook(&rule.rule, client_config.as_ref()) else {
             continue;
         };

@@ -68,11 +68,7 @@ fn a_lossy_conversion_fails_the_check_naming_the_field_and_place() {
     let dir = copy();
     let t = dir.path().join("templates/webapp/v1-to-v1alpha1.yaml");
     let text = std::fs::read_to_string(&t).unwrap();
-    std::fs::write(
-        &t,
-        text.replace("  port: {{ object.spec.container.port }}", ""),
-    )
-    .unwrap();
+    std::fs::write(&t, text.replace("  port: {{ object.spec.container.port }}", "")).unwrap();
     let (code, stdout, stderr) = rulebook(dir.path(), CHECK);
     assert_eq!(code, 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
     // The v1alpha1 example (line 1) and the RuleTest's parent (line 7) lose their port.
@@ -94,11 +90,7 @@ fn a_failing_conversion_fails_the_check_with_its_template_line() {
     let dir = copy();
     let t = dir.path().join("templates/webapp/v1alpha1-to-v1.yaml");
     let text = std::fs::read_to_string(&t).unwrap();
-    std::fs::write(
-        &t,
-        text.replace("{{ object.spec.image }}", "{{ object.spec.imag }}"),
-    )
-    .unwrap();
+    std::fs::write(&t, text.replace("{{ object.spec.image }}", "{{ object.spec.imag }}")).unwrap();
     let (code, _, stderr) = rulebook(dir.path(), CHECK);
     assert_eq!(code, 1, "{stderr}");
     assert!(

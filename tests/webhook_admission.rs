@@ -25,10 +25,7 @@ async fn the_api_server_calls_the_webhook_rulebook_serves() {
 
     let config = h.wait_configuration(&client).await;
     let hook = &config["webhooks"][0];
-    assert_eq!(
-        config["metadata"]["labels"]["app.kubernetes.io/managed-by"],
-        "rulebook"
-    );
+    assert_eq!(config["metadata"]["labels"]["app.kubernetes.io/managed-by"], "rulebook");
     assert_eq!(hook["name"], format!("{}.rules.rulebook.dev", h.rule));
     assert_eq!(
         hook["clientConfig"]["url"],
@@ -52,37 +49,21 @@ async fn the_api_server_calls_the_webhook_rulebook_serves() {
     }
     let excluded = &hook["namespaceSelector"]["matchExpressions"];
     assert_eq!(excluded[0]["operator"], "NotIn");
-    assert!(
-        excluded[0]["values"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("kube-system"))
-    );
-    assert_eq!(
-        excluded[1]["values"],
-        json!([ns.name()]),
-        "run --namespace keeps to it"
-    );
+    assert!(excluded[0]["values"].as_array().unwrap().contains(&json!("kube-system")));
+    assert_eq!(excluded[1]["values"], json!([ns.name()]), "run --namespace keeps to it");
     // The caBundle is the CA in the Secret every replica reads.
     let ca = base64::engine::general_purpose::STANDARD
         .decode(hook["clientConfig"]["caBundle"].as_str().unwrap())
         .unwrap();
-    let data = secret_data(&client, &ns, &h.name)
-        .await
-        .expect("the certificates' Secret");
+    let data = secret_data(&client, &ns, &h.name).await.expect("the certificates' Secret");
     assert_eq!(String::from_utf8(ca).unwrap(), data["ca-bundle.crt"]);
-    wait_for(T, "/readyz", || async {
-        (op.get_opt("/readyz").await? == "ok").then_some(())
-    })
-    .await;
+    wait_for(T, "/readyz", || async { (op.get_opt("/readyz").await? == "ok").then_some(()) }).await;
 
     // The API server calls the webhook and passes its refusal on.
     let message = h.wait_enforced(&client, &ns).await;
     println!("refused: {message}");
     let parents = h.parents(&client, &ns);
-    let refused = parents
-        .create(&PostParams::default(), &h.parent("big", 5))
-        .await;
+    let refused = parents.create(&PostParams::default(), &h.parent("big", 5)).await;
     match refused {
         Err(kube::Error::Api(s)) => {
             assert!(s.message.contains(REFUSAL), "{}", s.message);
@@ -90,19 +71,14 @@ async fn the_api_server_calls_the_webhook_rulebook_serves() {
         }
         other => panic!("the create was not refused by the webhook: {other:?}"),
     }
-    assert!(
-        parents.get_opt("big").await.unwrap().is_none(),
-        "nothing stored"
-    );
+    assert!(parents.get_opt("big").await.unwrap().is_none(), "nothing stored");
 
     // The rule goes: so does its webhook, and creates are no longer judged.
     std::fs::remove_file(h.rules.join(format!("{}.yaml", h.rule))).unwrap();
     let configs = h.validating(&client);
-    wait_for(
-        T,
-        "the configuration to be deleted with its rule",
-        || async { configs.get_opt(&h.name).await.ok()?.is_none().then_some(()) },
-    )
+    wait_for(T, "the configuration to be deleted with its rule", || async {
+        configs.get_opt(&h.name).await.ok()?.is_none().then_some(())
+    })
     .await;
     wait_for(T, "creates to be no longer judged", || async {
         parents

@@ -409,9 +409,7 @@ fn webhook_configurations(
         namespace: None,
         selector: None,
     };
-    Ok(crate::webhook::configs::configurations(
-        set, &endpoint, &scope,
-    )?)
+    Ok(crate::webhook::configs::configurations(set, &endpoint, &scope)?)
 }
 
 /// The CRDs of `set`; a rule converting between versions gets `endpoint`'s
@@ -465,12 +463,9 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
         lease_name: args.lease_name.clone(),
         diff_role: args.diff_role,
         diff_namespaces: args.diff_namespaces.clone(),
-        webhooks: args.webhooks.then(|| {
-            (
-                args.webhook_configuration.clone(),
-                args.webhook_secret.clone(),
-            )
-        }),
+        webhooks: args
+            .webhooks
+            .then(|| (args.webhook_configuration.clone(), args.webhook_secret.clone())),
     };
     write_stream(&crate::rbac::manifests(&set, &opts), out)?;
     Ok(0)
@@ -626,11 +621,7 @@ fn with_render_defaults(rule: &crate::render::CompiledRule, mut parent: Json) ->
 
 /// The rule whose parent is `api_version` `kind`: the same apiVersion, or, for a rule
 /// listing versions (`spec.crd.versions`), any of them.
-pub fn rule_for<'a>(
-    set: &'a RuleSet,
-    api_version: &str,
-    kind: &str,
-) -> Option<&'a crate::render::SharedRule> {
+pub fn rule_for<'a>(set: &'a RuleSet, api_version: &str, kind: &str) -> Option<&'a crate::render::SharedRule> {
     let (group, version) = crate::meta::split_api_version(api_version);
     set.rules.values().find(|r| {
         let p = &r.rule.spec.parent;

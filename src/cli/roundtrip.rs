@@ -27,12 +27,7 @@ pub struct Report {
 pub fn check(set: &RuleSet, dirs: &RuleDirs) -> Report {
     let mut report = Report::default();
     for r in set.rules.values() {
-        if r.rule
-            .spec
-            .crd
-            .as_ref()
-            .is_some_and(|c| !c.conversion.is_empty())
-        {
+        if r.rule.spec.crd.as_ref().is_some_and(|c| !c.conversion.is_empty()) {
             report.tried.insert(r.name.clone(), 0);
         }
     }
@@ -50,9 +45,7 @@ pub fn check(set: &RuleSet, dirs: &RuleDirs) -> Report {
             continue;
         };
         *tried += 1;
-        let from = crate::meta::split_api_version(s("apiVersion"))
-            .1
-            .to_string();
+        let from = crate::meta::split_api_version(s("apiVersion")).1.to_string();
         for (via, served) in rule.crd_versions() {
             if !served || via == from {
                 continue;

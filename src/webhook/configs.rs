@@ -70,47 +70,26 @@ pub fn mutates(rule: &CompiledRule) -> bool {
 /// Whether any rule of `set` needs the webhook server (admission or conversion).
 pub fn needed(set: &RuleSet) -> bool {
     set.rules.values().any(|r| {
-        validates(r)
-            || mutates(r)
-            || r.rule
-                .spec
-                .crd
-                .as_ref()
-                .is_some_and(|c| !c.conversion.is_empty())
+        validates(r) || mutates(r) || r.rule.spec.crd.as_ref().is_some_and(|c| !c.conversion.is_empty())
     })
 }
 
 /// The validating configuration, or `None` when no rule has `expr:` checks.
-pub fn validating(
-    set: &RuleSet,
-    endpoint: &Endpoint,
-    scope: &Scope,
-) -> Result<Option<Json>, SelectorError> {
+pub fn validating(set: &RuleSet, endpoint: &Endpoint, scope: &Scope) -> Result<Option<Json>, SelectorError> {
     configuration(set, endpoint, scope, Kind::Validating)
 }
 
 /// The mutating configuration, or `None` when no rule has `expr:` defaults.
-pub fn mutating(
-    set: &RuleSet,
-    endpoint: &Endpoint,
-    scope: &Scope,
-) -> Result<Option<Json>, SelectorError> {
+pub fn mutating(set: &RuleSet, endpoint: &Endpoint, scope: &Scope) -> Result<Option<Json>, SelectorError> {
     configuration(set, endpoint, scope, Kind::Mutating)
 }
 
 /// Both, as far as the rules need them.
-pub fn configurations(
-    set: &RuleSet,
-    endpoint: &Endpoint,
-    scope: &Scope,
-) -> Result<Vec<Json>, SelectorError> {
-    Ok([
-        validating(set, endpoint, scope)?,
-        mutating(set, endpoint, scope)?,
-    ]
-    .into_iter()
-    .flatten()
-    .collect())
+pub fn configurations(set: &RuleSet, endpoint: &Endpoint, scope: &Scope) -> Result<Vec<Json>, SelectorError> {
+    Ok([validating(set, endpoint, scope)?, mutating(set, endpoint, scope)?]
+        .into_iter()
+        .flatten()
+        .collect())
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -189,11 +168,7 @@ fn webhook(
     let (group, version) = split_api_version(&parent.api_version);
     let plural = crate::rbac::plural_of(set, &parent.api_version, &parent.kind);
     let resource_scope = match &rule.rule.spec.crd {
-        Some(crd) => crd
-            .scope
-            .as_ref()
-            .map(|s| s.value.clone())
-            .unwrap_or_else(|| "Namespaced".into()),
+        Some(crd) => crd.scope.as_ref().map(|s| s.value.clone()).unwrap_or_else(|| "Namespaced".into()),
         None => "*".into(),
     };
     let failure_policy = rule
@@ -351,18 +326,9 @@ mod tests {
         let s = label_selector("shard=a, tier!=web,team in (x, y),!legacy,app").unwrap();
         let e = s["matchExpressions"].as_array().unwrap();
         assert_eq!(e.len(), 5);
-        assert_eq!(
-            e[0],
-            json!({"key": "shard", "operator": "In", "values": ["a"]})
-        );
-        assert_eq!(
-            e[1],
-            json!({"key": "tier", "operator": "NotIn", "values": ["web"]})
-        );
-        assert_eq!(
-            e[2],
-            json!({"key": "team", "operator": "In", "values": ["x", "y"]})
-        );
+        assert_eq!(e[0], json!({"key": "shard", "operator": "In", "values": ["a"]}));
+        assert_eq!(e[1], json!({"key": "tier", "operator": "NotIn", "values": ["web"]}));
+        assert_eq!(e[2], json!({"key": "team", "operator": "In", "values": ["x", "y"]}));
         assert_eq!(e[3], json!({"key": "legacy", "operator": "DoesNotExist"}));
         assert_eq!(e[4], json!({"key": "app", "operator": "Exists"}));
         assert!(label_selector("a in b").is_err());
@@ -375,13 +341,7 @@ mod tests {
             namespace: Some("team-a".into()),
             ..Scope::default()
         });
-        assert_eq!(
-            s["matchExpressions"][0]["values"],
-            json!(["kube-system", "rulebook-system"])
-        );
-        assert_eq!(
-            s["matchExpressions"][1],
-            json!({"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]})
-        );
+        assert_eq!(s["matchExpressions"][0]["values"], json!(["kube-system", "rulebook-system"]));
+        assert_eq!(s["matchExpressions"][1], json!({"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}));
     }
 }

@@ -121,10 +121,7 @@ mod tests {
             .collect();
         assert_eq!(names, ["a", "b"]);
         assert!(out.iter().all(|o| o["apiVersion"] == "web.example.com/v1"));
-        assert_eq!(
-            out[1]["spec"]["container"],
-            json!({"image": "b:1", "port": 80})
-        );
+        assert_eq!(out[1]["spec"]["container"], json!({"image": "b:1", "port": 80}));
         assert_eq!(out[1]["metadata"]["uid"], "uid-b");
     }
 
@@ -144,9 +141,7 @@ mod tests {
         let m = r["result"]["message"].as_str().unwrap();
         assert!(
             m.contains("v1alpha1-to-v1.yaml:")
-                && m.contains(
-                    "rule 'webapp': WebApp default/broken: spec.crd.conversion[0] (v1alpha1 → v1)"
-                ),
+                && m.contains("rule 'webapp': WebApp default/broken: spec.crd.conversion[0] (v1alpha1 → v1)"),
             "{m}"
         );
     }

@@ -261,8 +261,7 @@ pub async fn serve_on(
         let service = TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
             let _slot = slot;
-            let Ok(Ok(stream)) =
-                tokio::time::timeout(limits.handshake, acceptor.accept(stream)).await
+            let Ok(Ok(stream)) = tokio::time::timeout(limits.handshake, acceptor.accept(stream)).await
             else {
                 return;
             };
@@ -307,17 +306,10 @@ mod tests {
     }
 
     /// A POST over TLS trusting only the CAs of `trusted`: `(status, body)`.
-    async fn post(
-        addr: &str,
-        trusted: &str,
-        path: &str,
-        body: &[u8],
-    ) -> Result<(u16, String), String> {
+    async fn post(addr: &str, trusted: &str, path: &str, body: &[u8]) -> Result<(u16, String), String> {
         let mut roots = rustls::RootCertStore::empty();
         for c in CertificateDer::pem_slice_iter(trusted.as_bytes()) {
-            roots
-                .add(c.map_err(|e| e.to_string())?)
-                .map_err(|e| e.to_string())?;
+            roots.add(c.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
         }
         let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider()))
             .with_safe_default_protocol_versions()
@@ -325,33 +317,20 @@ mod tests {
             .with_root_certificates(roots)
             .with_no_client_auth();
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-        let tcp = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(|e| e.to_string())?;
+        let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
         let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
-        let mut tls = connector
-            .connect(name, tcp)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut tls = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
         let head = format!(
             "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         );
-        tls.write_all(head.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
+        tls.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
         tls.write_all(body).await.map_err(|e| e.to_string())?;
         let mut out = Vec::new();
         let _ = tls.read_to_end(&mut out).await;
         let text = String::from_utf8_lossy(&out).to_string();
-        let status = text
-            .get(9..12)
-            .and_then(|s| s.parse().ok())
-            .ok_or(text.clone())?;
-        Ok((
-            status,
-            text.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
-        ))
+        let status = text.get(9..12).and_then(|s| s.parse().ok()).ok_or(text.clone())?;
+        Ok((status, text.split("\r\n\r\n").nth(1).unwrap_or("").to_string()))
     }
 
     fn echo(delay: Duration) -> Handler {
@@ -367,22 +346,12 @@ mod tests {
 
     async fn start(resolver: Arc<Resolver>, limits: Limits, delay: Duration) -> String {
         let h = echo(delay);
-        let handlers = Handlers {
-            validate: h.clone(),
-            mutate: h.clone(),
-            convert: h,
-        };
+        let handlers = Handlers { validate: h.clone(), mutate: h.clone(), convert: h };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let tls = tls_config(resolver).unwrap();
         let health = Arc::new(Health::default());
-        tokio::spawn(serve_on(
-            listener,
-            tls,
-            router(handlers, limits),
-            limits,
-            health,
-        ));
+        tokio::spawn(serve_on(listener, tls, router(handlers, limits), limits, health));
         addr
     }
 
@@ -391,40 +360,25 @@ mod tests {
     #[tokio::test]
     async fn certificates_swap_without_a_restart_and_stay_trusted() {
         // Made 2,100 s ago with a lifetime of 3,000 s: the CA is due for rotation now.
-        let p = Policy {
-            tls_validity: Duration::from_secs(3000),
-            ..policy()
-        };
+        let p = Policy { tls_validity: Duration::from_secs(3000), ..policy() };
         let now = jiff::Timestamp::now().as_second();
         let first = certs::next(None, &p, now - 2_100).unwrap().unwrap();
         let resolver = Arc::new(Resolver::default());
         resolver.set(&first).unwrap();
         let addr = start(resolver.clone(), Limits::default(), Duration::ZERO).await;
         let review = br#"{"request":{"uid":"u1"}}"#;
-        let (status, body) = post(&addr, &first.trusted, "/validate/app", review)
-            .await
-            .unwrap();
+        let (status, body) = post(&addr, &first.trusted, "/validate/app", review).await.unwrap();
         assert_eq!(status, 200, "{body}");
-        assert!(
-            body.contains(r#""rule":"app""#) && body.contains("u1"),
-            "{body}"
-        );
+        assert!(body.contains(r#""rule":"app""#) && body.contains("u1"), "{body}");
         // The CA rotation: each bundle served while the API server trusts the one before.
         let t = now;
         let adding = certs::next(Some(&first), &p, t).unwrap().unwrap();
         assert_eq!(adding.phase, Phase::Adding);
         let dropping = certs::next(Some(&adding), &p, t + 10).unwrap().unwrap();
         let stable = certs::next(Some(&dropping), &p, t + 20).unwrap().unwrap();
-        for (serving, trusted) in [
-            (&adding, &first),
-            (&dropping, &adding),
-            (&stable, &dropping),
-            (&stable, &stable),
-        ] {
+        for (serving, trusted) in [(&adding, &first), (&dropping, &adding), (&stable, &dropping), (&stable, &stable)] {
             resolver.set(serving).unwrap();
-            let (status, _) = post(&addr, &trusted.trusted, "/convert/app", review)
-                .await
-                .unwrap();
+            let (status, _) = post(&addr, &trusted.trusted, "/convert/app", review).await.unwrap();
             assert_eq!(status, 200);
         }
         // The old CA alone no longer verifies what serves now: the swap took effect.
@@ -434,9 +388,7 @@ mod tests {
 
     #[tokio::test]
     async fn requests_are_bounded_in_size_number_and_time() {
-        let b = certs::next(None, &policy(), jiff::Timestamp::now().as_second())
-            .unwrap()
-            .unwrap();
+        let b = certs::next(None, &policy(), jiff::Timestamp::now().as_second()).unwrap().unwrap();
         let resolver = Arc::new(Resolver::default());
         resolver.set(&b).unwrap();
         let limits = Limits {
@@ -447,39 +399,20 @@ mod tests {
         };
         let slow = start(resolver.clone(), limits, Duration::from_secs(2)).await;
         let big = vec![b' '; 4096];
-        assert_eq!(
-            post(&slow, &b.trusted, "/validate/a", &big)
-                .await
-                .unwrap()
-                .0,
-            413
-        );
-        assert_eq!(
-            post(&slow, &b.trusted, "/validate/a", b"not json")
-                .await
-                .unwrap()
-                .0,
-            400
-        );
+        assert_eq!(post(&slow, &b.trusted, "/validate/a", &big).await.unwrap().0, 413);
+        assert_eq!(post(&slow, &b.trusted, "/validate/a", b"not json").await.unwrap().0, 400);
         let started = std::time::Instant::now();
-        let (first, second) = tokio::join!(post(&slow, &b.trusted, "/validate/a", b"{}"), async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            post(&slow, &b.trusted, "/validate/a", b"{}").await
-        });
+        let (first, second) = tokio::join!(
+            post(&slow, &b.trusted, "/validate/a", b"{}"),
+            async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                post(&slow, &b.trusted, "/validate/a", b"{}").await
+            }
+        );
         assert_eq!(first.unwrap().0, 504, "past the deadline");
         assert_eq!(second.unwrap().0, 429, "one in flight at most");
-        assert!(
-            started.elapsed() < Duration::from_secs(2),
-            "{:?}",
-            started.elapsed()
-        );
-        assert_eq!(
-            post(&slow, &b.trusted, "/nothing/a", b"{}")
-                .await
-                .unwrap()
-                .0,
-            404
-        );
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        assert_eq!(post(&slow, &b.trusted, "/nothing/a", b"{}").await.unwrap().0, 404);
     }
 
     #[test]
@@ -487,10 +420,7 @@ mod tests {
         let h = Health::default();
         assert!(h.ready(100).is_err());
         h.listening.store(true, Ordering::SeqCst);
-        assert_eq!(
-            h.ready(100),
-            Err("the webhook server has no certificate yet")
-        );
+        assert_eq!(h.ready(100), Err("the webhook server has no certificate yet"));
         h.set_expiry(200);
         assert_eq!(h.ready(100), Ok(()));
         assert!(h.ready(200).is_err(), "expired");

@@ -286,8 +286,7 @@ fn prepare<'a>(
                     .to_string()
             };
             let (av, kind) = (s("/apiVersion"), s("/kind"));
-            super::rule_for(set, &av, &kind)
-                .ok_or_else(|| format!("no rule has parent {av} {kind}"))?
+            super::rule_for(set, &av, &kind).ok_or_else(|| format!("no rule has parent {av} {kind}"))?
         }
     };
     Ok((rule, with_render_defaults(rule, parent)))

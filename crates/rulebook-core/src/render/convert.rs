@@ -127,10 +127,7 @@ impl CompiledRule {
     /// The version of `object`, which must be of the rule's group and kind.
     fn version_of(&self, object: &Json) -> Result<String, RenderError> {
         let parent = &self.rule.spec.parent;
-        let api_version = object
-            .get("apiVersion")
-            .and_then(Json::as_str)
-            .unwrap_or("");
+        let api_version = object.get("apiVersion").and_then(Json::as_str).unwrap_or("");
         let kind = object.get("kind").and_then(Json::as_str).unwrap_or("");
         let (group, version) = split_api_version(api_version);
         if group != parent.group_version().0 || kind != parent.kind.value {
@@ -163,7 +160,12 @@ impl CompiledRule {
     }
 
     /// One template: `object` in `c.from` to `c.to`, within the active budget.
-    fn convert_step(&self, object: &Json, i: usize, c: &Conversion) -> Result<Json, RenderError> {
+    fn convert_step(
+        &self,
+        object: &Json,
+        i: usize,
+        c: &Conversion,
+    ) -> Result<Json, RenderError> {
         let path = self
             .template_files
             .get(c.template.as_str())
@@ -182,18 +184,17 @@ impl CompiledRule {
             e
         };
         let env = self.running().borrow_owner();
-        let tmpl = env.get_template(&c.template).map_err(|e| {
-            RenderError::new(path.clone(), None, format!("{prefix}{}", describe(&e)))
-        })?;
+        let tmpl = env
+            .get_template(&c.template)
+            .map_err(|e| RenderError::new(path.clone(), None, format!("{prefix}{}", describe(&e))))?;
         let value = val(object);
         let mut ctx: BTreeMap<&'static str, Value> = BTreeMap::new();
         ctx.insert("object", value.clone());
         ctx.insert("parent", value);
         ctx.insert("rule", self.rule_value.clone());
         let text = self.render_one(&tmpl, &path, &ctx).map_err(with_prefix)?;
-        let rendered = super::children::parse_rendered(&text).map_err(|(line, message)| {
-            RenderError::new(path.clone(), line, format!("{prefix}{message}"))
-        })?;
+        let rendered = super::children::parse_rendered(&text)
+            .map_err(|(line, message)| RenderError::new(path.clone(), line, format!("{prefix}{message}")))?;
         let group = self.rule.spec.parent.group_version().0;
         let target = if group.is_empty() {
             c.to.value.clone()
@@ -211,10 +212,7 @@ impl CompiledRule {
             format!(
                 "rule '{}': {} {}: {message}",
                 self.name,
-                object
-                    .get("kind")
-                    .and_then(Json::as_str)
-                    .unwrap_or("object"),
+                object.get("kind").and_then(Json::as_str).unwrap_or("object"),
                 object_name(object)
             ),
         )
@@ -241,9 +239,7 @@ fn finish(input: &Json, rendered: Json, target: &str) -> Result<Json, String> {
     if let Some(k) = out.get("kind")
         && *k != kind
     {
-        return Err(
-            "the rendered kind differs from the object's: a conversion keeps the kind".into(),
-        );
+        return Err("the rendered kind differs from the object's: a conversion keeps the kind".into());
     }
     if let Some(v) = out.get("apiVersion").and_then(Json::as_str)
         && v != target
@@ -276,9 +272,7 @@ fn keep_metadata(meta: &mut Map<String, Json>, rendered: Map<String, Json>) -> R
                 if !v.is_object() && !v.is_null() {
                     return Err(format!("metadata.{k} must be a mapping"));
                 }
-                if v.as_object()
-                    .is_some_and(|m| m.values().any(|x| !x.is_string()))
-                {
+                if v.as_object().is_some_and(|m| m.values().any(|x| !x.is_string())) {
                     return Err(format!("metadata.{k} values must be strings"));
                 }
                 if v.is_null() {
@@ -426,18 +420,14 @@ mod tests {
             std::fs::read_to_string(format!("{}/{EX}/{p}", env!("CARGO_MANIFEST_DIR")))
                 .unwrap_or_else(|e| panic!("{p}: {e}"))
         };
-        let templates = [
-            "deployment.yaml",
-            "v1alpha1-to-v1.yaml",
-            "v1-to-v1alpha1.yaml",
-        ]
-        .into_iter()
-        .map(|t| {
-            let name = format!("webapp/{t}");
-            let text = edit(&name, file(&format!("templates/{name}")));
-            (name.clone(), (format!("templates/{name}"), text))
-        })
-        .collect();
+        let templates = ["deployment.yaml", "v1alpha1-to-v1.yaml", "v1-to-v1alpha1.yaml"]
+            .into_iter()
+            .map(|t| {
+                let name = format!("webapp/{t}");
+                let text = edit(&name, file(&format!("templates/{name}")));
+                (name.clone(), (format!("templates/{name}"), text))
+            })
+            .collect();
         let sources = Sources {
             rule_files: vec![("rules/webapp.yaml".into(), file("rules/webapp.yaml"))],
             templates,
@@ -470,17 +460,11 @@ mod tests {
         // The same version: only apiVersion is (re)set.
         assert_eq!(rule.convert(&alpha(), "v1alpha1").unwrap(), alpha());
         let unknown = rule.convert(&alpha(), "v2").unwrap_err();
-        assert!(
-            unknown.message.contains("not a version of the CRD"),
-            "{unknown}"
-        );
+        assert!(unknown.message.contains("not a version of the CRD"), "{unknown}");
         let other = rule
             .convert(&json!({"apiVersion": "x.io/v1", "kind": "WebApp"}), "v1")
             .unwrap_err();
-        assert!(
-            other.message.contains("not a WebApp of the rule's group"),
-            "{other}"
-        );
+        assert!(other.message.contains("not a WebApp of the rule's group"), "{other}");
     }
 
     #[test]
@@ -511,9 +495,7 @@ mod tests {
     fn a_conversion_is_bounded_by_the_render_budget() {
         let rule = webapp(|name, t| {
             if name.ends_with("v1alpha1-to-v1.yaml") {
-                format!(
-                    "{{% for i in range(100000) %}}{{% for j in range(100000) %}}{{% endfor %}}{{% endfor %}}\n{t}"
-                )
+                format!("{{% for i in range(100000) %}}{{% for j in range(100000) %}}{{% endfor %}}{{% endfor %}}\n{t}")
             } else {
                 t
             }
@@ -521,11 +503,8 @@ mod tests {
         let e = rule.convert(&alpha(), "v1").unwrap_err();
         assert!(e.is_budget_exceeded(), "{e}");
         assert!(
-            e.to_string()
-                .contains("templates/webapp/v1alpha1-to-v1.yaml")
-                && e.message.contains(
-                    "rule 'webapp': WebApp default/blog: spec.crd.conversion[0] (v1alpha1 → v1)"
-                ),
+            e.to_string().contains("templates/webapp/v1alpha1-to-v1.yaml")
+                && e.message.contains("rule 'webapp': WebApp default/blog: spec.crd.conversion[0] (v1alpha1 → v1)"),
             "{e}"
         );
     }
@@ -534,10 +513,7 @@ mod tests {
     fn a_template_error_names_the_template_line() {
         let rule = webapp(|name, t| {
             if name.ends_with("v1-to-v1alpha1.yaml") {
-                t.replace(
-                    "{{ object.spec.container.image }}",
-                    "{{ object.spec.nothing.here }}",
-                )
+                t.replace("{{ object.spec.container.image }}", "{{ object.spec.nothing.here }}")
             } else {
                 t
             }
@@ -563,11 +539,7 @@ mod tests {
         assert_eq!(out["metadata"]["uid"], "u");
         assert_eq!(out["metadata"]["labels"]["k"], "w");
         let renamed = finish(&input, json!({"metadata": {"name": "b"}}), "x.io/v1");
-        assert!(
-            renamed
-                .unwrap_err()
-                .contains("metadata.name may not change")
-        );
+        assert!(renamed.unwrap_err().contains("metadata.name may not change"));
         let kind = finish(&input, json!({"kind": "Other"}), "x.io/v1");
         assert!(kind.unwrap_err().contains("keeps the kind"));
         let api = finish(&input, json!({"apiVersion": "x.io/v2"}), "x.io/v1");
@@ -585,12 +557,7 @@ mod tests {
         );
         assert_eq!(
             d,
-            vec![
-                "spec.a: changed",
-                "spec.b[1]: changed",
-                "spec.c: lost",
-                "spec.d: added"
-            ]
+            vec!["spec.a: changed", "spec.b[1]: changed", "spec.c: lost", "spec.d: added"]
         );
     }
 }

@@ -34,7 +34,10 @@ pub(super) const CONVERSION_VARS: &[&str] = &["object", "parent", "rule"];
 
 /// Names of every variable a conversion template may use without defining it.
 pub(super) fn conversion_vars(env: &Environment<'_>) -> BTreeSet<String> {
-    let mut set: BTreeSet<String> = CONVERSION_VARS.iter().map(|s| s.to_string()).collect();
+    let mut set: BTreeSet<String> = CONVERSION_VARS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     set.extend(env.globals().map(|(k, _)| k.to_string()));
     set
 }

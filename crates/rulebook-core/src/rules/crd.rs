@@ -143,11 +143,7 @@ fn versions(crd: &CrdSpec, parent_version: &str) -> Json {
                 &v.printer_columns
             };
             let spec = v.spec_schema.as_ref().map(|s| &s.value).or(spec_default);
-            let status = v
-                .status_schema
-                .as_ref()
-                .map(|s| &s.value)
-                .or(status_default);
+            let status = v.status_schema.as_ref().map(|s| &s.value).or(status_default);
             let mut entry = version_entry(&v.name, columns, spec, status);
             entry["served"] = json!(v.served);
             entry["storage"] = json!(v.storage);
@@ -633,22 +629,11 @@ mod tests {
         let versions = crd["spec"]["versions"].as_array().unwrap();
         assert_eq!(versions.len(), 2);
         let (v1, alpha) = (&versions[0], &versions[1]);
-        assert_eq!(
-            (&v1["name"], &v1["served"], &v1["storage"]),
-            (&json!("v1"), &json!(true), &json!(true))
-        );
+        assert_eq!((&v1["name"], &v1["served"], &v1["storage"]), (&json!("v1"), &json!(true), &json!(true)));
         assert!(v1.get("deprecated").is_none());
-        assert_eq!(
-            (&alpha["name"], &alpha["served"], &alpha["storage"]),
-            (&json!("v1alpha1"), &json!(true), &json!(false))
-        );
+        assert_eq!((&alpha["name"], &alpha["served"], &alpha["storage"]), (&json!("v1alpha1"), &json!(true), &json!(false)));
         assert_eq!(alpha["deprecated"], true);
-        assert!(
-            alpha["deprecationWarning"]
-                .as_str()
-                .unwrap()
-                .contains("deprecated")
-        );
+        assert!(alpha["deprecationWarning"].as_str().unwrap().contains("deprecated"));
         let spec = |v: &Json| v["schema"]["openAPIV3Schema"]["properties"]["spec"].clone();
         assert!(spec(v1)["properties"].get("container").is_some());
         assert!(spec(alpha)["properties"].get("image").is_some());
@@ -658,14 +643,8 @@ mod tests {
             assert!(status.get("image").is_some() && status.get("conditions").is_some());
             assert_eq!(v["subresources"], json!({"status": {}}));
         }
-        assert_eq!(
-            v1["additionalPrinterColumns"][0]["jsonPath"],
-            ".spec.container.image"
-        );
-        assert_eq!(
-            alpha["additionalPrinterColumns"][0]["jsonPath"],
-            ".spec.image"
-        );
+        assert_eq!(v1["additionalPrinterColumns"][0]["jsonPath"], ".spec.container.image");
+        assert_eq!(alpha["additionalPrinterColumns"][0]["jsonPath"], ".spec.image");
         assert_eq!(alpha["additionalPrinterColumns"][1]["name"], "Ready");
     }
 

@@ -25,9 +25,8 @@ use super::{CrdSpec, Loc, Rule};
 
 /// `v1`, `v1beta2`, `v2alpha1`: Kubernetes' version names (and the order it sorts them
 /// in for discovery).
-static VERSION: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^v[1-9][0-9]*(?:(?:alpha|beta)[1-9][0-9]*)?$").expect("static regex")
-});
+static VERSION: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^v[1-9][0-9]*(?:(?:alpha|beta)[1-9][0-9]*)?$").expect("static regex"));
 
 /// Whether `name` is a Kubernetes version name.
 pub fn is_version_name(name: &str) -> bool {
@@ -322,9 +321,7 @@ mod tests {
         for good in ["v1", "v2", "v1beta2", "v2alpha1", "v10beta11"] {
             assert!(is_version_name(good), "{good}");
         }
-        for bad in [
-            "1", "v0", "v1beta", "V1", "v1-beta1", "v1gamma1", "version1", "",
-        ] {
+        for bad in ["1", "v0", "v1beta", "V1", "v1-beta1", "v1gamma1", "version1", ""] {
             assert!(!is_version_name(bad), "{bad}");
         }
     }
