@@ -17,8 +17,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use minijinja::value::Value;
 use minijinja::Environment;
+use minijinja::value::Value;
 use serde_json::{Map, Value as Json, json};
 
 use super::compile_exprs::Diags;
@@ -33,11 +33,24 @@ pub enum Operation {
     Update,
 }
 
+/// Which webhook is judging: the API server calls the mutating webhooks first, then
+/// validates the schema, then calls the validating ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Defaults only (`/mutate`): never a denial from a check.
+    Mutate,
+    /// Checks only (`/validate`), on the object as the mutating phase left it.
+    Validate,
+    /// Defaults, then the checks on the defaulted object (`rulebook test`).
+    Both,
+}
+
 /// What a check or default sees: the object (`parent`), the stored one on updates
 /// (`old`), and the rule's references resolved for the object (`refs`, name → object or
 /// list).
 #[derive(Clone, Copy, Debug)]
 pub struct AdmitRequest<'a> {
+    pub phase: Phase,
     pub operation: Operation,
     pub object: &'a Json,
     pub old: Option<&'a Json>,
@@ -66,19 +79,8 @@ const ADMISSION_VARS: &[&str] = &["parent", "old", "refs", "rule"];
 const MAX_MESSAGE: usize = 1024;
 
 impl CompiledRule {
-    /// Whether the rule has checks or defaults that Rulebook's webhooks serve (`expr:`).
-    pub fn has_webhook_admission(&self) -> (bool, bool) {
-        match &self.rule.spec.admission {
-            None => (false, false),
-            Some(a) => (
-                a.validate.iter().any(|v| v.expr.is_some()),
-                a.default.iter().any(|d| d.expr.is_some()),
-            ),
-        }
-    }
-
-    /// Judges `request` against the rule's `expr:` checks, then computes its `expr:`
-    /// defaults, within one fresh budget.
+    /// Computes the rule's `expr:` defaults, then judges the defaulted object against
+    /// its `expr:` checks (as `request.phase` says), within one fresh budget.
     pub fn admit(&self, request: &AdmitRequest) -> Result<Verdict, RenderError> {
         let Some(a) = &self.rule.spec.admission else {
             return Ok(Verdict::Allowed { patch: Vec::new() });
@@ -87,6 +89,51 @@ impl CompiledRule {
         let _active = budget.enter();
         let env = self.running().borrow_owner();
         let mut ctx = self.admission_context(request.object, request);
+        let mut object = request.object.clone();
+        let mut patch = Vec::new();
+        if request.phase != Phase::Validate {
+            for (i, d) in a.default.iter().enumerate() {
+                let Some(expr) = &d.expr else { continue };
+                let Some(segments) = path_segments(&d.path).filter(|s| !s.is_empty()) else {
+                    continue;
+                };
+                if lookup(&object, &segments).is_some() {
+                    continue;
+                }
+                let key = format!("spec.admission.default[{i}].expr");
+                let e = self.admission_expr(env, &expr.value, key, expr.line)?;
+                ctx.insert("parent", val(&object));
+                let value = self.eval(&e, &ctx)?;
+                if value.is_undefined() || value.is_none() {
+                    continue;
+                }
+                let value = serde_json::to_value(&value).map_err(|err| {
+                    RenderError::new(
+                        self.file.clone(),
+                        Some(expr.line),
+                        format!("rule '{}': spec.admission.default[{i}]: {err}", self.name),
+                    )
+                })?;
+                set_absent(&mut object, &segments, value, &mut patch);
+            }
+        }
+        if request.phase != Phase::Mutate {
+            ctx.insert("parent", val(&object));
+            if let Some(denied) = self.first_denial(env, a, &ctx, request)? {
+                return Ok(denied);
+            }
+        }
+        Ok(Verdict::Allowed { patch })
+    }
+
+    /// The first `expr:` check that runs for the request and is false, as a denial.
+    fn first_denial(
+        &self,
+        env: &Environment<'static>,
+        a: &crate::rules::Admission,
+        ctx: &BTreeMap<&'static str, Value>,
+        request: &AdmitRequest,
+    ) -> Result<Option<Verdict>, RenderError> {
         for (i, v) in a.validate.iter().enumerate() {
             let Some(expr) = &v.expr else { continue };
             let key = format!("spec.admission.validate[{i}].expr");
@@ -94,42 +141,16 @@ impl CompiledRule {
             if !applies(v, &e, request.operation) {
                 continue;
             }
-            if !self.eval(&e, &ctx)?.is_true() {
-                let message = self.denial_message(i, v, &ctx, request.refs)?;
-                return Ok(Verdict::Denied {
+            if !self.eval(&e, ctx)?.is_true() {
+                let message = self.denial_message(i, v, ctx, request.refs)?;
+                return Ok(Some(Verdict::Denied {
                     index: i,
                     message,
                     field: v.field_path.as_ref().map(|f| f.value.clone()),
-                });
+                }));
             }
         }
-        let mut object = request.object.clone();
-        let mut patch = Vec::new();
-        for (i, d) in a.default.iter().enumerate() {
-            let Some(expr) = &d.expr else { continue };
-            let Some(segments) = path_segments(&d.path).filter(|s| !s.is_empty()) else {
-                continue;
-            };
-            if lookup(&object, &segments).is_some() {
-                continue;
-            }
-            let key = format!("spec.admission.default[{i}].expr");
-            let e = self.admission_expr(env, &expr.value, key, expr.line)?;
-            ctx.insert("parent", val(&object));
-            let value = self.eval(&e, &ctx)?;
-            if value.is_undefined() || value.is_none() {
-                continue;
-            }
-            let value = serde_json::to_value(&value).map_err(|err| {
-                RenderError::new(
-                    self.file.clone(),
-                    Some(expr.line),
-                    format!("rule '{}': spec.admission.default[{i}]: {err}", self.name),
-                )
-            })?;
-            set_absent(&mut object, &segments, value, &mut patch);
-        }
-        Ok(Verdict::Allowed { patch })
+        Ok(None)
     }
 
     fn admission_context(
@@ -181,7 +202,10 @@ impl CompiledRule {
             RenderError::from_minijinja(
                 &self.file,
                 Some(v.message.line),
-                &format!("rule '{}': spec.admission.validate[{i}].message: ", self.name),
+                &format!(
+                    "rule '{}': spec.admission.validate[{i}].message: ",
+                    self.name
+                ),
                 &e,
             )
         };
@@ -244,7 +268,11 @@ fn set_absent(object: &mut Json, path: &[String], value: Json, patch: &mut Vec<J
             for k in path[depth + 1..].iter().rev() {
                 nested = json!({ k.as_str(): nested });
             }
-            let op = if map.contains_key(key) { "replace" } else { "add" };
+            let op = if map.contains_key(key) {
+                "replace"
+            } else {
+                "add"
+            };
             patch.push(json!({"op": op, "path": pointer, "value": nested.clone()}));
             map.insert(key.clone(), nested);
             return;
@@ -259,38 +287,52 @@ fn set_absent(object: &mut Json, path: &[String], value: Json, patch: &mut Vec<J
 /// Every problem of the rule's `expr:` checks, message templates and `expr:` defaults,
 /// compiled in `env` (the rule's environment): syntax, and variables other than
 /// `parent`, `old`, `refs`, `rule` and the environment's functions.
-pub(super) fn diagnostics(env: &Environment<'static>, rule: &Rule, at: &Diags<'_>) -> Vec<Diagnostic> {
+pub(super) fn diagnostics(
+    env: &Environment<'static>,
+    rule: &Rule,
+    at: &Diags<'_>,
+) -> Vec<Diagnostic> {
     let Some(a) = &rule.spec.admission else {
         return Vec::new();
     };
     let mut allowed: BTreeSet<String> = ADMISSION_VARS.iter().map(|s| s.to_string()).collect();
     allowed.extend(env.globals().map(|(k, _)| k.to_string()));
     let mut out = Vec::new();
-    let mut check_expr = |text: &str, line: u64, col: u64, key: String| {
-        match env.compile_expression_owned(text.to_string()) {
-            Err(e) => out.push(at.at(line, col, &key, super::describe(&e))),
-            Ok(e) => {
-                for v in e.undeclared_variables(false) {
-                    if !allowed.contains(&v) {
-                        out.push(at.at(
+    let mut check_expr = |text: &str, line: u64, col: u64, key: String| match env
+        .compile_expression_owned(text.to_string())
+    {
+        Err(e) => out.push(at.at(line, col, &key, super::describe(&e))),
+        Ok(e) => {
+            for v in e.undeclared_variables(false) {
+                if !allowed.contains(&v) {
+                    out.push(at.at(
                             line,
                             col,
                             &key,
                             format!("unknown variable '{v}' (an admission check may use parent, old, refs and rule)"),
                         ));
-                    }
                 }
             }
         }
     };
     for (i, v) in a.validate.iter().enumerate() {
         if let Some(e) = &v.expr {
-            check_expr(&e.value, e.line, e.col, format!("spec.admission.validate[{i}].expr"));
+            check_expr(
+                &e.value,
+                e.line,
+                e.col,
+                format!("spec.admission.validate[{i}].expr"),
+            );
         }
     }
     for (i, d) in a.default.iter().enumerate() {
         if let Some(e) = &d.expr {
-            check_expr(&e.value, e.line, e.col, format!("spec.admission.default[{i}].expr"));
+            check_expr(
+                &e.value,
+                e.line,
+                e.col,
+                format!("spec.admission.default[{i}].expr"),
+            );
         }
     }
     for (i, v) in a.validate.iter().enumerate() {
@@ -377,6 +419,7 @@ spec:
         let refs = refs(false);
         let v = r
             .admit(&AdmitRequest {
+                phase: Phase::Both,
                 operation: Operation::Create,
                 object: &object,
                 old: None,
@@ -403,6 +446,7 @@ spec:
         let refs = refs(false);
         let Verdict::Denied { message, .. } = r
             .admit(&AdmitRequest {
+                phase: Phase::Both,
                 operation: Operation::Create,
                 object: &object,
                 old: None,
@@ -426,6 +470,7 @@ spec:
         // On create the `old` check is skipped; the replicas check (CREATE only) denies.
         let v = r
             .admit(&AdmitRequest {
+                phase: Phase::Both,
                 operation: Operation::Create,
                 object: &many,
                 old: None,
@@ -437,6 +482,7 @@ spec:
         let old = app(json!({"plan": "gold", "tier": "db"}));
         let v = r
             .admit(&AdmitRequest {
+                phase: Phase::Both,
                 operation: Operation::Update,
                 object: &many,
                 old: Some(&old),
@@ -451,6 +497,7 @@ spec:
         let same = app(json!({"plan": "gold", "tier": "db", "replicas": 50}));
         let v = r
             .admit(&AdmitRequest {
+                phase: Phase::Both,
                 operation: Operation::Update,
                 object: &same,
                 old: Some(&old),
@@ -467,6 +514,7 @@ spec:
         let object = app(json!({"plan": "gold", "tier": "web"}));
         let v = r
             .admit(&AdmitRequest {
+                phase: Phase::Both,
                 operation: Operation::Create,
                 object: &object,
                 old: None,
@@ -487,6 +535,7 @@ spec:
         let set = app(json!({"plan": "gold", "tier": "web", "image": "mine"}));
         let Verdict::Allowed { patch } = r
             .admit(&AdmitRequest {
+                phase: Phase::Both,
                 operation: Operation::Create,
                 object: &set,
                 old: None,
@@ -527,6 +576,7 @@ spec:
         let object = app(json!({"plan": "gold", "tier": "web"}));
         let refs = refs(true);
         let out = r.admit(&AdmitRequest {
+            phase: Phase::Both,
             operation: Operation::Create,
             object: &object,
             old: None,

@@ -155,7 +155,9 @@ mod tests {
                 "app.kubernetes.io/name".into()
             ])
         );
-        for bad in ["", "spec.", ".spec", "spec..x", "spec.a b", "spec['']", "spec['x"] {
+        for bad in [
+            "", "spec.", ".spec", "spec..x", "spec.a b", "spec['']", "spec['x",
+        ] {
             assert_eq!(path_segments(bad).filter(|s| !s.is_empty()), None, "{bad}");
         }
     }

@@ -4,11 +4,11 @@
 //! Every problem becomes a [`Diagnostic`] that says `file:line:col: message`, and loading
 //! reports all of them at once.
 
+pub mod admission;
 pub mod crd;
 mod links;
 mod load;
 pub mod model;
-pub mod admission;
 pub mod versions;
 pub mod webhooks;
 mod yaml;
