@@ -75,6 +75,12 @@ pub enum Verdict {
 /// The variables of an admission check, default or message.
 const ADMISSION_VARS: &[&str] = &["parent", "old", "refs", "rule"];
 
+/// How long one admission request may evaluate (a render may take 5 s): well under the
+/// webhook server's deadline (4 s) and the API server's timeout (at most 5 s), so a
+/// hostile object's evaluation, answered or abandoned, frees its evaluation slot long
+/// before the requests queued behind it time out.
+pub const ADMIT_TIME: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The longest denial message sent back, in characters.
 const MAX_MESSAGE: usize = 1024;
 
@@ -85,7 +91,7 @@ impl CompiledRule {
         let Some(a) = &self.rule.spec.admission else {
             return Ok(Verdict::Allowed { patch: Vec::new() });
         };
-        let mut budget = self.budget();
+        let mut budget = self.admission_budget();
         let _active = budget.enter();
         let env = self.running().borrow_owner();
         let mut ctx = self.admission_context(request.object, request);
@@ -124,6 +130,14 @@ impl CompiledRule {
             }
         }
         Ok(Verdict::Allowed { patch })
+    }
+
+    /// The budget of one admission request: the rule's, with at most [`ADMIT_TIME`].
+    pub fn admission_budget(&self) -> super::ParentBudget {
+        super::ParentBudget::new(&super::Limits {
+            parent_time: self.limits.parent_time.min(ADMIT_TIME),
+            ..self.limits.clone()
+        })
     }
 
     /// The first `expr:` check that runs for the request and is false, as a denial.
@@ -586,6 +600,59 @@ spec:
             Err(e) => assert!(e.is_budget_exceeded(), "{e}"),
             Ok(v) => panic!("judged within 12 fuel: {v:?}"),
         }
+    }
+
+    /// A megabyte string and ten thousand items in the object: judged (a check reading
+    /// them, a default, a message printing them) well within the request's time.
+    #[test]
+    fn a_huge_object_is_judged_within_the_request_budget() {
+        let text = RULE.replace(
+            "(parent.spec.replicas | default(1)) <= 10",
+            "(parent.spec.blob | length) + (parent.spec.items | length) < 100",
+        );
+        let r = rule(&text);
+        let items: Vec<usize> = (0..10_000).collect();
+        let object = app(json!({"plan": "gold", "tier": "web",
+            "blob": "x".repeat(1 << 20), "items": items}));
+        let refs = refs(true);
+        let started = std::time::Instant::now();
+        let v = r
+            .admit(&AdmitRequest {
+                phase: Phase::Both,
+                operation: Operation::Create,
+                object: &object,
+                old: None,
+                refs: &refs,
+            })
+            .unwrap();
+        let took = started.elapsed();
+        assert!(matches!(v, Verdict::Denied { index: 2, .. }), "{v:?}");
+        assert!(took < ADMIT_TIME, "judged in {took:?}");
+    }
+
+    /// A request spends at most [`ADMIT_TIME`], whatever the rule's render time: past
+    /// its clock it is refused as over budget.
+    #[test]
+    fn a_request_has_its_own_time_bound() {
+        let sources = Sources {
+            rule_files: vec![("rules/app.yaml".into(), RULE.to_string())],
+            templates: BTreeMap::new(),
+        };
+        let limits = Limits {
+            parent_time: std::time::Duration::from_secs(60),
+            ..Limits::default()
+        };
+        let set = compile(&sources, &limits).unwrap_or_else(|d| panic!("{d}"));
+        let r = &set.rules["app"];
+        let mut spent = r.admission_budget();
+        // The budget's clock: past ADMIT_TIME the next evaluation is refused.
+        {
+            let _active = spent.enter();
+            std::thread::sleep(ADMIT_TIME + std::time::Duration::from_millis(50));
+        }
+        let _active = spent.enter();
+        let e = crate::render::budget::before_evaluation().unwrap_err();
+        assert!(e.contains("(limit 1000 ms per parent)"), "{e}");
     }
 
     #[test]
