@@ -129,7 +129,12 @@ impl Webhooks {
             settle: settle(settings.refresh),
             names: cert_names(&settings.base),
         };
-        let store = Store::new(client, &settings.secret.0, &settings.secret.1, policy);
+        let store = Store::new(
+            client.clone(),
+            &settings.secret.0,
+            &settings.secret.1,
+            policy,
+        );
         let (bundle_tx, bundle_rx) = watch::channel(None);
         let (endpoint_tx, endpoint) = watch::channel(None);
         let (rules, rules_rx) = watch::channel(None);
@@ -137,7 +142,11 @@ impl Webhooks {
         let health = Arc::new(Health::default());
         let tls = server::tls_config(resolver.clone())?;
         let app = server::router(
-            handlers::handlers(rules_rx, handlers::Offload::new(settings.evaluations)),
+            handlers::handlers(
+                rules_rx,
+                handlers::Offload::new(settings.evaluations),
+                super::admission::RefReader::new(Some(client.clone())),
+            ),
             Limits::default(),
             metrics.clone(),
         );

@@ -21,17 +21,15 @@ pub const API_VERSION: &str = "webhook.rulebook.dev/v1";
 pub const T: Duration = Duration::from_secs(120);
 
 /// What the webhook answers a parent with 5 replicas: the rule's check is
-/// `parent.spec.replicas <= 3` with the message [`RULE_MESSAGE`]. Until the admission
-/// work is merged, `CompiledRule::admit` is a placeholder that refuses every review with
-/// [`PLACEHOLDER`], which proves the same path: the API server called the webhook and
-/// passed its refusal on.
+/// `parent.spec.replicas <= 3` with the message `replicas {{ parent.spec.replicas }} is
+/// more than 3`, rendered by the admission handler.
 pub const RULE_MESSAGE: &str = "replicas 5 is more than 3";
-pub const PLACEHOLDER: &str = "admission checks are not available in this build";
+/// The part of the message any refused parent's carries.
+pub const REFUSAL: &str = "is more than 3";
 
 /// Whether an API error is the webhook's refusal of a parent with 5 replicas.
 pub fn is_refusal(message: &str) -> bool {
-    message.contains("denied the request")
-        && (message.contains(RULE_MESSAGE) || message.contains(PLACEHOLDER))
+    message.contains("denied the request") && message.contains(RULE_MESSAGE)
 }
 
 /// A loopback port nobody listens on now.
