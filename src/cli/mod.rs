@@ -130,7 +130,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 60)]
     pub shard_rebalance_seconds: u64,
     #[command(flatten)]
-    pub webhook: webhook_args::WebhookArgs,
+    pub webhook: Box<webhook_args::WebhookArgs>,
 }
 
 impl RunArgs {

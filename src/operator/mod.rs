@@ -162,7 +162,19 @@ pub async fn run(args: Settings) -> Result<()> {
         metrics.clone(),
         write_gate,
     );
-    let webhooks = start_webhooks(&args, &config).await?;
+    let mut webhooks = start_webhooks(&args, &config, &metrics).await?;
+    // The first activation publishes the CRDs (their conversion) and the webhook
+    // configurations with the CA: wait a little for the certificates to be read.
+    if let Some(w) = &mut webhooks
+        && tokio::time::timeout(
+            Duration::from_secs(10),
+            w.endpoint.wait_for(Option::is_some),
+        )
+        .await
+        .is_err()
+    {
+        warn!("the webhook certificates are not read yet; webhooks are published once they are");
+    }
     let ruleset_state = Arc::new(RwLock::new(RuleSetState::default()));
     let leader_flag = is_leader.clone();
     let app = AppState {
@@ -249,6 +261,7 @@ fn identity(args: &Settings) -> String {
 async fn start_webhooks(
     args: &Settings,
     config: &Config,
+    metrics: &Metrics,
 ) -> Result<Option<crate::webhook::run::Webhooks>> {
     let Some(w) = &args.webhook else {
         return Ok(None);
@@ -263,7 +276,7 @@ async fn start_webhooks(
         crate::webhook::configs::label_selector(sel)?;
     }
     Ok(Some(
-        crate::webhook::run::Webhooks::start(w, config, scope).await?,
+        crate::webhook::run::Webhooks::start(w, config, scope, metrics.webhook.clone()).await?,
     ))
 }
 

@@ -13,6 +13,7 @@
 //! `AdmissionReview`) and `/convert/<rule>` (a `ConversionReview`), each answered with the
 //! review to send back.
 
+pub mod admission;
 pub mod apply;
 pub mod certs;
 pub mod configs;

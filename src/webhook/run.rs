@@ -116,6 +116,7 @@ impl Webhooks {
         settings: &Settings,
         config: &kube::Config,
         scope: Scope,
+        metrics: crate::metrics::WebhookMetrics,
     ) -> Result<Webhooks, StartError> {
         let addr = SocketAddr::new(settings.bind, settings.port);
         let listener = tokio::net::TcpListener::bind(addr)
@@ -128,7 +129,12 @@ impl Webhooks {
             settle: settle(settings.refresh),
             names: cert_names(&settings.base),
         };
-        let store = Store::new(client, &settings.secret.0, &settings.secret.1, policy);
+        let store = Store::new(
+            client.clone(),
+            &settings.secret.0,
+            &settings.secret.1,
+            policy,
+        );
         let (bundle_tx, bundle_rx) = watch::channel(None);
         let (endpoint_tx, endpoint) = watch::channel(None);
         let (rules, rules_rx) = watch::channel(None);
@@ -136,8 +142,13 @@ impl Webhooks {
         let health = Arc::new(Health::default());
         let tls = server::tls_config(resolver.clone())?;
         let app = server::router(
-            handlers::handlers(rules_rx, handlers::Offload::new(settings.evaluations)),
+            handlers::handlers(
+                rules_rx,
+                handlers::Offload::new(settings.evaluations),
+                super::admission::RefReader::new(Some(client.clone())),
+            ),
             Limits::default(),
+            metrics.clone(),
         );
         let serving = health.clone();
         let tasks = vec![
@@ -146,6 +157,7 @@ impl Webhooks {
                 bundle_rx,
                 resolver,
                 health.clone(),
+                metrics.certificate_expiry,
                 settings.base.clone(),
                 endpoint_tx,
             )),
@@ -191,6 +203,7 @@ async fn follow(
     mut bundles: watch::Receiver<Option<Arc<Bundle>>>,
     resolver: Arc<Resolver>,
     health: Arc<Health>,
+    expiry: prometheus_client::metrics::gauge::Gauge,
     base: Base,
     endpoint: watch::Sender<Option<Endpoint>>,
 ) {
@@ -198,7 +211,10 @@ async fn follow(
         let bundle = bundles.borrow_and_update().clone();
         if let Some(b) = bundle {
             match resolver.set(&b) {
-                Ok(()) => health.set_expiry(b.tls_expires),
+                Ok(()) => {
+                    health.set_expiry(b.tls_expires);
+                    expiry.set(b.tls_expires);
+                }
                 Err(e) => {
                     warn!(error = %e, "webhook certificates: cannot serve the new certificate")
                 }

@@ -9,8 +9,9 @@
 //! certificate serves from the next connection on and connections in flight keep theirs:
 //! no restart, no failed request. rustls uses the `ring` provider, as the API client does.
 //!
-//! Per request ([`Limits`]): a body limit (413), a bound on requests in flight (429 when
-//! full), and a deadline below the API server's `timeoutSeconds` (504 when missed). An
+//! Per request ([`Limits`]): a body limit (413), a bound on requests in flight and on the
+//! bytes of their bodies, taken from `Content-Length` before the body is read (429 when
+//! full), and a deadline below the API server's timeout (504 when missed). An
 //! HTTP error makes the API server apply the webhook's `failurePolicy` (admission) or fail
 //! the read (conversion), so an overloaded or slow replica refuses quickly and clearly
 //! instead of holding the API server's request. The body is parsed on the blocking pool
@@ -23,8 +24,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -40,6 +40,7 @@ use tokio::sync::Semaphore;
 
 use super::Handlers;
 use super::certs::Bundle;
+use crate::metrics::{RouteLabel, WebhookLabels, WebhookMetrics};
 
 /// A certificate or key in the bundle does not load.
 #[derive(Debug, thiserror::Error)]
@@ -104,13 +105,22 @@ pub fn tls_config(resolver: Arc<Resolver>) -> Result<Arc<rustls::ServerConfig>, 
 /// What a client may hold of the server, and what one request may cost.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    /// Largest request body. An `AdmissionReview` of an UPDATE holds the object twice;
-    /// etcd stores objects of at most 1.5 MiB.
+    /// Largest `AdmissionReview` body. One of an UPDATE holds the object twice; etcd
+    /// stores objects of at most 1.5 MiB.
     pub max_body: usize,
+    /// Largest `ConversionReview` body: the API server converts a whole page of a list
+    /// in one review.
+    pub max_convert_body: usize,
     /// Reviews being answered at once; one more is refused with 429.
     pub in_flight: usize,
-    /// A review not answered by then gets 504; below the API server's `timeoutSeconds`.
+    /// Bytes of the bodies of the reviews being answered, at most (by `Content-Length`,
+    /// before a body is read); a review that does not fit is refused with 429.
+    pub bytes_in_flight: usize,
+    /// An admission review not answered by then gets 504; below the webhooks'
+    /// `timeoutSeconds` (5).
     pub deadline: Duration,
+    /// The same for a conversion review; below the API server's 30 s for conversion.
+    pub convert_deadline: Duration,
     /// Time for the TLS handshake and then for a request's headers.
     pub handshake: Duration,
     /// Longest life of a connection (the API server reconnects).
@@ -123,8 +133,11 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_body: 4 << 20,
+            max_convert_body: 16 << 20,
             in_flight: 32,
+            bytes_in_flight: 64 << 20,
             deadline: Duration::from_secs(4),
+            convert_deadline: Duration::from_secs(25),
             handshake: Duration::from_secs(5),
             connection: Duration::from_secs(300),
             max_connections: 256,
@@ -162,30 +175,34 @@ impl Health {
 struct Routes {
     handlers: Handlers,
     in_flight: Arc<Semaphore>,
-    deadline: Duration,
+    /// Bodies in flight, in KiB.
+    kib_in_flight: Arc<Semaphore>,
+    limits: Limits,
+    metrics: WebhookMetrics,
 }
 
-/// The three routes over `handlers`, within `limits`.
-pub fn router(handlers: Handlers, limits: Limits) -> Router {
+/// The three routes over `handlers`, within `limits`, counted in `metrics`.
+pub fn router(handlers: Handlers, limits: Limits, metrics: WebhookMetrics) -> Router {
     let routes = Routes {
         handlers,
         in_flight: Arc::new(Semaphore::new(limits.in_flight.max(1))),
-        deadline: limits.deadline,
+        kib_in_flight: Arc::new(Semaphore::new((limits.bytes_in_flight >> 10).max(1))),
+        limits,
+        metrics,
     };
     Router::new()
         .route(
             "/validate/{rule}",
-            post(|s: State<Routes>, r: Path<String>, b: Bytes| answer(s, r, b, Route::Validate)),
+            post(|s: State<Routes>, r: Path<String>, q: Request| answer(s, r, q, Route::Validate)),
         )
         .route(
             "/mutate/{rule}",
-            post(|s: State<Routes>, r: Path<String>, b: Bytes| answer(s, r, b, Route::Mutate)),
+            post(|s: State<Routes>, r: Path<String>, q: Request| answer(s, r, q, Route::Mutate)),
         )
         .route(
             "/convert/{rule}",
-            post(|s: State<Routes>, r: Path<String>, b: Bytes| answer(s, r, b, Route::Convert)),
+            post(|s: State<Routes>, r: Path<String>, q: Request| answer(s, r, q, Route::Convert)),
         )
-        .layer(DefaultBodyLimit::max(limits.max_body))
         .with_state(routes)
 }
 
@@ -196,15 +213,70 @@ enum Route {
     Convert,
 }
 
+impl Route {
+    fn as_str(self) -> &'static str {
+        match self {
+            Route::Validate => "validate",
+            Route::Mutate => "mutate",
+            Route::Convert => "convert",
+        }
+    }
+
+    /// The largest body and the deadline of this route's reviews.
+    fn limits(self, l: &Limits) -> (usize, Duration) {
+        match self {
+            Route::Validate | Route::Mutate => (l.max_body, l.deadline),
+            Route::Convert => (l.max_convert_body, l.convert_deadline),
+        }
+    }
+}
+
+/// One review, answered and counted.
+async fn answer(s: State<Routes>, rule: Path<String>, req: Request, route: Route) -> Response {
+    let started = std::time::Instant::now();
+    let metrics = s.metrics.clone();
+    let response = judge(s, rule, req, route).await;
+    let labels = WebhookLabels {
+        route: route.as_str().to_string(),
+        code: response.status().as_u16().to_string(),
+    };
+    metrics.requests.get_or_create(&labels).inc();
+    metrics
+        .duration
+        .get_or_create(&RouteLabel {
+            route: labels.route,
+        })
+        .observe(started.elapsed().as_secs_f64());
+    response
+}
+
 /// One review: parsed on the blocking pool, answered by its handler within the deadline.
-async fn answer(
+async fn judge(
     State(s): State<Routes>,
     Path(rule): Path<String>,
-    body: Bytes,
+    req: Request,
     route: Route,
 ) -> Response {
-    let Ok(_permit) = s.in_flight.clone().try_acquire_owned() else {
+    let (max_body, deadline) = route.limits(&s.limits);
+    let too_large = || (StatusCode::PAYLOAD_TOO_LARGE, "the review is too large").into_response();
+    // What the body will weigh, before it is read: its Content-Length, else the most.
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .unwrap_or(max_body);
+    if declared > max_body {
+        return too_large();
+    }
+    let kib = u32::try_from((declared >> 10) + 1).unwrap_or(u32::MAX);
+    let (Ok(_permit), Ok(_bytes)) = (
+        s.in_flight.clone().try_acquire_owned(),
+        s.kib_in_flight.clone().try_acquire_many_owned(kib),
+    ) else {
         return (StatusCode::TOO_MANY_REQUESTS, "too many reviews in flight").into_response();
+    };
+    let Ok(body) = axum::body::to_bytes(req.into_body(), max_body).await else {
+        return too_large();
     };
     let work = async {
         let parsed = tokio::task::spawn_blocking(move || serde_json::from_slice::<Json>(&body))
@@ -219,9 +291,17 @@ async fn answer(
             Route::Mutate => &s.handlers.mutate,
             Route::Convert => &s.handlers.convert,
         };
-        axum::Json(handler(rule, review).await).into_response()
+        match handler(rule, review).await {
+            // The evaluation itself failed (it panicked): the API server's failure policy.
+            Json::Null => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the review could not be answered",
+            )
+                .into_response(),
+            answer => axum::Json(answer).into_response(),
+        }
     };
-    match tokio::time::timeout(s.deadline, work).await {
+    match tokio::time::timeout(deadline, work).await {
         Ok(response) => response,
         Err(_) => (
             StatusCode::GATEWAY_TIMEOUT,
@@ -276,7 +356,7 @@ pub async fn serve_on(
                 _ = tokio::time::sleep(limits.connection) => {}
             }
             conn.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(limits.deadline + limits.handshake, conn).await;
+            let _ = tokio::time::timeout(limits.convert_deadline + limits.handshake, conn).await;
         });
     }
 }
@@ -376,13 +456,8 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         let tls = tls_config(resolver).unwrap();
         let health = Arc::new(Health::default());
-        tokio::spawn(serve_on(
-            listener,
-            tls,
-            router(handlers, limits),
-            limits,
-            health,
-        ));
+        let app = router(handlers, limits, WebhookMetrics::default());
+        tokio::spawn(serve_on(listener, tls, app, limits, health));
         addr
     }
 
@@ -480,6 +555,33 @@ mod tests {
                 .0,
             404
         );
+        // A conversion may be larger, and take longer.
+        let mut page = br#"{"objects":""#.to_vec();
+        page.extend(vec![b'x'; 4000]);
+        page.extend(br#""}"#);
+        assert_eq!(
+            post(&slow, &b.trusted, "/convert/a", &page)
+                .await
+                .unwrap()
+                .0,
+            200
+        );
+        // The bytes in flight: a second body that does not fit beside the first is
+        // refused at once.
+        let budget = Limits {
+            max_body: 8192,
+            in_flight: 8,
+            bytes_in_flight: 6 << 10,
+            deadline: Duration::from_millis(500),
+            ..Limits::default()
+        };
+        let tight = start(resolver, budget, Duration::from_secs(2)).await;
+        let (first, second) = tokio::join!(post(&tight, &b.trusted, "/validate/a", &page), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            post(&tight, &b.trusted, "/validate/a", &page).await
+        });
+        assert_eq!(first.unwrap().0, 504);
+        assert_eq!(second.unwrap().0, 429, "no room for a second body");
     }
 
     #[test]

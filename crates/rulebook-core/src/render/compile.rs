@@ -49,6 +49,8 @@ impl CompiledRule {
             .resync
             .as_ref()
             .and_then(|r| parse_duration(r).ok());
+        diags.extend(super::admission::diagnostics(&env, rule, &at));
+        diags.extend(super::admission_names::diagnostics(&env, rule, &at));
         let in_exprs = ExprReads::default();
         let compiled = Compiled::try_new(env, |env| {
             super::compile_exprs::programs(env, rule, &at, &in_exprs)
