@@ -322,6 +322,29 @@ async fn references(
     Ok(out)
 }
 
+/// The denial of an admission review whose body does not parse as JSON within serde's
+/// nesting limit (128 levels: an object nested deeper than the webhook reads), when its
+/// `request.uid` can still be read (skipping over values, which is not recursive);
+/// `None` when it cannot (then the server answers 400).
+pub fn unreadable(body: &[u8], rule: &str, error: &str) -> Option<Json> {
+    #[derive(serde::Deserialize)]
+    struct Shallow {
+        request: ShallowRequest,
+    }
+    #[derive(serde::Deserialize)]
+    struct ShallowRequest {
+        uid: String,
+    }
+    let uid = serde_json::from_slice::<Shallow>(body).ok()?.request.uid;
+    let review = json!({"request": {"uid": uid}});
+    Some(answer(
+        &review,
+        Err(format!(
+            "rule {rule}: the object cannot be judged: {error} (objects nested deeper than about 120 levels are refused)"
+        )),
+    ))
+}
+
 /// The `AdmissionReview` answer: a verdict, or a failure to judge (a denial).
 fn answer(review: &Json, verdict: Result<Verdict, String>) -> Json {
     let uid = review.pointer("/request/uid").cloned().unwrap_or(json!(""));
@@ -355,6 +378,23 @@ fn answer(review: &Json, verdict: Result<Verdict, String>) -> Json {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A review whose object is nested past serde's limit still gets a denial by its
+    /// uid (a 400 would be a failed call, which `failurePolicy: Ignore` lets through).
+    #[test]
+    fn a_review_too_deep_to_read_is_denied_by_its_uid() {
+        let deep = format!("{}1{}", "[".repeat(500), "]".repeat(500));
+        let body = format!(
+            r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u-9","operation":"CREATE","object":{{"spec":{deep}}}}}}}"#
+        );
+        let e = serde_json::from_slice::<Json>(body.as_bytes()).unwrap_err();
+        let denial = unreadable(body.as_bytes(), "app", &e.to_string()).expect("a denial");
+        assert_eq!(denial["response"]["uid"], "u-9");
+        assert_eq!(denial["response"]["allowed"], false);
+        let message = denial["response"]["status"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("rule app: the object cannot be judged: recursion limit exceeded"), "{message}");
+        assert!(unreadable(b"not json", "app", "x").is_none());
+    }
 
     /// A rule without references: a check, a message reading the object, a default.
     fn rule_set() -> Arc<RuleSet> {
