@@ -216,11 +216,23 @@ fn parse(review: &Json) -> Result<Review, String> {
         Some("UPDATE") => Operation::Update,
         other => return Err(format!("operation {other:?} is not judged")),
     };
-    let object = review
+    let mut object = review
         .pointer("/request/object")
         .filter(|o| o.is_object())
         .cloned()
         .ok_or("the review has no object")?;
+    // The namespace is the request's, which the API server has checked (an object may
+    // leave it out, e.g. with `generateName` or `kubectl create -n`): the references of
+    // a namespaced parent are found there, never where the object says otherwise.
+    if let Some(ns) = review.pointer("/request/namespace").and_then(Json::as_str)
+        && !ns.is_empty()
+        && let Some(meta) = object
+            .as_object_mut()
+            .map(|o| o.entry("metadata").or_insert_with(|| json!({})))
+            .and_then(Json::as_object_mut)
+    {
+        meta.insert("namespace".into(), json!(ns));
+    }
     let old = review
         .pointer("/request/oldObject")
         .filter(|o| o.is_object())
@@ -556,6 +568,10 @@ spec:
     fn a_review_without_an_object_or_with_delete_is_not_judged() {
         assert!(parse(&review_of("DELETE", json!({"a": 1}), None)).is_err());
         assert!(parse(&json!({"request": {"operation": "CREATE"}})).is_err());
+        let mut r = review_of("CREATE", json!({"metadata": {"namespace": "other"}}), None);
+        r["request"]["namespace"] = json!("team-a");
+        let ok = parse(&r).unwrap();
+        assert_eq!(ok.object["metadata"]["namespace"], "team-a", "the request's namespace");
         let ok = parse(&review_of("UPDATE", json!({"a": 1}), Some(json!({"a": 0})))).unwrap();
         assert_eq!(ok.operation, Operation::Update);
         assert_eq!(ok.old, Some(json!({"a": 0})));
