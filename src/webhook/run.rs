@@ -215,7 +215,9 @@ async fn follow(
                     health.set_expiry(b.tls_expires);
                     expiry.set(b.tls_expires);
                 }
-                Err(e) => warn!(error = %e, "webhook certificates: cannot serve the new certificate"),
+                Err(e) => {
+                    warn!(error = %e, "webhook certificates: cannot serve the new certificate")
+                }
             }
             let e = Endpoint {
                 base: base.clone(),

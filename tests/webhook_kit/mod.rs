@@ -20,9 +20,17 @@ pub const GROUP: &str = "webhook.rulebook.dev";
 pub const API_VERSION: &str = "webhook.rulebook.dev/v1";
 pub const T: Duration = Duration::from_secs(120);
 
-/// What a refused create says: the check is `parent.spec.replicas <= 3`, its message
-/// `replicas {{ parent.spec.replicas }} is more than 3`.
+/// What the webhook answers a parent with 5 replicas: the rule's check is
+/// `parent.spec.replicas <= 3` with the message `replicas {{ parent.spec.replicas }} is
+/// more than 3`, rendered by the admission handler.
+pub const RULE_MESSAGE: &str = "replicas 5 is more than 3";
+/// The part of the message any refused parent's carries.
 pub const REFUSAL: &str = "is more than 3";
+
+/// Whether an API error is the webhook's refusal of a parent with 5 replicas.
+pub fn is_refusal(message: &str) -> bool {
+    message.contains("denied the request") && message.contains(RULE_MESSAGE)
+}
 
 /// A loopback port nobody listens on now.
 pub fn free_port() -> u16 {
@@ -182,7 +190,7 @@ spec:
     }
 
     /// Waits until the API server calls the webhook: a dry-run create of a parent is
-    /// refused with [`REFUSAL`] (a webhook configuration takes effect a moment after it
+    /// refused by the webhook ([`is_refusal`]) (a webhook configuration takes effect a moment after it
     /// is written).
     pub async fn wait_enforced(&self, client: &kube::Client, ns: &str) -> String {
         let parents = self.parents(client, ns);
@@ -197,7 +205,7 @@ spec:
                 )
                 .await
             {
-                Err(kube::Error::Api(s)) if s.message.contains(REFUSAL) => Some(s.message),
+                Err(kube::Error::Api(s)) if is_refusal(&s.message) => Some(s.message),
                 _ => None,
             }
         })
