@@ -34,7 +34,7 @@ use kube::discovery::ApiResource;
 use parking_lot::Mutex;
 use serde_json::{Map, Value as Json, json};
 
-use super::handlers::Offload;
+use super::offload::Offload;
 use crate::meta::split_api_version;
 use crate::render::admission::{AdmitRequest, Operation, Phase, Verdict};
 use crate::render::{CompiledRule, Observed, RefSelect, RefTarget, RuleSet, Scope};
@@ -216,11 +216,23 @@ fn parse(review: &Json) -> Result<Review, String> {
         Some("UPDATE") => Operation::Update,
         other => return Err(format!("operation {other:?} is not judged")),
     };
-    let object = review
+    let mut object = review
         .pointer("/request/object")
         .filter(|o| o.is_object())
         .cloned()
         .ok_or("the review has no object")?;
+    // The namespace is the request's, which the API server has checked (an object may
+    // leave it out, e.g. with `generateName` or `kubectl create -n`): the references of
+    // a namespaced parent are found there, never where the object says otherwise.
+    if let Some(ns) = review.pointer("/request/namespace").and_then(Json::as_str)
+        && !ns.is_empty()
+        && let Some(meta) = object
+            .as_object_mut()
+            .map(|o| o.entry("metadata").or_insert_with(|| json!({})))
+            .and_then(Json::as_object_mut)
+    {
+        meta.insert("namespace".into(), json!(ns));
+    }
     let old = review
         .pointer("/request/oldObject")
         .filter(|o| o.is_object())
@@ -322,6 +334,29 @@ async fn references(
     Ok(out)
 }
 
+/// The denial of an admission review whose body does not parse as JSON within serde's
+/// nesting limit (128 levels: an object nested deeper than the webhook reads), when its
+/// `request.uid` can still be read (skipping over values, which is not recursive);
+/// `None` when it cannot (then the server answers 400).
+pub fn unreadable(body: &[u8], rule: &str, error: &str) -> Option<Json> {
+    #[derive(serde::Deserialize)]
+    struct Shallow {
+        request: ShallowRequest,
+    }
+    #[derive(serde::Deserialize)]
+    struct ShallowRequest {
+        uid: String,
+    }
+    let uid = serde_json::from_slice::<Shallow>(body).ok()?.request.uid;
+    let review = json!({"request": {"uid": uid}});
+    Some(answer(
+        &review,
+        Err(format!(
+            "rule {rule}: the object cannot be judged: {error} (objects nested deeper than about 120 levels are refused)"
+        )),
+    ))
+}
+
 /// The `AdmissionReview` answer: a verdict, or a failure to judge (a denial).
 fn answer(review: &Json, verdict: Result<Verdict, String>) -> Json {
     let uid = review.pointer("/request/uid").cloned().unwrap_or(json!(""));
@@ -355,6 +390,23 @@ fn answer(review: &Json, verdict: Result<Verdict, String>) -> Json {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A review whose object is nested past serde's limit still gets a denial by its
+    /// uid (a 400 would be a failed call, which `failurePolicy: Ignore` lets through).
+    #[test]
+    fn a_review_too_deep_to_read_is_denied_by_its_uid() {
+        let deep = format!("{}1{}", "[".repeat(500), "]".repeat(500));
+        let body = format!(
+            r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u-9","operation":"CREATE","object":{{"spec":{deep}}}}}}}"#
+        );
+        let e = serde_json::from_slice::<Json>(body.as_bytes()).unwrap_err();
+        let denial = unreadable(body.as_bytes(), "app", &e.to_string()).expect("a denial");
+        assert_eq!(denial["response"]["uid"], "u-9");
+        assert_eq!(denial["response"]["allowed"], false);
+        let message = denial["response"]["status"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("rule app: the object cannot be judged: recursion limit exceeded"), "{message}");
+        assert!(unreadable(b"not json", "app", "x").is_none());
+    }
 
     /// A rule without references: a check, a message reading the object, a default.
     fn rule_set() -> Arc<RuleSet> {
@@ -516,6 +568,10 @@ spec:
     fn a_review_without_an_object_or_with_delete_is_not_judged() {
         assert!(parse(&review_of("DELETE", json!({"a": 1}), None)).is_err());
         assert!(parse(&json!({"request": {"operation": "CREATE"}})).is_err());
+        let mut r = review_of("CREATE", json!({"metadata": {"namespace": "other"}}), None);
+        r["request"]["namespace"] = json!("team-a");
+        let ok = parse(&r).unwrap();
+        assert_eq!(ok.object["metadata"]["namespace"], "team-a", "the request's namespace");
         let ok = parse(&review_of("UPDATE", json!({"a": 1}), Some(json!({"a": 0})))).unwrap();
         assert_eq!(ok.operation, Operation::Update);
         assert_eq!(ok.old, Some(json!({"a": 0})));

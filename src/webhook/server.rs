@@ -279,12 +279,23 @@ async fn judge(
         return too_large();
     };
     let work = async {
-        let parsed = tokio::task::spawn_blocking(move || serde_json::from_slice::<Json>(&body))
-            .await
-            .ok()
-            .and_then(Result::ok);
-        let Some(review) = parsed else {
-            return (StatusCode::BAD_REQUEST, "the body is not a JSON review").into_response();
+        let admission = !matches!(route, Route::Convert);
+        let rule_name = rule.clone();
+        let parsed = tokio::task::spawn_blocking(move || {
+            serde_json::from_slice::<Json>(&body).map_err(|e| {
+                // An admission review too deep to read is refused by its uid, not answered
+                // 400: a failed call is what `failurePolicy: Ignore` lets through.
+                admission
+                    .then(|| super::admission::unreadable(&body, &rule_name, &e.to_string()))
+                    .flatten()
+            })
+        })
+        .await
+        .ok();
+        let review = match parsed {
+            Some(Ok(review)) => review,
+            Some(Err(Some(denial))) => return axum::Json(denial).into_response(),
+            _ => return (StatusCode::BAD_REQUEST, "the body is not a JSON review").into_response(),
         };
         let handler = match route {
             Route::Validate => &s.handlers.validate,
