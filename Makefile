@@ -106,6 +106,15 @@ bench-sharded: cluster ## Benchmark: one replica vs three --sharding namespace r
 	cargo build --locked --release --bin rulebook
 	cargo bench --locked --bench sharded
 
+# Admission latency through the webhook (issue 43): ADMISSION_BENCH_N creates (default
+# 1000) from ADMISSION_BENCH_CLIENTS (4), with the webhook and without, ADMISSION_BENCH_REPEATS
+# rounds (5) → target/bench/admission.md.
+.PHONY: bench-admission
+bench-admission: cluster ## Benchmark: admission latency with and without Rulebook's webhook → target/bench/admission.md
+	@mkdir -p target/bench
+	cargo build --locked --release --bin rulebook
+	cargo bench --locked --bench admission
+
 # ---------------------------------------------------------------------------
 # Deployment manifests (deploy/README.md). deploy/base/rbac.yaml and deploy/base/ruleset/
 # are generated from rules/ and templates/; tests/deploy_manifests.rs fails when they are
@@ -113,7 +122,7 @@ bench-sharded: cluster ## Benchmark: one replica vs three --sharding namespace r
 
 # No --leader-elect: deploy/base/leader-election.yaml grants the Lease permissions on the
 # one Lease in rulebook-system only.
-DEPLOY_RBAC_FLAGS := --service-account rulebook-system/rulebook --install-crds
+DEPLOY_RBAC_FLAGS := --service-account rulebook-system/rulebook --install-crds --webhooks
 
 .PHONY: rbac
 rbac: ## Regenerate deploy/base/rbac.yaml (rulebook rbac) from rules/

@@ -9,15 +9,79 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::Value as Json;
 
 use crate::meta::FIELD_MANAGER;
-use crate::rules::crd::{MANAGED_BY_LABEL, MANAGED_BY_VALUE, breaking_changes, crd_for};
+use crate::rules::crd::{
+    MANAGED_BY_LABEL, MANAGED_BY_VALUE, add_version_hint, breaking_changes, crd_with_webhook,
+    needs_conversion_webhook,
+};
+use crate::webhook::Endpoint;
 
-/// The served version's schema of a CRD object.
+/// The storage version's schema of a CRD object.
 fn schema_of(crd: &Json) -> Option<&Json> {
     crd.pointer("/spec/versions")?
         .as_array()?
         .iter()
         .find(|v| v.get("storage") == Some(&Json::Bool(true)))?
         .pointer("/schema/openAPIV3Schema")
+}
+
+/// The schema of version `name` of a CRD object.
+fn version_schema<'a>(crd: &'a Json, name: &str) -> Option<&'a Json> {
+    crd.pointer("/spec/versions")?
+        .as_array()?
+        .iter()
+        .find(|v| v.get("name").and_then(Json::as_str) == Some(name))?
+        .pointer("/schema/openAPIV3Schema")
+}
+
+/// What `desired` breaks of the live CRD: per version both have (each version's objects
+/// are read and validated in it), and a version dropped while objects may still be
+/// stored in it (`status.storedVersions`). A single-version CRD whose version changes
+/// name compares storage schemas, as before versions existed.
+pub fn breaking(live: &Json, desired: &Json) -> Vec<String> {
+    let names = |crd: &Json| -> Vec<String> {
+        crd.pointer("/spec/versions")
+            .and_then(Json::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.get("name").and_then(Json::as_str).map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (old, new) = (names(live), names(desired));
+    let mut changes = Vec::new();
+    let shared: Vec<&String> = old.iter().filter(|n| new.contains(n)).collect();
+    if shared.is_empty() {
+        if let (Some(o), Some(n)) = (schema_of(live), schema_of(desired)) {
+            breaking_changes(o, n, "", &mut changes);
+        }
+        return changes;
+    }
+    for name in shared {
+        if let (Some(o), Some(n)) = (version_schema(live, name), version_schema(desired, name)) {
+            let mut here = Vec::new();
+            breaking_changes(o, n, "", &mut here);
+            let prefix = if old.len() > 1 || new.len() > 1 {
+                format!("{name}: ")
+            } else {
+                String::new()
+            };
+            changes.extend(here.into_iter().map(|c| format!("{prefix}{c}")));
+        }
+    }
+    let stored: Vec<&str> = live
+        .pointer("/status/storedVersions")
+        .and_then(Json::as_array)
+        .map(|a| a.iter().filter_map(Json::as_str).collect())
+        .unwrap_or_default();
+    for name in old.iter().filter(|n| !new.contains(n)) {
+        if stored.contains(&name.as_str()) {
+            changes.push(format!(
+                "version {name} removed while objects may be stored in it (status.storedVersions); keep it until the storage migration has dropped it"
+            ));
+        }
+    }
+    changes
 }
 
 /// Why the live CRD `live` is not Rulebook's to change, or `None` when it is: Rulebook
@@ -81,12 +145,39 @@ pub async fn install(
     set: &crate::render::RuleSet,
     mine: &(dyn Fn(&str) -> bool + Sync),
 ) -> Vec<(String, String)> {
+    install_with(client, set, mine, None).await
+}
+
+/// [`install`], with the conversion webhook's `endpoint` (the webhook server's, with its
+/// current CA) in the CRDs of rules that convert between versions. Without one, such a
+/// CRD is not applied: a CRD whose conversion webhook nobody serves makes its kind
+/// unreadable.
+pub async fn install_with(
+    client: &kube::Client,
+    set: &crate::render::RuleSet,
+    mine: &(dyn Fn(&str) -> bool + Sync),
+    endpoint: Option<&Endpoint>,
+) -> Vec<(String, String)> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let mut failures = Vec::new();
     for rule in set.rules.values() {
-        let Some(desired) = crd_for(&rule.rule) else {
+        let converts = needs_conversion_webhook(&rule.rule);
+        let client_config = endpoint.map(|e| {
+            e.client_config(&crate::rules::crd::conversion_path(&rule.name))
+        });
+        let Some(desired) = crd_with_webhook(&rule.rule, client_config.as_ref()) else {
             continue;
         };
+        if converts && client_config.is_none() {
+            failures.push((
+                rule.name.clone(),
+                format!(
+                    "CRD {}: not applied: the rule converts between versions (spec.crd.conversion), which Rulebook's webhook server serves; run with --webhook-url or --webhook-service",
+                    desired.pointer("/metadata/name").and_then(Json::as_str).unwrap_or("")
+                ),
+            ));
+            continue;
+        }
         let name = desired
             .pointer("/metadata/name")
             .and_then(Json::as_str)
@@ -107,15 +198,13 @@ pub async fn install(
                     failures.push((rule.name.clone(), msg));
                     continue;
                 }
-                if !allow_breaking
-                    && let (Some(old), Some(new)) = (schema_of(&live), schema_of(&desired))
-                {
-                    let mut changes = Vec::new();
-                    breaking_changes(old, new, "", &mut changes);
+                if !allow_breaking {
+                    let changes = breaking(&live, &desired);
                     if !changes.is_empty() {
                         let msg = format!(
-                            "CRD {name}: refusing breaking schema changes ({}); set spec.crd.allowBreakingChanges: true to apply them",
-                            changes.join("; ")
+                            "CRD {name}: refusing breaking schema changes ({}); {}; or set spec.crd.allowBreakingChanges: true to apply them",
+                            changes.join("; "),
+                            add_version_hint(&rule.rule)
                         );
                         tracing::error!(rule = %rule.name, "{msg}");
                         failures.push((rule.name.clone(), msg));

@@ -47,6 +47,9 @@ pub struct AppState {
     pub leader: Arc<dyn Fn() -> bool + Send + Sync>,
     /// The sharding (`run --sharding namespace`), for `/status`.
     pub sharding: Option<Arc<RwLock<crate::shard::ShardStatus>>>,
+    /// The webhook server, when `run` serves webhooks: ready only while it listens with
+    /// a valid certificate.
+    pub webhook: Option<Arc<crate::webhook::server::Health>>,
 }
 
 #[derive(Serialize)]
@@ -195,12 +198,18 @@ async fn metrics(State(s): State<AppState>) -> Response {
         .into_response()
 }
 
-/// Ready once a rule set is loaded and every running rule's caches are synced.
+/// Ready once a rule set is loaded, the webhook server (when on) serves with a valid
+/// certificate, and every running rule's caches are synced.
 /// Leadership does not gate it: a standby is ready to take over.
 async fn readyz(State(s): State<AppState>) -> Response {
     let loaded = s.ruleset.read().map(|r| r.loaded).unwrap_or(false);
     if !loaded {
         return (StatusCode::SERVICE_UNAVAILABLE, "no valid rule set loaded").into_response();
+    }
+    if let Some(w) = &s.webhook
+        && let Err(why) = w.ready(jiff::Timestamp::now().as_second())
+    {
+        return (StatusCode::SERVICE_UNAVAILABLE, why).into_response();
     }
     if !(s.leader)() {
         return (StatusCode::OK, "ok (standby)").into_response();

@@ -51,6 +51,41 @@ pub struct ReloadLabel {
     pub result: String,
 }
 
+/// `rulebook_webhook_requests_total`'s labels: the route (`validate`, `mutate`,
+/// `convert`) and the HTTP status answered.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WebhookLabels {
+    pub route: String,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabel {
+    pub route: String,
+}
+
+/// What the webhook server (`webhook::server`) counts.
+#[derive(Clone)]
+pub struct WebhookMetrics {
+    /// `rulebook_webhook_requests_total`.
+    pub requests: Family<WebhookLabels, Counter>,
+    /// `rulebook_webhook_duration_seconds`: from the body read to the answer.
+    pub duration: Family<RouteLabel, Histogram, fn() -> Histogram>,
+    /// `rulebook_webhook_certificate_expiry_seconds`: when the served certificate expires
+    /// (seconds since the epoch; 0 before the first).
+    pub certificate_expiry: Gauge,
+}
+
+impl Default for WebhookMetrics {
+    fn default() -> Self {
+        WebhookMetrics {
+            requests: Family::default(),
+            duration: Family::new_with_constructor(duration_histogram),
+            certificate_expiry: Gauge::default(),
+        }
+    }
+}
+
 fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
@@ -108,6 +143,8 @@ pub struct Metrics {
     pub shard_share: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The budget of reconcile inputs in flight (`reconcile::inflight`).
     pub inputs: InputMetrics,
+    /// The webhook server's requests and certificate.
+    pub webhook: WebhookMetrics,
 }
 
 impl Default for Metrics {
@@ -145,12 +182,14 @@ impl Metrics {
             shard_mode: Family::default(),
             shard_share: Gauge::default(),
             inputs: InputMetrics::default(),
+            webhook: WebhookMetrics::default(),
         };
         // The families are registered, and so listed on /metrics, in this order.
         metrics.register_reconciles();
         metrics.register_rule_set_and_leader();
         metrics.register_caches_and_writes();
         metrics.register_sharding_and_inputs();
+        metrics.register_webhooks();
         metrics
     }
 
@@ -310,6 +349,25 @@ impl Metrics {
             "inputs_refused",
             "Reconciles whose inputs weighed more than one reconcile may hold at once (the parent failed with RenderBudgetExceeded)",
             self.inputs.refused.clone(),
+        );
+    }
+
+    /// The webhook server (`run --webhook-url/--webhook-service`).
+    fn register_webhooks(&mut self) {
+        self.registry.register(
+            "webhook_requests",
+            "Reviews the webhook server answered, by route (validate, mutate, convert) and HTTP status (200; 413 too large, 429 too many in flight, 504 past the deadline, 400 not a review)",
+            self.webhook.requests.clone(),
+        );
+        self.registry.register(
+            "webhook_duration_seconds",
+            "Time from a review's body to its answer, by route",
+            self.webhook.duration.clone(),
+        );
+        self.registry.register(
+            "webhook_certificate_expiry_seconds",
+            "When the serving certificate this replica serves expires, in seconds since the epoch (0: none yet)",
+            self.webhook.certificate_expiry.clone(),
         );
     }
 

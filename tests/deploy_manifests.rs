@@ -44,6 +44,7 @@ const RBAC_FLAGS: &[&str] = &[
     "--service-account",
     "rulebook-system/rulebook",
     "--install-crds",
+    "--webhooks",
 ];
 const SERVICEMONITOR_CRD: &str = "servicemonitors.monitoring.coreos.com";
 const T: Duration = Duration::from_secs(60);
@@ -495,6 +496,27 @@ fn the_shapes_are_wired_as_documented() {
         let service_port = &service["spec"]["ports"][0];
         assert_eq!(service_port["name"], "metrics", "{dir}");
         assert_eq!(service_port["port"], 8080, "{dir}");
+        // The webhooks: every replica serves them behind a Service on its webhook port,
+        // which the flags name; two replicas at least, so one answers through a drain.
+        assert!(deployment["spec"]["replicas"].as_i64() >= Some(2), "{dir}");
+        let webhook = ports.iter().find(|p| p["name"] == "webhook").expect("webhook port");
+        assert_eq!(
+            webhook["containerPort"].to_string(),
+            flag(op, "--webhook-port").unwrap_or("9443"),
+            "{dir}"
+        );
+        assert_eq!(
+            flag(op, "--webhook-service"),
+            Some("rulebook-system/rulebook-webhook:443"),
+            "{dir}"
+        );
+        let hooks = find(objects, "Service", "rulebook-webhook");
+        assert!(selects(&hooks["spec"]["selector"], labels), "{dir}");
+        assert_eq!(
+            hooks["spec"]["ports"],
+            json!([{"name": "webhook", "port": 443, "targetPort": "webhook", "protocol": "TCP"}]),
+            "{dir}"
+        );
         let pdb = find(objects, "PodDisruptionBudget", "rulebook");
         assert_eq!(pdb["spec"]["minAvailable"], 1, "{dir}");
         assert!(
@@ -514,7 +536,12 @@ fn the_shapes_are_wired_as_documented() {
             "{dir}"
         );
         let rules = policy["spec"]["ingress"].as_array().expect("ingress");
-        assert_eq!(rules.len(), 1, "{dir}");
+        assert_eq!(rules.len(), 2, "{dir}");
+        assert_eq!(
+            rules[1],
+            json!({"ports": [{"port": "webhook", "protocol": "TCP"}]}),
+            "{dir}: the API server calls the webhooks from anywhere"
+        );
         assert_eq!(
             rules[0]["ports"],
             json!([{"port": "metrics", "protocol": "TCP"}])
@@ -745,8 +772,10 @@ fn assert_nothing_forbidden(op: &Operator, who: &str) {
 
 /// Leader election works on exactly the RBAC the base deploys: one instance takes the
 /// Lease, a second stands by and takes it over when the first stops, and neither is ever
-/// refused anything. (The Deployment's flags, but for the rule directories, the endpoint,
-/// the namespaces and `--install-crds`: the example CRDs are shared with other tests.)
+/// refused anything, nor is their webhook server (which reads, creates and renews the
+/// certificates' Secret). (The Deployment's flags, but for the rule directories, the
+/// endpoint, the webhook port and Secret, the namespaces and `--install-crds`: the
+/// example CRDs are shared with other tests.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_election_works_on_the_deployed_rbac() {
     let client = client().await;
@@ -754,7 +783,14 @@ async fn leader_election_works_on_the_deployed_rbac() {
     let ns = namespace(&client, "deploy-rbac").await;
     let (kubeconfig, cluster_scoped) = deployed_identity(&client, &ns, &objects).await;
     let pod = &find(&objects, "Deployment", "rulebook")["spec"]["template"]["spec"];
-    let own = ["--rules", "--templates", "--metrics-addr", "--install-crds"];
+    let own = [
+        "--rules",
+        "--templates",
+        "--metrics-addr",
+        "--install-crds",
+        "--webhook-port",
+        "--webhook-secret",
+    ];
     let deployment_flags: Vec<String> = strings(&container(pod, "rulebook")["args"])
         .into_iter()
         .filter(|a| *a != "run" && !own.iter().any(|f| a.starts_with(f)))
@@ -765,6 +801,15 @@ async fn leader_election_works_on_the_deployed_rbac() {
         let mut extra = deployment_flags.clone();
         extra.extend(["--lease-namespace".into(), ns.to_string()]);
         extra.extend(["--identity".into(), identity.into()]);
+        // Each instance's webhook server on a port of its own; the certificates' Secret
+        // in the test's namespace, where the base's Role on it is copied.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        extra.extend(["--webhook-bind".into(), "127.0.0.1".into()]);
+        extra.extend(["--webhook-port".into(), port.to_string()]);
+        extra.extend(["--webhook-secret".into(), format!("{ns}/rulebook-webhook")]);
         let kubeconfig = kubeconfig.path().to_path_buf();
         let ns = ns.to_string();
         async move {

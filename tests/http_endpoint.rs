@@ -30,6 +30,7 @@ async fn endpoint(limits: HttpLimits) -> String {
         ruleset: Arc::new(RwLock::new(RuleSetState::default())),
         leader: Arc::new(|| true),
         sharding: None,
+        webhook: None,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();

@@ -4,7 +4,9 @@
 pub mod diff;
 pub mod observed;
 pub mod release;
+pub mod roundtrip;
 pub mod ruletest;
+pub mod webhook_args;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -127,6 +129,8 @@ pub struct RunArgs {
     /// once per this many seconds; a member joining or leaving moves them at once.
     #[arg(long, default_value_t = 60)]
     pub shard_rebalance_seconds: u64,
+    #[command(flatten)]
+    pub webhook: webhook_args::WebhookArgs,
 }
 
 impl RunArgs {
@@ -155,6 +159,7 @@ impl RunArgs {
             sharding: self.sharding == "namespace",
             shard_filter_client: self.shard_filter == "client",
             shard_rebalance_seconds: self.shard_rebalance_seconds,
+            webhook: self.webhook.settings(self.lease_namespace.as_deref()),
         }
     }
 }
@@ -163,6 +168,25 @@ impl RunArgs {
 pub struct CrdsArgs {
     #[command(flatten)]
     pub dirs: RuleDirs,
+    /// Also print the ValidatingWebhookConfiguration and MutatingWebhookConfiguration
+    /// `run` generates for the rules' `expr:` checks and defaults (without `caBundle`,
+    /// which `run` fills in from its CA).
+    #[arg(long)]
+    pub webhooks: bool,
+    /// How the API server reaches the webhooks, as `run --webhook-url`: written into the
+    /// CRDs' conversion and, with `--webhooks`, the webhook configurations.
+    #[arg(long, value_parser = webhook_args::url, conflicts_with = "webhook_service")]
+    pub webhook_url: Option<crate::webhook::Base>,
+    /// As `run --webhook-service`, likewise (with `--webhooks` and neither flag:
+    /// `rulebook-system/rulebook-webhook:443`, the Service of deploy/).
+    #[arg(long, value_parser = webhook_args::service)]
+    pub webhook_service: Option<crate::webhook::Base>,
+    /// With `--webhooks`: as `run --webhook-configuration`.
+    #[arg(long, default_value = "rulebook")]
+    pub webhook_configuration: String,
+    /// With `--webhooks`: Rulebook's own namespace, excluded from the webhooks.
+    #[arg(long, default_value = "rulebook-system")]
+    pub webhook_namespace: String,
 }
 
 #[derive(Args, Debug)]
@@ -198,6 +222,16 @@ pub struct RbacArgs {
     /// reads (the Secret part of the role is bound there only); repeat for several.
     #[arg(long = "namespace", requires = "diff_role")]
     pub diff_namespaces: Vec<String>,
+    /// Include what `run --webhook-url/--webhook-service` needs: the webhook
+    /// configurations by name, and a Role on the certificates' Secret in its namespace.
+    #[arg(long)]
+    pub webhooks: bool,
+    /// With `--webhooks`: `run --webhook-configuration`.
+    #[arg(long, default_value = "rulebook")]
+    pub webhook_configuration: String,
+    /// With `--webhooks`: `run --webhook-secret`.
+    #[arg(long, default_value = "rulebook-system/rulebook-webhook", value_parser = webhook_args::namespaced)]
+    pub webhook_secret: (String, String),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -313,13 +347,98 @@ fn crds(args: &CrdsArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
     let Some(set) = load_or_report(&args.dirs, err)? else {
         return Ok(1);
     };
-    let crds: Vec<Json> = set
-        .rules
-        .values()
-        .filter_map(|r| crate::rules::crd::crd_for(&r.rule))
-        .collect();
-    write_stream(&crds, out)?;
+    // Given --webhook-url or --webhook-service, the CRDs' conversion and the webhook
+    // configurations name that endpoint; no caBundle: `run` writes it from its CA.
+    let endpoint = args
+        .webhook_url
+        .clone()
+        .or_else(|| args.webhook_service.clone())
+        .map(|base| crate::webhook::Endpoint {
+            base,
+            ca_bundle_pem: Vec::new(),
+        });
+    let mut objects = crds_of(&set, endpoint.as_ref(), err)?;
+    if args.webhooks {
+        objects.extend(webhook_configurations(args, &set, endpoint)?);
+    }
+    for o in &mut objects {
+        without_empty_ca_bundle(o);
+    }
+    write_stream(&objects, out)?;
     Ok(0)
+}
+
+/// `o` without the `caBundle: ""` of an endpoint printed before `run` has a CA.
+fn without_empty_ca_bundle(o: &mut Json) {
+    fn strip(c: &mut Json) {
+        if let Some(cc) = c.as_object_mut()
+            && cc.get("caBundle").and_then(Json::as_str) == Some("")
+        {
+            cc.remove("caBundle");
+        }
+    }
+    if let Some(c) = o.pointer_mut("/spec/conversion/webhook/clientConfig") {
+        strip(c);
+    }
+    let hooks = o.get_mut("webhooks").and_then(Json::as_array_mut);
+    for hook in hooks.into_iter().flatten() {
+        if let Some(c) = hook.get_mut("clientConfig") {
+            strip(c);
+        }
+    }
+}
+
+/// The webhook configurations `run` would apply for `set` (default endpoint: the
+/// Service rulebook-system/rulebook-webhook:443 of deploy/).
+fn webhook_configurations(
+    args: &CrdsArgs,
+    set: &RuleSet,
+    endpoint: Option<crate::webhook::Endpoint>,
+) -> Result<Vec<Json>> {
+    let endpoint = endpoint.unwrap_or_else(|| crate::webhook::Endpoint {
+        base: crate::webhook::Base::Service {
+            namespace: "rulebook-system".into(),
+            name: "rulebook-webhook".into(),
+            port: 443,
+        },
+        ca_bundle_pem: Vec::new(),
+    });
+    let scope = crate::webhook::configs::Scope {
+        name: args.webhook_configuration.clone(),
+        own_namespace: Some(args.webhook_namespace.clone()),
+        namespace: None,
+        selector: None,
+    };
+    Ok(crate::webhook::configs::configurations(set, &endpoint, &scope)?)
+}
+
+/// The CRDs of `set`; a rule converting between versions gets `endpoint`'s
+/// `clientConfig` for its conversion webhook, or the placeholder, said on `err`.
+fn crds_of(
+    set: &RuleSet,
+    endpoint: Option<&crate::webhook::Endpoint>,
+    err: &mut dyn Write,
+) -> Result<Vec<Json>> {
+    let mut crds = Vec::new();
+    for r in set.rules.values() {
+        let path = crate::rules::crd::conversion_path(&r.name);
+        let client = endpoint.map(|e| e.client_config(&path));
+        let Some(crd) = crate::rules::crd::crd_with_webhook(&r.rule, client.as_ref()) else {
+            continue;
+        };
+        if client.is_none() && crate::rules::crd::needs_conversion_webhook(&r.rule) {
+            writeln!(
+                err,
+                "note: CRD {} converts through Rulebook's webhook; its clientConfig is a \
+                 placeholder (Service rulebook-system/rulebook-webhook, path {path}, no \
+                 caBundle): give --webhook-url or --webhook-service, or let `run \
+                 --install-crds` write it with the CA",
+                crd["metadata"]["name"].as_str().unwrap_or("")
+            )?;
+        }
+        crds.push(crd);
+    }
+    Ok(crds)
 }
 
 fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
@@ -344,6 +463,9 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
         lease_name: args.lease_name.clone(),
         diff_role: args.diff_role,
         diff_namespaces: args.diff_namespaces.clone(),
+        webhooks: args
+            .webhooks
+            .then(|| (args.webhook_configuration.clone(), args.webhook_secret.clone())),
     };
     write_stream(&crate::rbac::manifests(&set, &opts), out)?;
     Ok(0)
@@ -368,6 +490,24 @@ fn check(args: &CheckArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i
                     rule.rule.spec.children.len(),
                     rule.version
                 )?;
+            }
+            let trips = roundtrip::check(&set, &args.dirs);
+            for (rule, n) in &trips.tried {
+                if *n == 0 {
+                    writeln!(
+                        err,
+                        "warning: rule '{rule}': no example or RuleTest parent to prove its conversions round-trip on"
+                    )?;
+                } else {
+                    writeln!(out, "ok  {rule}  conversions round-trip on {n} objects")?;
+                }
+            }
+            if !trips.problems.is_empty() {
+                for p in &trips.problems {
+                    writeln!(err, "{p}")?;
+                }
+                writeln!(err, "{} errors", trips.problems.len())?;
+                return Ok(1);
             }
             writeln!(out, "{} rules valid", set.rules.len())?;
             Ok(0)
@@ -401,13 +541,17 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
         .and_then(Json::as_str)
         .unwrap_or("");
     let kind = parent.get("kind").and_then(Json::as_str).unwrap_or("");
-    let Some(rule) = set.rules.values().find(|r| {
-        r.rule.spec.parent.api_version.as_str() == api_version
-            && r.rule.spec.parent.kind.as_str() == kind
-    }) else {
+    let Some(rule) = rule_for(&set, api_version, kind) else {
         bail!("no rule has parent {api_version} {kind}");
     };
-    let parent = with_render_defaults(rule, parent);
+    // Read in the storage version, as the operator reads it.
+    let parent = match ruletest::in_storage_version(rule, &parent) {
+        Ok(p) => with_render_defaults(rule, p),
+        Err(e) => {
+            writeln!(err, "{e}")?;
+            return Ok(1);
+        }
+    };
     // The documents after the parent in its own file count as observed objects too (an
     // example's referenced Secret and ConfigMaps, say).
     let mut objects: Vec<Json> = read_objects(&args.parent)?.into_iter().skip(1).collect();
@@ -473,6 +617,31 @@ fn with_render_defaults(rule: &crate::render::CompiledRule, mut parent: Json) ->
         meta.entry("generation").or_insert_with(|| 1.into());
     }
     parent
+}
+
+/// The rule whose parent is `api_version` `kind`: the same apiVersion, or, for a rule
+/// listing versions (`spec.crd.versions`), any of them.
+pub fn rule_for<'a>(set: &'a RuleSet, api_version: &str, kind: &str) -> Option<&'a crate::render::SharedRule> {
+    let (group, version) = crate::meta::split_api_version(api_version);
+    set.rules.values().find(|r| {
+        let p = &r.rule.spec.parent;
+        p.kind.value == kind
+            && (p.api_version.value == api_version
+                || (p.group_version().0 == group
+                    && r.crd_versions().iter().any(|(v, _)| v == version)))
+    })
+}
+
+/// The schema of the parent's `.spec` in the storage version: the storage version's
+/// own, else `spec.crd.specSchema`.
+pub fn storage_spec_schema(rule: &crate::render::CompiledRule) -> Option<&Json> {
+    let crd = rule.rule.spec.crd.as_ref()?;
+    crd.versions
+        .iter()
+        .find(|v| v.storage)
+        .and_then(|v| v.spec_schema.as_ref())
+        .or(crd.spec_schema.as_ref())
+        .map(|s| &s.value)
 }
 
 /// How `rule`'s children are placed without discovery: built-in cluster-scoped kinds as

@@ -76,6 +76,8 @@ pub struct Settings {
     pub shard_filter_client: bool,
     /// Seconds between moves of ranges for load alone.
     pub shard_rebalance_seconds: u64,
+    /// The webhook server (`--webhook-url`/`--webhook-service`); `None`: off.
+    pub webhook: Option<crate::webhook::run::Settings>,
 }
 
 /// The client configuration from an explicit kubeconfig, or the usual inference. Its
@@ -160,6 +162,7 @@ pub async fn run(args: Settings) -> Result<()> {
         metrics.clone(),
         write_gate,
     );
+    let webhooks = start_webhooks(&args, &config, &metrics).await?;
     let ruleset_state = Arc::new(RwLock::new(RuleSetState::default()));
     let leader_flag = is_leader.clone();
     let app = AppState {
@@ -168,6 +171,7 @@ pub async fn run(args: Settings) -> Result<()> {
         ruleset: ruleset_state.clone(),
         leader: Arc::new(move || leader_flag.load(Ordering::SeqCst)),
         sharding: shards.as_ref().map(|s| s.status.clone()),
+        webhook: webhooks.as_ref().map(|w| w.health.clone()),
     };
     let http = serve_http(args.metrics_addr, app);
 
@@ -180,6 +184,9 @@ pub async fn run(args: Settings) -> Result<()> {
     rules.reload();
     if let (Some(s), Some(set)) = (&shards, &rules.serving) {
         s.rules_changed(set);
+    }
+    if let (Some(w), Some(set)) = (&webhooks, &rules.serving) {
+        w.rules_changed(set);
     }
 
     let watcher = if args.watch {
@@ -199,6 +206,7 @@ pub async fn run(args: Settings) -> Result<()> {
         shards,
         rules,
         install_crds: args.install_crds,
+        webhooks,
     };
     let mut events = Events {
         watcher,
@@ -216,6 +224,9 @@ fn check_flags(args: &Settings) -> Result<()> {
     if (args.leader_elect || args.sharding) && args.lease_duration < 3 {
         bail!("--lease-duration must be at least 3 seconds");
     }
+    if let Some(w) = &args.webhook {
+        crate::webhook::run::check_validity(w).map_err(anyhow::Error::msg)?;
+    }
     if args.leader_elect && args.sharding {
         bail!(
             "--sharding namespace replaces --leader-elect: replicas share the parents instead of one leading"
@@ -232,6 +243,29 @@ fn identity(args: &Settings) -> String {
             .unwrap_or_else(|_| "rulebook".into());
         format!("{host}-{}", std::process::id())
     })
+}
+
+/// Starts the webhook server when `--webhook-url` or `--webhook-service` asks for it.
+async fn start_webhooks(
+    args: &Settings,
+    config: &Config,
+    metrics: &Metrics,
+) -> Result<Option<crate::webhook::run::Webhooks>> {
+    let Some(w) = &args.webhook else {
+        return Ok(None);
+    };
+    let scope = crate::webhook::configs::Scope {
+        name: w.configuration.clone(),
+        own_namespace: w.own_namespace.clone(),
+        namespace: args.namespace.clone(),
+        selector: args.selector.clone(),
+    };
+    if let Some(sel) = &scope.selector {
+        crate::webhook::configs::label_selector(sel)?;
+    }
+    Ok(Some(
+        crate::webhook::run::Webhooks::start(w, config, scope, metrics.webhook.clone()).await?,
+    ))
 }
 
 /// Joins the shard group when `--sharding` asks for it.
@@ -357,6 +391,8 @@ struct Operator {
     shards: Option<shards::Shards>,
     rules: Rules,
     install_crds: bool,
+    /// The webhook server, when on.
+    webhooks: Option<crate::webhook::run::Webhooks>,
 }
 
 impl Operator {
@@ -367,7 +403,12 @@ impl Operator {
         if self.is_leader.load(Ordering::SeqCst)
             && let Some(set) = &self.rules.serving
         {
-            activate(&self.client, &mut self.engine, set, self.install_crds, None).await;
+            let publish = Publish {
+                install_crds: self.install_crds,
+                share: None,
+                webhooks: self.webhooks.as_ref(),
+            };
+            activate(&self.client, &mut self.engine, set, &publish).await;
         }
         loop {
             let changed = tokio::select! {
@@ -386,6 +427,10 @@ impl Operator {
                 }
                 Ok(()) = async { match self.shards.as_mut() { Some(s) => s.shares.changed().await, None => std::future::pending().await } } => {
                     self.shares_changed().await;
+                    false
+                }
+                Ok(()) = async { match self.webhooks.as_mut() { Some(w) => w.endpoint.changed().await, None => std::future::pending().await } } => {
+                    self.endpoint_changed().await;
                     false
                 }
                 _ = tokio::signal::ctrl_c() => break,
@@ -423,14 +468,12 @@ impl Operator {
                 self.is_leader.store(holds, Ordering::SeqCst);
                 self.metrics.leader.set(i64::from(holds));
                 if holds && let Some(set) = &self.rules.serving {
-                    activate(
-                        &self.client,
-                        &mut self.engine,
-                        set,
-                        self.install_crds,
-                        Some(&share),
-                    )
-                    .await;
+                    let publish = Publish {
+                        install_crds: self.install_crds,
+                        share: Some(&share),
+                        webhooks: self.webhooks.as_ref(),
+                    };
+                    activate(&self.client, &mut self.engine, set, &publish).await;
                 }
             }
             if let Some(set) = &self.rules.serving {
@@ -445,24 +488,43 @@ impl Operator {
         if let (Some(s), Some(set)) = (&self.shards, &self.rules.serving) {
             s.rules_changed(set);
         }
+        if let (Some(w), Some(set)) = (&self.webhooks, &self.rules.serving) {
+            w.rules_changed(set);
+        }
         if self.is_leader.load(Ordering::SeqCst)
             && let Some(set) = &self.rules.serving
         {
             let share = self.shards.as_ref().map(|s| s.gate.claims());
-            activate(
-                &self.client,
-                &mut self.engine,
-                set,
-                self.install_crds,
-                share.as_ref(),
-            )
-            .await;
+            let publish = Publish {
+                install_crds: self.install_crds,
+                share: share.as_ref(),
+                webhooks: self.webhooks.as_ref(),
+            };
+            activate(&self.client, &mut self.engine, set, &publish).await;
             // A rule with cluster-scoped parents may have come or gone (or its CRD was
             // just installed).
             if let Some(s) = &self.shards {
                 s.refresh(&self.client, set).await;
             }
         }
+    }
+
+    /// The webhooks' CA bundle changed (or was first read): the writer puts it into the
+    /// webhook configurations and the CRDs.
+    async fn endpoint_changed(&mut self) {
+        if !self.is_leader.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(set) = &self.rules.serving else {
+            return;
+        };
+        let share = self.shards.as_ref().map(|s| s.gate.claims());
+        let publish = Publish {
+            install_crds: self.install_crds,
+            share: share.as_ref(),
+            webhooks: self.webhooks.as_ref(),
+        };
+        publish_objects(&self.client, &self.engine, set, &publish).await;
     }
 
     /// Finishes in-flight reconciles, closes the gate, then gives up the share or the lease.
@@ -486,27 +548,61 @@ impl Operator {
     }
 }
 
-/// Installs CRDs when asked (sharded: those whose name hashes into `share`), then makes
-/// the engine run `set`.
-async fn activate(
-    client: &Client,
-    engine: &mut Engine,
-    set: &RuleSet,
+/// What the writer publishes besides reconciling: the CRDs (`--install-crds`) and the
+/// webhook configurations, with the webhooks' current CA bundle.
+struct Publish<'a> {
     install_crds: bool,
-    share: Option<&crate::shard::Ranges>,
-) {
-    if install_crds {
-        let mine = |crd: &str| share.is_none_or(|r| r.holds_namespace(crd));
-        let problems = crate::crds::install(client, set, &mine).await;
-        for rule in set.rules.keys() {
-            let problem = problems
-                .iter()
-                .find(|(r, _)| r == rule)
-                .map(|(_, m)| m.clone());
-            engine.status.set_problem(rule, problem);
-        }
-    }
+    /// Sharded: this replica's share (it writes the objects whose name hashes into it).
+    share: Option<&'a crate::shard::Ranges>,
+    webhooks: Option<&'a crate::webhook::run::Webhooks>,
+}
+
+/// Publishes the CRDs and webhook configurations (see [`Publish`]), then makes the
+/// engine run `set`.
+async fn activate(client: &Client, engine: &mut Engine, set: &RuleSet, publish: &Publish<'_>) {
+    publish_objects(client, engine, set, publish).await;
     engine.apply(set).await;
+}
+
+fn converts(set: &RuleSet, rule: &str) -> bool {
+    set.rules
+        .get(rule)
+        .is_some_and(|r| crate::rules::crd::needs_conversion_webhook(&r.rule))
+}
+
+/// Applies the CRDs when asked and the webhook configurations when the server is on,
+/// and reports each rule's problems with them on `/status`.
+async fn publish_objects(client: &Client, engine: &Engine, set: &RuleSet, publish: &Publish<'_>) {
+    let mine = |name: &str| publish.share.is_none_or(|r| r.holds_namespace(name));
+    // The CA bundle the CRDs' conversion and the webhook configurations must carry.
+    let endpoint = publish.webhooks.and_then(|w| w.current());
+    let mut problems = Vec::new();
+    if publish.install_crds {
+        problems.extend(crate::crds::install_with(client, set, &mine, endpoint.as_ref()).await);
+    }
+    match (publish.webhooks, &endpoint) {
+        (Some(w), Some(e)) => {
+            problems.extend(crate::webhook::apply::publish(client, set, e, &w.scope, &mine).await);
+        }
+        // The certificates are not read yet: published when they are (`endpoint_changed`).
+        (Some(_), None) => {}
+        // (A rule that converts is refused by `install_with` when CRDs are installed.)
+        (None, _) => problems.extend(
+            crate::webhook::unserved(set)
+                .into_iter()
+                .filter(|(r, _)| !(publish.install_crds && converts(set, r))),
+        ),
+    }
+    for rule in set.rules.keys() {
+        let mine: Vec<&str> = problems
+            .iter()
+            .filter(|(r, _)| r == rule)
+            .map(|(_, m)| m.as_str())
+            .collect();
+        engine
+            .status
+            .set_problem(rule, (!mine.is_empty()).then(|| mine.join("; ")));
+    }
 }
 
 #[cfg(test)]

@@ -166,6 +166,7 @@ mod tests {
             lease_name: "rulebook".into(),
             diff_role: true,
             diff_namespaces: vec!["team-a".into()],
+            webhooks: None,
         }
     }
 

@@ -34,7 +34,7 @@ pub struct Need {
 pub use crate::meta::guess_plural;
 
 /// The plural of a kind: from a rule's CRD section when a rule defines that kind.
-fn plural_of(set: &RuleSet, api_version: &str, kind: &str) -> String {
+pub fn plural_of(set: &RuleSet, api_version: &str, kind: &str) -> String {
     for r in set.rules.values() {
         let p = &r.rule.spec.parent;
         if p.api_version.as_str() == api_version
@@ -166,6 +166,9 @@ pub struct RbacOptions {
     /// With `diff_role`: the namespaces whose parents' Secret references `rulebook diff`
     /// may read (RoleBindings there).
     pub diff_namespaces: Vec<String>,
+    /// What `run --webhook-url/--webhook-service` needs: the webhook configurations of
+    /// this name, and the certificates' Secret `(namespace, name)`.
+    pub webhooks: Option<(String, (String, String))>,
 }
 
 /// What `run --install-crds` does to a CRD: read it (`get`), apply it (`patch`; an apply
@@ -220,6 +223,15 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
             "verbs": ["create"],
         }));
     }
+    if let Some((configuration, _)) = &opts.webhooks {
+        // Server-side apply that creates is authorized as `create` on the name too.
+        rules.push(json!({
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+            "resourceNames": [configuration],
+            "verbs": WEBHOOK_CONFIG_VERBS,
+        }));
+    }
     if opts.sharding {
         // Member Leases are named after the members: no resourceNames. The coordinator
         // also counts parents (list, already granted on every parent kind).
@@ -229,7 +241,46 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
             "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
         }));
     }
-    bind(rules, opts)
+    let mut out = bind(rules, opts);
+    if let Some((_, (ns, secret))) = &opts.webhooks {
+        out.extend(secret_role(ns, secret, opts));
+    }
+    out
+}
+
+/// What `run` does to its webhook configurations: read, apply (create), delete.
+pub const WEBHOOK_CONFIG_VERBS: &[&str] = &["create", "delete", "get", "patch"];
+/// What every replica does to the certificates' Secret: read it, and replace it with the
+/// resourceVersion it read.
+pub const WEBHOOK_SECRET_VERBS: &[&str] = &["get", "update"];
+
+/// A Role in the Secret's namespace: `get` and `update` on the one Secret, and `create`,
+/// which Kubernetes cannot limit to a name (a POST has none): a namespaced Role confines
+/// it to that namespace rather than every namespace's Secrets.
+fn secret_role(ns: &str, secret: &str, opts: &RbacOptions) -> Vec<Json> {
+    let name = format!("{}-webhook-secret", opts.name);
+    vec![
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": name, "namespace": ns, "labels": labels()},
+            "rules": [
+                {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [secret], "verbs": WEBHOOK_SECRET_VERBS},
+                {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+            ],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": ns, "labels": labels()},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{
+                "kind": "ServiceAccount",
+                "namespace": opts.service_account.0,
+                "name": opts.service_account.1,
+            }],
+        }),
+    ]
 }
 
 /// A ClusterRole with `rules`, and its binding to the options' ServiceAccount.
@@ -276,6 +327,45 @@ fn binding(namespace: Option<&str>, name: &str, role: &str, opts: &RbacOptions) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--webhooks`: the two configurations by name, and the Secret in a namespaced Role
+    /// (create cannot be limited by name, so it must not be cluster-wide).
+    #[test]
+    fn webhooks_are_granted_by_name_and_the_secret_in_its_namespace() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let read = crate::rules::read(&root.join("rules"), &root.join("templates"));
+        let set = crate::render::compile_read(&read, &crate::render::Limits::default()).unwrap();
+        let opts = RbacOptions {
+            name: "rulebook".into(),
+            service_account: ("rulebook-system".into(), "rulebook".into()),
+            install_crds: false,
+            leader_elect: false,
+            sharding: false,
+            lease_name: "rulebook".into(),
+            diff_role: false,
+            diff_namespaces: vec![],
+            webhooks: Some(("hooks".into(), ("ops".into(), "certs".into()))),
+        };
+        let out = manifests(&set, &opts);
+        let cluster_rules = out[0]["rules"].as_array().unwrap();
+        let hooks = cluster_rules
+            .iter()
+            .find(|r| r["apiGroups"] == json!(["admissionregistration.k8s.io"]))
+            .expect("the configurations");
+        assert_eq!(hooks["resourceNames"], json!(["hooks"]));
+        assert_eq!(hooks["verbs"], json!(["create", "delete", "get", "patch"]));
+        assert!(
+            !cluster_rules.iter().any(|r| r["resourceNames"] == json!(["certs"])),
+            "the certificates' Secret is granted in its namespace only"
+        );
+        let role = out.iter().find(|o| o["kind"] == "Role").expect("a Role");
+        assert_eq!(role["metadata"]["namespace"], "ops");
+        assert_eq!(role["rules"][0]["resourceNames"], json!(["certs"]));
+        assert_eq!(role["rules"][0]["verbs"], json!(["get", "update"]));
+        assert_eq!(role["rules"][1]["verbs"], json!(["create"]));
+        let binding = out.iter().find(|o| o["kind"] == "RoleBinding").expect("bound");
+        assert_eq!(binding["subjects"][0]["name"], "rulebook");
+    }
 
     #[test]
     fn plurals_follow_kubernetes() {

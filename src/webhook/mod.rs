@@ -13,7 +13,14 @@
 //! `AdmissionReview`) and `/convert/<rule>` (a `ConversionReview`), each answered with the
 //! review to send back.
 
+pub mod apply;
+pub mod certs;
+pub mod configs;
 pub mod convert;
+pub mod handlers;
+pub mod run;
+pub mod server;
+pub mod store;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,6 +28,8 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use serde_json::{Value as Json, json};
+
+use crate::render::RuleSet;
 
 /// A review answered: the JSON to send back.
 pub type Answer = Pin<Box<dyn Future<Output = Json> + Send>>;
@@ -80,6 +89,30 @@ impl Endpoint {
             }),
         }
     }
+}
+
+/// The rules that need the webhook server while it is off, each with the problem shown
+/// on `/status` (the API server enforces nothing of theirs, so it must be seen).
+pub fn unserved(set: &RuleSet) -> Vec<(String, String)> {
+    set.rules
+        .values()
+        .filter_map(|r| {
+            let what = if configs::validates(r) || configs::mutates(r) {
+                "expr: admission checks or defaults"
+            } else if r.rule.spec.crd.as_ref().is_some_and(|c| !c.conversion.is_empty()) {
+                "a conversion webhook"
+            } else {
+                return None;
+            };
+            Some((
+                r.name.clone(),
+                format!(
+                    "the rule has {what}, which Rulebook's webhook server serves: run with \
+                     --webhook-url or --webhook-service (docs/cli.md)"
+                ),
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! it, as the API server would; parent changes (`parent.patch`, a JSON merge patch) carry over to later steps;
 //! status conditions are stamped with a fixed time ([`NOW`]) so snapshots are stable.
 
+mod convert;
 mod matching;
 mod model;
 mod paths;
@@ -23,6 +24,7 @@ use serde_json::Value as Json;
 use super::{RuleDirs, load_or_report, observed, parse_objects, to_yaml, with_render_defaults};
 use crate::render::status::desired_status;
 use crate::render::{CompiledRule, RuleSet};
+pub use convert::in_storage_version;
 use model::{Expect, RuleTest, Source, Step};
 
 /// The time on conditions in a test.
@@ -209,6 +211,51 @@ fn collect(root: &Path, default: bool, files: &mut Vec<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// The parent of every `RuleTest` under `tests/` beside the rules directory, with the
+/// place that names it (`file:line`): the fixtures `rulebook check` proves conversions
+/// round-trip on. Files that are not tests, or whose parent cannot be read, are left to
+/// `rulebook test` to report.
+pub fn fixture_parents(dirs: &RuleDirs) -> Vec<(String, Json)> {
+    let base = dirs.rules.parent().unwrap_or(Path::new("."));
+    let mut files = Vec::new();
+    if collect(&base.join("tests"), true, &mut files).is_err() {
+        return Vec::new();
+    }
+    files.sort();
+    let mut out = Vec::new();
+    for file in files {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        if !text.contains(model::KIND) {
+            continue;
+        }
+        let Ok(test) = serde_saphyr::from_str::<RuleTest>(&text) else {
+            continue;
+        };
+        let Ok(confined) = paths::Confined::for_test(&file, None) else {
+            continue;
+        };
+        let at = Place {
+            dir: file.parent().unwrap_or(Path::new(".")),
+            confined: &confined,
+        };
+        let source = &test.spec.parent;
+        let line = source
+            .file
+            .as_ref()
+            .map(|f| f.line)
+            .or(source.object.as_ref().map(|o| o.line))
+            .unwrap_or(0);
+        if let Ok(objects) = objects_of(source, &at)
+            && let Some(parent) = objects.into_iter().next()
+        {
+            out.push((format!("{}:{line}", file.display()), parent));
+        }
+    }
+    out
+}
+
 /// Where a test file's relative paths start, and what they must stay in.
 struct Place<'a> {
     dir: &'a Path,
@@ -239,13 +286,7 @@ fn prepare<'a>(
                     .to_string()
             };
             let (av, kind) = (s("/apiVersion"), s("/kind"));
-            set.rules
-                .values()
-                .find(|r| {
-                    r.rule.spec.parent.api_version.value == av
-                        && r.rule.spec.parent.kind.value == kind
-                })
-                .ok_or_else(|| format!("no rule has parent {av} {kind}"))?
+            super::rule_for(set, &av, &kind).ok_or_else(|| format!("no rule has parent {av} {kind}"))?
         }
     };
     Ok((rule, with_render_defaults(rule, parent)))
@@ -286,20 +327,15 @@ fn merge_patch(target: &mut Json, patch: &Json) {
 }
 
 fn evaluate(rule: &CompiledRule, parent: &Json, objects: Vec<Json>) -> Outcome {
+    // As the operator reads it: in the storage version.
+    let mut parent = convert::in_storage_version(rule, parent)?;
     // As the API server stores it: defaulted, and refused when the schema does not allow it.
-    let mut parent = parent.clone();
-    if let Some(schema) = rule
-        .rule
-        .spec
-        .crd
-        .as_ref()
-        .and_then(|c| c.spec_schema.as_ref())
-    {
+    if let Some(schema) = super::storage_spec_schema(rule) {
         if let Some(spec) = parent.get_mut("spec") {
-            schema::apply(&schema.value, spec);
+            schema::apply(schema, spec);
         }
         if let Some(spec) = parent.get("spec")
-            && let Some(problem) = schema::validate(&schema.value, spec, "spec")
+            && let Some(problem) = schema::validate(schema, spec, "spec")
         {
             return Err(format!("the API server would refuse the parent: {problem}"));
         }
@@ -339,6 +375,9 @@ fn run_step(
     }
     if !failures.is_empty() {
         return failures;
+    }
+    if let Some(c) = &step.convert {
+        return convert::run(rule, parent, c, step.expect.as_ref(), at);
     }
     let outcome = evaluate(rule, parent, objects);
     if let Some(expect) = &step.expect {

@@ -64,6 +64,19 @@ pub struct Step {
     /// renders; compared, or written with `--update`.
     #[serde(default)]
     pub snapshot: Option<Loc<String>>,
+    /// Instead of rendering: the parent (in the version it is written in) converted to
+    /// another version of its CRD by the rule's conversion templates; `expect.object`
+    /// (or `expect.error`) says what must come out.
+    #[serde(default)]
+    pub convert: Option<ConvertStep>,
+}
+
+/// `convert: {to: v1}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConvertStep {
+    /// The version converted to, e.g. `v1`.
+    pub to: Loc<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -88,4 +101,7 @@ pub struct Expect {
     /// The render (or status) fails with a message containing this.
     #[serde(default)]
     pub error: Option<Loc<String>>,
+    /// A `convert` step: the converted object (subset match).
+    #[serde(default)]
+    pub object: Option<Loc<Json>>,
 }

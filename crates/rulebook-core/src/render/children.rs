@@ -226,7 +226,7 @@ impl CompiledRule {
 
     /// Renders one template against the active budget: refused when the budget is
     /// spent, output charged as it is written, fuel added after.
-    fn render_one(
+    pub(super) fn render_one(
         &self,
         tmpl: &minijinja::Template<'_, '_>,
         path: &str,
@@ -430,7 +430,7 @@ pub(super) fn rendered_yaml_options() -> serde_saphyr::Options {
 }
 
 /// Parses one rendered template: a single YAML mapping.
-fn parse_rendered(text: &str) -> Result<Json, (Option<u64>, String)> {
+pub(super) fn parse_rendered(text: &str) -> Result<Json, (Option<u64>, String)> {
     // The plain YAML most templates render is read without the full parser; anything else
     // (and every error) is the full parser's.
     if let Some(object) = super::fastyaml::parse(text) {

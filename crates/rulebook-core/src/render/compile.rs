@@ -4,7 +4,7 @@
 //! can only fail at render time on what its parent holds.
 
 use super::compile_exprs::{Diags, ExprReads};
-use super::names::{allowed_vars, may_read_parent_status, names_used};
+use super::names::{self, allowed_vars, may_read_parent_status, names_used};
 use super::*;
 use crate::rules::Rule;
 
@@ -42,7 +42,7 @@ impl CompiledRule {
         let mut env = env::environment(limits);
         let used = used_templates(rule, templates, &at, &mut diags);
         let straight = add_templates(&mut env, &used, templates, &mut diags);
-        let reads = inspect_templates(&env, rule, &used, straight, &mut diags);
+        let reads = inspect_templates(&env, rule, (&used, templates), straight, &mut diags);
         let version = rule_version(rule, &used, templates);
         let resync = rule
             .spec
@@ -104,6 +104,7 @@ fn used_templates(
             ));
         }
     }
+    queue.extend(super::convert::conversion_templates(rule, templates, at, diags));
     let mut dynamic_include = false;
     while let Some(t) = queue.pop() {
         if used.contains_key(&t) {
@@ -182,7 +183,10 @@ fn add_templates(
 fn inspect_templates(
     env: &Environment<'static>,
     rule: &Rule,
-    used: &BTreeMap<String, String>,
+    (used, templates): (
+        &BTreeMap<String, String>,
+        &BTreeMap<String, (String, String)>,
+    ),
     straight: bool,
     diags: &mut Vec<Diagnostic>,
 ) -> TemplateReads {
@@ -193,6 +197,9 @@ fn inspect_templates(
         straight,
     };
     let allowed = allowed_vars(env, &["item", "index"]);
+    // Conversion templates (and what they include) see `object`, `parent` and `rule`.
+    let (for_children, for_conversion) = super::convert::template_roles(rule, used, templates);
+    let converting = names::conversion_vars(env);
     for (t, path) in used {
         let Ok(tmpl) = env.get_template(t) else {
             reads.children = true; // not inspected: assume it does
@@ -201,10 +208,16 @@ fn inspect_templates(
         };
         let source = tmpl.source();
         let vars = tmpl.undeclared_variables(false);
-        reads.children |= vars.contains("children");
-        reads.parent_status |= may_read_parent_status(&tmpl.undeclared_variables(true));
-        reads.ready |= READY_CALL.is_match(source);
-        for var in vars.into_iter().filter(|v| !allowed.contains(v)) {
+        let (child, conversion) = (for_children.contains(t), for_conversion.contains(t));
+        if child {
+            reads.children |= vars.contains("children");
+            reads.parent_status |= may_read_parent_status(&tmpl.undeclared_variables(true));
+            reads.ready |= READY_CALL.is_match(source);
+        }
+        let known = |v: &String| {
+            (child && allowed.contains(v)) || (conversion && converting.contains(v))
+        };
+        for var in vars.into_iter().filter(|v| !known(v)) {
             let line = Regex::new(&format!(r"\b{}\b", regex::escape(&var)))
                 .ok()
                 .and_then(|r| r.find(source))
@@ -214,10 +227,19 @@ fn inspect_templates(
                 path.as_str(),
                 line,
                 0,
-                format!(
-                    "unknown variable '{var}' (templates see parent, children, refs, rule, ready(), and item/index in forEach)"
-                ),
+                if child {
+                    format!(
+                        "unknown variable '{var}' (templates see parent, children, refs, rule, ready(), and item/index in forEach)"
+                    )
+                } else {
+                    format!(
+                        "unknown variable '{var}' (conversion templates see object, parent (the same object) and rule)"
+                    )
+                },
             ));
+        }
+        if !child {
+            continue;
         }
         diags.extend(names_in_template(rule, t, source).map(|(offset, message)| {
             Diagnostic::new(path.as_str(), line_of(source, offset), 0, message)

@@ -12,6 +12,7 @@ pub mod budget;
 mod children;
 mod compile;
 mod compile_exprs;
+mod convert;
 mod env;
 mod error;
 mod fastyaml;

@@ -29,6 +29,19 @@ pub(super) fn allowed_vars(env: &Environment<'_>, extra: &[&str]) -> BTreeSet<St
     set
 }
 
+/// The variables of a conversion template (`render/convert.rs`).
+pub(super) const CONVERSION_VARS: &[&str] = &["object", "parent", "rule"];
+
+/// Names of every variable a conversion template may use without defining it.
+pub(super) fn conversion_vars(env: &Environment<'_>) -> BTreeSet<String> {
+    let mut set: BTreeSet<String> = CONVERSION_VARS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    set.extend(env.globals().map(|(k, _)| k.to_string()));
+    set
+}
+
 /// Whether a template or expression whose undeclared variables (minijinja's nested form:
 /// `parent.spec.x` for a chain of attribute lookups, `parent` alone for any other use of
 /// it) are `vars` may read the parent's `status`: any use of `parent` but a lookup under

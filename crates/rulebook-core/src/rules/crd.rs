@@ -28,8 +28,41 @@ pub fn crd_name(rule: &Rule) -> Option<String> {
     Some(format!("{}.{group}", plural(crd, &parent.kind)))
 }
 
-/// The CRD of a rule that has a `spec.crd` section.
+/// The CRD of a rule that has a `spec.crd` section. A rule with conversions
+/// (`spec.crd.conversion`) gets the conversion stanza with a placeholder `clientConfig`
+/// ([`placeholder_client_config`]); [`crd_with_webhook`] takes the real one.
 pub fn crd_for(rule: &Rule) -> Option<Json> {
+    crd_with_webhook(rule, None)
+}
+
+/// The path of a rule's conversion webhook on Rulebook's webhook server.
+pub fn conversion_path(rule: &str) -> String {
+    format!("/convert/{rule}")
+}
+
+/// Whether the rule's CRD converts through Rulebook's webhook (it declares conversions).
+pub fn needs_conversion_webhook(rule: &Rule) -> bool {
+    rule.spec
+        .crd
+        .as_ref()
+        .is_some_and(|c| !c.versions.is_empty() && !c.conversion.is_empty())
+}
+
+/// The `clientConfig` written when none is given: the Service of `deploy/`, without a
+/// CA bundle (`rulebook crds` says so on standard error).
+pub fn placeholder_client_config(rule: &str) -> Json {
+    json!({"service": {
+        "namespace": "rulebook-system",
+        "name": "rulebook-webhook",
+        "port": 443,
+        "path": conversion_path(rule),
+    }})
+}
+
+/// [`crd_for`], with `client_config` (the conversion webhook's `clientConfig`, for the
+/// path [`conversion_path`]) in the conversion stanza of a rule that converts. Pure: the
+/// operator builds the `clientConfig` from how the API server reaches it.
+pub fn crd_with_webhook(rule: &Rule, client_config: Option<&Json>) -> Option<Json> {
     let crd = rule.spec.crd.as_ref()?;
     let parent = &rule.spec.parent;
     let (group, version) = split_api_version(&parent.api_version);
@@ -53,14 +86,7 @@ pub fn crd_for(rule: &Rule) -> Option<Json> {
         .as_ref()
         .map(|s| s.value.clone())
         .unwrap_or_else(|| "Namespaced".into());
-    let columns = printer_columns(crd);
-    let spec_schema = crd
-        .spec_schema
-        .as_ref()
-        .map(|s| s.value.clone())
-        .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
-    let status_schema = status_schema(crd);
-    Some(json!({
+    let mut out = json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
@@ -74,31 +100,97 @@ pub fn crd_for(rule: &Rule) -> Option<Json> {
             "group": group,
             "names": names,
             "scope": scope,
-            "versions": [{
-                "name": version,
-                "served": true,
-                "storage": true,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": columns,
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
-                        "spec": spec_schema,
-                        "status": status_schema,
-                    },
-                }},
-            }],
+            "versions": versions(crd, version),
         },
-    }))
+    });
+    if needs_conversion_webhook(rule) {
+        let name = rule.metadata.name.as_str();
+        let client = client_config
+            .cloned()
+            .unwrap_or_else(|| placeholder_client_config(name));
+        out["spec"]["conversion"] = json!({
+            "strategy": "Webhook",
+            "webhook": {
+                "clientConfig": client,
+                "conversionReviewVersions": ["v1"],
+            },
+        });
+    }
+    Some(out)
+}
+
+/// `spec.versions` of the CRD: the parent's version alone, or each of
+/// `spec.crd.versions` with its own schema and columns (the top-level ones by default).
+fn versions(crd: &CrdSpec, parent_version: &str) -> Json {
+    let spec_default = crd.spec_schema.as_ref().map(|s| &s.value);
+    let status_default = crd.status_schema.as_ref().map(|s| &s.value);
+    if crd.versions.is_empty() {
+        let entry = version_entry(
+            parent_version,
+            &crd.printer_columns,
+            spec_default,
+            status_default,
+        );
+        return json!([entry]);
+    }
+    let entries: Vec<Json> = crd
+        .versions
+        .iter()
+        .map(|v| {
+            let columns = if v.printer_columns.is_empty() {
+                &crd.printer_columns
+            } else {
+                &v.printer_columns
+            };
+            let spec = v.spec_schema.as_ref().map(|s| &s.value).or(spec_default);
+            let status = v.status_schema.as_ref().map(|s| &s.value).or(status_default);
+            let mut entry = version_entry(&v.name, columns, spec, status);
+            entry["served"] = json!(v.served);
+            entry["storage"] = json!(v.storage);
+            if v.deprecated {
+                entry["deprecated"] = json!(true);
+                if let Some(w) = &v.deprecation_warning {
+                    entry["deprecationWarning"] = json!(w);
+                }
+            }
+            entry
+        })
+        .collect();
+    Json::Array(entries)
+}
+
+/// One entry of `spec.versions`: served, stored, with the status subresource.
+fn version_entry(
+    name: &str,
+    columns: &[super::PrinterColumn],
+    spec_schema: Option<&Json>,
+    status_schema: Option<&Json>,
+) -> Json {
+    let spec_schema = spec_schema
+        .cloned()
+        .unwrap_or_else(|| json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}));
+    json!({
+        "name": name,
+        "served": true,
+        "storage": true,
+        "subresources": {"status": {}},
+        "additionalPrinterColumns": printer_columns(columns),
+        "schema": {"openAPIV3Schema": {
+            "type": "object",
+            "properties": {
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "metadata": {"type": "object"},
+                "spec": spec_schema,
+                "status": status_schema_of(status_schema),
+            },
+        }},
+    })
 }
 
 /// The printer columns a rule names, then Ready and Age.
-fn printer_columns(crd: &CrdSpec) -> Vec<Json> {
-    let mut columns: Vec<Json> = crd
-        .printer_columns
+fn printer_columns(columns: &[super::PrinterColumn]) -> Vec<Json> {
+    let mut columns: Vec<Json> = columns
         .iter()
         .map(|c| {
             let mut col = json!({"name": c.name, "type": c.type_, "jsonPath": c.json_path});
@@ -122,11 +214,9 @@ fn printer_columns(crd: &CrdSpec) -> Vec<Json> {
 
 /// The status schema: the rule's fields, and those Rulebook writes itself (conditions,
 /// observedGeneration, the rule version).
-fn status_schema(crd: &CrdSpec) -> Json {
-    let mut status_props = crd
-        .status_schema
-        .as_ref()
-        .and_then(|s| s.value.get("properties").cloned())
+fn status_schema_of(schema: Option<&Json>) -> Json {
+    let mut status_props = schema
+        .and_then(|s| s.get("properties").cloned())
         .and_then(|p| p.as_object().cloned())
         .unwrap_or_default();
     status_props.insert(
@@ -139,7 +229,7 @@ fn status_schema(crd: &CrdSpec) -> Json {
         json!({"type": "string", "description": "The version of the Rulebook rule (a hash of the rule and its templates) that last reconciled this object"}),
     );
     let mut status_schema = json!({"type": "object", "properties": status_props});
-    if crd.status_schema.is_none() {
+    if schema.is_none() {
         status_schema["x-kubernetes-preserve-unknown-fields"] = json!(true);
     }
     status_schema
@@ -164,6 +254,39 @@ fn conditions_schema() -> Json {
             },
         },
     })
+}
+
+/// How to make an incompatible schema change without breaking stored objects: a new
+/// version beside the current one, with conversions, as a one-line snippet for the
+/// breaking-change refusal.
+pub fn add_version_hint(rule: &Rule) -> String {
+    let (group, current) = split_api_version(&rule.spec.parent.api_version);
+    let current = rule
+        .spec
+        .crd
+        .as_ref()
+        .and_then(|c| c.versions.iter().find(|v| v.storage))
+        .map_or(current, |v| v.name.as_str());
+    let next = next_version(current);
+    let dir = rule.metadata.name.as_str();
+    format!(
+        "to change the schema incompatibly, add a version instead: spec.parent.apiVersion: \
+         {group}/{next}; spec.crd.versions: [{{name: {next}, storage: true, specSchema: <the new \
+         schema>}}, {{name: {current}, deprecated: true, specSchema: <the old schema>}}]; \
+         spec.crd.conversion: [{{from: {current}, to: {next}, template: \
+         {dir}/{current}-to-{next}.yaml}}, {{from: {next}, to: {current}, template: \
+         {dir}/{next}-to-{current}.yaml}}] (docs/reference/crd.md#versions)"
+    )
+}
+
+/// The version after `v`: `v1` → `v2`, `v1beta1` → `v1beta2`, `v2alpha3` → `v2alpha4`.
+fn next_version(v: &str) -> String {
+    let digits = v.len() - v.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let (head, n) = v.split_at(v.len() - digits);
+    match n.parse::<u64>() {
+        Ok(n) if !head.is_empty() => format!("{head}{}", n + 1),
+        _ => format!("{v}2"),
+    }
 }
 
 /// Schema changes that could break objects already stored: a removed property, a
@@ -334,23 +457,8 @@ pub fn validate(rule: &Rule) -> Vec<(String, String)> {
         }
     }
     for (i, c) in crd.printer_columns.iter().enumerate() {
-        if !matches!(
-            c.type_.as_str(),
-            "string" | "integer" | "number" | "boolean" | "date"
-        ) {
-            out.push((
-                format!("spec.crd.printerColumns[{i}].type"),
-                format!(
-                    "'{}' is not one of string, integer, number, boolean, date",
-                    c.type_
-                ),
-            ));
-        }
-        if !c.json_path.starts_with('.') {
-            out.push((
-                format!("spec.crd.printerColumns[{i}].jsonPath"),
-                format!("'{}' must start with '.'", c.json_path),
-            ));
+        for (key, problem) in column_problems(c) {
+            out.push((format!("spec.crd.printerColumns[{i}].{key}"), problem));
         }
     }
     for (key, schema) in [
@@ -383,6 +491,27 @@ pub fn validate(rule: &Rule) -> Vec<(String, String)> {
     out
 }
 
+/// What the API server would refuse in one printer column, as `(key, message)`.
+pub(super) fn column_problems(c: &super::PrinterColumn) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    if !matches!(
+        c.type_.as_str(),
+        "string" | "integer" | "number" | "boolean" | "date"
+    ) {
+        out.push((
+            "type",
+            format!(
+                "'{}' is not one of string, integer, number, boolean, date",
+                c.type_
+            ),
+        ));
+    }
+    if !c.json_path.starts_with('.') {
+        out.push(("jsonPath", format!("'{}' must start with '.'", c.json_path)));
+    }
+    out
+}
+
 const UNSUPPORTED: &[&str] = &[
     "$ref",
     "$schema",
@@ -394,7 +523,7 @@ const UNSUPPORTED: &[&str] = &[
 ];
 
 /// The structural-schema rules of apiextensions.k8s.io/v1.
-fn structural(s: &Json, path: &str, out: &mut Vec<String>) {
+pub(super) fn structural(s: &Json, path: &str, out: &mut Vec<String>) {
     let here = if path.is_empty() {
         "(root)".to_string()
     } else {
@@ -481,6 +610,81 @@ mod tests {
         let mut out = Vec::new();
         breaking_changes(&old, &new, "", &mut out);
         out
+    }
+
+    fn webapp() -> Rule {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/versioned/rules/webapp.yaml"
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        crate::rules::parse_file("webapp.yaml", &text).unwrap()[0]
+            .rule
+            .clone()
+    }
+
+    #[test]
+    fn every_version_with_its_schema_columns_and_flags() {
+        let crd = crd_for(&webapp()).unwrap();
+        let versions = crd["spec"]["versions"].as_array().unwrap();
+        assert_eq!(versions.len(), 2);
+        let (v1, alpha) = (&versions[0], &versions[1]);
+        assert_eq!((&v1["name"], &v1["served"], &v1["storage"]), (&json!("v1"), &json!(true), &json!(true)));
+        assert!(v1.get("deprecated").is_none());
+        assert_eq!((&alpha["name"], &alpha["served"], &alpha["storage"]), (&json!("v1alpha1"), &json!(true), &json!(false)));
+        assert_eq!(alpha["deprecated"], true);
+        assert!(alpha["deprecationWarning"].as_str().unwrap().contains("deprecated"));
+        let spec = |v: &Json| v["schema"]["openAPIV3Schema"]["properties"]["spec"].clone();
+        assert!(spec(v1)["properties"].get("container").is_some());
+        assert!(spec(alpha)["properties"].get("image").is_some());
+        // The top-level statusSchema is every version's default.
+        for v in versions {
+            let status = &v["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
+            assert!(status.get("image").is_some() && status.get("conditions").is_some());
+            assert_eq!(v["subresources"], json!({"status": {}}));
+        }
+        assert_eq!(v1["additionalPrinterColumns"][0]["jsonPath"], ".spec.container.image");
+        assert_eq!(alpha["additionalPrinterColumns"][0]["jsonPath"], ".spec.image");
+        assert_eq!(alpha["additionalPrinterColumns"][1]["name"], "Ready");
+    }
+
+    #[test]
+    fn the_conversion_stanza_takes_the_client_config_or_a_placeholder() {
+        let rule = webapp();
+        let given = json!({"url": "https://127.0.0.1:9443/convert/webapp", "caBundle": "UEVN"});
+        let crd = crd_with_webhook(&rule, Some(&given)).unwrap();
+        assert_eq!(
+            crd["spec"]["conversion"],
+            json!({"strategy": "Webhook", "webhook": {
+                "clientConfig": given, "conversionReviewVersions": ["v1"]}})
+        );
+        let placeholder = crd_for(&rule).unwrap();
+        assert_eq!(
+            placeholder["spec"]["conversion"]["webhook"]["clientConfig"]["service"]["path"],
+            "/convert/webapp"
+        );
+        // One version, no conversions: no stanza, one served stored version.
+        let mut single = rule.clone();
+        let c = single.spec.crd.as_mut().unwrap();
+        c.versions.clear();
+        c.conversion.clear();
+        let crd = crd_for(&single).unwrap();
+        assert!(crd["spec"].get("conversion").is_none());
+        assert_eq!(crd["spec"]["versions"].as_array().unwrap().len(), 1);
+        assert_eq!(crd["spec"]["versions"][0]["name"], "v1");
+    }
+
+    #[test]
+    fn the_hint_names_the_next_version() {
+        assert_eq!(next_version("v1"), "v2");
+        assert_eq!(next_version("v1beta1"), "v1beta2");
+        assert_eq!(next_version("v2alpha9"), "v2alpha10");
+        let hint = add_version_hint(&webapp());
+        assert!(
+            hint.contains("web.example.com/v2")
+                && hint.contains("{from: v1, to: v2, template: webapp/v1-to-v2.yaml}"),
+            "{hint}"
+        );
     }
 
     #[test]

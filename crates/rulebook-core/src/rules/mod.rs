@@ -8,6 +8,8 @@ pub mod crd;
 mod links;
 mod load;
 pub mod model;
+pub mod versions;
+pub mod webhooks;
 mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -248,6 +250,8 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
     check_references(r, &mut err);
     check_status(r, &mut err);
     check_crd(r, &mut err);
+    versions::check_versions(r, &mut err);
+    webhooks::check_failure_policy(r, &mut err);
     if let Some(resync) = &r.spec.resync
         && let Err(e) = parse_duration(resync)
     {
