@@ -4,10 +4,12 @@
 //! Every problem becomes a [`Diagnostic`] that says `file:line:col: message`, and loading
 //! reports all of them at once.
 
+mod cel_check;
 pub mod crd;
 mod links;
 mod load;
 pub mod model;
+pub mod policy;
 pub mod versions;
 pub mod webhooks;
 mod yaml;
@@ -252,6 +254,7 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
     check_crd(r, &mut err);
     versions::check_versions(r, &mut err);
     webhooks::check_failure_policy(r, &mut err);
+    cel_check::check_cel(r, &mut err);
     if let Some(resync) = &r.spec.resync
         && let Err(e) = parse_duration(resync)
     {
