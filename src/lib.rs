@@ -12,6 +12,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod operator;
+pub mod policies;
 pub mod rbac;
 pub mod reconcile;
 pub mod reload;

@@ -1,6 +1,7 @@
 //! The `rulebook` command line: subcommands and their output. Everything here but
 //! `run` works without a cluster.
 
+pub mod cel_dry_run;
 pub mod diff;
 pub mod observed;
 pub mod release;
@@ -260,6 +261,10 @@ impl RuleDirs {
 pub struct CheckArgs {
     #[command(flatten)]
     pub dirs: RuleDirs,
+    /// Also ask this cluster's API server: a server-side dry-run apply of each rule's
+    /// generated CRD and admission policies (nothing is stored).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -317,6 +322,13 @@ pub async fn run_online(
             }
         },
         Command::Release(args) => release::release(args, out, err).await,
+        Command::Check(args) if args.kubeconfig.is_some() => {
+            let code = check(args, out, err)?;
+            match (code, load_or_report(&args.dirs, err)?, &args.kubeconfig) {
+                (0, Some(set), Some(kc)) => cel_dry_run::dry_run(&set, kc, out, err).await,
+                _ => Ok(code.max(1)),
+            }
+        }
         other => run_offline(other, out, err),
     }
 }
@@ -508,6 +520,9 @@ fn check(args: &CheckArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i
                 }
                 writeln!(err, "{} errors", trips.problems.len())?;
                 return Ok(1);
+            }
+            for line in cel_dry_run::placement_lines(&set) {
+                writeln!(out, "{line}")?;
             }
             writeln!(out, "{} rules valid", set.rules.len())?;
             Ok(0)
