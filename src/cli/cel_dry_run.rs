@@ -121,3 +121,34 @@ pub async fn dry_run(
     }
     Ok(0)
 }
+
+/// What `rulebook render --admission` prints for `rule`: its generated policies and
+/// bindings, then the webhook configurations the API server would call Rulebook by for
+/// it (`webhook::configs`, only this rule's webhooks, for the Service of deploy/).
+pub fn admission_objects(set: &RuleSet, rule: &crate::render::CompiledRule) -> Result<Vec<Json>> {
+    let r = &rule.rule;
+    let mut objects = policy::policies(r, &Resource::of(r), &Scope::default());
+    let endpoint = crate::webhook::Endpoint {
+        base: crate::webhook::Base::Service {
+            namespace: "rulebook-system".into(),
+            name: "rulebook-webhook".into(),
+            port: 443,
+        },
+        ca_bundle_pem: Vec::new(),
+    };
+    let scope = crate::webhook::configs::Scope {
+        name: "rulebook".into(),
+        ..Default::default()
+    };
+    let hook = crate::webhook::configs::webhook_name(&rule.name);
+    for mut config in crate::webhook::configs::configurations(set, &endpoint, &scope)? {
+        if let Some(hooks) = config.get_mut("webhooks").and_then(Json::as_array_mut) {
+            hooks.retain(|h| h["name"] == hook.as_str());
+            if hooks.is_empty() {
+                continue;
+            }
+            objects.push(config);
+        }
+    }
+    Ok(objects)
+}

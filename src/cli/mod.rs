@@ -282,6 +282,11 @@ pub struct RenderArgs {
     /// Print the status Rulebook would write instead of the children.
     #[arg(long)]
     pub status: bool,
+    /// Print the rule's admission objects instead of the children: the admission
+    /// policies its `cel:` keys generate, and the webhook configurations its `expr:` keys
+    /// need (docs/reference/admission.md).
+    #[arg(long, conflicts_with = "status")]
+    pub admission: bool,
     /// The time to stamp on conditions (RFC 3339); default: now.
     #[arg(long, hide = true)]
     pub now: Option<String>,
@@ -559,6 +564,10 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
     let Some(rule) = rule_for(&set, api_version, kind) else {
         bail!("no rule has parent {api_version} {kind}");
     };
+    if args.admission {
+        write_stream(&cel_dry_run::admission_objects(&set, rule)?, out)?;
+        return Ok(0);
+    }
     // Read in the storage version, as the operator reads it.
     let parent = match ruletest::in_storage_version(rule, &parent) {
         Ok(p) => with_render_defaults(rule, p),
