@@ -72,6 +72,44 @@ fn generated(set: &RuleSet) -> Vec<(String, Json)> {
     out
 }
 
+/// The line of the `cel:` key the API server's refusal of a generated object names
+/// (`x-kubernetes-validations[i]`, `validations[i]`, `mutations[i]`), if it names one.
+fn blamed_line(r: &crate::rules::Rule, kind: &str, name: &str, message: &str) -> Option<u64> {
+    let index = |key: &str| -> Option<usize> {
+        let rest = &message[message.find(key)? + key.len()..];
+        rest[..rest.find(']')?].parse().ok()
+    };
+    let placed = placements(r);
+    let lines: Vec<u64> = match kind {
+        "CustomResourceDefinition" => {
+            let i = index("x-kubernetes-validations[")?;
+            return placed
+                .iter()
+                .filter(|p| p.placement == Placement::Crd)
+                .nth(i)
+                .and_then(|p| p.check.cel.as_ref().map(|c| c.line));
+        }
+        "ValidatingAdmissionPolicy" => placed
+            .iter()
+            .filter(|p| {
+                matches!(p.placement, Placement::Policy(_))
+                    && policy::policy_name(&r.metadata.name, &p.operations) == name
+            })
+            .filter_map(|p| p.check.cel.as_ref().map(|c| c.line))
+            .collect(),
+        "MutatingAdmissionPolicy" => r
+            .spec
+            .admission
+            .iter()
+            .flat_map(|a| a.default.iter())
+            .filter_map(|d| d.cel.as_ref().map(|c| c.line))
+            .collect(),
+        _ => return None,
+    };
+    let i = index("validations[").or_else(|| index("mutations["))?;
+    lines.get(i).copied()
+}
+
 /// Dry-runs the generated objects against the cluster of `kubeconfig`: 0 when the API
 /// server accepts every one, 1 otherwise (each refusal on `err`, with the rule's file).
 pub async fn dry_run(
@@ -101,15 +139,19 @@ pub async fn dry_run(
         let gvk = GroupVersionKind::gvk(group, version, &kind);
         let api: Api<DynamicObject> =
             Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, &plural));
-        let file = set.rules.get(&rule).map_or("", |r| r.file.as_str());
+        let Some(compiled) = set.rules.get(&rule) else {
+            continue;
+        };
         match api.patch(&name, &params, &Patch::Apply(&obj)).await {
             Ok(_) => writeln!(out, "ok  {rule}  {kind} {name}: the API server accepts it (dry run)")?,
             Err(kube::Error::Api(s)) => {
                 refused += 1;
+                let line = blamed_line(&compiled.rule, &kind, &name, &s.message)
+                    .map_or_else(String::new, |l| format!(":{l}"));
                 writeln!(
                     err,
-                    "{file}: rule '{rule}': the API server refuses the generated {kind} {name}: {}",
-                    s.message
+                    "{}{line}: rule '{rule}': the API server refuses the generated {kind} {name}: {}",
+                    compiled.file, s.message
                 )?;
             }
             Err(e) => anyhow::bail!("{kind} {name}: {e}"),
