@@ -83,13 +83,21 @@ fn env() -> Result<Env, CompileError> {
 /// Compiles `source`.
 pub fn compile(source: &str) -> Result<Expr, CompileError> {
     let env = env()?;
-    let program = env
-        .compile(source)
-        .map_err(|e| CompileError(e.to_string().trim().to_string()))?;
+    let program = env.compile(source).map_err(|e| CompileError(one_line(&e.to_string())))?;
     Ok(Expr {
         program,
         env: Arc::new(env),
     })
+}
+
+/// The parser's message on one line (a diagnostic is one line): its first error, with
+/// the place in the expression, without the caret drawing.
+fn one_line(message: &str) -> String {
+    let first = message.trim().lines().next().unwrap_or("").trim();
+    match first.strip_prefix("ERROR: <input>:") {
+        Some(rest) => format!("at {rest}"),
+        None => first.to_string(),
+    }
 }
 
 impl Expr {
