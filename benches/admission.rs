@@ -17,6 +17,9 @@
 //! directory if built, else the debug one (dependencies optimized; docs/benchmarks.md
 //! says which one the figures came from). Results: `target/bench/admission.md`. Nothing
 //! here asserts on timings; every create must succeed, or the run stops.
+//! `ADMISSION_BENCH_DRY_RUN=1` sends server-side dry runs instead (nothing stored; the
+//! webhook is called all the same, `sideEffects: None`), for a build whose admission
+//! handler refuses every review.
 // A benchmark driver reads top to bottom as one story; the function size limit is for
 // the product code.
 #![allow(clippy::too_many_lines)]
@@ -73,7 +76,14 @@ struct Round {
 }
 
 /// Creates `n` objects of `kind` in `ns` from `clients` clients; every latency, in ms.
-async fn round(client: &kube::Client, ns: &str, kind: &str, n: usize, clients: usize) -> Result<Round> {
+async fn round(
+    client: &kube::Client,
+    ns: &str,
+    kind: &str,
+    n: usize,
+    clients: usize,
+    dry_run: bool,
+) -> Result<Round> {
     let gvk = GroupVersionKind::gvk(GROUP, "v1", kind);
     let ar = ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_lowercase()));
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
@@ -92,9 +102,17 @@ async fn round(client: &kube::Client, ns: &str, kind: &str, n: usize, clients: u
                     "spec": {"replicas": 2},
                 }))?;
                 let t = Instant::now();
-                api.create(&PostParams::default(), &o)
-                    .await
-                    .with_context(|| format!("create {kind} o-{c}-{i}"))?;
+                let params = PostParams {
+                    dry_run,
+                    ..Default::default()
+                };
+                match api.create(&params, &o).await {
+                    Ok(_) => {}
+                    // Dry runs through the placeholder handler: its refusal is the answer.
+                    Err(kube::Error::Api(s))
+                        if dry_run && s.message.contains("denied the request") => {}
+                    Err(e) => return Err(e).context(format!("create {kind} o-{c}-{i}")),
+                }
                 latencies.push(t.elapsed().as_secs_f64() * 1000.0);
             }
             anyhow::Ok(latencies)
@@ -147,7 +165,9 @@ impl Drop for Killed {
 #[tokio::main]
 async fn main() -> Result<()> {
     if !std::env::args().any(|a| a == "--bench") {
-        println!("admission: a benchmark; run it with `cargo bench --bench admission` (make bench-admission)");
+        println!(
+            "admission: a benchmark; run it with `cargo bench --bench admission` (make bench-admission)"
+        );
         return Ok(());
     }
     let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -166,6 +186,9 @@ async fn main() -> Result<()> {
         env("ADMISSION_BENCH_CLIENTS", 4usize).max(1),
         env("ADMISSION_BENCH_REPEATS", 5usize).max(1),
     );
+    // Server-side dry runs instead of creates: for a build whose admission handler is the
+    // placeholder, which refuses every review (its refusal then counts as the answer).
+    let dry_run = env("ADMISSION_BENCH_DRY_RUN", 0u8) == 1;
     let kc = Kubeconfig::read_from(&kubeconfig)?;
     let config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
     let client = kube::Client::try_from(config)?;
@@ -180,12 +203,22 @@ async fn main() -> Result<()> {
     std::fs::create_dir_all(&rules)?;
     std::fs::create_dir_all(&templates)?;
     let check = "  admission:\n    validate:\n      - expr: \"parent.spec.replicas <= 3\"\n        message: \"replicas {{ parent.spec.replicas }} is more than 3\"\n";
-    std::fs::write(rules.join("hooked.yaml"), rule(&format!("hooked-{stamp}"), &hooked, check))?;
-    std::fs::write(rules.join("plain.yaml"), rule(&format!("plain-{stamp}"), &plain, ""))?;
+    std::fs::write(
+        rules.join("hooked.yaml"),
+        rule(&format!("hooked-{stamp}"), &hooked, check),
+    )?;
+    std::fs::write(
+        rules.join("plain.yaml"),
+        rule(&format!("plain-{stamp}"), &plain, ""),
+    )?;
     let secret_ns = format!("adm-bench-{stamp}");
     namespace(&client, &secret_ns).await?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let metrics_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let config_name = format!("rulebook-bench-{stamp}");
     let log = std::fs::File::create(repo.join("target/bench/admission-operator.log"))?;
     let _op = Killed(
@@ -227,12 +260,20 @@ async fn main() -> Result<()> {
 
     let mut results: Vec<(&str, Round)> = Vec::new();
     for r in 0..repeats {
-        let order = if r % 2 == 0 { [&plain, &hooked] } else { [&hooked, &plain] };
+        let order = if r % 2 == 0 {
+            [&plain, &hooked]
+        } else {
+            [&hooked, &plain]
+        };
         for kind in order {
             let ns = format!("adm-bench-{stamp}-{r}-{}", kind.to_lowercase());
             namespace(&client, &ns).await?;
-            let got = round(&client, &ns, kind, n, clients).await?;
-            let label = if kind == &hooked { "with the webhook" } else { "without" };
+            let got = round(&client, &ns, kind, n, clients, dry_run).await?;
+            let label = if kind == &hooked {
+                "with the webhook"
+            } else {
+                "without"
+            };
             println!(
                 "round {r} {label}: p50 {:.1} ms, p99 {:.1} ms, {:.0} creates/s",
                 got.p50_ms, got.p99_ms, got.per_second
@@ -248,7 +289,11 @@ async fn main() -> Result<()> {
     );
     for label in ["without", "with the webhook"] {
         let of = |f: fn(&Round) -> f64| -> Vec<f64> {
-            results.iter().filter(|(l, _)| *l == label).map(|(_, r)| f(r)).collect()
+            results
+                .iter()
+                .filter(|(l, _)| *l == label)
+                .map(|(_, r)| f(r))
+                .collect()
         };
         let cell = |v: Vec<f64>| {
             let (lo, hi) = range(&v);
@@ -261,13 +306,25 @@ async fn main() -> Result<()> {
             cell(of(|r| r.per_second))
         ));
     }
-    md.push_str(&format!("\nbinary: {}\n", binary.display()));
+    md.push_str(&format!(
+        "\nbinary: {}{}\n",
+        binary.display(),
+        if dry_run {
+            "; server-side dry runs"
+        } else {
+            ""
+        }
+    ));
     println!("\n{md}");
     std::fs::write(repo.join("target/bench/admission.md"), &md)?;
     let _ = kube::Api::<DynamicObject>::all_with(
         client.clone(),
         &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfiguration"),
+            &GroupVersionKind::gvk(
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingWebhookConfiguration",
+            ),
             "validatingwebhookconfigurations",
         ),
     )

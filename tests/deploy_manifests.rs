@@ -499,7 +499,10 @@ fn the_shapes_are_wired_as_documented() {
         // The webhooks: every replica serves them behind a Service on its webhook port,
         // which the flags name; two replicas at least, so one answers through a drain.
         assert!(deployment["spec"]["replicas"].as_i64() >= Some(2), "{dir}");
-        let webhook = ports.iter().find(|p| p["name"] == "webhook").expect("webhook port");
+        let webhook = ports
+            .iter()
+            .find(|p| p["name"] == "webhook")
+            .expect("webhook port");
         assert_eq!(
             webhook["containerPort"].to_string(),
             flag(op, "--webhook-port").unwrap_or("9443"),

@@ -131,7 +131,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 60)]
     pub shard_rebalance_seconds: u64,
     #[command(flatten)]
-    pub webhook: webhook_args::WebhookArgs,
+    pub webhook: Box<webhook_args::WebhookArgs>,
 }
 
 impl RunArgs {
@@ -426,7 +426,9 @@ fn webhook_configurations(
         namespace: None,
         selector: None,
     };
-    Ok(crate::webhook::configs::configurations(set, &endpoint, &scope)?)
+    Ok(crate::webhook::configs::configurations(
+        set, &endpoint, &scope,
+    )?)
 }
 
 /// The CRDs of `set`; a rule converting between versions gets `endpoint`'s
@@ -480,9 +482,12 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
         lease_name: args.lease_name.clone(),
         diff_role: args.diff_role,
         diff_namespaces: args.diff_namespaces.clone(),
-        webhooks: args
-            .webhooks
-            .then(|| (args.webhook_configuration.clone(), args.webhook_secret.clone())),
+        webhooks: args.webhooks.then(|| {
+            (
+                args.webhook_configuration.clone(),
+                args.webhook_secret.clone(),
+            )
+        }),
     };
     write_stream(&crate::rbac::manifests(&set, &opts), out)?;
     Ok(0)

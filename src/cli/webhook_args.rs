@@ -97,7 +97,11 @@ pub fn service(s: &str) -> Result<Base, String> {
         .split_once('/')
         .ok_or_else(|| format!("{s:?}: give NAMESPACE/NAME[:PORT]"))?;
     let (name, port) = match rest.split_once(':') {
-        Some((n, p)) => (n, p.parse::<u16>().map_err(|_| format!("{s:?}: bad port {p:?}"))?),
+        Some((n, p)) => (
+            n,
+            p.parse::<u16>()
+                .map_err(|_| format!("{s:?}: bad port {p:?}"))?,
+        ),
         None => (rest, 443),
     };
     if !crate::rules::is_dns_label(ns) || !crate::rules::is_dns_label(name) {
@@ -113,7 +117,9 @@ pub fn service(s: &str) -> Result<Base, String> {
 /// `NAMESPACE/NAME`.
 pub fn namespaced(s: &str) -> Result<(String, String), String> {
     match s.split_once('/') {
-        Some((ns, name)) if crate::rules::is_dns_label(ns) && !name.is_empty() && !name.contains('/') => {
+        Some((ns, name))
+            if crate::rules::is_dns_label(ns) && !name.is_empty() && !name.contains('/') =>
+        {
             Ok((ns.to_string(), name.to_string()))
         }
         _ => Err(format!("{s:?}: give NAMESPACE/NAME")),
@@ -126,14 +132,24 @@ mod tests {
 
     #[test]
     fn endpoints_read_from_the_command_line() {
-        assert_eq!(url("https://127.0.0.1:9443/"), Ok(Base::Url("https://127.0.0.1:9443".into())));
+        assert_eq!(
+            url("https://127.0.0.1:9443/"),
+            Ok(Base::Url("https://127.0.0.1:9443".into()))
+        );
         assert!(url("http://127.0.0.1:9443").is_err());
         assert!(url("https://127.0.0.1:9443/validate").is_err());
         assert_eq!(
             service("rulebook-system/rulebook-webhook"),
-            Ok(Base::Service { namespace: "rulebook-system".into(), name: "rulebook-webhook".into(), port: 443 })
+            Ok(Base::Service {
+                namespace: "rulebook-system".into(),
+                name: "rulebook-webhook".into(),
+                port: 443
+            })
         );
-        assert!(matches!(service("a/b:8443"), Ok(Base::Service { port: 8443, .. })));
+        assert!(matches!(
+            service("a/b:8443"),
+            Ok(Base::Service { port: 8443, .. })
+        ));
         assert!(service("a/b:x").is_err() && service("ab").is_err());
         assert_eq!(namespaced("ns/s"), Ok(("ns".into(), "s".into())));
         assert!(namespaced("s").is_err());

@@ -162,7 +162,19 @@ pub async fn run(args: Settings) -> Result<()> {
         metrics.clone(),
         write_gate,
     );
-    let webhooks = start_webhooks(&args, &config, &metrics).await?;
+    let mut webhooks = start_webhooks(&args, &config, &metrics).await?;
+    // The first activation publishes the CRDs (their conversion) and the webhook
+    // configurations with the CA: wait a little for the certificates to be read.
+    if let Some(w) = &mut webhooks
+        && tokio::time::timeout(
+            Duration::from_secs(10),
+            w.endpoint.wait_for(Option::is_some),
+        )
+        .await
+        .is_err()
+    {
+        warn!("the webhook certificates are not read yet; webhooks are published once they are");
+    }
     let ruleset_state = Arc::new(RwLock::new(RuleSetState::default()));
     let leader_flag = is_leader.clone();
     let app = AppState {

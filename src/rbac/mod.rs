@@ -357,7 +357,9 @@ mod tests {
         assert_eq!(hooks["resourceNames"], json!(["hooks"]));
         assert_eq!(hooks["verbs"], json!(["create", "delete", "get", "patch"]));
         assert!(
-            !cluster_rules.iter().any(|r| r["resourceNames"] == json!(["certs"])),
+            !cluster_rules
+                .iter()
+                .any(|r| r["resourceNames"] == json!(["certs"])),
             "the certificates' Secret is granted in its namespace only"
         );
         let role = out.iter().find(|o| o["kind"] == "Role").expect("a Role");
@@ -365,7 +367,10 @@ mod tests {
         assert_eq!(role["rules"][0]["resourceNames"], json!(["certs"]));
         assert_eq!(role["rules"][0]["verbs"], json!(["get", "update"]));
         assert_eq!(role["rules"][1]["verbs"], json!(["create"]));
-        let binding = out.iter().find(|o| o["kind"] == "RoleBinding").expect("bound");
+        let binding = out
+            .iter()
+            .find(|o| o["kind"] == "RoleBinding")
+            .expect("bound");
         assert_eq!(binding["subjects"][0]["name"], "rulebook");
     }
 

@@ -381,7 +381,7 @@ pub(super) fn labels_of(o: &Json) -> BTreeMap<String, String> {
 
 /// `k=v,…` for the API server, when every key and value is a valid label key and value
 /// (so that nothing in them can change the selector's meaning).
-fn label_selector(want: &BTreeMap<String, String>) -> Option<String> {
+pub(crate) fn label_selector(want: &BTreeMap<String, String>) -> Option<String> {
     let name = |s: &str| {
         s.len() <= 63
             && s.bytes()

@@ -18,7 +18,10 @@ use crate::render::RuleSet;
 
 fn api(client: &kube::Client, kind: Kind) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind.kind());
-    Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, kind.plural()))
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, kind.plural()),
+    )
 }
 
 /// The rules a configuration of `kind` serves.
@@ -65,7 +68,12 @@ pub async fn publish(
 }
 
 /// Brings one configuration to `desired` (`None`: absent).
-async fn one(client: &kube::Client, kind: Kind, name: &str, desired: Option<&Json>) -> Result<(), String> {
+async fn one(
+    client: &kube::Client,
+    kind: Kind,
+    name: &str,
+    desired: Option<&Json>,
+) -> Result<(), String> {
     let api = api(client, kind);
     let describe = |e: kube::Error| match e {
         kube::Error::Api(s) if s.code == 403 => format!(
@@ -86,7 +94,9 @@ async fn one(client: &kube::Client, kind: Kind, name: &str, desired: Option<&Jso
         (Some(d), Some(l)) if matches(d, &l) => Ok(()),
         (Some(d), _) => {
             let params = PatchParams::apply(FIELD_MANAGER).force();
-            api.patch(name, &params, &Patch::Apply(d)).await.map_err(describe)?;
+            api.patch(name, &params, &Patch::Apply(d))
+                .await
+                .map_err(describe)?;
             tracing::info!(kind = kind.kind(), %name, "webhook configuration applied");
             Ok(())
         }

@@ -23,8 +23,8 @@
 use std::time::Duration;
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData, SanType,
 };
 use sha2::{Digest, Sha256};
 
@@ -265,7 +265,11 @@ fn reissue(b: &Bundle, policy: &Policy, now: i64) -> Result<Bundle, CertError> {
 }
 
 /// The bundle to write now, or `None` when `current` needs no change (module header).
-pub fn next(current: Option<&Bundle>, policy: &Policy, now: i64) -> Result<Option<Bundle>, CertError> {
+pub fn next(
+    current: Option<&Bundle>,
+    policy: &Policy,
+    now: i64,
+) -> Result<Option<Bundle>, CertError> {
     let Some(b) = current else {
         return fresh(policy, now).map(Some);
     };
@@ -353,7 +357,10 @@ mod tests {
         assert_eq!(next(Some(&b), &p, 1_059).unwrap(), None);
         let n = next(Some(&b), &p, 1_060).unwrap().expect("renewed");
         assert_ne!(n.tls_cert, b.tls_cert);
-        assert_eq!((n.ca_cert.clone(), n.trusted.clone()), (b.ca_cert.clone(), b.trusted.clone()));
+        assert_eq!(
+            (n.ca_cert.clone(), n.trusted.clone()),
+            (b.ca_cert.clone(), b.trusted.clone())
+        );
         assert_eq!(n.tls_expires, 1_150);
     }
 
@@ -383,14 +390,29 @@ mod tests {
         assert_eq!((t, cur.phase), (1_200, Phase::Adding));
         let old_ca = b.ca_cert.clone();
         assert!(cur.trusted.contains(old_ca.trim()) && cur.trusted.contains(cur.ca_cert.trim()));
-        assert_eq!(cur.tls_ca, fingerprint(&old_ca), "the old CA's certificate still serves");
-        assert_eq!(next(Some(&cur), &p, 1_209).unwrap(), None, "waits to settle");
-        let dropping = next(Some(&cur), &p, 1_210).unwrap().expect("new certificate");
+        assert_eq!(
+            cur.tls_ca,
+            fingerprint(&old_ca),
+            "the old CA's certificate still serves"
+        );
+        assert_eq!(
+            next(Some(&cur), &p, 1_209).unwrap(),
+            None,
+            "waits to settle"
+        );
+        let dropping = next(Some(&cur), &p, 1_210)
+            .unwrap()
+            .expect("new certificate");
         assert_eq!(dropping.phase, Phase::Dropping);
         assert_eq!(dropping.tls_ca, fingerprint(&dropping.ca_cert));
-        assert!(dropping.trusted.contains(old_ca.trim()), "old CA kept while replicas switch");
+        assert!(
+            dropping.trusted.contains(old_ca.trim()),
+            "old CA kept while replicas switch"
+        );
         assert_eq!(next(Some(&dropping), &p, 1_215).unwrap(), None);
-        let stable = next(Some(&dropping), &p, 1_220).unwrap().expect("old CA dropped");
+        let stable = next(Some(&dropping), &p, 1_220)
+            .unwrap()
+            .expect("old CA dropped");
         assert_eq!(stable.phase, Phase::Stable);
         assert_eq!(stable.trusted, stable.ca_cert);
         assert!(stable.ca_expires > 1_220 + 200);
@@ -411,13 +433,27 @@ mod tests {
         let key = KeyPair::from_pem(&ca.key).unwrap();
         let again = ca_params(&key);
         let first = ca_params(&KeyPair::from_pem(&ca.key).unwrap());
-        let names = |p: &CertificateParams| format!("{:?}", p.distinguished_name.iter().collect::<Vec<_>>());
+        let names = |p: &CertificateParams| {
+            format!("{:?}", p.distinguished_name.iter().collect::<Vec<_>>())
+        };
         assert_eq!(names(&again), names(&first));
-        let leaf = new_serving(&ca.key, &["127.0.0.1".into()], 1_000, Duration::from_secs(50), ca.expires)
-            .unwrap();
+        let leaf = new_serving(
+            &ca.key,
+            &["127.0.0.1".into()],
+            1_000,
+            Duration::from_secs(50),
+            ca.expires,
+        )
+        .unwrap();
         assert_eq!(leaf.expires, 1_050);
-        let capped = new_serving(&ca.key, &["a.b".into()], 1_000, Duration::from_secs(500), ca.expires)
-            .unwrap();
+        let capped = new_serving(
+            &ca.key,
+            &["a.b".into()],
+            1_000,
+            Duration::from_secs(500),
+            ca.expires,
+        )
+        .unwrap();
         assert_eq!(capped.expires, 1_100, "never past the CA");
     }
 }

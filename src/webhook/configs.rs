@@ -70,26 +70,47 @@ pub fn mutates(rule: &CompiledRule) -> bool {
 /// Whether any rule of `set` needs the webhook server (admission or conversion).
 pub fn needed(set: &RuleSet) -> bool {
     set.rules.values().any(|r| {
-        validates(r) || mutates(r) || r.rule.spec.crd.as_ref().is_some_and(|c| !c.conversion.is_empty())
+        validates(r)
+            || mutates(r)
+            || r.rule
+                .spec
+                .crd
+                .as_ref()
+                .is_some_and(|c| !c.conversion.is_empty())
     })
 }
 
 /// The validating configuration, or `None` when no rule has `expr:` checks.
-pub fn validating(set: &RuleSet, endpoint: &Endpoint, scope: &Scope) -> Result<Option<Json>, SelectorError> {
+pub fn validating(
+    set: &RuleSet,
+    endpoint: &Endpoint,
+    scope: &Scope,
+) -> Result<Option<Json>, SelectorError> {
     configuration(set, endpoint, scope, Kind::Validating)
 }
 
 /// The mutating configuration, or `None` when no rule has `expr:` defaults.
-pub fn mutating(set: &RuleSet, endpoint: &Endpoint, scope: &Scope) -> Result<Option<Json>, SelectorError> {
+pub fn mutating(
+    set: &RuleSet,
+    endpoint: &Endpoint,
+    scope: &Scope,
+) -> Result<Option<Json>, SelectorError> {
     configuration(set, endpoint, scope, Kind::Mutating)
 }
 
 /// Both, as far as the rules need them.
-pub fn configurations(set: &RuleSet, endpoint: &Endpoint, scope: &Scope) -> Result<Vec<Json>, SelectorError> {
-    Ok([validating(set, endpoint, scope)?, mutating(set, endpoint, scope)?]
-        .into_iter()
-        .flatten()
-        .collect())
+pub fn configurations(
+    set: &RuleSet,
+    endpoint: &Endpoint,
+    scope: &Scope,
+) -> Result<Vec<Json>, SelectorError> {
+    Ok([
+        validating(set, endpoint, scope)?,
+        mutating(set, endpoint, scope)?,
+    ]
+    .into_iter()
+    .flatten()
+    .collect())
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -168,7 +189,11 @@ fn webhook(
     let (group, version) = split_api_version(&parent.api_version);
     let plural = crate::rbac::plural_of(set, &parent.api_version, &parent.kind);
     let resource_scope = match &rule.rule.spec.crd {
-        Some(crd) => crd.scope.as_ref().map(|s| s.value.clone()).unwrap_or_else(|| "Namespaced".into()),
+        Some(crd) => crd
+            .scope
+            .as_ref()
+            .map(|s| s.value.clone())
+            .unwrap_or_else(|| "Namespaced".into()),
         None => "*".into(),
     };
     let failure_policy = rule
@@ -328,7 +353,11 @@ mod tests {
         let (r, t) = (dir.path().join("rules"), dir.path().join("templates"));
         std::fs::create_dir_all(&r).unwrap();
         std::fs::create_dir_all(&t).unwrap();
-        std::fs::write(t.join("cm.yaml"), "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n").unwrap();
+        std::fs::write(
+            t.join("cm.yaml"),
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n",
+        )
+        .unwrap();
         for (name, text) in rules {
             std::fs::write(r.join(format!("{name}.yaml")), text).unwrap();
         }
@@ -359,16 +388,23 @@ mod tests {
     #[test]
     fn rules_with_expr_checks_and_defaults_get_their_webhooks() {
         let checks = "  admission:\n    failurePolicy: Ignore\n    validate:\n      - expr: \"parent.spec.a\"\n        message: m\n        operations: [UPDATE]\n      - cel: \"self.metadata.name != ''\"\n        message: m\n";
-        let defaults = "  admission:\n    default:\n      - path: spec.image\n        expr: \"'nginx'\"\n";
-        let cel_only = "  admission:\n    validate:\n      - cel: \"self.metadata.name != ''\"\n        message: m\n";
+        let defaults =
+            "  admission:\n    default:\n      - path: spec.image\n        expr: \"'nginx'\"\n";
+        let cel_only =
+            "  admission:\n    validate:\n      - cel: \"self.metadata.name != ''\"\n        message: m\n";
         let set = set(&[
             ("checked", &rule("checked", "Checked", checks)),
             ("defaulted", &rule("defaulted", "Defaulted", defaults)),
             ("celonly", &rule("celonly", "CelOnly", cel_only)),
             ("plain", &rule("plain", "Plain", "")),
         ]);
-        let scope = Scope { name: "rulebook".into(), ..Scope::default() };
-        let v = validating(&set, &endpoint(), &scope).unwrap().expect("validating");
+        let scope = Scope {
+            name: "rulebook".into(),
+            ..Scope::default()
+        };
+        let v = validating(&set, &endpoint(), &scope)
+            .unwrap()
+            .expect("validating");
         let hooks = v["webhooks"].as_array().unwrap();
         assert_eq!(hooks.len(), 1, "only the rule with an expr: check");
         let h = &hooks[0];
@@ -378,17 +414,31 @@ mod tests {
         assert_eq!(h["rules"][0]["resources"], json!(["checkeds"]));
         assert_eq!(h["clientConfig"]["service"]["path"], "/validate/checked");
         assert_eq!(h["clientConfig"]["caBundle"], "Q0E=");
-        let m = mutating(&set, &endpoint(), &scope).unwrap().expect("mutating");
+        let m = mutating(&set, &endpoint(), &scope)
+            .unwrap()
+            .expect("mutating");
         let hooks = m["webhooks"].as_array().unwrap();
         assert_eq!(hooks.len(), 1);
         assert_eq!(hooks[0]["failurePolicy"], "Fail", "the default");
-        assert_eq!(hooks[0]["clientConfig"]["service"]["path"], "/mutate/defaulted");
-        assert_eq!(hooks[0]["rules"][0]["operations"], json!(["CREATE", "UPDATE"]));
+        assert_eq!(
+            hooks[0]["clientConfig"]["service"]["path"],
+            "/mutate/defaulted"
+        );
+        assert_eq!(
+            hooks[0]["rules"][0]["operations"],
+            json!(["CREATE", "UPDATE"])
+        );
         let plain = set_without_webhooks();
-        assert_eq!(configurations(&plain, &endpoint(), &scope).unwrap(), Vec::<Json>::new());
+        assert_eq!(
+            configurations(&plain, &endpoint(), &scope).unwrap(),
+            Vec::<Json>::new()
+        );
         assert!(!needed(&plain) && needed(&set));
         assert_eq!(
-            crate::webhook::unserved(&set).iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>(),
+            crate::webhook::unserved(&set)
+                .iter()
+                .map(|(r, _)| r.as_str())
+                .collect::<Vec<_>>(),
             ["checked", "defaulted"]
         );
     }
@@ -402,9 +452,18 @@ mod tests {
         let s = label_selector("shard=a, tier!=web,team in (x, y),!legacy,app").unwrap();
         let e = s["matchExpressions"].as_array().unwrap();
         assert_eq!(e.len(), 5);
-        assert_eq!(e[0], json!({"key": "shard", "operator": "In", "values": ["a"]}));
-        assert_eq!(e[1], json!({"key": "tier", "operator": "NotIn", "values": ["web"]}));
-        assert_eq!(e[2], json!({"key": "team", "operator": "In", "values": ["x", "y"]}));
+        assert_eq!(
+            e[0],
+            json!({"key": "shard", "operator": "In", "values": ["a"]})
+        );
+        assert_eq!(
+            e[1],
+            json!({"key": "tier", "operator": "NotIn", "values": ["web"]})
+        );
+        assert_eq!(
+            e[2],
+            json!({"key": "team", "operator": "In", "values": ["x", "y"]})
+        );
         assert_eq!(e[3], json!({"key": "legacy", "operator": "DoesNotExist"}));
         assert_eq!(e[4], json!({"key": "app", "operator": "Exists"}));
         assert!(label_selector("a in b").is_err());
@@ -417,7 +476,13 @@ mod tests {
             namespace: Some("team-a".into()),
             ..Scope::default()
         });
-        assert_eq!(s["matchExpressions"][0]["values"], json!(["kube-system", "rulebook-system"]));
-        assert_eq!(s["matchExpressions"][1], json!({"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}));
+        assert_eq!(
+            s["matchExpressions"][0]["values"],
+            json!(["kube-system", "rulebook-system"])
+        );
+        assert_eq!(
+            s["matchExpressions"][1],
+            json!({"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]})
+        );
     }
 }

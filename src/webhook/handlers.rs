@@ -13,9 +13,10 @@ use std::sync::Arc;
 use serde_json::{Value as Json, json};
 use tokio::sync::{Semaphore, watch};
 
+use super::admission::RefReader;
 use super::{Answer, Handler, Handlers};
 use crate::render::RuleSet;
-use crate::render::admission::{AdmitRequest, Operation, Verdict};
+use crate::render::admission::Phase;
 
 /// The rule set the handlers judge with: the one that serves, once one is loaded.
 pub type Rules = watch::Receiver<Option<Arc<RuleSet>>>;
@@ -33,45 +34,69 @@ impl Offload {
         }
     }
 
-    /// `work` on the blocking pool once a permit is free. A caller that gives up (the
+    /// `work` on the blocking pool once a permit is free; `None` when it could not
+    /// run (the pool shut down, the work panicked). A caller that gives up (the
     /// server's deadline) leaves the evaluation to finish under its rule's budgets,
     /// still holding its permit, so abandoned work is bounded too.
-    pub async fn run(&self, work: impl FnOnce() -> Json + Send + 'static) -> Json {
-        let Ok(permit) = self.permits.clone().acquire_owned().await else {
-            return json!(null);
-        };
+    pub async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        let permit = self.permits.clone().acquire_owned().await.ok()?;
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
             work()
         })
         .await
-        .unwrap_or(Json::Null)
+        .ok()
     }
 }
 
-/// The handlers `rulebook run` serves.
-pub fn handlers(rules: Rules, offload: Offload) -> Handlers {
+/// The handlers `rulebook run` serves: admission by the rule's `expr:` checks
+/// (`/validate`) and defaults (`/mutate`) with its references read by `reader`
+/// (webhook/admission.rs), conversion by its templates (webhook/convert.rs).
+pub fn handlers(rules: Rules, offload: Offload, reader: RefReader) -> Handlers {
     Handlers {
-        validate: on_pool(rules.clone(), offload.clone(), admission_review),
-        mutate: on_pool(rules.clone(), offload.clone(), admission_review),
+        validate: admission(
+            rules.clone(),
+            offload.clone(),
+            reader.clone(),
+            Phase::Validate,
+        ),
+        mutate: admission(rules.clone(), offload.clone(), reader, Phase::Mutate),
         convert: on_pool(rules, offload, |set, rule, review| {
             super::convert::review(set, rule, review)
         }),
     }
 }
 
+/// An admission handler for `phase`.
+fn admission(rules: Rules, offload: Offload, reader: RefReader, phase: Phase) -> Handler {
+    Arc::new(move |rule: String, review: Json| -> Answer {
+        let set = rules.borrow().clone();
+        let (offload, reader) = (offload.clone(), reader.clone());
+        Box::pin(async move {
+            match set {
+                Some(set) => {
+                    super::admission::review(set, reader, offload, phase, rule, review).await
+                }
+                None => admission_answer(&review, false, "no rule set is loaded yet", None),
+            }
+        })
+    })
+}
+
 /// A handler that answers with `judge(rule set, rule, review)` on the pool.
-fn on_pool(
-    rules: Rules,
-    offload: Offload,
-    judge: fn(&RuleSet, &str, &Json) -> Json,
-) -> Handler {
+fn on_pool(rules: Rules, offload: Offload, judge: fn(&RuleSet, &str, &Json) -> Json) -> Handler {
     Arc::new(move |rule: String, review: Json| -> Answer {
         let set = rules.borrow().clone();
         let offload = offload.clone();
         Box::pin(async move {
             match set {
-                Some(set) => offload.run(move || judge(&set, &rule, &review)).await,
+                Some(set) => offload
+                    .run(move || judge(&set, &rule, &review))
+                    .await
+                    .unwrap_or(Json::Null),
                 None => admission_answer(&review, false, "no rule set is loaded yet", None),
             }
         })
@@ -79,7 +104,12 @@ fn on_pool(
 }
 
 /// An `AdmissionReview` answer for `review`.
-pub fn admission_answer(review: &Json, allowed: bool, message: &str, patch: Option<&[Json]>) -> Json {
+pub fn admission_answer(
+    review: &Json,
+    allowed: bool,
+    message: &str,
+    patch: Option<&[Json]>,
+) -> Json {
     let uid = review.pointer("/request/uid").cloned().unwrap_or(json!(""));
     let mut response = json!({"uid": uid, "allowed": allowed});
     if !allowed {
@@ -92,30 +122,4 @@ pub fn admission_answer(review: &Json, allowed: bool, message: &str, patch: Opti
         response["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(bytes));
     }
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
-}
-
-/// Placeholder until the admission work lands: judges with `CompiledRule::admit` and no
-/// references.
-fn admission_review(set: &RuleSet, rule: &str, review: &Json) -> Json {
-    let Some(compiled) = set.rules.get(rule) else {
-        return admission_answer(review, false, &format!("no rule {rule} is loaded"), None);
-    };
-    let operation = match review.pointer("/request/operation").and_then(Json::as_str) {
-        Some("UPDATE") => Operation::Update,
-        _ => Operation::Create,
-    };
-    let object = review.pointer("/request/object").cloned().unwrap_or(Json::Null);
-    let old = review.pointer("/request/oldObject").filter(|o| !o.is_null());
-    let refs = serde_json::Map::new();
-    let request = AdmitRequest {
-        operation,
-        object: &object,
-        old,
-        refs: &refs,
-    };
-    match compiled.admit(&request) {
-        Ok(Verdict::Allowed { patch }) => admission_answer(review, true, "", Some(&patch)),
-        Ok(Verdict::Denied { message, .. }) => admission_answer(review, false, &message, None),
-        Err(e) => admission_answer(review, false, &format!("rule {rule}: {}", e.message), None),
-    }
 }

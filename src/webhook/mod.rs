@@ -13,6 +13,7 @@
 //! `AdmissionReview`) and `/convert/<rule>` (a `ConversionReview`), each answered with the
 //! review to send back.
 
+pub mod admission;
 pub mod apply;
 pub mod certs;
 pub mod configs;
@@ -99,7 +100,13 @@ pub fn unserved(set: &RuleSet) -> Vec<(String, String)> {
         .filter_map(|r| {
             let what = if configs::validates(r) || configs::mutates(r) {
                 "expr: admission checks or defaults"
-            } else if r.rule.spec.crd.as_ref().is_some_and(|c| !c.conversion.is_empty()) {
+            } else if r
+                .rule
+                .spec
+                .crd
+                .as_ref()
+                .is_some_and(|c| !c.conversion.is_empty())
+            {
                 "a conversion webhook"
             } else {
                 return None;

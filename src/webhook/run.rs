@@ -129,7 +129,12 @@ impl Webhooks {
             settle: settle(settings.refresh),
             names: cert_names(&settings.base),
         };
-        let store = Store::new(client, &settings.secret.0, &settings.secret.1, policy);
+        let store = Store::new(
+            client.clone(),
+            &settings.secret.0,
+            &settings.secret.1,
+            policy,
+        );
         let (bundle_tx, bundle_rx) = watch::channel(None);
         let (endpoint_tx, endpoint) = watch::channel(None);
         let (rules, rules_rx) = watch::channel(None);
@@ -137,7 +142,11 @@ impl Webhooks {
         let health = Arc::new(Health::default());
         let tls = server::tls_config(resolver.clone())?;
         let app = server::router(
-            handlers::handlers(rules_rx, handlers::Offload::new(settings.evaluations)),
+            handlers::handlers(
+                rules_rx,
+                handlers::Offload::new(settings.evaluations),
+                super::admission::RefReader::new(Some(client.clone())),
+            ),
             Limits::default(),
             metrics.clone(),
         );
@@ -153,7 +162,8 @@ impl Webhooks {
                 endpoint_tx,
             )),
             tokio::spawn(async move {
-                if let Err(e) = server::serve_on(listener, tls, app, Limits::default(), serving).await
+                if let Err(e) =
+                    server::serve_on(listener, tls, app, Limits::default(), serving).await
                 {
                     error!(error = %e, "the webhook server stopped");
                 }
@@ -205,7 +215,9 @@ async fn follow(
                     health.set_expiry(b.tls_expires);
                     expiry.set(b.tls_expires);
                 }
-                Err(e) => warn!(error = %e, "webhook certificates: cannot serve the new certificate"),
+                Err(e) => {
+                    warn!(error = %e, "webhook certificates: cannot serve the new certificate")
+                }
             }
             let e = Endpoint {
                 base: base.clone(),
@@ -231,9 +243,18 @@ mod tests {
 
     #[test]
     fn certificates_name_the_host_the_api_server_calls() {
-        assert_eq!(cert_names(&Base::Url("https://127.0.0.1:9443".into())), vec!["127.0.0.1"]);
-        assert_eq!(cert_names(&Base::Url("https://[::1]:9443/x".into())), vec!["::1"]);
-        assert_eq!(cert_names(&Base::Url("https://hooks.example.com".into())), vec!["hooks.example.com"]);
+        assert_eq!(
+            cert_names(&Base::Url("https://127.0.0.1:9443".into())),
+            vec!["127.0.0.1"]
+        );
+        assert_eq!(
+            cert_names(&Base::Url("https://[::1]:9443/x".into())),
+            vec!["::1"]
+        );
+        assert_eq!(
+            cert_names(&Base::Url("https://hooks.example.com".into())),
+            vec!["hooks.example.com"]
+        );
         let svc = cert_names(&Base::Service {
             namespace: "rulebook-system".into(),
             name: "rulebook-webhook".into(),

@@ -9,8 +9,9 @@
 //! certificate serves from the next connection on and connections in flight keep theirs:
 //! no restart, no failed request. rustls uses the `ring` provider, as the API client does.
 //!
-//! Per request ([`Limits`]): a body limit (413), a bound on requests in flight (429 when
-//! full), and a deadline below the API server's `timeoutSeconds` (504 when missed). An
+//! Per request ([`Limits`]): a body limit (413), a bound on requests in flight and on the
+//! bytes of their bodies, taken from `Content-Length` before the body is read (429 when
+//! full), and a deadline below the API server's timeout (504 when missed). An
 //! HTTP error makes the API server apply the webhook's `failurePolicy` (admission) or fail
 //! the read (conversion), so an overloaded or slow replica refuses quickly and clearly
 //! instead of holding the API server's request. The body is parsed on the blocking pool
@@ -23,8 +24,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -105,13 +105,22 @@ pub fn tls_config(resolver: Arc<Resolver>) -> Result<Arc<rustls::ServerConfig>, 
 /// What a client may hold of the server, and what one request may cost.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
-    /// Largest request body. An `AdmissionReview` of an UPDATE holds the object twice;
-    /// etcd stores objects of at most 1.5 MiB.
+    /// Largest `AdmissionReview` body. One of an UPDATE holds the object twice; etcd
+    /// stores objects of at most 1.5 MiB.
     pub max_body: usize,
+    /// Largest `ConversionReview` body: the API server converts a whole page of a list
+    /// in one review.
+    pub max_convert_body: usize,
     /// Reviews being answered at once; one more is refused with 429.
     pub in_flight: usize,
-    /// A review not answered by then gets 504; below the API server's `timeoutSeconds`.
+    /// Bytes of the bodies of the reviews being answered, at most (by `Content-Length`,
+    /// before a body is read); a review that does not fit is refused with 429.
+    pub bytes_in_flight: usize,
+    /// An admission review not answered by then gets 504; below the webhooks'
+    /// `timeoutSeconds` (5).
     pub deadline: Duration,
+    /// The same for a conversion review; below the API server's 30 s for conversion.
+    pub convert_deadline: Duration,
     /// Time for the TLS handshake and then for a request's headers.
     pub handshake: Duration,
     /// Longest life of a connection (the API server reconnects).
@@ -124,8 +133,11 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_body: 4 << 20,
+            max_convert_body: 16 << 20,
             in_flight: 32,
+            bytes_in_flight: 64 << 20,
             deadline: Duration::from_secs(4),
+            convert_deadline: Duration::from_secs(25),
             handshake: Duration::from_secs(5),
             connection: Duration::from_secs(300),
             max_connections: 256,
@@ -163,7 +175,9 @@ impl Health {
 struct Routes {
     handlers: Handlers,
     in_flight: Arc<Semaphore>,
-    deadline: Duration,
+    /// Bodies in flight, in KiB.
+    kib_in_flight: Arc<Semaphore>,
+    limits: Limits,
     metrics: WebhookMetrics,
 }
 
@@ -172,23 +186,23 @@ pub fn router(handlers: Handlers, limits: Limits, metrics: WebhookMetrics) -> Ro
     let routes = Routes {
         handlers,
         in_flight: Arc::new(Semaphore::new(limits.in_flight.max(1))),
-        deadline: limits.deadline,
+        kib_in_flight: Arc::new(Semaphore::new((limits.bytes_in_flight >> 10).max(1))),
+        limits,
         metrics,
     };
     Router::new()
         .route(
             "/validate/{rule}",
-            post(|s: State<Routes>, r: Path<String>, b: Bytes| answer(s, r, b, Route::Validate)),
+            post(|s: State<Routes>, r: Path<String>, q: Request| answer(s, r, q, Route::Validate)),
         )
         .route(
             "/mutate/{rule}",
-            post(|s: State<Routes>, r: Path<String>, b: Bytes| answer(s, r, b, Route::Mutate)),
+            post(|s: State<Routes>, r: Path<String>, q: Request| answer(s, r, q, Route::Mutate)),
         )
         .route(
             "/convert/{rule}",
-            post(|s: State<Routes>, r: Path<String>, b: Bytes| answer(s, r, b, Route::Convert)),
+            post(|s: State<Routes>, r: Path<String>, q: Request| answer(s, r, q, Route::Convert)),
         )
-        .layer(DefaultBodyLimit::max(limits.max_body))
         .with_state(routes)
 }
 
@@ -207,13 +221,21 @@ impl Route {
             Route::Convert => "convert",
         }
     }
+
+    /// The largest body and the deadline of this route's reviews.
+    fn limits(self, l: &Limits) -> (usize, Duration) {
+        match self {
+            Route::Validate | Route::Mutate => (l.max_body, l.deadline),
+            Route::Convert => (l.max_convert_body, l.convert_deadline),
+        }
+    }
 }
 
 /// One review, answered and counted.
-async fn answer(s: State<Routes>, rule: Path<String>, body: Bytes, route: Route) -> Response {
+async fn answer(s: State<Routes>, rule: Path<String>, req: Request, route: Route) -> Response {
     let started = std::time::Instant::now();
     let metrics = s.metrics.clone();
-    let response = judge(s, rule, body, route).await;
+    let response = judge(s, rule, req, route).await;
     let labels = WebhookLabels {
         route: route.as_str().to_string(),
         code: response.status().as_u16().to_string(),
@@ -232,11 +254,29 @@ async fn answer(s: State<Routes>, rule: Path<String>, body: Bytes, route: Route)
 async fn judge(
     State(s): State<Routes>,
     Path(rule): Path<String>,
-    body: Bytes,
+    req: Request,
     route: Route,
 ) -> Response {
-    let Ok(_permit) = s.in_flight.clone().try_acquire_owned() else {
+    let (max_body, deadline) = route.limits(&s.limits);
+    let too_large = || (StatusCode::PAYLOAD_TOO_LARGE, "the review is too large").into_response();
+    // What the body will weigh, before it is read: its Content-Length, else the most.
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .unwrap_or(max_body);
+    if declared > max_body {
+        return too_large();
+    }
+    let kib = u32::try_from((declared >> 10) + 1).unwrap_or(u32::MAX);
+    let (Ok(_permit), Ok(_bytes)) = (
+        s.in_flight.clone().try_acquire_owned(),
+        s.kib_in_flight.clone().try_acquire_many_owned(kib),
+    ) else {
         return (StatusCode::TOO_MANY_REQUESTS, "too many reviews in flight").into_response();
+    };
+    let Ok(body) = axum::body::to_bytes(req.into_body(), max_body).await else {
+        return too_large();
     };
     let work = async {
         let parsed = tokio::task::spawn_blocking(move || serde_json::from_slice::<Json>(&body))
@@ -251,9 +291,17 @@ async fn judge(
             Route::Mutate => &s.handlers.mutate,
             Route::Convert => &s.handlers.convert,
         };
-        axum::Json(handler(rule, review).await).into_response()
+        match handler(rule, review).await {
+            // The evaluation itself failed (it panicked): the API server's failure policy.
+            Json::Null => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "the review could not be answered",
+            )
+                .into_response(),
+            answer => axum::Json(answer).into_response(),
+        }
     };
-    match tokio::time::timeout(s.deadline, work).await {
+    match tokio::time::timeout(deadline, work).await {
         Ok(response) => response,
         Err(_) => (
             StatusCode::GATEWAY_TIMEOUT,
@@ -293,7 +341,8 @@ pub async fn serve_on(
         let service = TowerToHyperService::new(app.clone());
         tokio::spawn(async move {
             let _slot = slot;
-            let Ok(Ok(stream)) = tokio::time::timeout(limits.handshake, acceptor.accept(stream)).await
+            let Ok(Ok(stream)) =
+                tokio::time::timeout(limits.handshake, acceptor.accept(stream)).await
             else {
                 return;
             };
@@ -307,7 +356,7 @@ pub async fn serve_on(
                 _ = tokio::time::sleep(limits.connection) => {}
             }
             conn.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(limits.deadline + limits.handshake, conn).await;
+            let _ = tokio::time::timeout(limits.convert_deadline + limits.handshake, conn).await;
         });
     }
 }
@@ -338,10 +387,17 @@ mod tests {
     }
 
     /// A POST over TLS trusting only the CAs of `trusted`: `(status, body)`.
-    async fn post(addr: &str, trusted: &str, path: &str, body: &[u8]) -> Result<(u16, String), String> {
+    async fn post(
+        addr: &str,
+        trusted: &str,
+        path: &str,
+        body: &[u8],
+    ) -> Result<(u16, String), String> {
         let mut roots = rustls::RootCertStore::empty();
         for c in CertificateDer::pem_slice_iter(trusted.as_bytes()) {
-            roots.add(c.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+            roots
+                .add(c.map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
         }
         let config = rustls::ClientConfig::builder_with_provider(Arc::new(provider()))
             .with_safe_default_protocol_versions()
@@ -349,20 +405,33 @@ mod tests {
             .with_root_certificates(roots)
             .with_no_client_auth();
         let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-        let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| e.to_string())?;
         let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
-        let mut tls = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
+        let mut tls = connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| e.to_string())?;
         let head = format!(
             "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
         );
-        tls.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
+        tls.write_all(head.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
         tls.write_all(body).await.map_err(|e| e.to_string())?;
         let mut out = Vec::new();
         let _ = tls.read_to_end(&mut out).await;
         let text = String::from_utf8_lossy(&out).to_string();
-        let status = text.get(9..12).and_then(|s| s.parse().ok()).ok_or(text.clone())?;
-        Ok((status, text.split("\r\n\r\n").nth(1).unwrap_or("").to_string()))
+        let status = text
+            .get(9..12)
+            .and_then(|s| s.parse().ok())
+            .ok_or(text.clone())?;
+        Ok((
+            status,
+            text.split("\r\n\r\n").nth(1).unwrap_or("").to_string(),
+        ))
     }
 
     fn echo(delay: Duration) -> Handler {
@@ -378,7 +447,11 @@ mod tests {
 
     async fn start(resolver: Arc<Resolver>, limits: Limits, delay: Duration) -> String {
         let h = echo(delay);
-        let handlers = Handlers { validate: h.clone(), mutate: h.clone(), convert: h };
+        let handlers = Handlers {
+            validate: h.clone(),
+            mutate: h.clone(),
+            convert: h,
+        };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let tls = tls_config(resolver).unwrap();
@@ -393,25 +466,40 @@ mod tests {
     #[tokio::test]
     async fn certificates_swap_without_a_restart_and_stay_trusted() {
         // Made 2,100 s ago with a lifetime of 3,000 s: the CA is due for rotation now.
-        let p = Policy { tls_validity: Duration::from_secs(3000), ..policy() };
+        let p = Policy {
+            tls_validity: Duration::from_secs(3000),
+            ..policy()
+        };
         let now = jiff::Timestamp::now().as_second();
         let first = certs::next(None, &p, now - 2_100).unwrap().unwrap();
         let resolver = Arc::new(Resolver::default());
         resolver.set(&first).unwrap();
         let addr = start(resolver.clone(), Limits::default(), Duration::ZERO).await;
         let review = br#"{"request":{"uid":"u1"}}"#;
-        let (status, body) = post(&addr, &first.trusted, "/validate/app", review).await.unwrap();
+        let (status, body) = post(&addr, &first.trusted, "/validate/app", review)
+            .await
+            .unwrap();
         assert_eq!(status, 200, "{body}");
-        assert!(body.contains(r#""rule":"app""#) && body.contains("u1"), "{body}");
+        assert!(
+            body.contains(r#""rule":"app""#) && body.contains("u1"),
+            "{body}"
+        );
         // The CA rotation: each bundle served while the API server trusts the one before.
         let t = now;
         let adding = certs::next(Some(&first), &p, t).unwrap().unwrap();
         assert_eq!(adding.phase, Phase::Adding);
         let dropping = certs::next(Some(&adding), &p, t + 10).unwrap().unwrap();
         let stable = certs::next(Some(&dropping), &p, t + 20).unwrap().unwrap();
-        for (serving, trusted) in [(&adding, &first), (&dropping, &adding), (&stable, &dropping), (&stable, &stable)] {
+        for (serving, trusted) in [
+            (&adding, &first),
+            (&dropping, &adding),
+            (&stable, &dropping),
+            (&stable, &stable),
+        ] {
             resolver.set(serving).unwrap();
-            let (status, _) = post(&addr, &trusted.trusted, "/convert/app", review).await.unwrap();
+            let (status, _) = post(&addr, &trusted.trusted, "/convert/app", review)
+                .await
+                .unwrap();
             assert_eq!(status, 200);
         }
         // The old CA alone no longer verifies what serves now: the swap took effect.
@@ -421,7 +509,9 @@ mod tests {
 
     #[tokio::test]
     async fn requests_are_bounded_in_size_number_and_time() {
-        let b = certs::next(None, &policy(), jiff::Timestamp::now().as_second()).unwrap().unwrap();
+        let b = certs::next(None, &policy(), jiff::Timestamp::now().as_second())
+            .unwrap()
+            .unwrap();
         let resolver = Arc::new(Resolver::default());
         resolver.set(&b).unwrap();
         let limits = Limits {
@@ -432,20 +522,66 @@ mod tests {
         };
         let slow = start(resolver.clone(), limits, Duration::from_secs(2)).await;
         let big = vec![b' '; 4096];
-        assert_eq!(post(&slow, &b.trusted, "/validate/a", &big).await.unwrap().0, 413);
-        assert_eq!(post(&slow, &b.trusted, "/validate/a", b"not json").await.unwrap().0, 400);
-        let started = std::time::Instant::now();
-        let (first, second) = tokio::join!(
-            post(&slow, &b.trusted, "/validate/a", b"{}"),
-            async {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                post(&slow, &b.trusted, "/validate/a", b"{}").await
-            }
+        assert_eq!(
+            post(&slow, &b.trusted, "/validate/a", &big)
+                .await
+                .unwrap()
+                .0,
+            413
         );
+        assert_eq!(
+            post(&slow, &b.trusted, "/validate/a", b"not json")
+                .await
+                .unwrap()
+                .0,
+            400
+        );
+        let started = std::time::Instant::now();
+        let (first, second) = tokio::join!(post(&slow, &b.trusted, "/validate/a", b"{}"), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            post(&slow, &b.trusted, "/validate/a", b"{}").await
+        });
         assert_eq!(first.unwrap().0, 504, "past the deadline");
         assert_eq!(second.unwrap().0, 429, "one in flight at most");
-        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
-        assert_eq!(post(&slow, &b.trusted, "/nothing/a", b"{}").await.unwrap().0, 404);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            post(&slow, &b.trusted, "/nothing/a", b"{}")
+                .await
+                .unwrap()
+                .0,
+            404
+        );
+        // A conversion may be larger, and take longer.
+        let mut page = br#"{"objects":""#.to_vec();
+        page.extend(vec![b'x'; 4000]);
+        page.extend(br#""}"#);
+        assert_eq!(
+            post(&slow, &b.trusted, "/convert/a", &page)
+                .await
+                .unwrap()
+                .0,
+            200
+        );
+        // The bytes in flight: a second body that does not fit beside the first is
+        // refused at once.
+        let budget = Limits {
+            max_body: 8192,
+            in_flight: 8,
+            bytes_in_flight: 6 << 10,
+            deadline: Duration::from_millis(500),
+            ..Limits::default()
+        };
+        let tight = start(resolver, budget, Duration::from_secs(2)).await;
+        let (first, second) = tokio::join!(post(&tight, &b.trusted, "/validate/a", &page), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            post(&tight, &b.trusted, "/validate/a", &page).await
+        });
+        assert_eq!(first.unwrap().0, 504);
+        assert_eq!(second.unwrap().0, 429, "no room for a second body");
     }
 
     #[test]
@@ -453,7 +589,10 @@ mod tests {
         let h = Health::default();
         assert!(h.ready(100).is_err());
         h.listening.store(true, Ordering::SeqCst);
-        assert_eq!(h.ready(100), Err("the webhook server has no certificate yet"));
+        assert_eq!(
+            h.ready(100),
+            Err("the webhook server has no certificate yet")
+        );
         h.set_expiry(200);
         assert_eq!(h.ready(100), Ok(()));
         assert!(h.ready(200).is_err(), "expired");

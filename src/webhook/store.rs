@@ -243,14 +243,18 @@ impl Store {
 fn log_step(id: &str, old: Option<&Bundle>, new: &Bundle) {
     let expires = rfc3339(new.tls_expires);
     match old {
-        None => info!(secret = %id, %expires, "webhook certificates: new CA and serving certificate"),
+        None => {
+            info!(secret = %id, %expires, "webhook certificates: new CA and serving certificate")
+        }
         Some(o) if o.ca_cert != new.ca_cert => {
             info!(secret = %id, ca_expires = %rfc3339(new.ca_expires), "webhook certificates: new CA, trusted beside the old one")
         }
         Some(o) if o.trusted != new.trusted => {
             info!(secret = %id, "webhook certificates: old CA no longer trusted")
         }
-        Some(_) => info!(secret = %id, %expires, phase = new.phase.as_str(), "webhook certificates: new serving certificate"),
+        Some(_) => {
+            info!(secret = %id, %expires, phase = new.phase.as_str(), "webhook certificates: new serving certificate")
+        }
     }
 }
 

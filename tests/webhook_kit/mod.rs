@@ -20,10 +20,17 @@ pub const GROUP: &str = "webhook.rulebook.dev";
 pub const API_VERSION: &str = "webhook.rulebook.dev/v1";
 pub const T: Duration = Duration::from_secs(120);
 
-/// What a refused create says. The check is `parent.spec.replicas <= 3` with the message
-/// below; until the admission work is merged, `CompiledRule::admit` is a placeholder that
-/// refuses every review with its own message, which proves the same path.
-pub const REFUSAL: &str = "admission checks are not available in this build";
+/// What the webhook answers a parent with 5 replicas: the rule's check is
+/// `parent.spec.replicas <= 3` with the message `replicas {{ parent.spec.replicas }} is
+/// more than 3`, rendered by the admission handler.
+pub const RULE_MESSAGE: &str = "replicas 5 is more than 3";
+/// The part of the message any refused parent's carries.
+pub const REFUSAL: &str = "is more than 3";
+
+/// Whether an API error is the webhook's refusal of a parent with 5 replicas.
+pub fn is_refusal(message: &str) -> bool {
+    message.contains("denied the request") && message.contains(RULE_MESSAGE)
+}
 
 /// A loopback port nobody listens on now.
 pub fn free_port() -> u16 {
@@ -170,25 +177,35 @@ spec:
     /// Waits until the validating configuration exists with a `caBundle`; returns it.
     pub async fn wait_configuration(&self, client: &kube::Client) -> Json {
         let configs = self.validating(client);
-        wait_for(T, "the generated ValidatingWebhookConfiguration", || async {
-            let c = to_json(&configs.get_opt(&self.name).await.ok()??);
-            let ca = c.pointer("/webhooks/0/clientConfig/caBundle")?.as_str()?;
-            (!ca.is_empty()).then_some(c)
-        })
+        wait_for(
+            T,
+            "the generated ValidatingWebhookConfiguration",
+            || async {
+                let c = to_json(&configs.get_opt(&self.name).await.ok()??);
+                let ca = c.pointer("/webhooks/0/clientConfig/caBundle")?.as_str()?;
+                (!ca.is_empty()).then_some(c)
+            },
+        )
         .await
     }
 
     /// Waits until the API server calls the webhook: a dry-run create of a parent is
-    /// refused with [`REFUSAL`] (a webhook configuration takes effect a moment after it
+    /// refused by the webhook ([`is_refusal`]) (a webhook configuration takes effect a moment after it
     /// is written).
     pub async fn wait_enforced(&self, client: &kube::Client, ns: &str) -> String {
         let parents = self.parents(client, ns);
         wait_for(T, "the API server to call the webhook", || async {
             match parents
-                .create(&PostParams { dry_run: true, ..Default::default() }, &self.parent("probe", 5))
+                .create(
+                    &PostParams {
+                        dry_run: true,
+                        ..Default::default()
+                    },
+                    &self.parent("probe", 5),
+                )
                 .await
             {
-                Err(kube::Error::Api(s)) if s.message.contains(REFUSAL) => Some(s.message),
+                Err(kube::Error::Api(s)) if is_refusal(&s.message) => Some(s.message),
                 _ => None,
             }
         })
@@ -198,7 +215,10 @@ spec:
     /// Deletes this test's webhook configurations (cluster-scoped, so not with the
     /// namespace).
     pub async fn remove_configurations(&self, client: &kube::Client) {
-        let _ = self.validating(client).delete(&self.name, &DeleteParams::default()).await;
+        let _ = self
+            .validating(client)
+            .delete(&self.name, &DeleteParams::default())
+            .await;
         let mutating = api(
             client,
             None,
@@ -211,7 +231,11 @@ spec:
 }
 
 /// The certificates' Secret's data, decoded: `ca.crt`, `tls.crt`, `ca-bundle.crt`, ...
-pub async fn secret_data(client: &kube::Client, ns: &str, name: &str) -> Option<std::collections::BTreeMap<String, String>> {
+pub async fn secret_data(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Option<std::collections::BTreeMap<String, String>> {
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), ns);
     let s = secrets.get_opt(name).await.ok()??;
     Some(
@@ -229,7 +253,9 @@ pub async fn handshake(port: u16, trusted: &str) -> Result<Vec<u8>, String> {
     use rustls::pki_types::{CertificateDer, ServerName};
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(trusted.as_bytes()) {
-        roots.add(c.map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        roots
+            .add(c.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider)
@@ -242,7 +268,10 @@ pub async fn handshake(port: u16, trusted: &str) -> Result<Vec<u8>, String> {
         .await
         .map_err(|e| e.to_string())?;
     let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
-    let tls = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
     let (_, conn) = tls.get_ref();
     conn.peer_certificates()
         .and_then(|c| c.first())

@@ -49,6 +49,8 @@ impl CompiledRule {
             .resync
             .as_ref()
             .and_then(|r| parse_duration(r).ok());
+        diags.extend(super::admission::diagnostics(&env, rule, &at));
+        diags.extend(super::admission_names::diagnostics(&env, rule, &at));
         let in_exprs = ExprReads::default();
         let compiled = Compiled::try_new(env, |env| {
             super::compile_exprs::programs(env, rule, &at, &in_exprs)
@@ -104,7 +106,9 @@ fn used_templates(
             ));
         }
     }
-    queue.extend(super::convert::conversion_templates(rule, templates, at, diags));
+    queue.extend(super::convert::conversion_templates(
+        rule, templates, at, diags,
+    ));
     let mut dynamic_include = false;
     while let Some(t) = queue.pop() {
         if used.contains_key(&t) {
@@ -214,9 +218,8 @@ fn inspect_templates(
             reads.parent_status |= may_read_parent_status(&tmpl.undeclared_variables(true));
             reads.ready |= READY_CALL.is_match(source);
         }
-        let known = |v: &String| {
-            (child && allowed.contains(v)) || (conversion && converting.contains(v))
-        };
+        let known =
+            |v: &String| (child && allowed.contains(v)) || (conversion && converting.contains(v));
         for var in vars.into_iter().filter(|v| !known(v)) {
             let line = Regex::new(&format!(r"\b{}\b", regex::escape(&var)))
                 .ok()

@@ -48,6 +48,41 @@ pub fn environment(limits: &Limits) -> Environment<'static> {
     env
 }
 
+/// The environment of a message shown to a person (an admission denial): the same
+/// sandbox, fuel and filters as [`environment`], but a string prints as its text, not
+/// as a JSON scalar, and nothing is escaped. What it prints is never parsed: the
+/// webhook puts it in a JSON string, redacted and capped.
+pub fn message_environment(limits: &Limits) -> Environment<'static> {
+    let mut env = environment(limits);
+    env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+    env.set_formatter(format_text);
+    env
+}
+
+/// Prints a string as its text and anything else as compact JSON, each charged to the
+/// active budget's output before it is written: a message is rendered into a plain
+/// `String`, not the capped writer of a child, so without the charge a loop printing a
+/// tenant's megabyte string would build gigabytes before the message is cut short.
+fn format_text(
+    out: &mut minijinja::Output<'_>,
+    state: &mut State<'_, '_>,
+    value: &Value,
+) -> Result<(), Error> {
+    guarded::checkpoint(state)?;
+    let write = |out: &mut minijinja::Output<'_>, text: &str| {
+        budget::charge(Charge::Output, text.len())?;
+        out.write_str(text)
+            .map_err(|e| Error::new(ErrorKind::WriteFailure, "cannot write output").with_source(e))
+    };
+    if value.is_undefined() {
+        return write(out, "<undefined>");
+    }
+    match value.as_str() {
+        Some(s) => write(out, s),
+        None => write(out, &json_capped(value)?),
+    }
+}
+
 fn disabled_filter(_value: Value) -> Result<Value, Error> {
     Err(Error::new(
         ErrorKind::InvalidOperation,
@@ -238,5 +273,45 @@ impl io::Write for CappedWriter {
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::ParentBudget;
+
+    /// A message printing a big string in a loop stops at the budget's output bound,
+    /// with a budget error, instead of building the whole text.
+    #[test]
+    fn a_message_charges_what_it_prints_to_the_budget() {
+        let limits = Limits {
+            parent_output_bytes: 1 << 20,
+            ..Limits::default()
+        };
+        let env = message_environment(&limits);
+        let big = "x".repeat(100 << 10);
+        let mut budget = ParentBudget::new(&limits);
+        let out = {
+            let _active = budget.enter();
+            env.render_str(
+                "{% for i in range(1000) %}{{ big }}{% endfor %}",
+                minijinja::context! { big => big },
+            )
+        };
+        let e = out.expect_err("rendered 100 MB of message");
+        assert!(
+            budget.exceeded().is_some_and(|m| m.contains("of output")),
+            "{e}: {:?}",
+            budget.exceeded()
+        );
+        assert!(budget.output_used() <= 1 << 20, "{}", budget.output_used());
+        // A short message renders as text.
+        let mut budget = ParentBudget::new(&limits);
+        let _active = budget.enter();
+        let text = env
+            .render_str("plan {{ p }} ({{ n }})", minijinja::context! { p => "gold", n => 3 })
+            .unwrap();
+        assert_eq!(text, "plan gold (3)");
     }
 }

@@ -7,6 +7,7 @@
 //! ([`CompiledRule::status_within`], `status_eval.rs`) spend from one [`ParentBudget`].
 
 pub mod admission;
+mod admission_names;
 pub mod adopt;
 pub mod budget;
 mod children;

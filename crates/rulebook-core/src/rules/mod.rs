@@ -4,6 +4,7 @@
 //! Every problem becomes a [`Diagnostic`] that says `file:line:col: message`, and loading
 //! reports all of them at once.
 
+pub mod admission;
 mod cel_check;
 pub mod crd;
 mod links;
@@ -254,6 +255,7 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
     check_crd(r, &mut err);
     versions::check_versions(r, &mut err);
     webhooks::check_failure_policy(r, &mut err);
+    admission::check_admission(r, &mut err);
     cel_check::check_cel(r, &mut err);
     if let Some(resync) = &r.spec.resync
         && let Err(e) = parse_duration(resync)

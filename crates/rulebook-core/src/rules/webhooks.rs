@@ -11,7 +11,12 @@ type Err<'a> = dyn FnMut((u64, u64), &str, String) + 'a;
 pub const FAILURE_POLICIES: &[&str] = &["Fail", "Ignore"];
 
 pub(super) fn check_failure_policy(r: &Rule, err: &mut Err<'_>) {
-    let Some(policy) = r.spec.admission.as_ref().and_then(|a| a.failure_policy.as_ref()) else {
+    let Some(policy) = r
+        .spec
+        .admission
+        .as_ref()
+        .and_then(|a| a.failure_policy.as_ref())
+    else {
         return;
     };
     if !FAILURE_POLICIES.contains(&policy.as_str()) {
