@@ -1,9 +1,10 @@
 //! `rulebook test` steps that are admission requests (`admission: {operation: CREATE |
 //! UPDATE, old: ...}`, issue 43): the step's parent is judged as the API server would
 //! judge it on that request, offline, in the API server's order: defaults first (`cel:`
-//! defaults by the offline CEL evaluator, computed `expr:` defaults by
+//! defaults by the offline CEL evaluator, then computed `expr:` defaults by
 //! `CompiledRule::admit`), then the checks (`cel:` by the offline evaluator with `self`
-//! and `oldSelf`, `expr:` by `admit`). `expect` says `allowed: false` with a `message`
+//! and `oldSelf`, then `expr:` by `admit`). `expr:` keys see no references (`refs` is
+//! empty: a test has no cluster). `expect` says `allowed: false` with a `message`
 //! the denial contains, `allowed: true`, or the admitted (defaulted) `object`.
 //!
 //! Whatever the offline evaluator cannot judge (a CEL function it lacks, `admit` not
@@ -16,7 +17,7 @@ use super::{Failure, matching};
 use crate::cel::Outcome as Cel;
 use crate::cli::to_yaml;
 use crate::render::CompiledRule;
-use crate::render::admission::{AdmitRequest, Operation, Verdict};
+use crate::render::admission::{AdmitRequest, Operation, Phase, Verdict};
 
 /// The answer to one admission request.
 #[derive(Debug)]
@@ -147,18 +148,10 @@ fn judge(rule: &CompiledRule, op: Operation, object: &Json, old: Option<&Json>) 
             }
         }
     }
-    let needs_admit = admission.validate.iter().any(|v| v.expr.is_some())
-        || admission.default.iter().any(|d| d.expr.is_some());
-    if needs_admit {
-        let refs = serde_json::Map::new();
-        let request = AdmitRequest {
-            operation: op,
-            object: &object,
-            old,
-            refs: &refs,
-        };
-        match rule.admit(&request) {
-            Err(e) => return Answer::NotJudged(format!("the expr checks and defaults: {e}")),
+    let mutates = admission.default.iter().any(|d| d.expr.is_some());
+    if mutates {
+        match admit(rule, Phase::Mutate, op, &object, old) {
+            Err(why) => return Answer::NotJudged(why),
             Ok(Verdict::Denied { message, .. }) => return Answer::Denied(vec![message]),
             Ok(Verdict::Allowed { patch }) => {
                 if let Err(why) = apply_patch(&mut object, &patch) {
@@ -167,7 +160,38 @@ fn judge(rule: &CompiledRule, op: Operation, object: &Json, old: Option<&Json>) 
             }
         }
     }
-    judge_cel(rule, op, object, old)
+    let answer = judge_cel(rule, op, object, old);
+    let validates = admission.validate.iter().any(|v| v.expr.is_some());
+    match answer {
+        Answer::Allowed(object) if validates => {
+            match admit(rule, Phase::Validate, op, &object, old) {
+                Err(why) => Answer::NotJudged(why),
+                Ok(Verdict::Denied { message, .. }) => Answer::Denied(vec![message]),
+                Ok(Verdict::Allowed { .. }) => Answer::Allowed(object),
+            }
+        }
+        other => other,
+    }
+}
+
+/// `CompiledRule::admit` in `phase`, with no references (a test has no cluster).
+fn admit(
+    rule: &CompiledRule,
+    phase: Phase,
+    op: Operation,
+    object: &Json,
+    old: Option<&Json>,
+) -> Result<Verdict, String> {
+    let refs = serde_json::Map::new();
+    let request = AdmitRequest {
+        phase,
+        operation: op,
+        object,
+        old,
+        refs: &refs,
+    };
+    rule.admit(&request)
+        .map_err(|e| format!("the expr checks and defaults: {e}"))
 }
 
 /// The `cel:` checks on the (defaulted) object.
