@@ -57,6 +57,7 @@ fn check(rules: &Path, templates: &Path) -> (i32, String, String) {
             rules: rules.to_path_buf(),
             templates: templates.to_path_buf(),
         },
+        kubeconfig: None,
     });
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let code = run_offline(&command, &mut out, &mut err).unwrap();

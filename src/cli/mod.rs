@@ -1,6 +1,7 @@
 //! The `rulebook` command line: subcommands and their output. Everything here but
 //! `run` works without a cluster.
 
+pub mod cel_dry_run;
 pub mod diff;
 pub mod observed;
 pub mod release;
@@ -260,6 +261,10 @@ impl RuleDirs {
 pub struct CheckArgs {
     #[command(flatten)]
     pub dirs: RuleDirs,
+    /// Also ask this cluster's API server: a server-side dry-run apply of each rule's
+    /// generated CRD and admission policies (nothing is stored).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -277,6 +282,11 @@ pub struct RenderArgs {
     /// Print the status Rulebook would write instead of the children.
     #[arg(long)]
     pub status: bool,
+    /// Print the rule's admission objects instead of the children: the admission
+    /// policies its `cel:` keys generate, and the webhook configurations its `expr:` keys
+    /// need (docs/reference/admission.md).
+    #[arg(long, conflicts_with = "status")]
+    pub admission: bool,
     /// The time to stamp on conditions (RFC 3339); default: now.
     #[arg(long, hide = true)]
     pub now: Option<String>,
@@ -317,6 +327,13 @@ pub async fn run_online(
             }
         },
         Command::Release(args) => release::release(args, out, err).await,
+        Command::Check(args) if args.kubeconfig.is_some() => {
+            let code = check(args, out, err)?;
+            match (code, load_or_report(&args.dirs, err)?, &args.kubeconfig) {
+                (0, Some(set), Some(kc)) => cel_dry_run::dry_run(&set, kc, out, err).await,
+                _ => Ok(code.max(1)),
+            }
+        }
         other => run_offline(other, out, err),
     }
 }
@@ -523,6 +540,9 @@ fn check(args: &CheckArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i
                 writeln!(err, "{} errors", trips.problems.len())?;
                 return Ok(1);
             }
+            for line in cel_dry_run::placement_lines(&set) {
+                writeln!(out, "{line}")?;
+            }
             writeln!(out, "{} rules valid", set.rules.len())?;
             Ok(0)
         }
@@ -558,6 +578,10 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
     let Some(rule) = rule_for(&set, api_version, kind) else {
         bail!("no rule has parent {api_version} {kind}");
     };
+    if args.admission {
+        write_stream(&cel_dry_run::admission_objects(&set, rule)?, out)?;
+        return Ok(0);
+    }
     // Read in the storage version, as the operator reads it.
     let parent = match ruletest::in_storage_version(rule, &parent) {
         Ok(p) => with_render_defaults(rule, p),

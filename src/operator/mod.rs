@@ -219,6 +219,7 @@ pub async fn run(args: Settings) -> Result<()> {
         rules,
         install_crds: args.install_crds,
         webhooks,
+        policy_scope: policy_scope(&args)?,
     };
     let mut events = Events {
         watcher,
@@ -278,6 +279,20 @@ async fn start_webhooks(
     Ok(Some(
         crate::webhook::run::Webhooks::start(w, config, scope, metrics.webhook.clone()).await?,
     ))
+}
+
+/// The admission policies' scope: the installation (`--lease-name`), `--namespace` and
+/// `--selector`.
+fn policy_scope(args: &Settings) -> Result<crate::rules::policy::Scope> {
+    let selector = match &args.selector {
+        Some(sel) => Some(crate::webhook::configs::label_selector(sel)?),
+        None => None,
+    };
+    Ok(crate::rules::policy::Scope {
+        installation: args.lease_name.clone(),
+        namespace: args.namespace.clone(),
+        selector,
+    })
 }
 
 /// Joins the shard group when `--sharding` asks for it.
@@ -405,6 +420,8 @@ struct Operator {
     install_crds: bool,
     /// The webhook server, when on.
     webhooks: Option<crate::webhook::run::Webhooks>,
+    /// What the admission policies of `cel:` rules reach, and whose they are.
+    policy_scope: crate::rules::policy::Scope,
 }
 
 impl Operator {
@@ -419,6 +436,7 @@ impl Operator {
                 install_crds: self.install_crds,
                 share: None,
                 webhooks: self.webhooks.as_ref(),
+                policies: &self.policy_scope,
             };
             activate(&self.client, &mut self.engine, set, &publish).await;
         }
@@ -484,6 +502,7 @@ impl Operator {
                         install_crds: self.install_crds,
                         share: Some(&share),
                         webhooks: self.webhooks.as_ref(),
+                        policies: &self.policy_scope,
                     };
                     activate(&self.client, &mut self.engine, set, &publish).await;
                 }
@@ -511,6 +530,7 @@ impl Operator {
                 install_crds: self.install_crds,
                 share: share.as_ref(),
                 webhooks: self.webhooks.as_ref(),
+                policies: &self.policy_scope,
             };
             activate(&self.client, &mut self.engine, set, &publish).await;
             // A rule with cluster-scoped parents may have come or gone (or its CRD was
@@ -535,6 +555,7 @@ impl Operator {
             install_crds: self.install_crds,
             share: share.as_ref(),
             webhooks: self.webhooks.as_ref(),
+            policies: &self.policy_scope,
         };
         publish_objects(&self.client, &self.engine, set, &publish).await;
         if self.install_crds {
@@ -572,6 +593,8 @@ struct Publish<'a> {
     /// Sharded: this replica's share (it writes the objects whose name hashes into it).
     share: Option<&'a crate::shard::Ranges>,
     webhooks: Option<&'a crate::webhook::run::Webhooks>,
+    /// The admission policies' scope (`src/policies.rs`).
+    policies: &'a crate::rules::policy::Scope,
 }
 
 /// Publishes the CRDs and webhook configurations (see [`Publish`]), then makes the
@@ -608,6 +631,7 @@ async fn publish_objects(client: &Client, engine: &Engine, set: &RuleSet, publis
             .map(|c| c as crate::crds::ClientConfig<'_>);
         problems.extend(crate::crds::install_with(client, set, &mine, conversion).await);
     }
+    problems.extend(crate::policies::publish(client, set, publish.policies, &mine).await);
     match (publish.webhooks, &endpoint) {
         (Some(w), Some(e)) => {
             problems.extend(crate::webhook::apply::publish(client, set, e, &w.scope, &mine).await);

@@ -235,6 +235,8 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
             "verbs": WEBHOOK_CONFIG_VERBS,
         }));
     }
+    // The admission policies of `cel:` keys (src/policies.rs), by name.
+    rules.extend(crate::policies::rbac_rules(set));
     if opts.sharding {
         // Member Leases are named after the members: no resourceNames. The coordinator
         // also counts parents (list, already granted on every parent kind).

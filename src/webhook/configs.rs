@@ -387,11 +387,11 @@ mod tests {
     /// with the rule's failure policy and operations.
     #[test]
     fn rules_with_expr_checks_and_defaults_get_their_webhooks() {
-        let checks = "  admission:\n    failurePolicy: Ignore\n    validate:\n      - expr: \"parent.spec.a\"\n        message: m\n        operations: [UPDATE]\n      - cel: \"self.spec.b\"\n        message: m\n";
+        let checks = "  admission:\n    failurePolicy: Ignore\n    validate:\n      - expr: \"parent.spec.a\"\n        message: m\n        operations: [UPDATE]\n      - cel: \"self.metadata.name != ''\"\n        message: m\n";
         let defaults =
             "  admission:\n    default:\n      - path: spec.image\n        expr: \"'nginx'\"\n";
         let cel_only =
-            "  admission:\n    validate:\n      - cel: \"self.spec.b\"\n        message: m\n";
+            "  admission:\n    validate:\n      - cel: \"self.metadata.name != ''\"\n        message: m\n";
         let set = set(&[
             ("checked", &rule("checked", "Checked", checks)),
             ("defaulted", &rule("defaulted", "Defaulted", defaults)),

@@ -7,6 +7,7 @@
 //! and `test` without a cluster. The operator crate (`rulebook`) builds the reconcile, the
 //! engine and the command line on top of it (../shared/design/house.md, "crates by layer").
 
+pub mod cel;
 pub mod meta;
 pub mod render;
 pub mod rules;

@@ -8,6 +8,7 @@
 //! it, as the API server would; parent changes (`parent.patch`, a JSON merge patch) carry over to later steps;
 //! status conditions are stamped with a fixed time ([`NOW`]) so snapshots are stable.
 
+mod admission;
 mod convert;
 mod matching;
 mod model;
@@ -360,6 +361,7 @@ fn run_step(
 ) -> Vec<Failure> {
     let mut failures = Vec::new();
     let at = step.name.line;
+    let before = parent.clone();
     if let Some(change) = &step.parent {
         merge_patch(parent, &change.patch);
     }
@@ -379,6 +381,9 @@ fn run_step(
     }
     if let Some(c) = &step.convert {
         return convert::run(rule, parent, c, step.expect.as_ref(), at);
+    }
+    if let Some(a) = &step.admission {
+        return admission::run(rule, parent, &before, a, step.expect.as_ref(), at);
     }
     let outcome = evaluate(rule, parent, objects);
     if let Some(expect) = &step.expect {

@@ -69,6 +69,21 @@ pub struct Step {
     /// (or `expect.error`) says what must come out.
     #[serde(default)]
     pub convert: Option<ConvertStep>,
+    /// Instead of rendering: the parent judged as an admission request (the rule's
+    /// `spec.admission`, offline); `expect.allowed`/`message`/`object` say the answer.
+    #[serde(default)]
+    pub admission: Option<AdmissionStep>,
+}
+
+/// `admission: {operation: UPDATE, old: {...}}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionStep {
+    /// `CREATE` or `UPDATE`.
+    pub operation: Loc<String>,
+    /// The stored object of an UPDATE; default: the parent before this step's change.
+    #[serde(default)]
+    pub old: Option<Json>,
 }
 
 /// `convert: {to: v1}`.
@@ -101,7 +116,14 @@ pub struct Expect {
     /// The render (or status) fails with a message containing this.
     #[serde(default)]
     pub error: Option<Loc<String>>,
-    /// A `convert` step: the converted object (subset match).
+    /// A `convert` step: the converted object; an `admission` step: the admitted
+    /// (defaulted) object (subset match).
     #[serde(default)]
     pub object: Option<Loc<Json>>,
+    /// An `admission` step: whether the request is admitted.
+    #[serde(default)]
+    pub allowed: Option<Loc<bool>>,
+    /// An `admission` step: a text the denial contains.
+    #[serde(default)]
+    pub message: Option<Loc<String>>,
 }

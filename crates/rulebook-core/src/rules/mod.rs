@@ -5,10 +5,12 @@
 //! reports all of them at once.
 
 pub mod admission;
+mod cel_check;
 pub mod crd;
 mod links;
 mod load;
 pub mod model;
+pub mod policy;
 pub mod versions;
 pub mod webhooks;
 mod yaml;
@@ -254,6 +256,7 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
     versions::check_versions(r, &mut err);
     webhooks::check_failure_policy(r, &mut err);
     admission::check_admission(r, &mut err);
+    cel_check::check_cel(r, &mut err);
     if let Some(resync) = &r.spec.resync
         && let Err(e) = parse_duration(resync)
     {
