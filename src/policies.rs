@@ -20,9 +20,15 @@ use crate::rules::policy::{self, INSTALLATION_LABEL, Resource, Scope};
 /// The four kinds, with their plurals.
 pub const KINDS: [(&str, &str); 4] = [
     ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
-    ("ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings"),
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+    ),
     ("MutatingAdmissionPolicy", "mutatingadmissionpolicies"),
-    ("MutatingAdmissionPolicyBinding", "mutatingadmissionpolicybindings"),
+    (
+        "MutatingAdmissionPolicyBinding",
+        "mutatingadmissionpolicybindings",
+    ),
 ];
 
 fn api(client: &kube::Client, kind: &str) -> Api<DynamicObject> {
@@ -31,7 +37,10 @@ fn api(client: &kube::Client, kind: &str) -> Api<DynamicObject> {
         .find(|(k, _)| *k == kind)
         .map_or("", |(_, p)| *p);
     let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-    Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, plural))
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, plural),
+    )
 }
 
 /// The parent's resource, its plural as discovery gives it (guessed when the kind is not
@@ -84,7 +93,10 @@ pub async fn publish(
     for (rule, objects) in &wanted {
         for obj in objects {
             let kind = obj["kind"].as_str().unwrap_or_default().to_string();
-            let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let name = obj["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             keep.insert((kind.clone(), name.clone()));
             if !mine(&name) {
                 continue;
@@ -216,28 +228,6 @@ fn matches(desired: &Json, live: &Json) -> bool {
         && subset(&desired["metadata"]["labels"], &live["metadata"]["labels"])
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn another_installations_policy_is_not_taken_over() {
-        let scope = Scope {
-            installation: "a".into(),
-            ..Scope::default()
-        };
-        let ours = json!({"metadata": {"labels": {
-            "app.kubernetes.io/managed-by": "rulebook", INSTALLATION_LABEL: "a"}}});
-        assert_eq!(not_ours(&ours, &scope), None);
-        let theirs = json!({"metadata": {"labels": {
-            "app.kubernetes.io/managed-by": "rulebook", INSTALLATION_LABEL: "b"}}});
-        assert!(not_ours(&theirs, &scope).is_some_and(|w| w.contains("installation 'b'")));
-        let foreign = json!({"metadata": {"managedFields": [{"manager": "kubectl"}]}});
-        assert!(not_ours(&foreign, &scope).is_some());
-    }
-}
-
 /// What `run` does to the policies: read, apply (create) and delete them by name, and
 /// list this installation's (by label; a list cannot be limited to names).
 pub const POLICY_VERBS: &[&str] = &["create", "delete", "get", "patch"];
@@ -271,4 +261,26 @@ pub fn rbac_rules(set: &RuleSet) -> Vec<Json> {
             "verbs": ["list"],
         }),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn another_installations_policy_is_not_taken_over() {
+        let scope = Scope {
+            installation: "a".into(),
+            ..Scope::default()
+        };
+        let ours = json!({"metadata": {"labels": {
+            "app.kubernetes.io/managed-by": "rulebook", INSTALLATION_LABEL: "a"}}});
+        assert_eq!(not_ours(&ours, &scope), None);
+        let theirs = json!({"metadata": {"labels": {
+            "app.kubernetes.io/managed-by": "rulebook", INSTALLATION_LABEL: "b"}}});
+        assert!(not_ours(&theirs, &scope).is_some_and(|w| w.contains("installation 'b'")));
+        let foreign = json!({"metadata": {"managedFields": [{"manager": "kubectl"}]}});
+        assert!(not_ours(&foreign, &scope).is_some());
+    }
 }

@@ -390,8 +390,7 @@ mod tests {
         let checks = "  admission:\n    failurePolicy: Ignore\n    validate:\n      - expr: \"parent.spec.a\"\n        message: m\n        operations: [UPDATE]\n      - cel: \"self.metadata.name != ''\"\n        message: m\n";
         let defaults =
             "  admission:\n    default:\n      - path: spec.image\n        expr: \"'nginx'\"\n";
-        let cel_only =
-            "  admission:\n    validate:\n      - cel: \"self.metadata.name != ''\"\n        message: m\n";
+        let cel_only = "  admission:\n    validate:\n      - cel: \"self.metadata.name != ''\"\n        message: m\n";
         let set = set(&[
             ("checked", &rule("checked", "Checked", checks)),
             ("defaulted", &rule("defaulted", "Defaulted", defaults)),
