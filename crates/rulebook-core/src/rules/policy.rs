@@ -24,7 +24,7 @@ use serde_json::{Value as Json, json};
 
 use super::Rule;
 use super::crd::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
-use super::placement::{Placement, placements};
+use super::placement::{Placed, Placement, placements};
 use crate::meta::split_api_version;
 
 /// The label naming the installation (`run --lease-name`) a policy belongs to.
