@@ -34,7 +34,7 @@ use kube::discovery::ApiResource;
 use parking_lot::Mutex;
 use serde_json::{Map, Value as Json, json};
 
-use super::handlers::Offload;
+use super::offload::Offload;
 use crate::meta::split_api_version;
 use crate::render::admission::{AdmitRequest, Operation, Phase, Verdict};
 use crate::render::{CompiledRule, Observed, RefSelect, RefTarget, RuleSet, Scope};

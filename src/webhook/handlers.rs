@@ -1,56 +1,21 @@
 //! Which handler answers each route of the webhook server, in one small place: the
-//! operator's wiring calls [`handlers`], and the admission and conversion work replace
-//! the two functions below with theirs.
-//!
-//! Every handler evaluates on the blocking pool through [`Offload`], whose permits bound
-//! how many evaluations run at once (beside the reconciles' own): a hostile object
-//! spends its rule's budgets there, never this runtime's worker threads, and a burst of
-//! reviews waits for a permit (within the server's deadline) instead of taking every
-//! blocking thread.
+//! operator's wiring (`run.rs`) calls [`handlers`]: admission by the rule's `expr:`
+//! checks and defaults (admission.rs), conversion by its templates (convert.rs). Every
+//! handler evaluates on the blocking pool through [`Offload`] (offload.rs).
 
 use std::sync::Arc;
 
 use serde_json::{Value as Json, json};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 use super::admission::RefReader;
+pub use super::offload::Offload;
 use super::{Answer, Handler, Handlers};
 use crate::render::RuleSet;
 use crate::render::admission::Phase;
 
 /// The rule set the handlers judge with: the one that serves, once one is loaded.
 pub type Rules = watch::Receiver<Option<Arc<RuleSet>>>;
-
-/// Runs evaluations on the blocking pool, at most `permits` at once.
-#[derive(Clone)]
-pub struct Offload {
-    permits: Arc<Semaphore>,
-}
-
-impl Offload {
-    pub fn new(permits: usize) -> Offload {
-        Offload {
-            permits: Arc::new(Semaphore::new(permits.max(1))),
-        }
-    }
-
-    /// `work` on the blocking pool once a permit is free; `None` when it could not
-    /// run (the pool shut down, the work panicked). A caller that gives up (the
-    /// server's deadline) leaves the evaluation to finish under its rule's budgets,
-    /// still holding its permit, so abandoned work is bounded too.
-    pub async fn run<T: Send + 'static>(
-        &self,
-        work: impl FnOnce() -> T + Send + 'static,
-    ) -> Option<T> {
-        let permit = self.permits.clone().acquire_owned().await.ok()?;
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            work()
-        })
-        .await
-        .ok()
-    }
-}
 
 /// The handlers `rulebook run` serves: admission by the rule's `expr:` checks
 /// (`/validate`) and defaults (`/mutate`) with its references read by `reader`

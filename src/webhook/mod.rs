@@ -19,6 +19,7 @@ pub mod certs;
 pub mod configs;
 pub mod convert;
 pub mod handlers;
+pub mod offload;
 pub mod run;
 pub mod server;
 pub mod store;
