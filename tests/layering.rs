@@ -28,6 +28,9 @@ const LAYERS: &[(&str, u32)] = &[
     ("shard", 5),
     ("reconcile", 6),
     ("engine", 7),
+    // The webhook server (issue 43): reads the rule set and the caches' references; the
+    // operator, the CLI, `http` (readiness) and `crds` (the conversion endpoint) use it.
+    ("webhook", 7),
     ("crds", 8),
     ("http", 8),
     ("leader", 8),

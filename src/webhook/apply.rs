@@ -15,6 +15,21 @@ use super::Endpoint;
 use super::configs::{self, Kind, Scope};
 use crate::meta::FIELD_MANAGER;
 use crate::render::RuleSet;
+use crate::rules::crd::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
+
+/// Whether the live object is Rulebook's: its label, or a field of its field manager.
+fn ours(live: &Json) -> bool {
+    let labelled = live
+        .pointer("/metadata/labels")
+        .and_then(|l| l.get(MANAGED_BY_LABEL))
+        .and_then(Json::as_str)
+        == Some(MANAGED_BY_VALUE);
+    let managed = live
+        .pointer("/metadata/managedFields")
+        .and_then(Json::as_array)
+        .is_some_and(|m| m.iter().any(|e| e["manager"] == FIELD_MANAGER));
+    labelled || managed
+}
 
 fn api(client: &kube::Client, kind: Kind) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind.kind());
@@ -86,9 +101,14 @@ async fn one(
     let live = api.get_opt(name).await.map_err(describe)?;
     let live = live.map(|l| serde_json::to_value(l).unwrap_or_default());
     if let Some(l) = &live
-        && let Some(why) = crate::crds::foreign(l)
+        && !ours(l)
     {
-        return Err(format!("{} {name}: {why}", kind.kind()));
+        return Err(format!(
+            "{} {name}: it exists and is not Rulebook's (no label {MANAGED_BY_LABEL}={MANAGED_BY_VALUE}, \
+             no field of field manager {FIELD_MANAGER}); refusing to change or delete it: name \
+             another with run --webhook-configuration",
+            kind.kind()
+        ));
     }
     match (desired, live) {
         (Some(d), Some(l)) if matches(d, &l) => Ok(()),

@@ -1,12 +1,7 @@
 //! Which handler answers each route of the webhook server, in one small place: the
-//! operator's wiring calls [`handlers`], and the admission and conversion work replace
-//! the two functions below with theirs.
-//!
-//! Every handler evaluates on the blocking pool through [`Offload`], whose permits bound
-//! how many evaluations run at once (beside the reconciles' own): a hostile object
-//! spends its rule's budgets there, never this runtime's worker threads, and a burst of
-//! reviews waits for a permit (within the server's deadline) instead of taking every
-//! blocking thread.
+//! operator's wiring (`run.rs`) calls [`handlers`]: admission by the rule's `expr:`
+//! checks and defaults (admission.rs), conversion by its templates (convert.rs). Every
+//! handler evaluates on the blocking pool through [`Offload`] (offload.rs).
 
 use std::sync::Arc;
 

@@ -1,9 +1,10 @@
-//! The blocking pool's share of the webhook server: every evaluation of a review (an
-//! admission check, a default, a conversion) runs there, at most `permits` at once, so a
-//! hostile object spends its rule's budgets off the runtime's worker threads and a burst
-//! of reviews waits for a permit instead of taking every blocking thread. Its own file
-//! so that the handlers (handlers.rs) and the admission review (admission.rs) both use it
-//! without importing each other.
+//! The bounded use of the blocking pool by the webhook's handlers: every check, default
+//! and conversion evaluates there, at most `permits` at once (beside the reconciles'
+//! own), so a hostile object spends its rule's budgets there, never this runtime's worker
+//! threads, and a burst of reviews waits for a permit (within the server's deadline)
+//! instead of taking every blocking thread. A file of its own so that the handlers'
+//! wiring (handlers.rs) and the admission handler (admission.rs) both use it without
+//! importing each other.
 
 use std::sync::Arc;
 
