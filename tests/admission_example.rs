@@ -37,7 +37,12 @@ fn objects(file: &str) -> Vec<Json> {
 fn refs(rule: &CompiledRule, parent: &Json, objects: &[Json]) -> Map<String, Json> {
     let mut budget = rule.budget();
     let targets = rule
-        .reference_targets(parent, &Observed::default(), &|_| Scope::Namespaced, &mut budget)
+        .reference_targets(
+            parent,
+            &Observed::default(),
+            &|_| Scope::Namespaced,
+            &mut budget,
+        )
         .unwrap();
     let mut out = Map::new();
     for t in targets {
@@ -48,9 +53,9 @@ fn refs(rule: &CompiledRule, parent: &Json, objects: &[Json]) -> Map<String, Jso
         let found = objects.iter().find(|o| {
             o["kind"] == r.kind.value.as_str()
                 && o["metadata"]["name"] == name.as_str()
-                && r.watch_selector.as_ref().is_none_or(|w| {
-                    o["metadata"]["labels"].get(w.value.as_str()).is_some()
-                })
+                && r.watch_selector
+                    .as_ref()
+                    .is_none_or(|w| o["metadata"]["labels"].get(w.value.as_str()).is_some())
         });
         if let Some(o) = found {
             out.insert(r.name.value.clone(), o.clone());
@@ -60,7 +65,13 @@ fn refs(rule: &CompiledRule, parent: &Json, objects: &[Json]) -> Map<String, Jso
 }
 
 /// The mutating pass, the patch applied, then the validating pass.
-fn judge(rule: &CompiledRule, operation: Operation, object: &Json, old: Option<&Json>, objects: &[Json]) -> (Vec<Json>, Verdict) {
+fn judge(
+    rule: &CompiledRule,
+    operation: Operation,
+    object: &Json,
+    old: Option<&Json>,
+    objects: &[Json],
+) -> (Vec<Json>, Verdict) {
     let refs = refs(rule, object, objects);
     let request = |phase, object| AdmitRequest {
         phase,
@@ -99,8 +110,15 @@ fn the_admission_example_checks() {
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("ok  workspace  platform.example.com/v1 Workspace"), "{stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("ok  workspace  platform.example.com/v1 Workspace"),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -158,7 +176,10 @@ fn the_example_workspaces_are_judged_as_documented() {
     let mut unlabelled = objects.clone();
     unlabelled[1]["metadata"]["labels"] = json!({});
     let (_, verdict) = judge(&rule, Operation::Create, shop, None, &unlabelled);
-    assert!(matches!(verdict, Verdict::Denied { index: 0, .. }), "{verdict:?}");
+    assert!(
+        matches!(verdict, Verdict::Denied { index: 0, .. }),
+        "{verdict:?}"
+    );
 }
 
 /// The objects of `file`, with the other example's referenced objects after them.

@@ -107,7 +107,10 @@ async fn hostile_objects_are_answered_in_time_and_do_not_delay_another_tenant() 
         attacks.push(tokio::spawn(async move {
             let started = Instant::now();
             let out = api.create(&PostParams::default(), &o).await;
-            (started.elapsed(), out.map(|_| ()).map_err(|e| e.to_string()))
+            (
+                started.elapsed(),
+                out.map(|_| ()).map_err(|e| e.to_string()),
+            )
         }));
     }
     // Meanwhile, the other tenant creates, one after another.
@@ -117,7 +120,10 @@ async fn hostile_objects_are_answered_in_time_and_do_not_delay_another_tenant() 
         let started = Instant::now();
         let out = other.create(&PostParams::default(), &o).await;
         let took = started.elapsed();
-        assert!(out.is_ok(), "the other tenant's create {i} failed after {took:?}: {out:?}");
+        assert!(
+            out.is_ok(),
+            "the other tenant's create {i} failed after {took:?}: {out:?}"
+        );
         latencies.push(took);
     }
     let mut answered = Vec::new();
@@ -125,26 +131,44 @@ async fn hostile_objects_are_answered_in_time_and_do_not_delay_another_tenant() 
         answered.push(a.await.expect("create task"));
     }
     println!("other tenant's creates during the attack: {latencies:?}");
-    println!("hostile creates answered in: {:?}", answered.iter().map(|a| a.0).collect::<Vec<_>>());
+    println!(
+        "hostile creates answered in: {:?}",
+        answered.iter().map(|a| a.0).collect::<Vec<_>>()
+    );
     for (took, out) in &answered {
         if let Err(e) = out {
-            println!("refused after {took:?}: {}", e.chars().take(300).collect::<String>());
+            println!(
+                "refused after {took:?}: {}",
+                e.chars().take(300).collect::<String>()
+            );
         }
     }
 
     for (i, took) in latencies.iter().enumerate() {
-        assert!(*took < WEBHOOK_TIMEOUT, "the other tenant's create {i} took {took:?}");
+        assert!(
+            *took < WEBHOOK_TIMEOUT,
+            "the other tenant's create {i} took {took:?}"
+        );
     }
     // A create passes two webhooks (mutating, then validating), each within the timeout.
     for (i, (took, out)) in answered.iter().enumerate() {
-        assert!(*took < 2 * WEBHOOK_TIMEOUT + Duration::from_secs(2), "create big-{i} took {took:?}");
+        assert!(
+            *took < 2 * WEBHOOK_TIMEOUT + Duration::from_secs(2),
+            "create big-{i} took {took:?}"
+        );
         if i < 4 {
-            assert!(out.is_ok(), "big-{i} (a megabyte string) was refused: {out:?}");
+            assert!(
+                out.is_ok(),
+                "big-{i} (a megabyte string) was refused: {out:?}"
+            );
         } else {
             // Refused by the webhook's answer, not a failed call: with `Ignore`, a failed
             // call would store it unchecked.
             let e = out.as_ref().err().cloned().unwrap_or_default();
-            assert!(e.contains("the object cannot be judged"), "big-{i} (nested 200 deep): {out:?}");
+            assert!(
+                e.contains("the object cannot be judged"),
+                "big-{i} (nested 200 deep): {out:?}"
+            );
         }
     }
     // The big ones were judged and defaulted, not let through: their computed size is
@@ -154,7 +178,13 @@ async fn hostile_objects_are_answered_in_time_and_do_not_delay_another_tenant() 
         assert_eq!(stored.data["spec"]["size"], 1_000_000, "big-{i}");
     }
     for i in 4..6 {
-        assert!(hostile.get_opt(&format!("big-{i}")).await.unwrap().is_none());
+        assert!(
+            hostile
+                .get_opt(&format!("big-{i}"))
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
     // And the small ones got their default too.
     assert_eq!(other.get("small-0").await.unwrap().data["spec"]["size"], 0);

@@ -277,10 +277,11 @@ pub async fn review(
             // An error may quote what the expression was working on: no Secret value
             // of the references leaves in it either.
             compiled.admit(&request).map_err(|e| {
-                let secrets = crate::render::secret_values_in(refs.values().flat_map(|o| match o {
-                    Json::Array(list) => list.iter().collect::<Vec<_>>(),
-                    o => vec![o],
-                }));
+                let secrets =
+                    crate::render::secret_values_in(refs.values().flat_map(|o| match o {
+                        Json::Array(list) => list.iter().collect::<Vec<_>>(),
+                        o => vec![o],
+                    }));
                 crate::render::redact(&e.to_string(), &secrets)
             })
         })
@@ -327,7 +328,10 @@ async fn references(
         let (Some((ar, _)), Some(r)) = (kinds.get(t.reference), declared.get(t.reference)) else {
             continue;
         };
-        if let Some(found) = reader.read(ar, r, &t, &mut left, limits.max_for_each).await? {
+        if let Some(found) = reader
+            .read(ar, r, &t, &mut left, limits.max_for_each)
+            .await?
+        {
             out.insert(r.name.value.clone(), found);
         }
     }
@@ -403,8 +407,13 @@ mod tests {
         let denial = unreadable(body.as_bytes(), "app", &e.to_string()).expect("a denial");
         assert_eq!(denial["response"]["uid"], "u-9");
         assert_eq!(denial["response"]["allowed"], false);
-        let message = denial["response"]["status"]["message"].as_str().unwrap_or_default();
-        assert!(message.contains("rule app: the object cannot be judged: recursion limit exceeded"), "{message}");
+        let message = denial["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            message.contains("rule app: the object cannot be judged: recursion limit exceeded"),
+            "{message}"
+        );
         assert!(unreadable(b"not json", "app", "x").is_none());
     }
 
@@ -435,15 +444,25 @@ spec:
 
     async fn judge(phase: Phase, rule: &str, body: Json) -> Json {
         let reader = RefReader::new(None);
-        review(rule_set(), reader, Offload::new(1), phase, rule.into(), body).await
+        review(
+            rule_set(),
+            reader,
+            Offload::new(1),
+            phase,
+            rule.into(),
+            body,
+        )
+        .await
     }
 
     /// A review in, the review out: the uid echoed, a denial with 403, the message and
     /// its field as a cause; defaults as a base64 JSON patch on /mutate only.
     #[tokio::test]
     async fn a_review_in_gives_its_answer_out() {
-        let app = |replicas: i64| json!({"apiVersion": "example.com/v1", "kind": "App",
-            "metadata": {"name": "a", "namespace": "n"}, "spec": {"replicas": replicas}});
+        let app = |replicas: i64| {
+            json!({"apiVersion": "example.com/v1", "kind": "App",
+            "metadata": {"name": "a", "namespace": "n"}, "spec": {"replicas": replicas}})
+        };
         let denied = judge(Phase::Validate, "app", review_of("CREATE", app(5), None)).await;
         let r = &denied["response"];
         assert_eq!(denied["kind"], "AdmissionReview");
@@ -451,7 +470,10 @@ spec:
         assert_eq!(r["allowed"], false);
         assert_eq!(r["status"]["code"], 403);
         assert_eq!(r["status"]["message"], "replicas 5 is more than 3");
-        assert_eq!(r["status"]["details"]["causes"][0]["field"], "spec.replicas");
+        assert_eq!(
+            r["status"]["details"]["causes"][0]["field"],
+            "spec.replicas"
+        );
         // The mutating phase does not judge the checks; it patches.
         let mutated = judge(Phase::Mutate, "app", review_of("CREATE", app(1), None)).await;
         let r = &mutated["response"];
@@ -465,24 +487,42 @@ spec:
             serde_json::from_slice::<Json>(&patch).unwrap(),
             json!([{"op": "add", "path": "/spec/size", "value": "small"}])
         );
-        let allowed = judge(Phase::Validate, "app", review_of("UPDATE", app(2), Some(app(1)))).await;
+        let allowed = judge(
+            Phase::Validate,
+            "app",
+            review_of("UPDATE", app(2), Some(app(1))),
+        )
+        .await;
         assert_eq!(allowed["response"]["allowed"], true, "{allowed}");
         assert!(allowed["response"].get("patch").is_none());
         // An unknown rule is a denial that says so, never an allow.
         let unknown = judge(Phase::Validate, "other", review_of("CREATE", app(1), None)).await;
         assert_eq!(unknown["response"]["allowed"], false);
-        let message = unknown["response"]["status"]["message"].as_str().unwrap_or_default();
+        let message = unknown["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default();
         assert!(message.contains("no rule other"), "{message}");
     }
 
     #[test]
     fn a_watch_selector_narrows_what_a_reference_finds() {
         let labels = |pairs: &[(&str, &str)]| {
-            Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+            Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
         };
         let referable = "rulebook.dev/referable=true";
-        assert!(selects(referable, &labels(&[("rulebook.dev/referable", "true")])));
-        assert!(!selects(referable, &labels(&[("rulebook.dev/referable", "no")])));
+        assert!(selects(
+            referable,
+            &labels(&[("rulebook.dev/referable", "true")])
+        ));
+        assert!(!selects(
+            referable,
+            &labels(&[("rulebook.dev/referable", "no")])
+        ));
         assert!(!selects(referable, &None));
         assert!(selects("tier!=gold,!secret,app", &labels(&[("app", "x")])));
         assert!(!selects("tier!=gold", &labels(&[("tier", "gold")])));
@@ -509,7 +549,10 @@ spec:
         assert!(left < 9_000);
         let mut left = 500;
         let e = charged(o, &mut left, &r).unwrap_err();
-        assert!(e.starts_with("refs.plan: the objects read take more than"), "{e}");
+        assert!(
+            e.starts_with("refs.plan: the objects read take more than"),
+            "{e}"
+        );
     }
 
     fn review_of(op: &str, object: Json, old: Option<Json>) -> Json {
@@ -571,7 +614,10 @@ spec:
         let mut r = review_of("CREATE", json!({"metadata": {"namespace": "other"}}), None);
         r["request"]["namespace"] = json!("team-a");
         let ok = parse(&r).unwrap();
-        assert_eq!(ok.object["metadata"]["namespace"], "team-a", "the request's namespace");
+        assert_eq!(
+            ok.object["metadata"]["namespace"], "team-a",
+            "the request's namespace"
+        );
         let ok = parse(&review_of("UPDATE", json!({"a": 1}), Some(json!({"a": 0})))).unwrap();
         assert_eq!(ok.operation, Operation::Update);
         assert_eq!(ok.old, Some(json!({"a": 0})));

@@ -10,20 +10,29 @@ use std::collections::BTreeSet;
 
 use minijinja::Environment;
 
+use super::REFS_REF;
 use super::compile_exprs::Diags;
 use super::names::names_used;
-use super::REFS_REF;
 use crate::rules::{Diagnostic, Loc, Rule};
 
 /// The variables a message template may use besides the environment's globals.
 const MESSAGE_VARS: &[&str] = &["parent", "old", "refs", "rule"];
 
 /// Every problem with the names the rule's admission expressions and messages use.
-pub(super) fn diagnostics(env: &Environment<'static>, rule: &Rule, at: &Diags<'_>) -> Vec<Diagnostic> {
+pub(super) fn diagnostics(
+    env: &Environment<'static>,
+    rule: &Rule,
+    at: &Diags<'_>,
+) -> Vec<Diagnostic> {
     let Some(a) = &rule.spec.admission else {
         return Vec::new();
     };
-    let declared: BTreeSet<&str> = rule.spec.references.iter().map(|r| r.name.as_str()).collect();
+    let declared: BTreeSet<&str> = rule
+        .spec
+        .references
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
     let mut out = Vec::new();
     let mut unknown_refs = |src: &Loc<String>, key: &str| {
         for (_, n) in names_used(&REFS_REF, &src.value) {

@@ -310,7 +310,10 @@ mod tests {
         let mut budget = ParentBudget::new(&limits);
         let _active = budget.enter();
         let text = env
-            .render_str("plan {{ p }} ({{ n }})", minijinja::context! { p => "gold", n => 3 })
+            .render_str(
+                "plan {{ p }} ({{ n }})",
+                minijinja::context! { p => "gold", n => 3 },
+            )
             .unwrap();
         assert_eq!(text, "plan gold (3)");
     }
