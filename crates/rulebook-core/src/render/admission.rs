@@ -89,8 +89,20 @@ impl CompiledRule {
     /// Computes the rule's `expr:` defaults, then judges the defaulted object against
     /// its `expr:` checks (as `request.phase` says), within one fresh budget.
     pub fn admit(&self, request: &AdmitRequest) -> Result<Verdict, RenderError> {
+        self.admit_with_warnings(request).map(|(v, _)| v)
+    }
+
+    /// [`admit`](Self::admit), and the warnings for the author (the review's
+    /// `warnings`, which `kubectl` prints): a default not applied because its value is
+    /// undefined, or because a level of its path is there but not an object. They name
+    /// fields, never values.
+    pub fn admit_with_warnings(
+        &self,
+        request: &AdmitRequest,
+    ) -> Result<(Verdict, Vec<String>), RenderError> {
+        let mut warnings = Vec::new();
         let Some(a) = &self.rule.spec.admission else {
-            return Ok(Verdict::Allowed { patch: Vec::new() });
+            return Ok((Verdict::Allowed { patch: Vec::new() }, warnings));
         };
         let mut budget = self.admission_budget();
         let _active = budget.enter();
@@ -110,26 +122,43 @@ impl CompiledRule {
                 let e = self.compiled_program(programs.defaults.get(i), "default", i, expr)?;
                 ctx.insert("parent", val(&object));
                 let value = self.eval(e, &ctx)?;
+                if value.is_undefined() {
+                    warnings.push(format!(
+                        "rule {}: {} not defaulted: its expression is undefined",
+                        self.name, d.path.value
+                    ));
+                }
                 if value.is_undefined() || value.is_none() {
                     continue;
                 }
-                let value = serde_json::to_value(&value).map_err(|err| {
-                    RenderError::new(
-                        self.file.clone(),
-                        Some(expr.line),
-                        format!("rule '{}': spec.admission.default[{i}]: {err}", self.name),
-                    )
-                })?;
-                set_absent(&mut object, &segments, value, &mut patch);
+                let value = self.default_value(i, expr.line, &value)?;
+                if !set_absent(&mut object, &segments, value, &mut patch) {
+                    warnings.push(format!(
+                        "rule {}: {} not defaulted: a field on its path is not an object",
+                        self.name, d.path.value
+                    ));
+                }
             }
         }
         if request.phase != Phase::Mutate {
             ctx.insert("parent", val(&object));
             if let Some(denied) = self.first_denial(programs, a, &ctx, request)? {
-                return Ok(denied);
+                return Ok((denied, warnings));
             }
         }
-        Ok(Verdict::Allowed { patch })
+        Ok((Verdict::Allowed { patch }, warnings))
+    }
+
+    /// Default `i`'s value as JSON, its size charged to the request's output budget (it
+    /// travels back in the patch: a default built from a tenant's field cannot grow the
+    /// answer without bound).
+    fn default_value(&self, i: usize, line: u64, value: &Value) -> Result<Json, RenderError> {
+        let key = format!("rule '{}': spec.admission.default[{i}]: ", self.name);
+        let bytes = super::guarded::json_len(value, None);
+        super::budget::charge(super::budget::Charge::Output, bytes)
+            .map_err(|e| RenderError::from_minijinja(&self.file, Some(line), &key, &e))?;
+        serde_json::to_value(value)
+            .map_err(|err| RenderError::new(self.file.clone(), Some(line), format!("{key}{err}")))
     }
 
     /// The budget of one admission request: the rule's, with at most [`ADMIT_TIME`].
@@ -270,13 +299,13 @@ fn lookup<'a>(object: &'a Json, path: &[String]) -> Option<&'a Json> {
 
 /// Sets `path` to `value` in `object` and records the JSON Patch `add` that does the
 /// same: at the first missing level, with the rest as nested objects. A level that is
-/// there but not an object is left alone (the default does not apply).
-fn set_absent(object: &mut Json, path: &[String], value: Json, patch: &mut Vec<Json>) {
+/// there but not an object is left alone (the default does not apply: false).
+fn set_absent(object: &mut Json, path: &[String], value: Json, patch: &mut Vec<Json>) -> bool {
     let mut pointer = String::new();
     let mut here = object;
     for (depth, key) in path.iter().enumerate() {
         let Some(map) = here.as_object_mut() else {
-            return;
+            return false;
         };
         pointer.push('/');
         pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
@@ -294,13 +323,14 @@ fn set_absent(object: &mut Json, path: &[String], value: Json, patch: &mut Vec<J
             };
             patch.push(json!({"op": op, "path": pointer, "value": nested.clone()}));
             map.insert(key.clone(), nested);
-            return;
+            return true;
         }
         let Some(next) = map.get_mut(key) else {
-            return;
+            return false;
         };
         here = next;
     }
+    false
 }
 
 /// The rule's `expr:` checks and defaults, compiled with the rule in its environment
@@ -651,6 +681,59 @@ spec:
         };
         assert_eq!(patch.len(), 1, "{patch:?}");
         assert_eq!(patch[0]["path"], "/metadata/labels");
+    }
+
+    /// A default left unapplied says why, naming the field, never a value; one whose
+    /// value exceeds the request's output budget refuses the request.
+    #[test]
+    fn defaults_not_applied_are_warned_and_big_ones_are_charged() {
+        let text = RULE.replace(
+            "      - path: spec.size\n        expr: \"none\"\n",
+            "      - path: spec.size\n        expr: \"none\"\n      - path: spec.limits.cpu\n        expr: \"'1'\"\n      - path: spec.copy\n        expr: \"parent.spec.blob | default('')\"\n",
+        );
+        let r = rule(&text);
+        let refs = refs(false);
+        // No plan: spec.image is undefined; spec.limits is a string; size is none.
+        let object = app(json!({"plan": "gold", "tier": "web", "limits": "none"}));
+        let (v, warnings) = r
+            .admit_with_warnings(&AdmitRequest {
+                phase: Phase::Mutate,
+                operation: Operation::Create,
+                object: &object,
+                old: None,
+                refs: &refs,
+            })
+            .unwrap();
+        assert!(matches!(v, Verdict::Allowed { .. }), "{v:?}");
+        assert_eq!(
+            warnings,
+            vec![
+                "rule app: spec.image not defaulted: its expression is undefined".to_string(),
+                "rule app: spec.limits.cpu not defaulted: a field on its path is not an object"
+                    .to_string(),
+            ]
+        );
+        // A copied megabyte field, with 1 MiB of output per request: refused as over
+        // budget before it is put in the patch.
+        let sources = Sources {
+            rule_files: vec![("rules/app.yaml".into(), text)],
+            templates: BTreeMap::new(),
+        };
+        let limits = Limits {
+            parent_output_bytes: 1 << 20,
+            ..Limits::default()
+        };
+        let set = compile(&sources, &limits).unwrap_or_else(|d| panic!("{d}"));
+        let big = app(json!({"plan": "gold", "tier": "web", "blob": "x".repeat(2 << 20)}));
+        let out = set.rules["app"].admit(&AdmitRequest {
+            phase: Phase::Mutate,
+            operation: Operation::Create,
+            object: &big,
+            old: None,
+            refs: &refs,
+        });
+        let e = out.expect_err("a 2 MiB default within 1 MiB");
+        assert!(e.is_budget_exceeded(), "{e}");
     }
 
     #[test]
