@@ -40,14 +40,11 @@ use crate::render::admission::{AdmitRequest, Operation, Phase, Verdict};
 use crate::render::{CompiledRule, Observed, RefSelect, RefTarget, RuleSet, Scope};
 use crate::rules::Reference;
 
-/// `(apiVersion, kind)` → the API resource and its scope, as discovered.
-type Discovered = HashMap<(String, String), (ApiResource, Scope)>;
-
 /// Reads a rule's references for an admission request: the kinds discovered once.
 #[derive(Clone)]
 pub struct RefReader {
     client: Option<Client>,
-    kinds: Arc<Mutex<Discovered>>,
+    kinds: Arc<Mutex<HashMap<(String, String), (ApiResource, Scope)>>>,
 }
 
 impl RefReader {
@@ -279,7 +276,7 @@ pub async fn review(
             };
             // An error may quote what the expression was working on: no Secret value
             // of the references leaves in it either.
-            compiled.admit(&request).map_err(|e| {
+            compiled.admit_with_warnings(&request).map_err(|e| {
                 let secrets =
                     crate::render::secret_values_in(refs.values().flat_map(|o| match o {
                         Json::Array(list) => list.iter().collect::<Vec<_>>(),
@@ -290,7 +287,7 @@ pub async fn review(
         })
         .await;
     match judged {
-        Some(Ok(v)) => answer(&review, Ok(v)),
+        Some(Ok((v, warnings))) => with_warnings(answer(&review, Ok(v)), warnings),
         Some(Err(e)) => answer(&review, Err(e)),
         None => answer(
             &review,
@@ -364,6 +361,16 @@ pub fn unreadable(body: &[u8], rule: &str, error: &str) -> Option<Json> {
     ))
 }
 
+/// `answer` with `warnings` (fields, never values), which `kubectl` prints.
+fn with_warnings(mut answer: Json, warnings: Vec<String>) -> Json {
+    if !warnings.is_empty()
+        && let Some(r) = answer.get_mut("response").and_then(Json::as_object_mut)
+    {
+        r.insert("warnings".into(), json!(warnings));
+    }
+    answer
+}
+
 /// The `AdmissionReview` answer: a verdict, or a failure to judge (a denial).
 fn answer(review: &Json, verdict: Result<Verdict, String>) -> Json {
     let uid = review.pointer("/request/uid").cloned().unwrap_or(json!(""));
@@ -435,6 +442,8 @@ spec:
     default:
       - path: spec.size
         expr: "'small' if (parent.spec.replicas | default(1)) < 2 else 'large'"
+      - path: spec.owner
+        expr: "parent.metadata.annotations.owner"
 "#;
         let sources = crate::rules::Sources {
             rule_files: vec![("rules/app.yaml".into(), rule.into())],
@@ -489,6 +498,10 @@ spec:
         assert_eq!(
             serde_json::from_slice::<Json>(&patch).unwrap(),
             json!([{"op": "add", "path": "/spec/size", "value": "small"}])
+        );
+        assert_eq!(
+            r["warnings"],
+            json!(["rule app: spec.owner not defaulted: its expression is undefined"])
         );
         let allowed = judge(
             Phase::Validate,

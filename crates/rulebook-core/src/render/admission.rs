@@ -6,14 +6,15 @@
 //!
 //! Every check and default runs in the rule's sandbox and spends from one fresh
 //! [`ParentBudget`](super::ParentBudget) per request (fuel, output, time), like one
-//! parent's render: a hostile object cannot make the webhook spin. The expressions are
-//! compiled when the rule is (so `check` reports them at `file:line`,
-//! [`diagnostics`]) and again per request from the rule's text, which costs
-//! microseconds and keeps the compiled rule's self-referential programs unchanged.
+//! parent's render (at most [`ADMIT_TIME`]): a hostile object cannot make the webhook
+//! spin. The expressions are compiled once, with the rule, in its environment
+//! ([`AdmissionPrograms`], beside the rule's other programs), and `check` reports those
+//! that do not compile at `file:line` ([`diagnostics`]).
 //!
-//! A denial's message is a template over the same variables, printed as plain text in a
-//! message environment ([`super::env::message_environment`]), then redacted: the value
-//! of any Secret among the references never reaches the API server's answer.
+//! A denial's message is a template over the same variables, compiled with the rule in
+//! a message environment that prints plain text ([`super::env::message_environment`],
+//! [`message_templates`]), then redacted: the value of any Secret among the references
+//! never reaches the API server's answer.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -88,12 +89,24 @@ impl CompiledRule {
     /// Computes the rule's `expr:` defaults, then judges the defaulted object against
     /// its `expr:` checks (as `request.phase` says), within one fresh budget.
     pub fn admit(&self, request: &AdmitRequest) -> Result<Verdict, RenderError> {
+        self.admit_with_warnings(request).map(|(v, _)| v)
+    }
+
+    /// [`admit`](Self::admit), and the warnings for the author (the review's
+    /// `warnings`, which `kubectl` prints): a default not applied because its value is
+    /// undefined, or because a level of its path is there but not an object. They name
+    /// fields, never values.
+    pub fn admit_with_warnings(
+        &self,
+        request: &AdmitRequest,
+    ) -> Result<(Verdict, Vec<String>), RenderError> {
+        let mut warnings = Vec::new();
         let Some(a) = &self.rule.spec.admission else {
-            return Ok(Verdict::Allowed { patch: Vec::new() });
+            return Ok((Verdict::Allowed { patch: Vec::new() }, warnings));
         };
         let mut budget = self.admission_budget();
         let _active = budget.enter();
-        let env = self.running().borrow_owner();
+        let programs = &self.running().borrow_dependent().admission;
         let mut ctx = self.admission_context(request.object, request);
         let mut object = request.object.clone();
         let mut patch = Vec::new();
@@ -106,30 +119,46 @@ impl CompiledRule {
                 if lookup(&object, &segments).is_some() {
                     continue;
                 }
-                let key = format!("spec.admission.default[{i}].expr");
-                let e = self.admission_expr(env, &expr.value, key, expr.line)?;
+                let e = self.compiled_program(programs.defaults.get(i), "default", i, expr)?;
                 ctx.insert("parent", val(&object));
-                let value = self.eval(&e, &ctx)?;
+                let value = self.eval(e, &ctx)?;
+                if value.is_undefined() {
+                    warnings.push(format!(
+                        "rule {}: {} not defaulted: its expression is undefined",
+                        self.name, d.path.value
+                    ));
+                }
                 if value.is_undefined() || value.is_none() {
                     continue;
                 }
-                let value = serde_json::to_value(&value).map_err(|err| {
-                    RenderError::new(
-                        self.file.clone(),
-                        Some(expr.line),
-                        format!("rule '{}': spec.admission.default[{i}]: {err}", self.name),
-                    )
-                })?;
-                set_absent(&mut object, &segments, value, &mut patch);
+                let value = self.default_value(i, expr.line, &value)?;
+                if !set_absent(&mut object, &segments, value, &mut patch) {
+                    warnings.push(format!(
+                        "rule {}: {} not defaulted: a field on its path is not an object",
+                        self.name, d.path.value
+                    ));
+                }
             }
         }
         if request.phase != Phase::Mutate {
             ctx.insert("parent", val(&object));
-            if let Some(denied) = self.first_denial(env, a, &ctx, request)? {
-                return Ok(denied);
+            if let Some(denied) = self.first_denial(programs, a, &ctx, request)? {
+                return Ok((denied, warnings));
             }
         }
-        Ok(Verdict::Allowed { patch })
+        Ok((Verdict::Allowed { patch }, warnings))
+    }
+
+    /// Default `i`'s value as JSON, its size charged to the request's output budget (it
+    /// travels back in the patch: a default built from a tenant's field cannot grow the
+    /// answer without bound).
+    fn default_value(&self, i: usize, line: u64, value: &Value) -> Result<Json, RenderError> {
+        let key = format!("rule '{}': spec.admission.default[{i}]: ", self.name);
+        let bytes = super::guarded::json_len(value, None);
+        super::budget::charge(super::budget::Charge::Output, bytes)
+            .map_err(|e| RenderError::from_minijinja(&self.file, Some(line), &key, &e))?;
+        serde_json::to_value(value)
+            .map_err(|err| RenderError::new(self.file.clone(), Some(line), format!("{key}{err}")))
     }
 
     /// The budget of one admission request: the rule's, with at most [`ADMIT_TIME`].
@@ -143,19 +172,19 @@ impl CompiledRule {
     /// The first `expr:` check that runs for the request and is false, as a denial.
     fn first_denial(
         &self,
-        env: &Environment<'static>,
+        programs: &AdmissionPrograms<'_>,
         a: &crate::rules::Admission,
         ctx: &BTreeMap<&'static str, Value>,
         request: &AdmitRequest,
     ) -> Result<Option<Verdict>, RenderError> {
         for (i, v) in a.validate.iter().enumerate() {
             let Some(expr) = &v.expr else { continue };
-            let key = format!("spec.admission.validate[{i}].expr");
-            let e = self.admission_expr(env, &expr.value, key, expr.line)?;
-            if !applies(v, &e, request.operation) {
+            let e = self.compiled_program(programs.checks.get(i), "validate", i, expr)?;
+            let reads_old = programs.reads_old.get(i).copied().unwrap_or(true);
+            if !applies(v, reads_old, request.operation) {
                 continue;
             }
-            if !self.eval(&e, ctx)?.is_true() {
+            if !self.eval(e, ctx)?.is_true() {
                 let message = self.denial_message(i, v, ctx, request.refs)?;
                 return Ok(Some(Verdict::Denied {
                     index: i,
@@ -182,24 +211,26 @@ impl CompiledRule {
         ctx
     }
 
-    fn admission_expr<'env>(
+    /// The program of `spec.admission.<list>[i]`, compiled with the rule. A rule that
+    /// compiled has every one ([`diagnostics`] refuses the rest); an error rather than a
+    /// panic all the same.
+    fn compiled_program<'p, 'env>(
         &self,
-        env: &'env Environment<'static>,
-        text: &str,
-        key: String,
-        line: u64,
-    ) -> Result<Expr<'env>, RenderError> {
-        // With the fuel probe at the end, as every compiled expression of a rule
-        // (compile_exprs.rs): its fuel counts toward the request's budget.
-        let probed = format!("({text})|{}", super::guarded::FUEL_PROBE);
-        let expr = env.compile_expression_owned(probed).map_err(|e| {
+        program: Option<&'p Option<Expr<'env>>>,
+        list: &str,
+        i: usize,
+        expr: &crate::rules::Loc<String>,
+    ) -> Result<&'p Expr<'env>, RenderError> {
+        program.and_then(Option::as_ref).ok_or_else(|| {
             RenderError::new(
                 self.file.clone(),
-                Some(line),
-                format!("rule '{}': {key}: {}", self.name, super::describe(&e)),
+                Some(expr.line),
+                format!(
+                    "rule '{}': spec.admission.{list}[{i}].expr: not compiled",
+                    self.name
+                ),
             )
-        })?;
-        Ok(Expr { expr, key, line })
+        })
     }
 
     /// Check `i`'s message, rendered over `ctx`, capped, with every Secret value among
@@ -211,7 +242,6 @@ impl CompiledRule {
         ctx: &BTreeMap<&'static str, Value>,
         refs: &Map<String, Json>,
     ) -> Result<String, RenderError> {
-        let env = super::env::message_environment(&self.limits);
         let fail = |e: minijinja::Error| {
             RenderError::from_minijinja(
                 &self.file,
@@ -223,7 +253,11 @@ impl CompiledRule {
                 &e,
             )
         };
-        let text = env.render_str(&v.message.value, ctx).map_err(fail)?;
+        let text = self
+            .messages
+            .get_template(&message_name(i))
+            .and_then(|t| t.render(ctx))
+            .map_err(fail)?;
         let objects: Vec<&Json> = refs
             .values()
             .flat_map(|o| match o {
@@ -242,7 +276,7 @@ impl CompiledRule {
 
 /// Whether check `v` runs for `op`: its `operations`, else both — but a check that
 /// reads `old` only on updates (a create has no old object).
-fn applies(v: &ValidateRule, e: &Expr<'_>, op: Operation) -> bool {
+fn applies(v: &ValidateRule, reads_old: bool, op: Operation) -> bool {
     let named = |name: &str| v.operations.iter().any(|o| o.as_str() == name);
     let wanted = match op {
         Operation::Create => "CREATE",
@@ -251,7 +285,7 @@ fn applies(v: &ValidateRule, e: &Expr<'_>, op: Operation) -> bool {
     if !v.operations.is_empty() {
         return named(wanted);
     }
-    op == Operation::Update || !e.expr.undeclared_variables(false).contains("old")
+    op == Operation::Update || !reads_old
 }
 
 /// The value at `path` in `object`, if present (null counts as absent).
@@ -265,13 +299,13 @@ fn lookup<'a>(object: &'a Json, path: &[String]) -> Option<&'a Json> {
 
 /// Sets `path` to `value` in `object` and records the JSON Patch `add` that does the
 /// same: at the first missing level, with the rest as nested objects. A level that is
-/// there but not an object is left alone (the default does not apply).
-fn set_absent(object: &mut Json, path: &[String], value: Json, patch: &mut Vec<Json>) {
+/// there but not an object is left alone (the default does not apply: false).
+fn set_absent(object: &mut Json, path: &[String], value: Json, patch: &mut Vec<Json>) -> bool {
     let mut pointer = String::new();
     let mut here = object;
     for (depth, key) in path.iter().enumerate() {
         let Some(map) = here.as_object_mut() else {
-            return;
+            return false;
         };
         pointer.push('/');
         pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
@@ -289,13 +323,99 @@ fn set_absent(object: &mut Json, path: &[String], value: Json, patch: &mut Vec<J
             };
             patch.push(json!({"op": op, "path": pointer, "value": nested.clone()}));
             map.insert(key.clone(), nested);
-            return;
+            return true;
         }
         let Some(next) = map.get_mut(key) else {
-            return;
+            return false;
         };
         here = next;
     }
+    false
+}
+
+/// The rule's `expr:` checks and defaults, compiled with the rule in its environment
+/// (`compile_exprs.rs`), each with the fuel probe at its end so its fuel counts toward
+/// the request's budget, as every expression of a rule. `None` for a `cel:` one, and for
+/// one that does not compile (which [`diagnostics`] reports, failing the rule).
+pub(super) struct AdmissionPrograms<'env> {
+    /// Per `validate[]`.
+    checks: Vec<Option<Expr<'env>>>,
+    /// Per `validate[]`: whether the check reads `old` (then, without `operations`, it
+    /// runs on updates only).
+    reads_old: Vec<bool>,
+    /// Per `default[]`.
+    defaults: Vec<Option<Expr<'env>>>,
+}
+
+/// Compiles `rule`'s admission expressions in `env`.
+pub(super) fn programs<'env>(
+    env: &'env Environment<'static>,
+    rule: &Rule,
+) -> AdmissionPrograms<'env> {
+    let compile = |e: &Option<crate::rules::Loc<String>>, key: String| {
+        let e = e.as_ref()?;
+        let probed = format!("({})|{}", e.value, super::guarded::FUEL_PROBE);
+        let expr = env.compile_expression_owned(probed).ok()?;
+        Some(Expr {
+            expr,
+            key,
+            line: e.line,
+        })
+    };
+    let Some(a) = &rule.spec.admission else {
+        return AdmissionPrograms {
+            checks: Vec::new(),
+            reads_old: Vec::new(),
+            defaults: Vec::new(),
+        };
+    };
+    let checks: Vec<Option<Expr<'env>>> = a
+        .validate
+        .iter()
+        .enumerate()
+        .map(|(i, v)| compile(&v.expr, format!("spec.admission.validate[{i}].expr")))
+        .collect();
+    let reads_old = checks
+        .iter()
+        .map(|c| {
+            c.as_ref()
+                .is_some_and(|c| c.expr.undeclared_variables(false).contains("old"))
+        })
+        .collect();
+    let defaults = a
+        .default
+        .iter()
+        .enumerate()
+        .map(|(i, d)| compile(&d.expr, format!("spec.admission.default[{i}].expr")))
+        .collect();
+    AdmissionPrograms {
+        checks,
+        reads_old,
+        defaults,
+    }
+}
+
+/// The name of check `i`'s message template in the rule's message environment.
+fn message_name(i: usize) -> String {
+    format!("spec.admission.validate[{i}].message")
+}
+
+/// The rule's message environment ([`super::env::message_environment`]) with the
+/// message of every `expr:` check compiled in it; one that does not compile is left out
+/// (reported by [`diagnostics`]).
+pub(super) fn message_templates(rule: &Rule, limits: &super::Limits) -> Environment<'static> {
+    let mut env = super::env::message_environment(limits);
+    for (i, v) in rule
+        .spec
+        .admission
+        .iter()
+        .flat_map(|a| a.validate.iter().enumerate())
+    {
+        if v.expr.is_some() {
+            let _ = env.add_template_owned(message_name(i), v.message.value.clone());
+        }
+    }
+    env
 }
 
 /// Every problem of the rule's `expr:` checks, message templates and `expr:` defaults,
@@ -561,6 +681,59 @@ spec:
         };
         assert_eq!(patch.len(), 1, "{patch:?}");
         assert_eq!(patch[0]["path"], "/metadata/labels");
+    }
+
+    /// A default left unapplied says why, naming the field, never a value; one whose
+    /// value exceeds the request's output budget refuses the request.
+    #[test]
+    fn defaults_not_applied_are_warned_and_big_ones_are_charged() {
+        let text = RULE.replace(
+            "      - path: spec.size\n        expr: \"none\"\n",
+            "      - path: spec.size\n        expr: \"none\"\n      - path: spec.limits.cpu\n        expr: \"'1'\"\n      - path: spec.copy\n        expr: \"parent.spec.blob | default('')\"\n",
+        );
+        let r = rule(&text);
+        let refs = refs(false);
+        // No plan: spec.image is undefined; spec.limits is a string; size is none.
+        let object = app(json!({"plan": "gold", "tier": "web", "limits": "none"}));
+        let (v, warnings) = r
+            .admit_with_warnings(&AdmitRequest {
+                phase: Phase::Mutate,
+                operation: Operation::Create,
+                object: &object,
+                old: None,
+                refs: &refs,
+            })
+            .unwrap();
+        assert!(matches!(v, Verdict::Allowed { .. }), "{v:?}");
+        assert_eq!(
+            warnings,
+            vec![
+                "rule app: spec.image not defaulted: its expression is undefined".to_string(),
+                "rule app: spec.limits.cpu not defaulted: a field on its path is not an object"
+                    .to_string(),
+            ]
+        );
+        // A copied megabyte field, with 1 MiB of output per request: refused as over
+        // budget before it is put in the patch.
+        let sources = Sources {
+            rule_files: vec![("rules/app.yaml".into(), text)],
+            templates: BTreeMap::new(),
+        };
+        let limits = Limits {
+            parent_output_bytes: 1 << 20,
+            ..Limits::default()
+        };
+        let set = compile(&sources, &limits).unwrap_or_else(|d| panic!("{d}"));
+        let big = app(json!({"plan": "gold", "tier": "web", "blob": "x".repeat(2 << 20)}));
+        let out = set.rules["app"].admit(&AdmitRequest {
+            phase: Phase::Mutate,
+            operation: Operation::Create,
+            object: &big,
+            old: None,
+            refs: &refs,
+        });
+        let e = out.expect_err("a 2 MiB default within 1 MiB");
+        assert!(e.is_budget_exceeded(), "{e}");
     }
 
     #[test]

@@ -71,6 +71,7 @@ impl CompiledRule {
                 uses_ready: reads.ready || in_exprs.ready.get(),
                 reads_children: reads.children || in_exprs.children.get(),
                 reads_parent_status: reads.parent_status || in_exprs.parent_status.get(),
+                messages: super::admission::message_templates(rule, limits),
             }),
             Ok(_) => Err(diags),
             Err(mut more) => {

@@ -104,6 +104,7 @@ pub(super) fn programs<'env>(
             references,
             done_when,
             status,
+            admission: super::admission::programs(env, rule),
         })
     } else {
         Err(diags)

@@ -99,6 +99,8 @@ struct Programs<'env> {
     /// `spec.deletion.finalize.doneWhen`.
     done_when: Option<Expr<'env>>,
     status: Vec<(String, StatusProgram<'env>)>,
+    /// `spec.admission`'s `expr:` checks and defaults.
+    admission: admission::AdmissionPrograms<'env>,
 }
 
 self_cell::self_cell!(
@@ -138,6 +140,9 @@ pub struct CompiledRule {
     reads_parent_status: bool,
     /// `rule` in templates and expressions: its name and version.
     rule_value: Value,
+    /// The messages of `spec.admission`'s `expr:` checks, compiled in an environment
+    /// that prints text (admission.rs).
+    messages: Environment<'static>,
 }
 
 impl std::fmt::Debug for CompiledRule {
