@@ -22,8 +22,8 @@
 
 use serde_json::{Value as Json, json};
 
-use super::crd::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use super::{Rule, ValidateRule};
+use crate::meta::labels::{MANAGED_BY as MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use crate::meta::split_api_version;
 
 /// The label naming the installation (`run --lease-name`) a policy belongs to.
@@ -208,8 +208,9 @@ impl Resource {
     pub fn of(rule: &Rule) -> Resource {
         let p = &rule.spec.parent;
         let (group, version) = split_api_version(&p.api_version);
-        let plural = match &rule.spec.crd {
-            Some(crd) => super::crd::plural(crd, &p.kind),
+        // As `crd::plural` (which imports this file: no import back).
+        let plural = match rule.spec.crd.as_ref().and_then(|c| c.plural.as_ref()) {
+            Some(given) => given.value.clone(),
             None => crate::meta::guess_plural(&p.kind),
         };
         Resource {
