@@ -20,9 +20,15 @@ use crate::rules::policy::{self, INSTALLATION_LABEL, Resource, Scope};
 /// The four kinds, with their plurals.
 pub const KINDS: [(&str, &str); 4] = [
     ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
-    ("ValidatingAdmissionPolicyBinding", "validatingadmissionpolicybindings"),
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+    ),
     ("MutatingAdmissionPolicy", "mutatingadmissionpolicies"),
-    ("MutatingAdmissionPolicyBinding", "mutatingadmissionpolicybindings"),
+    (
+        "MutatingAdmissionPolicyBinding",
+        "mutatingadmissionpolicybindings",
+    ),
 ];
 
 fn api(client: &kube::Client, kind: &str) -> Api<DynamicObject> {
@@ -31,7 +37,10 @@ fn api(client: &kube::Client, kind: &str) -> Api<DynamicObject> {
         .find(|(k, _)| *k == kind)
         .map_or("", |(_, p)| *p);
     let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-    Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, plural))
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, plural),
+    )
 }
 
 /// The parent's resource, its plural as discovery gives it (guessed when the kind is not
@@ -84,7 +93,10 @@ pub async fn publish(
     for (rule, objects) in &wanted {
         for obj in objects {
             let kind = obj["kind"].as_str().unwrap_or_default().to_string();
-            let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+            let name = obj["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
             keep.insert((kind.clone(), name.clone()));
             if !mine(&name) {
                 continue;

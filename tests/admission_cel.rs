@@ -126,7 +126,10 @@ spec:
 
 fn policies(client: &kube::Client, kind: &str, plural: &str) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind);
-    Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, plural))
+    Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, plural),
+    )
 }
 
 fn app_yaml(kind: &str, ns: &str, name: &str, id: &str, replicas: i64, tier: &str) -> String {
@@ -147,26 +150,49 @@ async fn cel_rules_are_enforced_by_the_api_server() {
     let dev = namespace(&client, "cel-dev").await;
     let prod = namespace(&client, "prod-cel").await;
     let dir = tempfile::tempdir().unwrap();
-    let id: String = unique("c").chars().filter(char::is_ascii_alphanumeric).collect();
+    let id: String = unique("c")
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
     let (kind, app, cm) = rule_files(dir.path(), &id);
     let selector = format!("celtest={id}");
     let lease = format!("cel-{id}");
     let _op = Operator::on(&dir.path().join("rules"), &dir.path().join("templates"))
-        .flags(&["--install-crds", "--selector", &selector, "--lease-name", &lease])
+        .flags(&[
+            "--install-crds",
+            "--selector",
+            &selector,
+            "--lease-name",
+            &lease,
+        ])
         .start()
         .await;
     wait_established(&client, &format!("{}s.{GROUP}", kind.to_lowercase())).await;
-    let vaps = policies(&client, "ValidatingAdmissionPolicy", "validatingadmissionpolicies");
-    let maps = policies(&client, "MutatingAdmissionPolicy", "mutatingadmissionpolicies");
+    let vaps = policies(
+        &client,
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+    );
+    let maps = policies(
+        &client,
+        "MutatingAdmissionPolicy",
+        "mutatingadmissionpolicies",
+    );
     for name in [format!("rulebook-{app}"), format!("rulebook-{cm}")] {
         wait_for(T, &format!("the policy {name}"), || async {
             vaps.get_opt(&name).await.ok().flatten()
         })
         .await;
     }
-    let map = maps.get(&format!("rulebook-{app}")).await.expect("the mutating policy");
+    let map = maps
+        .get(&format!("rulebook-{app}"))
+        .await
+        .expect("the mutating policy");
     assert_eq!(
-        map.metadata.labels.as_ref().and_then(|l| l.get("rulebook.dev/installation")),
+        map.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("rulebook.dev/installation")),
         Some(&lease)
     );
 
@@ -177,13 +203,16 @@ async fn cel_rules_are_enforced_by_the_api_server() {
     let refusal = wait_for(T, "the namespace rule to refuse", || async {
         let e = kubectl_apply(&app_yaml(&kind, &dev, "big", &id, 30, "gold")).err()?;
         println!("refused: {e}");
-        e.contains("more than 10 replicas only in prod- namespaces").then_some(e)
+        e.contains("more than 10 replicas only in prod- namespaces")
+            .then_some(e)
     })
     .await;
     assert!(refusal.contains("ValidatingAdmissionPolicy"), "{refusal}");
-    wait_for(T, "30 replicas in a prod- namespace to be allowed", || async {
-        kubectl_apply(&app_yaml(&kind, &prod, "big", &id, 30, "gold")).ok()
-    })
+    wait_for(
+        T,
+        "30 replicas in a prod- namespace to be allowed",
+        || async { kubectl_apply(&app_yaml(&kind, &prod, "big", &id, 30, "gold")).ok() },
+    )
     .await;
 
     // The cel default (a MutatingAdmissionPolicy) is in the stored object.
@@ -215,7 +244,11 @@ async fn cel_rules_are_enforced_by_the_api_server() {
     // The rule goes: so does its policy, and the ConfigMap is no longer judged.
     std::fs::remove_file(dir.path().join("rules/cm.yaml")).unwrap();
     wait_for(T, "the ConfigMap rule's policy to be deleted", || async {
-        vaps.get_opt(&format!("rulebook-{cm}")).await.ok()?.is_none().then_some(())
+        vaps.get_opt(&format!("rulebook-{cm}"))
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
     })
     .await;
     let bindings = policies(
@@ -223,7 +256,13 @@ async fn cel_rules_are_enforced_by_the_api_server() {
         "ValidatingAdmissionPolicyBinding",
         "validatingadmissionpolicybindings",
     );
-    assert!(bindings.get_opt(&format!("rulebook-{cm}")).await.unwrap().is_none());
+    assert!(
+        bindings
+            .get_opt(&format!("rulebook-{cm}"))
+            .await
+            .unwrap()
+            .is_none()
+    );
     wait_for(T, "the ConfigMap to be admitted", || async {
         kubectl_apply(&cm_yaml(&dev, "bad", &id, "turbo")).ok()
     })
@@ -231,10 +270,14 @@ async fn cel_rules_are_enforced_by_the_api_server() {
 
     // Both rules go: no policy of this installation is left.
     std::fs::remove_file(dir.path().join("rules/app.yaml")).unwrap();
-    wait_for(T, "every policy of the installation to be deleted", || async {
-        let left = vaps.get_opt(&format!("rulebook-{app}")).await.ok()?;
-        let left_map = maps.get_opt(&format!("rulebook-{app}")).await.ok()?;
-        (left.is_none() && left_map.is_none()).then_some(())
-    })
+    wait_for(
+        T,
+        "every policy of the installation to be deleted",
+        || async {
+            let left = vaps.get_opt(&format!("rulebook-{app}")).await.ok()?;
+            let left_map = maps.get_opt(&format!("rulebook-{app}")).await.ok()?;
+            (left.is_none() && left_map.is_none()).then_some(())
+        },
+    )
     .await;
 }

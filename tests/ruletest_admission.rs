@@ -23,7 +23,14 @@ fn run(dir: &Path, rules: &str, test: &str) -> (i32, String) {
     std::fs::copy(fixtures.join("cm.yaml"), dir.join("templates/cm.yaml")).unwrap();
     std::fs::write(dir.join("tests/app.yaml"), test).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_rulebook"))
-        .args(["test", "--rules", "rules", "--templates", "templates", "tests"])
+        .args([
+            "test",
+            "--rules",
+            "rules",
+            "--templates",
+            "templates",
+            "tests",
+        ])
         .current_dir(dir)
         .output()
         .expect("run rulebook test");
@@ -47,7 +54,10 @@ fn cel_checks_and_defaults_are_judged_offline() {
     let (code, out) = run(dir.path(), &fixture_rules(), &fixture_test());
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("6 passed, 0 failed"), "{out}");
-    assert!(out.contains("ok    an expr check refuses through admit"), "{out}");
+    assert!(
+        out.contains("ok    an expr check refuses through admit"),
+        "{out}"
+    );
     assert!(out.contains("ok    the tier cannot change"), "{out}");
 }
 

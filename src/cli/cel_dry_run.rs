@@ -25,7 +25,11 @@ pub fn placement_lines(set: &RuleSet) -> Vec<String> {
             let line = match &p.placement {
                 Placement::Crd => format!(
                     "cel {name}  {key}: the CRD's x-kubernetes-validations{}",
-                    if p.transition { " (transition rule)" } else { "" }
+                    if p.transition {
+                        " (transition rule)"
+                    } else {
+                        ""
+                    }
                 ),
                 Placement::Policy(why) => format!(
                     "cel {name}  {key}: ValidatingAdmissionPolicy {} ({why})",
@@ -126,7 +130,8 @@ pub async fn dry_run(
     let params = PatchParams::apply("rulebook-check").force().dry_run();
     let mut refused = 0;
     for (rule, obj) in generated(set) {
-        let (group, version) = crate::meta::split_api_version(obj["apiVersion"].as_str().unwrap_or(""));
+        let (group, version) =
+            crate::meta::split_api_version(obj["apiVersion"].as_str().unwrap_or(""));
         let kind = obj["kind"].as_str().unwrap_or("").to_string();
         let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
         let plural = match kind.as_str() {
@@ -137,13 +142,18 @@ pub async fn dry_run(
                 .map_or_else(String::new, |(_, p)| (*p).to_string()),
         };
         let gvk = GroupVersionKind::gvk(group, version, &kind);
-        let api: Api<DynamicObject> =
-            Api::all_with(client.clone(), &ApiResource::from_gvk_with_plural(&gvk, &plural));
+        let api: Api<DynamicObject> = Api::all_with(
+            client.clone(),
+            &ApiResource::from_gvk_with_plural(&gvk, &plural),
+        );
         let Some(compiled) = set.rules.get(&rule) else {
             continue;
         };
         match api.patch(&name, &params, &Patch::Apply(&obj)).await {
-            Ok(_) => writeln!(out, "ok  {rule}  {kind} {name}: the API server accepts it (dry run)")?,
+            Ok(_) => writeln!(
+                out,
+                "ok  {rule}  {kind} {name}: the API server accepts it (dry run)"
+            )?,
             Err(kube::Error::Api(s)) => {
                 refused += 1;
                 let line = blamed_line(&compiled.rule, &kind, &name, &s.message)

@@ -40,11 +40,13 @@ pub fn run(
     expect: Option<&Expect>,
     at: u64,
 ) -> Vec<Failure> {
-    let fail = |line, message| vec![Failure {
-        line,
-        message,
-        diff: None,
-    }];
+    let fail = |line, message| {
+        vec![Failure {
+            line,
+            message,
+            diff: None,
+        }]
+    };
     let op = match step.operation.as_str() {
         "CREATE" => Operation::Create,
         "UPDATE" => Operation::Update,
@@ -63,7 +65,10 @@ pub fn run(
     let Some(expect) = expect else {
         return match answer {
             Answer::NotJudged(why) => fail(at, format!("not judged offline: {why}")),
-            _ => fail(at, "an admission step needs expect (allowed, message or object)".into()),
+            _ => fail(
+                at,
+                "an admission step needs expect (allowed, message or object)".into(),
+            ),
         };
     };
     compare(&answer, expect, at)
@@ -71,11 +76,13 @@ pub fn run(
 
 /// Checks `answer` against `expect`.
 fn compare(answer: &Answer, expect: &Expect, at: u64) -> Vec<Failure> {
-    let fail = |line, message| vec![Failure {
-        line,
-        message,
-        diff: None,
-    }];
+    let fail = |line, message| {
+        vec![Failure {
+            line,
+            message,
+            diff: None,
+        }]
+    };
     let want_allowed = expect
         .allowed
         .as_ref()
@@ -83,14 +90,21 @@ fn compare(answer: &Answer, expect: &Expect, at: u64) -> Vec<Failure> {
         .or_else(|| expect.object.as_ref().map(|o| (true, o.line)));
     match (answer, want_allowed) {
         (Answer::NotJudged(why), _) => fail(at, format!("not judged offline: {why}")),
-        (_, None) => fail(at, "an admission step needs expect.allowed (or expect.object)".into()),
+        (_, None) => fail(
+            at,
+            "an admission step needs expect.allowed (or expect.object)".into(),
+        ),
         (Answer::Denied(messages), Some((true, line))) => fail(
             line,
-            format!("expected the request allowed, but it is refused: {}", messages.join("; ")),
+            format!(
+                "expected the request allowed, but it is refused: {}",
+                messages.join("; ")
+            ),
         ),
-        (Answer::Allowed(_), Some((false, line))) => {
-            fail(line, "expected the request refused, but it is allowed".into())
-        }
+        (Answer::Allowed(_), Some((false, line))) => fail(
+            line,
+            "expected the request refused, but it is allowed".into(),
+        ),
         (Answer::Denied(messages), Some((false, _))) => match &expect.message {
             Some(want) if !messages.iter().any(|m| m.contains(&want.value)) => fail(
                 want.line,
@@ -138,7 +152,9 @@ fn judge(rule: &CompiledRule, op: Operation, object: &Json, old: Option<&Json>) 
         }
         let expr = match crate::cel::compile(cel) {
             Ok(e) => e,
-            Err(e) => return Answer::NotJudged(format!("spec.admission.default {}: {e}", d.path.value)),
+            Err(e) => {
+                return Answer::NotJudged(format!("spec.admission.default {}: {e}", d.path.value));
+            }
         };
         match expr.eval(&[("object", Some(&object)), ("oldObject", old)]) {
             Cel::Value(v) => set(&mut object, &path, v),
@@ -257,7 +273,9 @@ fn apply_patch(o: &mut Json, patch: &[Json]) -> Result<(), String> {
         let kind = op["op"].as_str().unwrap_or("");
         let path = op["path"].as_str().unwrap_or("");
         if !matches!(kind, "add" | "replace") {
-            return Err(format!("a default's JSON patch operation '{kind}' is not applied offline"));
+            return Err(format!(
+                "a default's JSON patch operation '{kind}' is not applied offline"
+            ));
         }
         let keys: Vec<String> = path
             .split('/')
@@ -280,8 +298,11 @@ mod tests {
         let mut o = json!({"spec": {}});
         set(&mut o, &["spec", "a", "b"], json!(1));
         assert_eq!(o, json!({"spec": {"a": {"b": 1}}}));
-        apply_patch(&mut o, &[json!({"op": "add", "path": "/spec/image", "value": "x"})])
-            .expect("applies");
+        apply_patch(
+            &mut o,
+            &[json!({"op": "add", "path": "/spec/image", "value": "x"})],
+        )
+        .expect("applies");
         assert_eq!(o["spec"]["image"], "x");
         assert!(apply_patch(&mut o, &[json!({"op": "remove", "path": "/spec/a"})]).is_err());
     }

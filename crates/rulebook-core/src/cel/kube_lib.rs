@@ -63,7 +63,9 @@ fn find(This(s): This<Value>, Arguments(args): Arguments) -> Result<Value> {
     let s = string_arg("find", &s)?;
     let re = regex("find", args.first().unwrap_or(&Value::Null))?;
     Ok(Value::String(Arc::new(
-        re.find(&s).map(|m| m.as_str().to_string()).unwrap_or_default(),
+        re.find(&s)
+            .map(|m| m.as_str().to_string())
+            .unwrap_or_default(),
     )))
 }
 

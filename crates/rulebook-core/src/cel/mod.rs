@@ -74,8 +74,8 @@ pub enum Outcome {
 /// Kubernetes), and the part of Kubernetes' library in [`kube_lib`].
 fn env() -> Result<Env, CompileError> {
     let mut env = Env::stdlib();
-    let declared = cel::extensions::strings(&mut env)
-        .and_then(|()| cel::extensions::lists(&mut env));
+    let declared =
+        cel::extensions::strings(&mut env).and_then(|()| cel::extensions::lists(&mut env));
     declared.map_err(|e| CompileError(format!("the CEL environment: {e}")))?;
     Ok(env)
 }
@@ -83,7 +83,9 @@ fn env() -> Result<Env, CompileError> {
 /// Compiles `source`.
 pub fn compile(source: &str) -> Result<Expr, CompileError> {
     let env = env()?;
-    let program = env.compile(source).map_err(|e| CompileError(one_line(&e.to_string())))?;
+    let program = env
+        .compile(source)
+        .map_err(|e| CompileError(one_line(&e.to_string())))?;
     Ok(Expr {
         program,
         env: Arc::new(env),

@@ -41,11 +41,20 @@ fn strings_lists_regex_and_macros() {
     let o = json!({"spec": {"name": "web-01", "ports": [80, 443], "tags": ["a", "b"]}});
     assert!(is("self.spec.name.matches('^[a-z]+-[0-9]+$')", o.clone()));
     assert!(is("self.spec.name.find('[0-9]+') == '01'", o.clone()));
-    assert!(is("self.spec.name.findAll('[a-z]') == ['w', 'e', 'b']", o.clone()));
+    assert!(is(
+        "self.spec.name.findAll('[a-z]') == ['w', 'e', 'b']",
+        o.clone()
+    ));
     assert!(is("self.spec.ports.all(p, p > 0 && p < 65536)", o.clone()));
-    assert!(is("self.spec.ports.isSorted() && self.spec.ports.sum() == 523", o.clone()));
+    assert!(is(
+        "self.spec.ports.isSorted() && self.spec.ports.sum() == 523",
+        o.clone()
+    ));
     assert!(is("self.spec.tags.exists_one(t, t == 'a')", o.clone()));
-    assert!(is("has(self.spec.name) && !has(self.spec.missing)", o.clone()));
+    assert!(is(
+        "has(self.spec.name) && !has(self.spec.missing)",
+        o.clone()
+    ));
     assert!(is("self.spec.name.upperAscii() == 'WEB-01'", o.clone()));
     assert!(is("self.spec.tags.join(',') == 'a,b'", o.clone()));
     assert!(is("size(self.spec.tags) == 2", o.clone()));
@@ -55,10 +64,22 @@ fn strings_lists_regex_and_macros() {
 #[test]
 fn quantities_compare_by_value() {
     let o = json!({"spec": {"memory": "1Gi", "cpu": "500m"}});
-    assert!(is("quantity(self.spec.memory) == quantity('1024Mi')", o.clone()));
-    assert!(is("quantity(self.spec.memory).isLessThan(quantity('2Gi'))", o.clone()));
-    assert!(is("quantity(self.spec.cpu).compareTo(quantity('1')) == -1", o.clone()));
-    assert!(is("isQuantity(self.spec.cpu) && !isQuantity('x1')", o.clone()));
+    assert!(is(
+        "quantity(self.spec.memory) == quantity('1024Mi')",
+        o.clone()
+    ));
+    assert!(is(
+        "quantity(self.spec.memory).isLessThan(quantity('2Gi'))",
+        o.clone()
+    ));
+    assert!(is(
+        "quantity(self.spec.cpu).compareTo(quantity('1')) == -1",
+        o.clone()
+    ));
+    assert!(is(
+        "isQuantity(self.spec.cpu) && !isQuantity('x1')",
+        o.clone()
+    ));
     assert!(is("quantity('1k').add(24).asInteger() == 1024", o));
 }
 
@@ -71,7 +92,11 @@ fn errors_and_what_is_not_judged() {
     ));
     // A function the offline evaluator lacks: not judged, never a pass.
     assert!(matches!(
-        eval("url(self.spec.u).getHost() == 'x'", json!({"spec": {"u": "https://x"}}), None),
+        eval(
+            "url(self.spec.u).getHost() == 'x'",
+            json!({"spec": {"u": "https://x"}}),
+            None
+        ),
         Outcome::NotJudged(_)
     ));
     // CEL's commutative logic: an error on one side of || does not matter when the

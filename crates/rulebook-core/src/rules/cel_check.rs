@@ -14,7 +14,6 @@ use serde_json::Value as Json;
 use super::policy::{Placement, placements};
 use super::{Loc, Rule, is_identifier};
 
-
 /// Checks the `cel:` keys of `r`'s `spec.admission`.
 pub fn check_cel(r: &Rule, err: &mut impl FnMut((u64, u64), &str, String)) {
     let Some(admission) = &r.spec.admission else {
@@ -38,8 +37,8 @@ pub fn check_cel(r: &Rule, err: &mut impl FnMut((u64, u64), &str, String)) {
                         );
                     }
                 }
-                let creates_only = !v.operations.is_empty()
-                    && v.operations.iter().all(|o| o.as_str() == "CREATE");
+                let creates_only =
+                    !v.operations.is_empty() && v.operations.iter().all(|o| o.as_str() == "CREATE");
                 if expr.reads("oldSelf") && creates_only {
                     err(
                         at(cel),
@@ -55,7 +54,11 @@ pub fn check_cel(r: &Rule, err: &mut impl FnMut((u64, u64), &str, String)) {
         let Some(cel) = &d.cel else { continue };
         let key = format!("spec.admission.default[{i}]");
         match crate::cel::compile(cel) {
-            Err(e) => err(at(cel), &format!("{key}.cel"), format!("does not compile: {e}")),
+            Err(e) => err(
+                at(cel),
+                &format!("{key}.cel"),
+                format!("does not compile: {e}"),
+            ),
             Ok(expr) if expr.reads("self") || expr.reads("oldSelf") => err(
                 at(cel),
                 &format!("{key}.cel"),
@@ -97,7 +100,11 @@ fn check_crd_fields(r: &Rule, err: &mut impl FnMut((u64, u64), &str, String)) {
             }
             if let Some(missing) = undeclared(root, &path) {
                 let cel = p.check.cel.as_ref().map_or((0, 0), |c| (c.line, c.col));
-                let schema = if path[0] == "status" { "statusSchema" } else { "specSchema" };
+                let schema = if path[0] == "status" {
+                    "statusSchema"
+                } else {
+                    "specSchema"
+                };
                 err(
                     cel,
                     &format!("spec.admission.validate[{}].cel", p.index),

@@ -185,7 +185,10 @@ pub fn add_crd_validations(rule: &Rule, crd: &mut Json) {
     if validations.is_empty() {
         return;
     }
-    if let Some(versions) = crd.pointer_mut("/spec/versions").and_then(Json::as_array_mut) {
+    if let Some(versions) = crd
+        .pointer_mut("/spec/versions")
+        .and_then(Json::as_array_mut)
+    {
         for v in versions {
             if let Some(root) = v.pointer_mut("/schema/openAPIV3Schema") {
                 root["x-kubernetes-validations"] = json!(validations);
@@ -264,7 +267,8 @@ pub fn rename(source: &str, renames: &[(&str, &str)]) -> String {
     while i < chars.len() {
         let c = chars[i];
         if c == '"' || c == '\'' {
-            let raw = i > 0 && matches!(chars[i - 1], 'r' | 'R') && !ident_char_before(&chars, i - 1);
+            let raw =
+                i > 0 && matches!(chars[i - 1], 'r' | 'R') && !ident_char_before(&chars, i - 1);
             let end = literal_end(&chars, i, raw);
             out.extend(&chars[i..end]);
             i = end;
@@ -327,11 +331,7 @@ pub fn validating_policies(rule: &Rule, resource: &Resource, scope: &Scope) -> V
         .filter(|p| matches!(p.placement, Placement::Policy(_)))
         .collect();
     let mut out = Vec::new();
-    for ops in [
-        vec!["CREATE", "UPDATE"],
-        vec!["CREATE"],
-        vec!["UPDATE"],
-    ] {
+    for ops in [vec!["CREATE", "UPDATE"], vec!["CREATE"], vec!["UPDATE"]] {
         let validations: Vec<Json> = placed
             .iter()
             .filter(|p| p.operations == ops)

@@ -128,11 +128,17 @@ fn built_in_parents_always_get_a_policy_with_transition_rules_on_update() {
 fn renaming_spares_strings_and_fields() {
     let r = |s: &str| rename(s, &[("self", "object"), ("oldSelf", "oldObject")]);
     assert_eq!(r("self.x == oldSelf.x"), "object.x == oldObject.x");
-    assert_eq!(r("self.self == 'self' + \"oldSelf\""), "object.self == 'self' + \"oldSelf\"");
+    assert_eq!(
+        r("self.self == 'self' + \"oldSelf\""),
+        "object.self == 'self' + \"oldSelf\""
+    );
     assert_eq!(r("r'\\self' == self.a"), "r'\\self' == object.a");
     assert_eq!(r("'''it's self''' + self.b"), "'''it's self''' + object.b");
     assert_eq!(r("myself == selfish"), "myself == selfish");
-    assert_eq!(r("self.items.all(i, i . self > 0)"), "object.items.all(i, i . self > 0)");
+    assert_eq!(
+        r("self.items.all(i, i . self > 0)"),
+        "object.items.all(i, i . self > 0)"
+    );
 }
 
 #[test]
