@@ -243,28 +243,6 @@ fn matches(desired: &Json, live: &Json) -> bool {
         && subset(&desired["metadata"]["labels"], &live["metadata"]["labels"])
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn another_installations_policy_is_not_taken_over() {
-        let scope = Scope {
-            installation: "a".into(),
-            ..Scope::default()
-        };
-        let ours = json!({"metadata": {"labels": {
-            "app.kubernetes.io/managed-by": "rulebook", INSTALLATION_LABEL: "a"}}});
-        assert_eq!(not_ours(&ours, &scope), None);
-        let theirs = json!({"metadata": {"labels": {
-            "app.kubernetes.io/managed-by": "rulebook", INSTALLATION_LABEL: "b"}}});
-        assert!(not_ours(&theirs, &scope).is_some_and(|w| w.contains("installation 'b'")));
-        let foreign = json!({"metadata": {"managedFields": [{"manager": "kubectl"}]}});
-        assert!(not_ours(&foreign, &scope).is_some());
-    }
-}
-
 /// What `run` does to the policies: read, apply (create) and delete them by name, and
 /// list this installation's (by label; a list cannot be limited to names).
 pub const POLICY_VERBS: &[&str] = &["create", "delete", "get", "patch"];
@@ -298,4 +276,26 @@ pub fn rbac_rules(set: &RuleSet) -> Vec<Json> {
             "verbs": ["list"],
         }),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn another_installations_policy_is_not_taken_over() {
+        let scope = Scope {
+            installation: "a".into(),
+            ..Scope::default()
+        };
+        let ours = json!({"metadata": {"labels": {
+            "app.kubernetes.io/managed-by": "rulebook", INSTALLATION_LABEL: "a"}}});
+        assert_eq!(not_ours(&ours, &scope), None);
+        let theirs = json!({"metadata": {"labels": {
+            "app.kubernetes.io/managed-by": "rulebook", INSTALLATION_LABEL: "b"}}});
+        assert!(not_ours(&theirs, &scope).is_some_and(|w| w.contains("installation 'b'")));
+        let foreign = json!({"metadata": {"managedFields": [{"manager": "kubectl"}]}});
+        assert!(not_ours(&foreign, &scope).is_some());
+    }
 }

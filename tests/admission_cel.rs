@@ -7,6 +7,9 @@
 //! when the rule does. Every object is labelled with the test's own selector (`run
 //! --selector`), which the bindings carry, so no other test's objects are judged.
 
+// One scenario, read as one story (the cluster's objects carry over between its steps).
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 use std::process::Command;
