@@ -7,6 +7,9 @@
 //!   stored one), unless CRD validation cannot express it: it reads `self.metadata`
 //!   beyond `name` and `generateName` (all a CRD rule sees of metadata), or it narrows
 //!   `operations` (a CRD rule runs on every write; a transition rule on updates only).
+//!   It also goes to a policy when the CRD has several versions (`spec.crd.versions`): a
+//!   CRD rule runs in the request's version, a policy in the rule's (`matchPolicy:
+//!   Equivalent`).
 //! - Every other `cel:` check (built-in or foreign parent kinds, and the cases above)
 //!   goes into a generated `ValidatingAdmissionPolicy` with its binding
 //!   (`validationActions: [Deny]`), scoped to the parent's resource and to the operations
@@ -85,6 +88,10 @@ pub fn placements(rule: &Rule) -> Vec<Placed<'_>> {
         return Vec::new();
     };
     let defines_crd = rule.spec.crd.is_some();
+    // A CRD validation rule runs on a request in its own version's schema: with several
+    // versions, the rule's expressions (written for `spec.parent`'s version) go into a
+    // policy instead.
+    let several_versions = rule.spec.crd.as_ref().is_some_and(|c| c.versions.len() > 1);
     let mut out = Vec::new();
     for (index, check) in admission.validate.iter().enumerate() {
         let Some(cel) = &check.cel else { continue };
@@ -110,6 +117,10 @@ pub fn placements(rule: &Rule) -> Vec<Placed<'_>> {
             .collect();
         let placement = if !defines_crd {
             Placement::Policy("the rule does not define the parent's CRD".into())
+        } else if several_versions {
+            Placement::Policy(
+                "the CRD has several versions: a policy judges a request in any of them in the rule's version (matchPolicy: Equivalent)".into(),
+            )
         } else if let Some(m) = metadata.first() {
             Placement::Policy(format!(
                 "it reads {m}, and a CRD validation rule sees only metadata.name and metadata.generateName"
