@@ -130,10 +130,25 @@ fn describe(kind: &str, name: &str, e: kube::Error) -> String {
     }
 }
 
-/// Why a live policy of this name is not this installation's to change, if it is not.
+/// Why a live policy of this name is not this installation's to change, if it is not:
+/// it is not Rulebook's (neither its label nor its field manager, as `crds::foreign`
+/// asks of a CRD), or it is another installation's.
 fn not_ours(live: &Json, scope: &Scope) -> Option<String> {
-    if let Some(why) = crate::crds::foreign(live) {
-        return Some(why);
+    let labelled = live
+        .pointer("/metadata/labels")
+        .and_then(|l| l.get(crate::rules::crd::MANAGED_BY_LABEL))
+        .and_then(Json::as_str)
+        == Some(crate::rules::crd::MANAGED_BY_VALUE);
+    let applied = live
+        .pointer("/metadata/managedFields")
+        .and_then(Json::as_array)
+        .is_some_and(|m| m.iter().any(|e| e["manager"] == FIELD_MANAGER));
+    if !labelled && !applied {
+        return Some(format!(
+            "it exists and is not Rulebook's (no label {}={}, no field of Rulebook's field manager); refusing to take it over",
+            crate::rules::crd::MANAGED_BY_LABEL,
+            crate::rules::crd::MANAGED_BY_VALUE
+        ));
     }
     match live
         .pointer("/metadata/labels")

@@ -15,6 +15,8 @@ use std::path::{Path, PathBuf};
 /// Each top-level module's layer. A module may use modules of lower layers only.
 const LAYERS: &[(&str, u32)] = &[
     ("meta", 0),
+    // Offline CEL (rulebook-core's cel/): imports nothing of Rulebook's.
+    ("cel", 0),
     ("rules", 1),
     ("render", 2),
     ("rbac", 3),
@@ -32,6 +34,7 @@ const LAYERS: &[(&str, u32)] = &[
     // operator, the CLI, `http` (readiness) and `crds` (the conversion endpoint) use it.
     ("webhook", 7),
     ("crds", 8),
+    ("policies", 8),
     ("http", 8),
     ("leader", 8),
     ("reload", 8),

@@ -14,8 +14,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::Value as Json;
 
 use crate::render::RuleSet;
-use crate::rules::placement::{Placement, placements};
-use crate::rules::policy::{self, Resource, Scope};
+use crate::rules::policy::{self, Placement, Resource, Scope, placements};
 
 /// One line per `cel:` key: where it is enforced.
 pub fn placement_lines(set: &RuleSet) -> Vec<String> {

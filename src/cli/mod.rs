@@ -284,7 +284,7 @@ pub struct RenderArgs {
     pub status: bool,
     /// Print the rule's admission objects instead of the children: the admission
     /// policies its `cel:` keys generate, and the webhook configurations its `expr:` keys
-    /// need (docs/reference/admission.md).
+    /// need (docs/reference/admission-cel.md).
     #[arg(long, conflicts_with = "status")]
     pub admission: bool,
     /// The time to stamp on conditions (RFC 3339); default: now.

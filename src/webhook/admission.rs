@@ -40,11 +40,14 @@ use crate::render::admission::{AdmitRequest, Operation, Phase, Verdict};
 use crate::render::{CompiledRule, Observed, RefSelect, RefTarget, RuleSet, Scope};
 use crate::rules::Reference;
 
+/// `(apiVersion, kind)` → the API resource and its scope, as discovered.
+type Discovered = HashMap<(String, String), (ApiResource, Scope)>;
+
 /// Reads a rule's references for an admission request: the kinds discovered once.
 #[derive(Clone)]
 pub struct RefReader {
     client: Option<Client>,
-    kinds: Arc<Mutex<HashMap<(String, String), (ApiResource, Scope)>>>,
+    kinds: Arc<Mutex<Discovered>>,
 }
 
 impl RefReader {

@@ -217,7 +217,7 @@ fn judge_cel(rule: &CompiledRule, op: Operation, object: Json, old: Option<&Json
         Operation::Create => "CREATE",
         Operation::Update => "UPDATE",
     };
-    for p in crate::rules::placement::placements(&rule.rule) {
+    for p in crate::rules::policy::placements(&rule.rule) {
         if !p.operations.contains(&op_name) {
             continue;
         }

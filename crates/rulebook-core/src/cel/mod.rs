@@ -3,7 +3,7 @@
 //! admission steps, with `self`/`oldSelf` (validation) or `object`/`oldObject` (defaults)
 //! bound to the fixtures. The API server stays the judge of record: `rulebook check
 //! --kubeconfig` asks it (a server-side dry-run of the generated CRD or policy), and
-//! docs/reference/admission.md ("Offline CEL") lists what differs.
+//! docs/reference/admission-cel.md ("Offline CEL") lists what differs.
 //!
 //! The crate: `cel` (cel-rust, 0.15), chosen over
 //! - `cel-cxx` (bindings to Google's cel-cpp, which has the type checker the API server

@@ -2,8 +2,8 @@
 //! grammar of `resource.Quantity` (apimachinery's `ParseQuantity`), read into a 64-bit
 //! float. Exact for the values quantities usually hold (integers up to 2^53, binary and
 //! decimal suffixes); the API server compares them exactly, so two quantities that differ
-//! only beyond a double's precision can compare differently offline (docs/reference/
-//! admission.md, "Offline CEL").
+//! only beyond a double's precision can compare differently offline
+//! (docs/reference/admission-cel.md, "Offline CEL").
 
 /// Why a string is not a quantity.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

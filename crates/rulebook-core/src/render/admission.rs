@@ -22,7 +22,7 @@ use minijinja::Environment;
 use minijinja::value::Value;
 use serde_json::{Map, Value as Json, json};
 
-use super::compile_exprs::Diags;
+use super::diags::Diags;
 use super::{CompiledRule, Expr, RenderError, redact, secret_values_in, val};
 use crate::rules::admission::path_segments;
 use crate::rules::{Diagnostic, Rule, ValidateRule};

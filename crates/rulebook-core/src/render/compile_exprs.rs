@@ -31,22 +31,7 @@ impl Default for ExprReads {
     }
 }
 
-/// Where a rule's diagnostics point, and the prefix they carry.
-pub(super) struct Diags<'a> {
-    pub file: &'a str,
-    pub name: &'a str,
-}
-
-impl Diags<'_> {
-    pub fn at(&self, line: u64, col: u64, key: &str, msg: String) -> Diagnostic {
-        Diagnostic::new(
-            self.file,
-            line,
-            col,
-            format!("rule '{}': {key}: {msg}", self.name),
-        )
-    }
-}
+pub(super) use super::diags::Diags;
 
 /// Compiles one rule's expressions into `env`, collecting every problem.
 struct ExprCompiler<'env, 'a> {

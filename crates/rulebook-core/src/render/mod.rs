@@ -13,6 +13,7 @@ pub mod budget;
 mod children;
 mod compile;
 mod compile_exprs;
+mod diags;
 mod convert;
 mod env;
 mod error;

@@ -11,7 +11,7 @@
 
 use serde_json::Value as Json;
 
-use super::placement::{Placement, placements};
+use super::policy::{Placement, placements};
 use super::{Loc, Rule, is_identifier};
 
 /// Checks the `cel:` keys of `r`'s `spec.admission`.

@@ -116,7 +116,7 @@ pub fn crd_with_webhook(rule: &Rule, client_config: Option<&Json>) -> Option<Jso
             },
         });
     }
-    super::placement::add_crd_validations(rule, &mut out);
+    super::policy::add_crd_validations(rule, &mut out);
     Some(out)
 }
 

@@ -10,7 +10,6 @@ pub mod crd;
 mod links;
 mod load;
 pub mod model;
-pub mod placement;
 pub mod policy;
 pub mod versions;
 pub mod webhooks;

@@ -160,3 +160,24 @@ fn cel_defaults_become_a_mutating_policy_that_fills_absent_fields() {
     assert_eq!(objs[1]["kind"], "MutatingAdmissionPolicyBinding");
     assert_eq!(objs[1]["spec"]["policyName"], "rulebook-app");
 }
+
+#[test]
+fn a_crd_with_several_versions_gets_policies() {
+    let mut r = rule(true, ISSUE);
+    let crd = r.spec.crd.as_mut().expect("crd");
+    let version = |name: &str, storage: bool| crate::rules::CrdVersion {
+        name: crate::rules::Loc::new(name.to_string()),
+        served: true,
+        storage,
+        deprecated: false,
+        deprecation_warning: None,
+        spec_schema: None,
+        status_schema: None,
+        printer_columns: Vec::new(),
+    };
+    crd.versions = vec![version("v1", true), version("v1alpha1", false)];
+    assert!(placements(&r).iter().all(
+        |p| matches!(&p.placement, Placement::Policy(why) if why.contains("several versions"))
+    ));
+    assert!(crd_validations(&r).is_empty());
+}
