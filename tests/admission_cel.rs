@@ -6,10 +6,6 @@
 //! a built-in kind (ConfigMap) gets a ValidatingAdmissionPolicy; a rule's policies go
 //! when the rule does. Every object is labelled with the test's own selector (`run
 //! --selector`), which the bindings carry, so no other test's objects are judged.
-// A scenario test reads top to bottom as one story: set up, act, wait, assert. The
-// function size limit (clippy.toml, issue 42) is for the product code.
-#![allow(clippy::too_many_lines)]
-
 // One scenario, read as one story (the cluster's objects carry over between its steps).
 #![allow(clippy::too_many_lines)]
 
