@@ -17,19 +17,7 @@ use crate::meta::FIELD_MANAGER;
 use crate::render::RuleSet;
 use crate::rules::policy::{self, INSTALLATION_LABEL, Resource, Scope};
 
-/// The four kinds, with their plurals.
-pub const KINDS: [(&str, &str); 4] = [
-    ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
-    (
-        "ValidatingAdmissionPolicyBinding",
-        "validatingadmissionpolicybindings",
-    ),
-    ("MutatingAdmissionPolicy", "mutatingadmissionpolicies"),
-    (
-        "MutatingAdmissionPolicyBinding",
-        "mutatingadmissionpolicybindings",
-    ),
-];
+pub use crate::rules::policy::KINDS;
 
 fn api(client: &kube::Client, kind: &str) -> Api<DynamicObject> {
     let plural = KINDS
@@ -241,41 +229,6 @@ fn matches(desired: &Json, live: &Json) -> bool {
     }
     subset(&desired["spec"], &live["spec"])
         && subset(&desired["metadata"]["labels"], &live["metadata"]["labels"])
-}
-
-/// What `run` does to the policies: read, apply (create) and delete them by name, and
-/// list this installation's (by label; a list cannot be limited to names).
-pub const POLICY_VERBS: &[&str] = &["create", "delete", "get", "patch"];
-
-/// The RBAC rules `rulebook rbac` adds for the policies of `set` (none without `cel:`
-/// keys): every verb but `list` by `resourceNames`.
-pub fn rbac_rules(set: &RuleSet) -> Vec<Json> {
-    let mut names: BTreeSet<String> = BTreeSet::new();
-    for rule in set.rules.values() {
-        let r = &rule.rule;
-        for obj in policy::policies(r, &Resource::of(r), &Scope::default()) {
-            if let Some(n) = obj["metadata"]["name"].as_str() {
-                names.insert(n.to_string());
-            }
-        }
-    }
-    if names.is_empty() {
-        return Vec::new();
-    }
-    let resources: Vec<&str> = KINDS.iter().map(|(_, p)| *p).collect();
-    vec![
-        serde_json::json!({
-            "apiGroups": ["admissionregistration.k8s.io"],
-            "resources": resources,
-            "resourceNames": names,
-            "verbs": POLICY_VERBS,
-        }),
-        serde_json::json!({
-            "apiGroups": ["admissionregistration.k8s.io"],
-            "resources": resources,
-            "verbs": ["list"],
-        }),
-    ]
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use crate::meta::split_api_version;
 use crate::render::RuleSet;
 
 mod diff;
+mod policies;
 pub use diff::{DIFF_DRY_RUN_VERBS, DIFF_READ_VERBS};
 
 pub const PARENT_VERBS: &[&str] = &["get", "list", "watch"];
@@ -236,7 +237,7 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
         }));
     }
     // The admission policies of `cel:` keys (src/policies.rs), by name.
-    rules.extend(crate::policies::rbac_rules(set));
+    rules.extend(policies::rbac_rules(set));
     if opts.sharding {
         // Member Leases are named after the members: no resourceNames. The coordinator
         // also counts parents (list, already granted on every parent kind).

@@ -29,6 +29,20 @@ use super::{Rule, ValidateRule};
 use crate::meta::labels::{MANAGED_BY as MANAGED_BY_LABEL, MANAGED_BY_VALUE};
 use crate::meta::split_api_version;
 
+/// The four kinds, with their plurals.
+pub const KINDS: [(&str, &str); 4] = [
+    ("ValidatingAdmissionPolicy", "validatingadmissionpolicies"),
+    (
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+    ),
+    ("MutatingAdmissionPolicy", "mutatingadmissionpolicies"),
+    (
+        "MutatingAdmissionPolicyBinding",
+        "mutatingadmissionpolicybindings",
+    ),
+];
+
 /// The label naming the installation (`run --lease-name`) a policy belongs to.
 pub const INSTALLATION_LABEL: &str = "rulebook.dev/installation";
 /// The API group and version of the policies.
