@@ -361,3 +361,20 @@ fn binary_check_of_a_missing_directory_fails_cleanly() {
         "stderr:\n{stderr}"
     );
 }
+
+/// docs/rule.schema.json is what `rulebook schema` prints: editors validate rule files
+/// against it, so a new key must reach it (regenerate with `cargo run -q -- schema >
+/// docs/rule.schema.json`).
+#[test]
+fn the_published_schema_is_current() {
+    let (code, out, err) = rulebook(&["schema"]);
+    assert_eq!(code, 0, "{err}");
+    let published = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/rule.schema.json"),
+    )
+    .expect("docs/rule.schema.json");
+    assert!(
+        out == published,
+        "docs/rule.schema.json is stale: run `cargo run -q -- schema > docs/rule.schema.json`"
+    );
+}
