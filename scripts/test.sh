@@ -45,7 +45,7 @@ heavy_shared=faults_heavy_shared
 
 # Started first, longest first (their last durations), so the tail of the first step is
 # short binaries rather than one long one started last.
-long_first=(sharding $heavy_shared faults steady_state tenants hostile_templates
+long_first=(sharding $heavy_shared faults versions steady_state tenants webhook_certs hostile_templates
 	sharding_fence sharding_rolling orphans sharding_dropped references deletion cheaper
 	sharding_cluster sharding_renewal reconcile_examples hot_reload)
 
