@@ -58,20 +58,22 @@ async fn run_fleet(
     let fleet = Fleet::new(kind, rule, kubeconfig);
     let spaces = namespaces(&client, &unique("team"), spaces_n).await;
     let audit = Audit::mark();
-    // Three replicas from the start; the parents arrive after them, so the coordinator
-    // must move ranges to the load. (One replica converging everything alone first, for
-    // a memory comparison, took half of this test's ten minutes in `make test`; memory
-    // is a measurement, and `make bench-sharded` makes it on a release build.)
+    // One replica first: it converges everything alone; then two more join and the
+    // coordinator splits the namespaces three ways by their load. (Three replicas from
+    // the start, with the parents created after them, were tried on 2026-11-28: the
+    // split then starts from equal thirds of the hash space, and the coordinator moves
+    // ranges only past its imbalance bound, `shard::plan::IMBALANCE` = 1.25 × a fair
+    // share, 41.7 % — above this test's 40 %: once, 410 of 1,000 stayed put.)
     let mut ops = vec![fleet.replica().await];
-    ops.push(fleet.replica().await);
-    ops.push(fleet.replica().await);
     let created = Instant::now();
     create_parents(&client, kind, &spaces, per).await;
     all_ready(&client, kind, &spaces, total, None, T).await;
     eprintln!(
-        "{rule}: {total} parents created and Ready in {:?} (three replicas)",
+        "{rule}: {total} parents created and Ready in {:?} (one replica)",
         created.elapsed()
     );
+    ops.push(fleet.replica().await);
+    ops.push(fleet.replica().await);
 
     // Each replica holds a part: the API server filtered its caches. (Parents of the
     // kind left by earlier runs on a reused cluster count too: the caches hold them.)
