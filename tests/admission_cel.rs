@@ -253,18 +253,21 @@ async fn cel_rules_are_enforced_by_the_api_server() {
             .then_some(())
     })
     .await;
+    // The binding is a delete of its own, after the policy's: waited for, not assumed.
     let bindings = policies(
         &client,
         "ValidatingAdmissionPolicyBinding",
         "validatingadmissionpolicybindings",
     );
-    assert!(
+    wait_for(T, "the ConfigMap rule's binding to be deleted", || async {
         bindings
             .get_opt(&format!("rulebook-{cm}"))
             .await
-            .unwrap()
+            .ok()?
             .is_none()
-    );
+            .then_some(())
+    })
+    .await;
     wait_for(T, "the ConfigMap to be admitted", || async {
         kubectl_apply(&cm_yaml(&dev, "bad", &id, "turbo")).ok()
     })
