@@ -136,17 +136,6 @@ async fn one(
 /// Whether the live object already has the desired webhooks and labels: an unchanged
 /// configuration is not written again.
 fn matches(desired: &Json, live: &Json) -> bool {
-    fn subset(want: &Json, have: &Json) -> bool {
-        match (want, have) {
-            (Json::Object(w), Json::Object(h)) => w
-                .iter()
-                .all(|(k, v)| h.get(k).is_some_and(|hv| subset(v, hv))),
-            (Json::Array(w), Json::Array(h)) => {
-                w.len() == h.len() && w.iter().zip(h).all(|(a, b)| subset(a, b))
-            }
-            (w, h) => w == h,
-        }
-    }
-    subset(&desired["webhooks"], &live["webhooks"])
-        && subset(&desired["metadata"]["labels"], &live["metadata"]["labels"])
+    crate::meta::json_subset(&desired["webhooks"], &live["webhooks"])
+        && crate::meta::json_subset(&desired["metadata"]["labels"], &live["metadata"]["labels"])
 }

@@ -155,6 +155,24 @@ pub fn truncate(s: &str, max: usize) -> String {
     format!("{}…", &s[..end])
 }
 
+/// Whether `want` is contained in `have`: every key of an object with a contained
+/// value, arrays of the same length element by element, anything else equal. How the
+/// writers of cluster objects (CRDs, webhook configurations, admission policies) tell an
+/// object already as desired from one to write again, whatever the API server added
+/// (defaults, status, managedFields).
+pub fn json_subset(want: &serde_json::Value, have: &serde_json::Value) -> bool {
+    use serde_json::Value as Json;
+    match (want, have) {
+        (Json::Object(w), Json::Object(h)) => w
+            .iter()
+            .all(|(k, v)| h.get(k).is_some_and(|hv| json_subset(v, hv))),
+        (Json::Array(w), Json::Array(h)) => {
+            w.len() == h.len() && w.iter().zip(h).all(|(a, b)| json_subset(a, b))
+        }
+        (w, h) => w == h,
+    }
+}
+
 /// Reading a JSON object by a fixed path of keys, like `Value::pointer` without its cost:
 /// `pointer` unescapes every token into a new `String` (two `replace` calls each), and the
 /// render and reconcile paths read `metadata.name` and its like many times per parent.
