@@ -116,6 +116,10 @@ pub struct RunArgs {
     /// reads its inputs.
     #[arg(long, default_value_t = 64)]
     pub inputs_in_flight_mib: usize,
+    /// Objects per second at most that a storage migration rewrites (when a rule's CRD
+    /// changes its storage version); 0: as fast as the API server answers.
+    #[arg(long, default_value_t = 100)]
+    pub migration_rate: u32,
     /// `namespace`: replicas share the parents by the hash of their namespace, each
     /// announcing itself with a Lease (`--lease-name` names the group); replaces
     /// `--leader-elect`.
@@ -157,6 +161,7 @@ impl RunArgs {
             cache_namespace_mib: self.cache_namespace_mib,
             cache_total_mib: self.cache_total_mib,
             inputs_in_flight_mib: self.inputs_in_flight_mib,
+            migration_rate: self.migration_rate,
             sharding: self.sharding == "namespace",
             shard_filter_client: self.shard_filter == "client",
             shard_rebalance_seconds: self.shard_rebalance_seconds,

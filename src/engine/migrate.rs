@@ -19,6 +19,12 @@
 //!
 //! Progress is on `/status` (`rules.<name>.migration`: `crd`, `from`, `to`, `state`,
 //! `rewritten`, `message`) and in the log.
+//!
+//! The rewrites are paced (`run --migration-rate`, objects per second, default 100): a
+//! migration of a large kind is a stream of updates that each cost the API server a
+//! conversion and an etcd write, and must not crowd out the reconciles and the tenants'
+//! own writes. `tokio::time::interval` paces it (no rate-limiter crate needed for one
+//! sequential writer).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -78,6 +84,8 @@ struct Target {
     rule: String,
     crd: String,
     resource: ApiResource,
+    /// Rewrites per second at most (`None`: as fast as the API server answers).
+    rate: Option<std::num::NonZeroU32>,
 }
 
 impl Target {
@@ -92,6 +100,7 @@ impl Target {
         let parent = &rule.rule.spec.parent;
         let (group, version) = parent.group_version();
         Some(Target {
+            rate: None,
             rule: rule.name.clone(),
             crd: crd_name(&rule.rule)?,
             resource: ApiResource {
@@ -109,9 +118,19 @@ impl Target {
 #[derive(Default)]
 pub struct Migrations {
     tasks: BTreeMap<String, (String, JoinHandle<()>)>,
+    /// Rewrites per second at most, for every migration (`run --migration-rate`).
+    rate: Option<std::num::NonZeroU32>,
 }
 
 impl Migrations {
+    /// No migration running yet; each rewrites at most `rate` objects per second.
+    pub fn new(rate: Option<std::num::NonZeroU32>) -> Self {
+        Migrations {
+            tasks: BTreeMap::new(),
+            rate,
+        }
+    }
+
     /// Starts a migration for every CRD of `set` that `mine` accepts and that has none
     /// running for its storage version (each finds out itself whether there is anything
     /// to do); stops those of CRDs no longer in the set or whose storage version changed.
@@ -139,10 +158,11 @@ impl Migrations {
             }
             keep
         });
-        for (crd, t) in targets {
+        for (crd, mut t) in targets {
             if self.tasks.contains_key(&crd) {
                 continue;
             }
+            t.rate = self.rate;
             let version = t.resource.version.clone();
             let task = tokio::spawn(run(client.clone(), t, status.clone()));
             self.tasks.insert(crd, (version, task));
@@ -289,6 +309,11 @@ async fn rewrite_all(
     let mut last: Option<String> = None;
     let mut skipped = false;
     let mut token: Option<String> = None;
+    let mut pace = t.rate.map(|r| {
+        let mut i = tokio::time::interval(Duration::from_secs(1) / r.get());
+        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        i
+    });
     loop {
         let mut lp = ListParams::default().limit(PAGE);
         if let Some(c) = &token {
@@ -310,6 +335,9 @@ async fn rewrite_all(
             if skip_to.as_ref().is_some_and(|s| key <= *s) {
                 skipped = true;
                 continue;
+            }
+            if let Some(p) = pace.as_mut() {
+                p.tick().await;
             }
             rewrite(client, &t.resource, o).await?;
             rewritten += 1;

@@ -67,6 +67,8 @@ pub struct EngineConfig {
     pub inputs_in_flight: usize,
     /// This replica's share of the parents (`run --sharding namespace`), or everything.
     pub shard: Option<crate::shard::watch::Sharding>,
+    /// Storage-migration rewrites per second at most (`None`: unpaced).
+    pub migration_rate: Option<std::num::NonZeroU32>,
 }
 
 impl Default for EngineConfig {
@@ -81,6 +83,7 @@ impl Default for EngineConfig {
             cache: CacheLimits::default(),
             inputs_in_flight: crate::reconcile::inflight::DEFAULT_TOTAL,
             shard: None,
+            migration_rate: None,
         }
     }
 }
@@ -168,6 +171,7 @@ impl Engine {
         let outbox = Outbox::new(OutboxLimits::DEFAULT, metrics.events_dropped.clone())
             .counting(metrics.events_unsent.clone());
         Engine {
+            migrations: migrate::Migrations::new(config.migration_rate),
             outbox,
             client,
             config,
@@ -180,7 +184,6 @@ impl Engine {
             releases: BTreeMap::new(),
             steady: BTreeMap::new(),
             cleanups: Cleanups::default(),
-            migrations: migrate::Migrations::default(),
         }
     }
 

@@ -70,6 +70,8 @@ pub struct Settings {
     pub cache_total_mib: usize,
     /// MiB of reconcile inputs held at once by all reconciles.
     pub inputs_in_flight_mib: usize,
+    /// Storage-migration rewrites per second at most (0: unpaced).
+    pub migration_rate: u32,
     /// Share the parents among replicas by namespace hash (instead of one leader).
     pub sharding: bool,
     /// Filter shards here even when the API server could.
@@ -337,6 +339,7 @@ fn engine_config(args: &Settings, identity: &str) -> EngineConfig {
         },
         inputs_in_flight: args.inputs_in_flight_mib.saturating_mul(1 << 20),
         shard: None,
+        migration_rate: std::num::NonZeroU32::new(args.migration_rate),
     }
 }
 
