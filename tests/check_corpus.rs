@@ -378,3 +378,68 @@ fn the_published_schema_is_current() {
         "docs/rule.schema.json is stale: run `cargo run -q -- schema > docs/rule.schema.json`"
     );
 }
+
+/// Issue 45: a RoleBinding whose `roleRef` the parent computes, with `allowedRoleRefs`:
+/// `check` warns (the risk, at the template's line), `render` refuses a role outside the
+/// list before anything exists, and `rbac` grants `bind` on exactly the listed roles and
+/// the literal one of the other binding, by name.
+#[test]
+fn binary_role_refs_are_warned_about_refused_outside_the_list_and_bound_by_name() {
+    let case = "tests/corpus/warnings/role-ref-from-spec-allowed";
+    let (_, stderr) = check_valid_with_warnings(case);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "stderr:\n{stderr}");
+    assert!(
+        lines[0].starts_with(&format!(
+            "{case}/rules/r.yaml:10:13: warning: rule 'team': spec.children[0] 'access': {case}/templates/team/access.yaml:8: roleRef.name is computed"
+        )),
+        "{:?}",
+        lines[0]
+    );
+    let dirs = [
+        "--rules",
+        &format!("{case}/rules"),
+        "--templates",
+        &format!("{case}/templates"),
+    ];
+    let render = |parent: &str| {
+        let file = format!("{case}/parents/{parent}.yaml");
+        let mut args = vec!["render", "-f", file.as_str()];
+        args.extend(dirs.iter().map(|s| &**s));
+        rulebook(&args)
+    };
+    let (code, stdout, stderr) = render("view");
+    assert_eq!(code, 0, "stderr:\n{stderr}");
+    assert!(
+        stdout.contains("kind: ClusterRole\n  name: view\n"),
+        "{stdout}"
+    );
+    let (code, stdout, stderr) = render("cluster-admin");
+    assert_eq!(code, 1, "stdout:\n{stdout}");
+    assert!(
+        stderr.contains("the rendered roleRef ClusterRole/cluster-admin is not one this child may bind (allowed: ClusterRole/edit, ClusterRole/view)"),
+        "{stderr}"
+    );
+    let mut args = vec!["rbac"];
+    args.extend(dirs.iter().map(|s| &**s));
+    let (code, stdout, stderr) = rulebook(&args);
+    assert_eq!(code, 0, "stderr:\n{stderr}");
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&stdout).expect("rbac YAML");
+    let binds: Vec<&serde_json::Value> = docs
+        .iter()
+        .flat_map(|d| d["rules"].as_array().into_iter().flatten())
+        .filter(|r| {
+            r["verbs"]
+                .as_array()
+                .is_some_and(|v| v.iter().any(|v| v == "bind"))
+        })
+        .collect();
+    assert_eq!(binds.len(), 1, "{binds:?}");
+    assert_eq!(binds[0]["verbs"], serde_json::json!(["bind"]));
+    assert_eq!(binds[0]["resources"], serde_json::json!(["clusterroles"]));
+    assert_eq!(
+        binds[0]["resourceNames"],
+        serde_json::json!(["admin", "edit", "view"])
+    );
+    assert!(!stdout.contains("escalate"));
+}

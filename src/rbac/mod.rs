@@ -101,7 +101,39 @@ pub fn needs(set: &RuleSet) -> Vec<Need> {
         .into_iter()
         .map(|(key, names)| (key, (names, verbs_of(REF_VERBS))))
         .collect();
-    merge(needs, by_name)
+    let mut out = merge(needs, by_name);
+    out.extend(bind_needs(set));
+    out.sort();
+    out
+}
+
+/// `bind` on the roles that RoleBinding and ClusterRoleBinding children name, by name
+/// (`render::role_refs`): what the API server asks of whoever creates a binding to a
+/// role with permissions it does not hold itself. Never `escalate`, never every role.
+fn bind_needs(set: &RuleSet) -> Vec<Need> {
+    let mut by_kind: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for r in set.rules.values() {
+        for (kind, name) in crate::render::role_refs::bindable(r) {
+            let resource = if kind == "ClusterRole" {
+                "clusterroles"
+            } else {
+                "roles"
+            };
+            by_kind
+                .entry(resource.to_string())
+                .or_default()
+                .insert(name);
+        }
+    }
+    by_kind
+        .into_iter()
+        .map(|(resource, names)| Need {
+            group: crate::render::role_refs::RBAC_GROUP.to_string(),
+            resource,
+            verbs: verbs_of(&["bind"]),
+            resource_names: names,
+        })
+        .collect()
 }
 
 fn verbs_of(verbs: &[&str]) -> BTreeSet<String> {

@@ -51,6 +51,9 @@ impl CompiledRule {
             .and_then(|r| parse_duration(r).ok());
         diags.extend(super::admission::diagnostics(&env, rule, &at));
         diags.extend(super::admission_names::diagnostics(&env, rule, &at));
+        diags.extend(
+            super::role_refs::diagnostics(rule, &sr.file, &|t| templates.get(t).cloned()).0,
+        );
         let in_exprs = ExprReads::default();
         let compiled = Compiled::try_new(env, |env| {
             super::compile_exprs::programs(env, rule, &at, &in_exprs)

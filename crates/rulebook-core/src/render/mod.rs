@@ -24,6 +24,7 @@ pub mod mentions;
 mod names;
 mod ready;
 pub mod refs;
+pub mod role_refs;
 mod secrets;
 mod set;
 mod slice;

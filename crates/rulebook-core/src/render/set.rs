@@ -49,6 +49,7 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
                 let mut w = super::adopt::warnings(r);
                 w.extend(super::refs::warnings(r));
                 w.extend(super::unwaited::warnings(r));
+                w.extend(super::role_refs::warnings(r));
                 w
             })
             .collect();

@@ -351,6 +351,19 @@ pub struct ChildRule {
     /// has no teardown: the garbage collector deletes its children.
     #[serde(default, skip_serializing_if = "DeletionPolicy::is_delete")]
     pub deletion_policy: DeletionPolicy,
+    /// For a RoleBinding or ClusterRoleBinding child whose template computes `roleRef`:
+    /// the roles it may bind (`rulebook rbac` grants `bind` on exactly these; any other
+    /// rendered `roleRef` is refused). A literal `roleRef` needs no list.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_role_refs: Vec<RoleRefName>,
+}
+
+/// A role a binding child may name: `kind` (`Role` or `ClusterRole`) and `name`.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RoleRefName {
+    pub kind: Loc<String>,
+    pub name: Loc<String>,
 }
 
 /// How one status field is computed.
