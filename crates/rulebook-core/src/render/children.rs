@@ -277,6 +277,9 @@ impl CompiledRule {
             check_object_name("metadata.namespace", n)?;
         }
         place(meta, scope, parent.namespace, &c.kind.value)?;
+        if parent.namespace.is_none() {
+            self.check_target(meta, c)?;
+        }
         let labels_map = meta
             .entry("labels")
             .or_insert_with(|| Json::Object(Map::new()));
@@ -317,6 +320,31 @@ impl CompiledRule {
         }
         map.remove("status");
         Ok(object)
+    }
+}
+
+impl CompiledRule {
+    /// A cluster-scoped parent's child: its namespace (or, for a Namespace, its name) is
+    /// one of the rule's `targetNamespaces` (`targets.rs`).
+    fn check_target(&self, meta: &Map<String, Json>, c: &ChildRule) -> Result<(), String> {
+        let targets = self.rule.spec.target_namespaces.as_deref();
+        let (ns, what) = if c.kind.as_str() == "Namespace" && c.api_version.as_str() == "v1" {
+            (
+                meta.get("name").and_then(Json::as_str),
+                "the rendered Namespace",
+            )
+        } else {
+            (
+                meta.get("namespace").and_then(Json::as_str),
+                "the child's namespace",
+            )
+        };
+        match ns {
+            Some(ns) if !super::targets::allowed(targets, ns) => {
+                Err(super::targets::refusal(targets, ns, what))
+            }
+            _ => Ok(()),
+        }
     }
 }
 

@@ -54,6 +54,7 @@ impl CompiledRule {
         diags.extend(
             super::role_refs::diagnostics(rule, &sr.file, &|t| templates.get(t).cloned()).0,
         );
+        diags.extend(super::targets::diagnostics(rule, &sr.file));
         let in_exprs = ExprReads::default();
         let compiled = Compiled::try_new(env, |env| {
             super::compile_exprs::programs(env, rule, &at, &in_exprs)

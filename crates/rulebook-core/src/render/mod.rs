@@ -30,6 +30,7 @@ mod set;
 mod slice;
 pub mod status;
 mod status_eval;
+pub mod targets;
 pub mod unwaited;
 
 use std::collections::{BTreeMap, BTreeSet};

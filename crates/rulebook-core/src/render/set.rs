@@ -50,6 +50,7 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
                 w.extend(super::refs::warnings(r));
                 w.extend(super::unwaited::warnings(r));
                 w.extend(super::role_refs::warnings(r));
+                w.extend(super::targets::warnings(r));
                 w
             })
             .collect();

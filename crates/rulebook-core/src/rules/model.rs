@@ -128,6 +128,11 @@ pub struct RuleSpec {
     /// rules and computed defaults by Rulebook's admission webhooks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<Admission>,
+    /// For a cluster-scoped parent: the namespaces (names, `*` patterns) its namespaced
+    /// children, and the Namespaces it creates, may be in. A child elsewhere fails the
+    /// parent's render; `kube-*` namespaces only when listed by their exact name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_namespaces: Option<Vec<Loc<String>>>,
 }
 
 /// `spec.admission`: validation beyond types, and computed defaults.
