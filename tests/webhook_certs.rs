@@ -126,7 +126,10 @@ async fn confirmed_phases(client: &kube::Client, ns: &str, name: &str) -> Vec<St
         return Vec::new();
     };
     let ann = s.metadata.annotations.unwrap_or_default();
-    let phase = ann.get("rulebook.dev/webhook-rotation").cloned().unwrap_or_default();
+    let phase = ann
+        .get("rulebook.dev/webhook-rotation")
+        .cloned()
+        .unwrap_or_default();
     ann.keys()
         .filter(|k| k.starts_with("rulebook.dev/webhook-replica-"))
         .map(|_| phase.clone())
@@ -253,8 +256,7 @@ async fn certificates_rotate_under_continuous_creates_without_a_failed_request()
     );
     assert_eq!(seen.configuration.last, 1, "the old CA left the caBundle");
     assert_eq!(
-        seen.crd,
-        seen.configuration,
+        seen.crd, seen.configuration,
         "the CRD's conversion caBundle followed the rotation as the configuration's did"
     );
     let end = secret_data(&client, &ns, &h.name).await.expect("Secret");

@@ -347,9 +347,8 @@ pub fn next(
     let trusted_everywhere =
         settled && confirmed(replicas, now, settle, |c| c.trusted.contains(&signing));
     let served_everywhere = settled && confirmed(replicas, now, settle, |c| c.serving == signing);
-    let tls_stale = due(b.tls_issued, b.tls_expires, now)
-        || b.tls_names != policy.names
-        || b.tls_ca != signing;
+    let tls_stale =
+        due(b.tls_issued, b.tls_expires, now) || b.tls_names != policy.names || b.tls_ca != signing;
     match b.phase {
         Phase::Stable if due(b.ca_issued, b.ca_expires, now) => {
             let ca = new_ca(now, policy.ca_validity)?;
@@ -392,8 +391,15 @@ pub fn until_next(b: &Bundle, policy: &Policy, now: i64) -> i64 {
     let step = match b.phase {
         Phase::Stable => tls.min(ca),
         // Past `settle`, waiting for confirmations: look again every second.
-        Phase::Adding => b.phase_since.saturating_add(secs(policy.settle)).max(now + 1),
-        Phase::Dropping => tls.min(b.phase_since.saturating_add(secs(policy.settle)).max(now + 1)),
+        Phase::Adding => b
+            .phase_since
+            .saturating_add(secs(policy.settle))
+            .max(now + 1),
+        Phase::Dropping => tls.min(
+            b.phase_since
+                .saturating_add(secs(policy.settle))
+                .max(now + 1),
+        ),
     };
     (step - now).max(0)
 }
@@ -471,7 +477,8 @@ mod tests {
             None,
             "waits to settle"
         );
-        let dropping = next(Some(&cur), &p, 1_210, &[]).unwrap()
+        let dropping = next(Some(&cur), &p, 1_210, &[])
+            .unwrap()
             .expect("new certificate");
         assert_eq!(dropping.phase, Phase::Dropping);
         assert_eq!(dropping.tls_ca, fingerprint(&dropping.ca_cert));
@@ -480,7 +487,8 @@ mod tests {
             "old CA kept while replicas switch"
         );
         assert_eq!(next(Some(&dropping), &p, 1_215, &[]).unwrap(), None);
-        let stable = next(Some(&dropping), &p, 1_220, &[]).unwrap()
+        let stable = next(Some(&dropping), &p, 1_220, &[])
+            .unwrap()
             .expect("old CA dropped");
         assert_eq!(stable.phase, Phase::Stable);
         assert_eq!(stable.trusted, stable.ca_cert);
@@ -503,7 +511,10 @@ mod tests {
         let p = policy();
         let (adding, old) = adding_at(1_200);
         let new = fingerprint(&adding.ca_cert);
-        assert_eq!(fingerprints(&adding.trusted), vec![old.clone(), new.clone()]);
+        assert_eq!(
+            fingerprints(&adding.trusted),
+            vec![old.clone(), new.clone()]
+        );
         let a = Confirmation::of(&adding, 1_205);
         assert_eq!((a.serving.as_str(), a.trusted.len()), (old.as_str(), 2));
         // A replica still on the bundle before the rotation (trusting the old CA only).
@@ -513,7 +524,11 @@ mod tests {
             at: 1_208,
         };
         let at = |c: &Confirmation, t: i64| Confirmation { at: t, ..c.clone() };
-        assert_eq!(next(Some(&adding), &p, 1_209, &[a.clone()]).unwrap(), None, "not yet settled");
+        assert_eq!(
+            next(Some(&adding), &p, 1_209, &[a.clone()]).unwrap(),
+            None,
+            "not yet settled"
+        );
         assert_eq!(
             next(Some(&adding), &p, 1_212, &[a.clone(), behind.clone()]).unwrap(),
             None,
@@ -524,7 +539,11 @@ mod tests {
             .expect("every live replica trusts both");
         assert_eq!(dropping.phase, Phase::Dropping);
         // Gone: its last word is older than `settle`.
-        assert!(next(Some(&adding), &p, 1_219, &[a.clone(), behind.clone()]).unwrap().is_some());
+        assert!(
+            next(Some(&adding), &p, 1_219, &[a.clone(), behind.clone()])
+                .unwrap()
+                .is_some()
+        );
 
         // Dropping: the old CA stays while a live replica serves its certificate.
         let switched = Confirmation::of(&dropping, 1_215);
@@ -533,15 +552,29 @@ mod tests {
         for t in [1_222, 1_225, 1_228] {
             let keeps_saying = at(&still_old, t - 2);
             assert_eq!(
-                next(Some(&dropping), &p, t, &[at(&switched, t - 1), keeps_saying]).unwrap(),
+                next(
+                    Some(&dropping),
+                    &p,
+                    t,
+                    &[at(&switched, t - 1), keeps_saying]
+                )
+                .unwrap(),
                 None,
                 "old CA kept at {t}: a live replica serves its certificate"
             );
         }
-        let stable = next(Some(&dropping), &p, 1_230, &[at(&switched, 1_229), still_old])
-            .unwrap()
-            .expect("the replica on the old certificate went silent: gone");
-        assert_eq!((stable.phase, fingerprints(&stable.trusted)), (Phase::Stable, vec![new]));
+        let stable = next(
+            Some(&dropping),
+            &p,
+            1_230,
+            &[at(&switched, 1_229), still_old],
+        )
+        .unwrap()
+        .expect("the replica on the old certificate went silent: gone");
+        assert_eq!(
+            (stable.phase, fingerprints(&stable.trusted)),
+            (Phase::Stable, vec![new])
+        );
     }
 
     #[test]

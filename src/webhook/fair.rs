@@ -46,7 +46,10 @@ impl Class {
         if conversion {
             return Class::Conversion;
         }
-        match review.pointer("/request/namespace").and_then(|n| n.as_str()) {
+        match review
+            .pointer("/request/namespace")
+            .and_then(|n| n.as_str())
+        {
             Some(ns) if !ns.is_empty() => Class::Namespace(ns.to_string()),
             _ => Class::Cluster,
         }
@@ -175,7 +178,10 @@ mod tests {
         let _a2 = fair.enter(ns("a")).unwrap();
         let refused = fair.enter(ns("a")).err().expect("over the share");
         assert_eq!(refused.share, 2);
-        assert!(refused.to_string().contains(r#"namespace "a""#), "{refused}");
+        assert!(
+            refused.to_string().contains(r#"namespace "a""#),
+            "{refused}"
+        );
         let _b = fair.enter(ns("b")).unwrap();
         let _c = fair.enter(Class::Cluster).unwrap();
         let _d = fair.enter(Class::Conversion).unwrap();
@@ -191,7 +197,11 @@ mod tests {
             let s = fair.enter(ns(&format!("tenant-{i}"))).unwrap();
             drop(s);
         }
-        assert_eq!(fair.len(), 0, "no entry kept for a namespace that holds nothing");
+        assert_eq!(
+            fair.len(),
+            0,
+            "no entry kept for a namespace that holds nothing"
+        );
         let held: Vec<Slot> = (0..10)
             .map(|i| fair.enter(ns(&format!("t{i}"))).unwrap())
             .collect();
@@ -223,7 +233,10 @@ mod tests {
     fn the_class_of_a_review() {
         let r = json!({"request": {"namespace": "team-a", "uid": "u"}});
         assert_eq!(Class::of(&r, false), ns("team-a"));
-        assert_eq!(Class::of(&json!({"request": {"namespace": ""}}), false), Class::Cluster);
+        assert_eq!(
+            Class::of(&json!({"request": {"namespace": ""}}), false),
+            Class::Cluster
+        );
         assert_eq!(Class::of(&json!({"request": {}}), false), Class::Cluster);
         assert_eq!(Class::of(&r, true), Class::Conversion);
     }
