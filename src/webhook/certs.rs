@@ -525,7 +525,7 @@ mod tests {
         };
         let at = |c: &Confirmation, t: i64| Confirmation { at: t, ..c.clone() };
         assert_eq!(
-            next(Some(&adding), &p, 1_209, &[a.clone()]).unwrap(),
+            next(Some(&adding), &p, 1_209, std::slice::from_ref(&a)).unwrap(),
             None,
             "not yet settled"
         );

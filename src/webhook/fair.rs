@@ -131,8 +131,8 @@ impl Fair {
         })
     }
 
-    /// Classes known now (for tests and the bound on the map).
-    pub fn len(&self) -> usize {
+    /// How many classes the map holds now (for tests and the bound on the map).
+    pub fn classes(&self) -> usize {
         self.classes.lock().len()
     }
 
@@ -198,16 +198,16 @@ mod tests {
             drop(s);
         }
         assert_eq!(
-            fair.len(),
+            fair.classes(),
             0,
             "no entry kept for a namespace that holds nothing"
         );
         let held: Vec<Slot> = (0..10)
             .map(|i| fair.enter(ns(&format!("t{i}"))).unwrap())
             .collect();
-        assert_eq!(fair.len(), 10);
+        assert_eq!(fair.classes(), 10);
         drop(held);
-        assert_eq!(fair.len(), 0);
+        assert_eq!(fair.classes(), 0);
     }
 
     #[test]
@@ -217,7 +217,7 @@ mod tests {
         let lane = slot.lane.clone();
         let permit = lane.clone().try_acquire_owned().unwrap();
         drop(slot); // the review gave up; its evaluation still runs
-        assert_eq!(fair.len(), 1);
+        assert_eq!(fair.classes(), 1);
         let again = fair.enter(ns("a")).unwrap();
         assert!(
             again.lane.clone().try_acquire_owned().is_err(),
@@ -226,7 +226,7 @@ mod tests {
         drop(again);
         drop(permit);
         let _other = fair.enter(ns("b")).unwrap();
-        assert_eq!(fair.len(), 1, "swept once the evaluation finished");
+        assert_eq!(fair.classes(), 1, "swept once the evaluation finished");
     }
 
     #[test]
