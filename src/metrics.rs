@@ -59,6 +59,22 @@ pub struct WebhookLabels {
     pub code: String,
 }
 
+/// Why the webhook server refused a review without an answer (webhook/server.rs).
+pub const WEBHOOK_REFUSED_REASONS: [&str; 5] = [
+    "too_large",
+    "in_flight",
+    "bytes_in_flight",
+    "namespace_share",
+    "deadline",
+];
+
+/// `rulebook_webhook_refused_total`'s label: why ([`WEBHOOK_REFUSED_REASONS`]);
+/// never the namespace, which tenants choose (unbounded).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabel {
+    pub reason: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabel {
     pub route: String,
@@ -69,6 +85,8 @@ pub struct RouteLabel {
 pub struct WebhookMetrics {
     /// `rulebook_webhook_requests_total`.
     pub requests: Family<WebhookLabels, Counter>,
+    /// `rulebook_webhook_refused_total`: reviews refused without an answer, by reason.
+    pub refused: Family<RefusedLabel, Counter>,
     /// `rulebook_webhook_duration_seconds`: from the body read to the answer.
     pub duration: Family<RouteLabel, Histogram, fn() -> Histogram>,
     /// `rulebook_webhook_certificate_expiry_seconds`: when the served certificate expires
@@ -80,6 +98,7 @@ impl Default for WebhookMetrics {
     fn default() -> Self {
         WebhookMetrics {
             requests: Family::default(),
+            refused: Family::default(),
             duration: Family::new_with_constructor(duration_histogram),
             certificate_expiry: Gauge::default(),
         }
@@ -358,6 +377,19 @@ impl Metrics {
             "webhook_requests",
             "Reviews the webhook server answered, by route (validate, mutate, convert) and HTTP status (200; 413 too large, 429 too many in flight, 504 past the deadline, 400 not a review)",
             self.webhook.requests.clone(),
+        );
+        for reason in WEBHOOK_REFUSED_REASONS {
+            self.webhook
+                .refused
+                .get_or_create(&RefusedLabel {
+                    reason: reason.to_string(),
+                })
+                .inc_by(0);
+        }
+        self.registry.register(
+            "webhook_refused",
+            "Reviews the webhook server refused without an answer, by reason: too_large (413), in_flight and bytes_in_flight (429, this replica is full), namespace_share (429, the review's namespace holds its fair share of the reviews in flight), deadline (504)",
+            self.webhook.refused.clone(),
         );
         self.registry.register(
             "webhook_duration_seconds",

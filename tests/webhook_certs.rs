@@ -1,11 +1,14 @@
 //! The webhook's certificates on the local control plane (issue 43): they rotate while
-//! the API server keeps calling, without one failed request, through a whole CA rotation;
-//! and replicas started together agree on one CA and serve certificates the `caBundle`
+//! the API server keeps calling, without one failed request, through a whole CA rotation,
+//! each step confirmed by the replica (its record in the Secret), with the `caBundle` of
+//! the webhook configuration and of a versioned rule's CRD conversion following it; and
+//! replicas started together agree on one CA and serve certificates the `caBundle`
 //! trusts.
 //!
 //! The rotation runs with lifetimes short enough for a test (`--webhook-cert-validity
 //! 24s --webhook-ca-validity 60s --webhook-refresh 1s`): a serving certificate every
-//! 16 s, a new CA at 40 s, trusted beside the old one until the old one leaves at 56 s.
+//! 16 s, a new CA at 40 s, trusted beside the old one until the old one leaves at 56 s
+//! (each step at least 3 × refresh + 5 s = 8 s after the one before, once confirmed).
 
 // A scenario test reads top to bottom as one story: set up, act, wait, assert. The
 // function size limit (clippy.toml, issue 42) is for the product code in src/ and crates/.
@@ -32,15 +35,105 @@ struct Outcomes {
     failed: Vec<String>,
 }
 
-/// What the Secret and the configuration were seen to hold.
+/// How many CAs a `caBundle` held: the most at once, and the last time it was read.
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
+    most: usize,
+    last: usize,
+}
+
+impl Held {
+    fn saw(&mut self, base64_pem: &str) {
+        let pem = base64::engine::general_purpose::STANDARD
+            .decode(base64_pem)
+            .unwrap_or_default();
+        let n = ders(&String::from_utf8_lossy(&pem)).len();
+        self.most = self.most.max(n);
+        self.last = n;
+    }
+
+    /// Two CAs were trusted together, and one is left.
+    fn rotated(self) -> bool {
+        self.most == 2 && self.last == 1
+    }
+}
+
+/// What the Secret, the configuration and the CRD were seen to hold.
 #[derive(Default)]
 struct Seen {
     serving: BTreeSet<String>,
     cas: BTreeSet<String>,
-    /// The most CAs the configuration's `caBundle` held at once.
-    most_trusted: usize,
-    /// ... and how many it holds at the end.
-    last_trusted: usize,
+    /// The webhook configuration's `caBundle`.
+    configuration: Held,
+    /// The versioned rule's CRD's `spec.conversion.webhook.clientConfig.caBundle`.
+    crd: Held,
+    /// Rotation phases whose step the replica confirmed in the Secret.
+    confirmed: BTreeSet<String>,
+}
+
+/// A second rule, beside the hooked one, whose CRD has two versions and conversion
+/// templates: the operator writes its CA bundle into the CRD's conversion.
+fn add_versioned_rule(h: &Hooked) -> String {
+    let kind = format!("{}v", h.kind);
+    let plural = format!("{}s", kind.to_lowercase());
+    let rule = format!(
+        r#"apiVersion: rulebook.dev/v1alpha1
+kind: Rule
+metadata:
+  name: {name}-v
+spec:
+  parent:
+    apiVersion: {API_VERSION}
+    kind: {kind}
+  children:
+    - name: config
+      apiVersion: v1
+      kind: ConfigMap
+      template: hooked/config.yaml
+  crd:
+    plural: {plural}
+    versions:
+      - name: v1
+        storage: true
+        specSchema:
+          type: object
+          x-kubernetes-preserve-unknown-fields: true
+      - name: v1alpha1
+        specSchema:
+          type: object
+          x-kubernetes-preserve-unknown-fields: true
+    conversion:
+      - {{ from: v1alpha1, to: v1, template: hooked/same.yaml }}
+      - {{ from: v1, to: v1alpha1, template: hooked/same.yaml }}
+"#,
+        name = h.rule,
+    );
+    std::fs::write(h.rules.join(format!("{}-v.yaml", h.rule)), rule).unwrap();
+    std::fs::write(
+        h.templates.join("hooked/same.yaml"),
+        "spec:\n  replicas: {{ object.spec.replicas }}\n",
+    )
+    .unwrap();
+    format!("{plural}.{GROUP}")
+}
+
+/// The rotation phases the replicas' confirmations in the Secret were written in (a
+/// record is an annotation `rulebook.dev/webhook-replica-<id>`; the phase is the Secret's).
+async fn confirmed_phases(client: &kube::Client, ns: &str, name: &str) -> Vec<String> {
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), ns);
+    let Ok(Some(s)) = secrets.get_opt(name).await else {
+        return Vec::new();
+    };
+    let ann = s.metadata.annotations.unwrap_or_default();
+    let phase = ann
+        .get("rulebook.dev/webhook-rotation")
+        .cloned()
+        .unwrap_or_default();
+    ann.keys()
+        .filter(|k| k.starts_with("rulebook.dev/webhook-replica-"))
+        .map(|_| phase.clone())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,6 +141,7 @@ async fn certificates_rotate_under_continuous_creates_without_a_failed_request()
     let client = client().await;
     let ns = namespace(&client, "wh-rot").await;
     let h = Hooked::new("rot", "Fail");
+    let versioned = add_versioned_rule(&h);
     let port = free_port();
     let _op = h
         .operator(&ns, port)
@@ -62,8 +156,16 @@ async fn certificates_rotate_under_continuous_creates_without_a_failed_request()
         .start()
         .await;
     wait_established(&client, &h.crd_name()).await;
+    wait_established(&client, &versioned).await;
     h.wait_configuration(&client).await;
     h.wait_enforced(&client, &ns).await;
+    let crds = api(
+        &client,
+        None,
+        "apiextensions.k8s.io/v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+    );
 
     let outcomes = Arc::new(Mutex::new(Outcomes::default()));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -104,18 +206,18 @@ async fn certificates_rotate_under_continuous_creates_without_a_failed_request()
         }
         if let Some(c) = configs.get_opt(&h.name).await.ok().flatten() {
             let c = to_json(&c);
-            let pem = base64::engine::general_purpose::STANDARD
-                .decode(
-                    c["webhooks"][0]["clientConfig"]["caBundle"]
-                        .as_str()
-                        .unwrap_or(""),
-                )
-                .unwrap_or_default();
-            let n = ders(&String::from_utf8_lossy(&pem)).len();
-            seen.most_trusted = seen.most_trusted.max(n);
-            seen.last_trusted = n;
+            let ca = c["webhooks"][0]["clientConfig"]["caBundle"].as_str();
+            seen.configuration.saw(ca.unwrap_or(""));
         }
-        let rotated = seen.cas.len() >= 2 && seen.most_trusted == 2 && seen.last_trusted == 1;
+        if let Some(c) = crds.get_opt(&versioned).await.ok().flatten() {
+            let c = to_json(&c);
+            let ca = c.pointer("/spec/conversion/webhook/clientConfig/caBundle");
+            seen.crd.saw(ca.and_then(|v| v.as_str()).unwrap_or(""));
+        }
+        for phase in confirmed_phases(&client, &ns, &h.name).await {
+            seen.confirmed.insert(phase);
+        }
+        let rotated = seen.cas.len() >= 2 && seen.configuration.rotated() && seen.crd.rotated();
         if rotated && seen.serving.len() >= 4 {
             break;
         }
@@ -128,13 +230,15 @@ async fn certificates_rotate_under_continuous_creates_without_a_failed_request()
     let o = std::mem::take(&mut *outcomes.lock().unwrap());
     println!(
         "{:.0} s: {} creates answered by the webhook, {} failed; {} serving certificates, {} CAs, \
-         caBundle held up to {} CAs",
+         caBundle held up to {} CAs (configuration), {} (CRD); steps confirmed: {:?}",
         started.elapsed().as_secs_f64(),
         o.answered,
         o.failed.len(),
         seen.serving.len(),
         seen.cas.len(),
-        seen.most_trusted
+        seen.configuration.most,
+        seen.crd.most,
+        seen.confirmed,
     );
     assert!(
         o.failed.is_empty(),
@@ -147,10 +251,31 @@ async fn certificates_rotate_under_continuous_creates_without_a_failed_request()
         "the CA rotated"
     );
     assert_eq!(
-        seen.most_trusted, 2,
+        seen.configuration.most, 2,
         "old and new CA trusted together during the rotation"
     );
-    assert_eq!(seen.last_trusted, 1, "the old CA left the caBundle");
+    assert_eq!(seen.configuration.last, 1, "the old CA left the caBundle");
+    assert_eq!(
+        seen.crd, seen.configuration,
+        "the CRD's conversion caBundle followed the rotation as the configuration's did"
+    );
+    let end = secret_data(&client, &ns, &h.name).await.expect("Secret");
+    let crd = to_json(&crds.get(&versioned).await.expect("the versioned CRD"));
+    let crd_ca = crd["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"]
+        .as_str()
+        .unwrap_or("");
+    assert_eq!(
+        base64::engine::general_purpose::STANDARD
+            .decode(crd_ca)
+            .unwrap_or_default(),
+        end["ca-bundle.crt"].as_bytes(),
+        "the CRD trusts the Secret's bundle"
+    );
+    assert!(
+        seen.confirmed.contains("Adding") && seen.confirmed.contains("Dropping"),
+        "the replica confirmed each rotation step: {:?}",
+        seen.confirmed
+    );
     assert!(
         seen.serving.len() >= 4,
         "serving certificates: {}",

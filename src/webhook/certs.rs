@@ -14,11 +14,19 @@
 //!   another CA: a new one from the current CA. Both are trusted: a replica that still
 //!   serves the old one is fine;
 //! - the CA past 2/3 of its lifetime: a new CA joins the trusted bundle while the old
-//!   CA's serving certificate still serves (`Adding`); after `settle`, long enough for
-//!   every replica and the API server to have read the bundle, a serving certificate from
-//!   the new CA (`Dropping`); after `settle` again, when every replica serves that one,
-//!   the old CA leaves the bundle (`Stable`). The API server trusts whatever a replica
-//!   serves at every step.
+//!   CA's serving certificate still serves (`Adding`); once every live replica confirms
+//!   it trusts the new CA, a serving certificate from the new CA (`Dropping`); once every
+//!   live replica confirms it serves that one, the old CA leaves the bundle (`Stable`).
+//!   The API server trusts whatever a replica serves at every step.
+//!
+//! The confirmations ([`Confirmation`]): while a rotation is under way, every replica
+//! records what it serves and trusts, and repeats it every third of `settle` (store.rs);
+//! a record older than `settle` is a replica gone. A step waits at least `settle` after
+//! the one before, so that every live replica has spoken (each reads the Secret every
+//! refresh, a third of `settle` at most), and then for every live record to confirm it:
+//! a replica that still serves the old CA's certificate keeps the old CA in the bundle
+//! for as long as it keeps saying so. With no record at all (replicas of a version that
+//! writes none) a step advances on time, as before.
 
 use std::time::Duration;
 
@@ -89,13 +97,68 @@ pub struct Bundle {
     pub phase_since: i64,
 }
 
+/// What one replica said it serves and trusts, and when (seconds since the epoch).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Confirmation {
+    /// [`fingerprint`] of the CA that signed the certificate it serves.
+    pub serving: String,
+    /// [`fingerprint`]s of the CAs in the bundle it publishes (`caBundle`).
+    pub trusted: Vec<String>,
+    pub at: i64,
+}
+
+impl Confirmation {
+    /// What a replica serving `b` confirms at `at`.
+    pub fn of(b: &Bundle, at: i64) -> Confirmation {
+        Confirmation {
+            serving: b.tls_ca.clone(),
+            trusted: fingerprints(&b.trusted),
+            at,
+        }
+    }
+
+    /// The same statement, whatever its time.
+    pub fn says_the_same(&self, other: &Confirmation) -> bool {
+        self.serving == other.serving && self.trusted == other.trusted
+    }
+}
+
+/// The [`fingerprint`] of each certificate in a PEM bundle.
+pub fn fingerprints(bundle: &str) -> Vec<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut out = Vec::new();
+    let mut rest = bundle;
+    while let (Some(b), Some(e)) = (rest.find("-----BEGIN CERTIFICATE-----"), rest.find(END)) {
+        if e < b {
+            rest = &rest[e + END.len()..];
+            continue;
+        }
+        out.push(fingerprint(&rest[b..e + END.len()]));
+        rest = &rest[e + END.len()..];
+    }
+    out
+}
+
+/// Whether every replica live at `now` (its record younger than `settle`) says `ok`.
+fn confirmed(
+    replicas: &[Confirmation],
+    now: i64,
+    settle: i64,
+    ok: impl Fn(&Confirmation) -> bool,
+) -> bool {
+    replicas
+        .iter()
+        .filter(|c| c.at > now.saturating_sub(settle))
+        .all(ok)
+}
+
 /// How long certificates live and how the rotation waits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Policy {
     pub ca_validity: Duration,
     pub tls_validity: Duration,
-    /// How long a rotation step waits for every replica and the API server to have read
-    /// the previous one.
+    /// The least time between rotation steps, and the age at which a replica's
+    /// confirmation means it is gone (module header).
     pub settle: Duration,
     /// The serving certificate's host names and IP addresses.
     pub names: Vec<String>,
@@ -264,11 +327,13 @@ fn reissue(b: &Bundle, policy: &Policy, now: i64) -> Result<Bundle, CertError> {
     })
 }
 
-/// The bundle to write now, or `None` when `current` needs no change (module header).
+/// The bundle to write now, or `None` when `current` needs no change (module header),
+/// given what the replicas confirmed.
 pub fn next(
     current: Option<&Bundle>,
     policy: &Policy,
     now: i64,
+    replicas: &[Confirmation],
 ) -> Result<Option<Bundle>, CertError> {
     let Some(b) = current else {
         return fresh(policy, now).map(Some);
@@ -276,10 +341,14 @@ pub fn next(
     if b.ca_expires <= now {
         return fresh(policy, now).map(Some);
     }
-    let settled = now >= b.phase_since.saturating_add(secs(policy.settle));
-    let tls_stale = due(b.tls_issued, b.tls_expires, now)
-        || b.tls_names != policy.names
-        || b.tls_ca != fingerprint(&b.ca_cert);
+    let settle = secs(policy.settle);
+    let settled = now >= b.phase_since.saturating_add(settle);
+    let signing = fingerprint(&b.ca_cert);
+    let trusted_everywhere =
+        settled && confirmed(replicas, now, settle, |c| c.trusted.contains(&signing));
+    let served_everywhere = settled && confirmed(replicas, now, settle, |c| c.serving == signing);
+    let tls_stale =
+        due(b.tls_issued, b.tls_expires, now) || b.tls_names != policy.names || b.tls_ca != signing;
     match b.phase {
         Phase::Stable if due(b.ca_issued, b.ca_expires, now) => {
             let ca = new_ca(now, policy.ca_validity)?;
@@ -297,14 +366,14 @@ pub fn next(
         Phase::Stable if tls_stale => reissue(b, policy, now).map(Some),
         Phase::Stable => Ok(None),
         // The old CA's certificate serves until the new CA is trusted everywhere.
-        Phase::Adding if settled => {
+        Phase::Adding if trusted_everywhere => {
             let mut n = reissue(b, policy, now)?;
             n.phase = Phase::Dropping;
             n.phase_since = now;
             Ok(Some(n))
         }
         Phase::Adding => Ok(None),
-        Phase::Dropping if settled => Ok(Some(Bundle {
+        Phase::Dropping if served_everywhere => Ok(Some(Bundle {
             trusted: b.ca_cert.clone(),
             phase: Phase::Stable,
             phase_since: now,
@@ -321,8 +390,16 @@ pub fn until_next(b: &Bundle, policy: &Policy, now: i64) -> i64 {
     let ca = b.ca_issued + (b.ca_expires - b.ca_issued) * 2 / 3;
     let step = match b.phase {
         Phase::Stable => tls.min(ca),
-        Phase::Adding => b.phase_since.saturating_add(secs(policy.settle)),
-        Phase::Dropping => tls.min(b.phase_since.saturating_add(secs(policy.settle))),
+        // Past `settle`, waiting for confirmations: look again every second.
+        Phase::Adding => b
+            .phase_since
+            .saturating_add(secs(policy.settle))
+            .max(now + 1),
+        Phase::Dropping => tls.min(
+            b.phase_since
+                .saturating_add(secs(policy.settle))
+                .max(now + 1),
+        ),
     };
     (step - now).max(0)
 }
@@ -342,20 +419,20 @@ mod tests {
 
     #[test]
     fn a_fresh_bundle_trusts_the_ca_that_signed_its_certificate() {
-        let b = next(None, &policy(), 1_000).unwrap().unwrap();
+        let b = next(None, &policy(), 1_000, &[]).unwrap().unwrap();
         assert_eq!(b.trusted, b.ca_cert);
         assert_eq!(b.tls_ca, fingerprint(&b.ca_cert));
         assert_eq!((b.tls_expires, b.ca_expires), (1_090, 1_300));
         assert!(b.tls_cert.starts_with("-----BEGIN CERTIFICATE-----"));
-        assert_eq!(next(Some(&b), &policy(), 1_010).unwrap(), None);
+        assert_eq!(next(Some(&b), &policy(), 1_010, &[]).unwrap(), None);
     }
 
     #[test]
     fn the_serving_certificate_is_renewed_at_two_thirds_of_its_life() {
         let p = policy();
-        let b = next(None, &p, 1_000).unwrap().unwrap();
-        assert_eq!(next(Some(&b), &p, 1_059).unwrap(), None);
-        let n = next(Some(&b), &p, 1_060).unwrap().expect("renewed");
+        let b = next(None, &p, 1_000, &[]).unwrap().unwrap();
+        assert_eq!(next(Some(&b), &p, 1_059, &[]).unwrap(), None);
+        let n = next(Some(&b), &p, 1_060, &[]).unwrap().expect("renewed");
         assert_ne!(n.tls_cert, b.tls_cert);
         assert_eq!(
             (n.ca_cert.clone(), n.trusted.clone()),
@@ -367,9 +444,9 @@ mod tests {
     #[test]
     fn other_host_names_get_a_new_certificate() {
         let mut p = policy();
-        let b = next(None, &p, 1_000).unwrap().unwrap();
+        let b = next(None, &p, 1_000, &[]).unwrap().unwrap();
         p.names = vec!["localhost".into()];
-        let n = next(Some(&b), &p, 1_001).unwrap().expect("reissued");
+        let n = next(Some(&b), &p, 1_001, &[]).unwrap().expect("reissued");
         assert_eq!(n.tls_names, vec!["localhost".to_string()]);
     }
 
@@ -377,13 +454,13 @@ mod tests {
     #[test]
     fn a_ca_rotation_trusts_old_and_new_until_the_new_certificate_serves() {
         let p = policy();
-        let b = next(None, &p, 1_000).unwrap().unwrap();
+        let b = next(None, &p, 1_000, &[]).unwrap().unwrap();
         // Keep the serving certificate fresh until the CA is due (at 1,200).
         let mut cur = b.clone();
         let mut t = 1_000;
         while cur.phase == Phase::Stable && cur.ca_cert == b.ca_cert {
             t += 5;
-            if let Some(n) = next(Some(&cur), &p, t).unwrap() {
+            if let Some(n) = next(Some(&cur), &p, t, &[]).unwrap() {
                 cur = n;
             }
         }
@@ -396,11 +473,11 @@ mod tests {
             "the old CA's certificate still serves"
         );
         assert_eq!(
-            next(Some(&cur), &p, 1_209).unwrap(),
+            next(Some(&cur), &p, 1_209, &[]).unwrap(),
             None,
             "waits to settle"
         );
-        let dropping = next(Some(&cur), &p, 1_210)
+        let dropping = next(Some(&cur), &p, 1_210, &[])
             .unwrap()
             .expect("new certificate");
         assert_eq!(dropping.phase, Phase::Dropping);
@@ -409,8 +486,8 @@ mod tests {
             dropping.trusted.contains(old_ca.trim()),
             "old CA kept while replicas switch"
         );
-        assert_eq!(next(Some(&dropping), &p, 1_215).unwrap(), None);
-        let stable = next(Some(&dropping), &p, 1_220)
+        assert_eq!(next(Some(&dropping), &p, 1_215, &[]).unwrap(), None);
+        let stable = next(Some(&dropping), &p, 1_220, &[])
             .unwrap()
             .expect("old CA dropped");
         assert_eq!(stable.phase, Phase::Stable);
@@ -418,11 +495,93 @@ mod tests {
         assert!(stable.ca_expires > 1_220 + 200);
     }
 
+    /// A rotation starting now: `(the Adding bundle, the old CA's fingerprint)`.
+    fn adding_at(t: i64) -> (Bundle, String) {
+        let p = policy();
+        let b = next(None, &p, t - 200, &[]).unwrap().unwrap();
+        let adding = next(Some(&b), &p, t, &[]).unwrap().unwrap();
+        assert_eq!(adding.phase, Phase::Adding);
+        (adding, fingerprint(&b.ca_cert))
+    }
+
+    /// Each step waits for every live replica's confirmation; a replica silent for
+    /// longer than `settle` is gone and holds nothing back.
+    #[test]
+    fn a_step_waits_for_every_live_replica_to_confirm_it() {
+        let p = policy();
+        let (adding, old) = adding_at(1_200);
+        let new = fingerprint(&adding.ca_cert);
+        assert_eq!(
+            fingerprints(&adding.trusted),
+            vec![old.clone(), new.clone()]
+        );
+        let a = Confirmation::of(&adding, 1_205);
+        assert_eq!((a.serving.as_str(), a.trusted.len()), (old.as_str(), 2));
+        // A replica still on the bundle before the rotation (trusting the old CA only).
+        let behind = Confirmation {
+            serving: old.clone(),
+            trusted: vec![old.clone()],
+            at: 1_208,
+        };
+        let at = |c: &Confirmation, t: i64| Confirmation { at: t, ..c.clone() };
+        assert_eq!(
+            next(Some(&adding), &p, 1_209, std::slice::from_ref(&a)).unwrap(),
+            None,
+            "not yet settled"
+        );
+        assert_eq!(
+            next(Some(&adding), &p, 1_212, &[a.clone(), behind.clone()]).unwrap(),
+            None,
+            "a live replica does not trust the new CA yet"
+        );
+        let dropping = next(Some(&adding), &p, 1_212, &[a.clone(), at(&a, 1_211)])
+            .unwrap()
+            .expect("every live replica trusts both");
+        assert_eq!(dropping.phase, Phase::Dropping);
+        // Gone: its last word is older than `settle`.
+        assert!(
+            next(Some(&adding), &p, 1_219, &[a.clone(), behind.clone()])
+                .unwrap()
+                .is_some()
+        );
+
+        // Dropping: the old CA stays while a live replica serves its certificate.
+        let switched = Confirmation::of(&dropping, 1_215);
+        assert_eq!(switched.serving, new);
+        let still_old = at(&a, 1_219);
+        for t in [1_222, 1_225, 1_228] {
+            let keeps_saying = at(&still_old, t - 2);
+            assert_eq!(
+                next(
+                    Some(&dropping),
+                    &p,
+                    t,
+                    &[at(&switched, t - 1), keeps_saying]
+                )
+                .unwrap(),
+                None,
+                "old CA kept at {t}: a live replica serves its certificate"
+            );
+        }
+        let stable = next(
+            Some(&dropping),
+            &p,
+            1_230,
+            &[at(&switched, 1_229), still_old],
+        )
+        .unwrap()
+        .expect("the replica on the old certificate went silent: gone");
+        assert_eq!(
+            (stable.phase, fingerprints(&stable.trusted)),
+            (Phase::Stable, vec![new])
+        );
+    }
+
     #[test]
     fn an_expired_ca_starts_over() {
         let p = policy();
-        let b = next(None, &p, 1_000).unwrap().unwrap();
-        let n = next(Some(&b), &p, 1_300).unwrap().expect("fresh");
+        let b = next(None, &p, 1_000, &[]).unwrap().unwrap();
+        let n = next(Some(&b), &p, 1_300, &[]).unwrap().expect("fresh");
         assert_ne!(n.ca_cert, b.ca_cert);
         assert_eq!(n.phase, Phase::Stable);
     }

@@ -1,7 +1,8 @@
 //! Which handler answers each route of the webhook server, in one small place: the
 //! operator's wiring (`run.rs`) calls [`handlers`]: admission by the rule's `expr:`
 //! checks and defaults (admission.rs), conversion by its templates (convert.rs). Every
-//! handler evaluates on the blocking pool through [`Offload`] (offload.rs).
+//! handler evaluates on the blocking pool through [`Offload`] (offload.rs), in the lane of
+//! the review's class (fair.rs) that the server hands it.
 
 use std::sync::Arc;
 
@@ -37,9 +38,9 @@ pub fn handlers(rules: Rules, offload: Offload, reader: RefReader) -> Handlers {
 
 /// An admission handler for `phase`.
 fn admission(rules: Rules, offload: Offload, reader: RefReader, phase: Phase) -> Handler {
-    Arc::new(move |rule: String, review: Json| -> Answer {
+    Arc::new(move |rule: String, review: Json, lane| -> Answer {
         let set = rules.borrow().clone();
-        let (offload, reader) = (offload.clone(), reader.clone());
+        let (offload, reader) = (offload.in_lane(lane), reader.clone());
         Box::pin(async move {
             match set {
                 Some(set) => {
@@ -53,9 +54,9 @@ fn admission(rules: Rules, offload: Offload, reader: RefReader, phase: Phase) ->
 
 /// A handler that answers with `judge(rule set, rule, review)` on the pool.
 fn on_pool(rules: Rules, offload: Offload, judge: fn(&RuleSet, &str, &Json) -> Json) -> Handler {
-    Arc::new(move |rule: String, review: Json| -> Answer {
+    Arc::new(move |rule: String, review: Json, lane| -> Answer {
         let set = rules.borrow().clone();
-        let offload = offload.clone();
+        let offload = offload.in_lane(lane);
         Box::pin(async move {
             match set {
                 Some(set) => offload

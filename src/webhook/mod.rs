@@ -18,6 +18,7 @@ pub mod apply;
 pub mod certs;
 pub mod configs;
 pub mod convert;
+pub mod fair;
 pub mod handlers;
 pub mod offload;
 pub mod run;
@@ -36,8 +37,9 @@ use crate::render::RuleSet;
 /// A review answered: the JSON to send back.
 pub type Answer = Pin<Box<dyn Future<Output = Json> + Send>>;
 
-/// Answers one review for a rule: `(rule name, review) → answer`.
-pub type Handler = Arc<dyn Fn(String, Json) -> Answer + Send + Sync>;
+/// Answers one review for a rule: `(rule name, review, its class's evaluation lane) →
+/// answer` (the lane: fair.rs).
+pub type Handler = Arc<dyn Fn(String, Json, offload::Lane) -> Answer + Send + Sync>;
 
 /// The server's routes.
 #[derive(Clone)]

@@ -5,6 +5,10 @@
 //! instead of taking every blocking thread. A file of its own so that the handlers'
 //! wiring (handlers.rs) and the admission handler (admission.rs) both use it without
 //! importing each other.
+//!
+//! A review's handler runs its evaluations in its class's lane ([`Offload::in_lane`],
+//! fair.rs): the lane's permit first, then the pool's, so a namespace that floods waits
+//! in its own queue rather than in front of every other namespace's reviews.
 
 use std::sync::Arc;
 
@@ -14,12 +18,26 @@ use tokio::sync::Semaphore;
 #[derive(Clone)]
 pub struct Offload {
     permits: Arc<Semaphore>,
+    /// The review's class's lane, when the server gave one.
+    lane: Option<Arc<Semaphore>>,
 }
+
+/// A class's evaluation lane (`fair::Slot::lane`), if the review has one.
+pub type Lane = Option<Arc<Semaphore>>;
 
 impl Offload {
     pub fn new(permits: usize) -> Offload {
         Offload {
             permits: Arc::new(Semaphore::new(permits.max(1))),
+            lane: None,
+        }
+    }
+
+    /// The same pool, whose evaluations first take a permit of `lane`.
+    pub fn in_lane(&self, lane: Lane) -> Offload {
+        Offload {
+            permits: self.permits.clone(),
+            lane,
         }
     }
 
@@ -31,9 +49,13 @@ impl Offload {
         &self,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> Option<T> {
+        let lane = match &self.lane {
+            Some(l) => Some(l.clone().acquire_owned().await.ok()?),
+            None => None,
+        };
         let permit = self.permits.clone().acquire_owned().await.ok()?;
         tokio::task::spawn_blocking(move || {
-            let _permit = permit;
+            let _permits = (lane, permit);
             work()
         })
         .await

@@ -35,7 +35,8 @@ pub struct Settings {
     /// Lifetime of a serving certificate, and of the CA.
     pub cert_validity: Duration,
     pub ca_validity: Duration,
-    /// How often every replica reads the Secret; a CA rotation step waits [`settle`].
+    /// How often every replica reads the Secret; a CA rotation step waits [`settle`] at
+    /// least, and for every live replica's confirmation.
     pub refresh: Duration,
     /// Rulebook's own namespace (excluded from the webhooks).
     pub own_namespace: Option<String>,
@@ -43,8 +44,10 @@ pub struct Settings {
     pub evaluations: usize,
 }
 
-/// How long a CA rotation step waits: three reads of the Secret by every replica, then 5 s
-/// for the leader's write of the new `caBundle` to reach the API server's webhook client.
+/// The least time between CA rotation steps, and the age at which a replica's
+/// confirmation means it is gone (certs.rs): three reads of the Secret by every replica,
+/// then 5 s for the leader's write of the new `caBundle` to reach the API server's
+/// webhook client.
 pub fn settle(refresh: Duration) -> Duration {
     refresh * 3 + Duration::from_secs(5)
 }
@@ -135,7 +138,6 @@ impl Webhooks {
             &settings.secret.1,
             policy,
         );
-        let (bundle_tx, bundle_rx) = watch::channel(None);
         let (endpoint_tx, endpoint) = watch::channel(None);
         let (rules, rules_rx) = watch::channel(None);
         let resolver = Arc::new(Resolver::default());
@@ -152,14 +154,15 @@ impl Webhooks {
         );
         let serving = health.clone();
         let tasks = vec![
-            tokio::spawn(store.keep(settings.refresh, bundle_tx)),
-            tokio::spawn(follow(
-                bundle_rx,
-                resolver,
-                health.clone(),
-                metrics.certificate_expiry,
-                settings.base.clone(),
-                endpoint_tx,
+            tokio::spawn(store.keep(
+                settings.refresh,
+                serve(
+                    resolver,
+                    health.clone(),
+                    metrics.certificate_expiry,
+                    settings.base.clone(),
+                    endpoint_tx,
+                ),
             )),
             tokio::spawn(async move {
                 if let Err(e) =
@@ -198,42 +201,35 @@ impl Drop for Webhooks {
     }
 }
 
-/// Serves each bundle the keeper reads, and publishes the endpoint that trusts it.
-async fn follow(
-    mut bundles: watch::Receiver<Option<Arc<Bundle>>>,
+/// What serves each new bundle the keeper reads, before it confirms it (store.rs): the
+/// resolver's certificate, readiness and the expiry gauge, and the endpoint (whose CA
+/// bundle the leader writes into the webhook configurations and the CRDs).
+fn serve(
     resolver: Arc<Resolver>,
     health: Arc<Health>,
     expiry: prometheus_client::metrics::gauge::Gauge,
     base: Base,
     endpoint: watch::Sender<Option<Endpoint>>,
-) {
-    loop {
-        let bundle = bundles.borrow_and_update().clone();
-        if let Some(b) = bundle {
-            match resolver.set(&b) {
-                Ok(()) => {
-                    health.set_expiry(b.tls_expires);
-                    expiry.set(b.tls_expires);
-                }
-                Err(e) => {
-                    warn!(error = %e, "webhook certificates: cannot serve the new certificate")
-                }
+) -> impl FnMut(&Bundle) + Send {
+    move |b: &Bundle| {
+        match resolver.set(b) {
+            Ok(()) => {
+                health.set_expiry(b.tls_expires);
+                expiry.set(b.tls_expires);
             }
-            let e = Endpoint {
-                base: base.clone(),
-                ca_bundle_pem: b.trusted.clone().into_bytes(),
-            };
-            endpoint.send_if_modified(|cur| {
-                if cur.as_ref() == Some(&e) {
-                    return false;
-                }
-                *cur = Some(e);
-                true
-            });
+            Err(e) => warn!(error = %e, "webhook certificates: cannot serve the new certificate"),
         }
-        if bundles.changed().await.is_err() {
-            return;
-        }
+        let e = Endpoint {
+            base: base.clone(),
+            ca_bundle_pem: b.trusted.clone().into_bytes(),
+        };
+        endpoint.send_if_modified(|cur| {
+            if cur.as_ref() == Some(&e) {
+                return false;
+            }
+            *cur = Some(e);
+            true
+        });
     }
 }
 

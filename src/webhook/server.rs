@@ -11,7 +11,10 @@
 //!
 //! Per request ([`Limits`]): a body limit (413), a bound on requests in flight and on the
 //! bytes of their bodies, taken from `Content-Length` before the body is read (429 when
-//! full), and a deadline below the API server's timeout (504 when missed). An
+//! full), a fair share of them per namespace once the review names it (fair.rs: 429
+//! naming the reason when over), and a deadline below the API server's timeout (504 when
+//! missed). Every refusal is counted by reason (`rulebook_webhook_refused_total`, never
+//! by namespace: tenants choose those names). An
 //! HTTP error makes the API server apply the webhook's `failurePolicy` (admission) or fail
 //! the read (conversion), so an overloaded or slow replica refuses quickly and clearly
 //! instead of holding the API server's request. The body is parsed on the blocking pool
@@ -40,7 +43,8 @@ use tokio::sync::Semaphore;
 
 use super::Handlers;
 use super::certs::Bundle;
-use crate::metrics::{RouteLabel, WebhookLabels, WebhookMetrics};
+use super::fair::{Class, Fair};
+use crate::metrics::{RefusedLabel, RouteLabel, WebhookLabels, WebhookMetrics};
 
 /// A certificate or key in the bundle does not load.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +117,12 @@ pub struct Limits {
     pub max_convert_body: usize,
     /// Reviews being answered at once; one more is refused with 429.
     pub in_flight: usize,
+    /// Reviews of one namespace (or of cluster-scoped objects, or conversions) being
+    /// answered at once, a share of `in_flight`; one more is refused with 429 (fair.rs).
+    pub per_class: usize,
+    /// Evaluations of one such class on the blocking pool at once (the rest of its
+    /// reviews wait in the class's own queue), a share of the pool's permits.
+    pub per_class_evaluations: usize,
     /// Bytes of the bodies of the reviews being answered, at most (by `Content-Length`,
     /// before a body is read); a review that does not fit is refused with 429.
     pub bytes_in_flight: usize,
@@ -135,6 +145,8 @@ impl Default for Limits {
             max_body: 4 << 20,
             max_convert_body: 16 << 20,
             in_flight: 32,
+            per_class: 8,
+            per_class_evaluations: 2,
             bytes_in_flight: 64 << 20,
             deadline: Duration::from_secs(4),
             convert_deadline: Duration::from_secs(25),
@@ -177,6 +189,8 @@ struct Routes {
     in_flight: Arc<Semaphore>,
     /// Bodies in flight, in KiB.
     kib_in_flight: Arc<Semaphore>,
+    /// Each namespace's share of the reviews in flight.
+    fair: Fair,
     limits: Limits,
     metrics: WebhookMetrics,
 }
@@ -187,6 +201,7 @@ pub fn router(handlers: Handlers, limits: Limits, metrics: WebhookMetrics) -> Ro
         handlers,
         in_flight: Arc::new(Semaphore::new(limits.in_flight.max(1))),
         kib_in_flight: Arc::new(Semaphore::new((limits.bytes_in_flight >> 10).max(1))),
+        fair: Fair::new(limits.per_class, limits.per_class_evaluations),
         limits,
         metrics,
     };
@@ -250,6 +265,17 @@ async fn answer(s: State<Routes>, rule: Path<String>, req: Request, route: Route
     response
 }
 
+/// A refusal of `status` for `reason` (one of `metrics::WEBHOOK_REFUSED_REASONS`), counted.
+fn refuse(s: &Routes, status: StatusCode, reason: &str, message: String) -> Response {
+    s.metrics
+        .refused
+        .get_or_create(&RefusedLabel {
+            reason: reason.to_string(),
+        })
+        .inc();
+    (status, message).into_response()
+}
+
 /// One review: parsed on the blocking pool, answered by its handler within the deadline.
 async fn judge(
     State(s): State<Routes>,
@@ -258,7 +284,14 @@ async fn judge(
     route: Route,
 ) -> Response {
     let (max_body, deadline) = route.limits(&s.limits);
-    let too_large = || (StatusCode::PAYLOAD_TOO_LARGE, "the review is too large").into_response();
+    let too_large = |s: &Routes| {
+        refuse(
+            s,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "the review is too large".into(),
+        )
+    };
     // What the body will weigh, before it is read: its Content-Length, else the most.
     let declared = req
         .headers()
@@ -266,59 +299,74 @@ async fn judge(
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
         .unwrap_or(max_body);
     if declared > max_body {
-        return too_large();
+        return too_large(&s);
     }
     let kib = u32::try_from((declared >> 10) + 1).unwrap_or(u32::MAX);
-    let (Ok(_permit), Ok(_bytes)) = (
-        s.in_flight.clone().try_acquire_owned(),
-        s.kib_in_flight.clone().try_acquire_many_owned(kib),
-    ) else {
-        return (StatusCode::TOO_MANY_REQUESTS, "too many reviews in flight").into_response();
+    let Ok(_permit) = s.in_flight.clone().try_acquire_owned() else {
+        let m = "too many reviews in flight on this replica".to_string();
+        return refuse(&s, StatusCode::TOO_MANY_REQUESTS, "in_flight", m);
+    };
+    let Ok(_bytes) = s.kib_in_flight.clone().try_acquire_many_owned(kib) else {
+        let m = "too many bytes of reviews in flight on this replica".to_string();
+        return refuse(&s, StatusCode::TOO_MANY_REQUESTS, "bytes_in_flight", m);
     };
     let Ok(body) = axum::body::to_bytes(req.into_body(), max_body).await else {
-        return too_large();
+        return too_large(&s);
     };
-    let work = async {
-        let admission = !matches!(route, Route::Convert);
-        let rule_name = rule.clone();
-        let parsed = tokio::task::spawn_blocking(move || {
-            serde_json::from_slice::<Json>(&body).map_err(|e| {
-                // An admission review too deep to read is refused by its uid, not answered
-                // 400: a failed call is what `failurePolicy: Ignore` lets through.
-                admission
-                    .then(|| super::admission::unreadable(&body, &rule_name, &e.to_string()))
-                    .flatten()
-            })
+    match tokio::time::timeout(deadline, evaluate(&s, rule, body, route)).await {
+        Ok(response) => response,
+        Err(_) => refuse(
+            &s,
+            StatusCode::GATEWAY_TIMEOUT,
+            "deadline",
+            "the review took longer than the webhook's deadline".into(),
+        ),
+    }
+}
+
+/// A review's body, parsed on the blocking pool, admitted within its class's share and
+/// answered by its route's handler.
+async fn evaluate(s: &Routes, rule: String, body: axum::body::Bytes, route: Route) -> Response {
+    let admission = !matches!(route, Route::Convert);
+    let rule_name = rule.clone();
+    let parsed = tokio::task::spawn_blocking(move || {
+        serde_json::from_slice::<Json>(&body).map_err(|e| {
+            // An admission review too deep to read is refused by its uid, not answered
+            // 400: a failed call is what `failurePolicy: Ignore` lets through.
+            admission
+                .then(|| super::admission::unreadable(&body, &rule_name, &e.to_string()))
+                .flatten()
         })
-        .await
-        .ok();
-        let review = match parsed {
-            Some(Ok(review)) => review,
-            Some(Err(Some(denial))) => return axum::Json(denial).into_response(),
-            _ => return (StatusCode::BAD_REQUEST, "the body is not a JSON review").into_response(),
-        };
-        let handler = match route {
-            Route::Validate => &s.handlers.validate,
-            Route::Mutate => &s.handlers.mutate,
-            Route::Convert => &s.handlers.convert,
-        };
-        match handler(rule, review).await {
-            // The evaluation itself failed (it panicked): the API server's failure policy.
-            Json::Null => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the review could not be answered",
-            )
-                .into_response(),
-            answer => axum::Json(answer).into_response(),
+    })
+    .await
+    .ok();
+    let review = match parsed {
+        Some(Ok(review)) => review,
+        Some(Err(Some(denial))) => return axum::Json(denial).into_response(),
+        _ => return (StatusCode::BAD_REQUEST, "the body is not a JSON review").into_response(),
+    };
+    let slot = match s.fair.enter(Class::of(&review, !admission)) {
+        Ok(slot) => slot,
+        Err(over) => {
+            let m = over.to_string();
+            return refuse(s, StatusCode::TOO_MANY_REQUESTS, "namespace_share", m);
         }
     };
-    match tokio::time::timeout(deadline, work).await {
-        Ok(response) => response,
-        Err(_) => (
-            StatusCode::GATEWAY_TIMEOUT,
-            "the review took longer than the webhook's deadline",
+    let handler = match route {
+        Route::Validate => &s.handlers.validate,
+        Route::Mutate => &s.handlers.mutate,
+        Route::Convert => &s.handlers.convert,
+    };
+    let answer = handler(rule, review, Some(slot.lane.clone())).await;
+    drop(slot);
+    match answer {
+        // The evaluation itself failed (it panicked): the API server's failure policy.
+        Json::Null => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the review could not be answered",
         )
             .into_response(),
+        answer => axum::Json(answer).into_response(),
     }
 }
 
@@ -446,12 +494,14 @@ mod tests {
     }
 
     fn echo(delay: Duration) -> Handler {
-        Arc::new(move |rule: String, review: Json| -> super::super::Answer {
-            Box::pin(async move {
-                tokio::time::sleep(delay).await;
-                serde_json::json!({"rule": rule, "uid": review["request"]["uid"]})
-            })
-        })
+        Arc::new(
+            move |rule: String, review: Json, _lane| -> super::super::Answer {
+                Box::pin(async move {
+                    tokio::time::sleep(delay).await;
+                    serde_json::json!({"rule": rule, "uid": review["request"]["uid"]})
+                })
+            },
+        )
     }
 
     use super::super::Handler;
@@ -463,13 +513,123 @@ mod tests {
             mutate: h.clone(),
             convert: h,
         };
+        serve(resolver, handlers, limits, WebhookMetrics::default()).await
+    }
+
+    async fn serve(
+        resolver: Arc<Resolver>,
+        handlers: Handlers,
+        limits: Limits,
+        metrics: WebhookMetrics,
+    ) -> String {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let tls = tls_config(resolver).unwrap();
         let health = Arc::new(Health::default());
-        let app = router(handlers, limits, WebhookMetrics::default());
+        let app = router(handlers, limits, metrics);
         tokio::spawn(serve_on(listener, tls, app, limits, health));
         addr
+    }
+
+    /// A handler whose evaluation takes `work` on the blocking pool (2 permits), in the
+    /// review's lane, as the admission handlers' do.
+    fn slow_on_pool(work: Duration) -> Handler {
+        let offload = super::super::offload::Offload::new(2);
+        Arc::new(
+            move |_rule: String, review: Json, lane| -> super::super::Answer {
+                let offload = offload.in_lane(lane);
+                Box::pin(async move {
+                    offload.run(move || std::thread::sleep(work)).await.map_or(
+                        Json::Null,
+                        |()| serde_json::json!({"uid": review["request"]["uid"]}),
+                    )
+                })
+            },
+        )
+    }
+
+    fn review_in(ns: &str, uid: usize) -> Vec<u8> {
+        serde_json::to_vec(
+            &serde_json::json!({"request": {"uid": uid.to_string(), "namespace": ns}}),
+        )
+        .unwrap()
+    }
+
+    /// One namespace floods slow reviews: it gets its share, the rest of its reviews a
+    /// fast 429 naming why, while every review of the other namespaces is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_namespace_that_floods_gets_its_share_and_the_others_are_answered() {
+        let b = certs::next(None, &policy(), jiff::Timestamp::now().as_second(), &[])
+            .unwrap()
+            .unwrap();
+        let resolver = Arc::new(Resolver::default());
+        resolver.set(&b).unwrap();
+        // Room for every review at once (24 + 6): only the namespace's share refuses.
+        let limits = Limits {
+            in_flight: 32,
+            per_class: 4,
+            per_class_evaluations: 1,
+            deadline: Duration::from_secs(3),
+            ..Limits::default()
+        };
+        let h = slow_on_pool(Duration::from_millis(250));
+        let handlers = Handlers {
+            validate: h.clone(),
+            mutate: h.clone(),
+            convert: h,
+        };
+        let metrics = WebhookMetrics::default();
+        let addr = serve(resolver, handlers, limits, metrics.clone()).await;
+        let trusted = b.trusted.clone();
+        let flood = (0..24).map(|i| {
+            let (addr, trusted) = (addr.clone(), trusted.clone());
+            tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let r = post(&addr, &trusted, "/validate/a", &review_in("flood", i)).await;
+                (r, started.elapsed())
+            })
+        });
+        let flood: Vec<_> = flood.collect();
+        // The others arrive while the flood holds its share (and queues in its lane).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let others: Vec<_> = (0..6)
+            .map(|i| {
+                let (addr, trusted) = (addr.clone(), trusted.clone());
+                tokio::spawn(async move {
+                    let ns = format!("calm-{}", i % 3);
+                    post(&addr, &trusted, "/mutate/a", &review_in(&ns, 100 + i)).await
+                })
+            })
+            .collect();
+        for o in others {
+            let (status, body) = o.await.unwrap().unwrap();
+            assert_eq!(status, 200, "another namespace's review: {body}");
+        }
+        let (mut answered, mut refused) = (0, 0);
+        for f in flood {
+            let (r, took) = f.await.unwrap();
+            let (status, body) = r.unwrap();
+            match status {
+                200 => answered += 1,
+                429 => {
+                    refused += 1;
+                    assert!(body.contains(r#"namespace "flood""#), "{body}");
+                    assert!(body.contains("fair share"), "{body}");
+                    // Not after the flood's evaluations (4 × 250 ms, one at a time).
+                    assert!(took < Duration::from_secs(2), "refused fast: {took:?}");
+                }
+                other => panic!("flood: {other} {body}"),
+            }
+        }
+        assert!(answered >= 4, "the flood got its share: {answered}");
+        assert!(refused > 0, "the flood was refused past its share");
+        let counted = metrics
+            .refused
+            .get_or_create(&RefusedLabel {
+                reason: "namespace_share".into(),
+            })
+            .get();
+        assert_eq!(counted, refused, "every refusal counted by reason");
     }
 
     /// A certificate swapped in serves from the next connection, and at every step of
@@ -482,7 +642,7 @@ mod tests {
             ..policy()
         };
         let now = jiff::Timestamp::now().as_second();
-        let first = certs::next(None, &p, now - 2_100).unwrap().unwrap();
+        let first = certs::next(None, &p, now - 2_100, &[]).unwrap().unwrap();
         let resolver = Arc::new(Resolver::default());
         resolver.set(&first).unwrap();
         let addr = start(resolver.clone(), Limits::default(), Duration::ZERO).await;
@@ -497,10 +657,14 @@ mod tests {
         );
         // The CA rotation: each bundle served while the API server trusts the one before.
         let t = now;
-        let adding = certs::next(Some(&first), &p, t).unwrap().unwrap();
+        let adding = certs::next(Some(&first), &p, t, &[]).unwrap().unwrap();
         assert_eq!(adding.phase, Phase::Adding);
-        let dropping = certs::next(Some(&adding), &p, t + 10).unwrap().unwrap();
-        let stable = certs::next(Some(&dropping), &p, t + 20).unwrap().unwrap();
+        let dropping = certs::next(Some(&adding), &p, t + 10, &[])
+            .unwrap()
+            .unwrap();
+        let stable = certs::next(Some(&dropping), &p, t + 20, &[])
+            .unwrap()
+            .unwrap();
         for (serving, trusted) in [
             (&adding, &first),
             (&dropping, &adding),
@@ -520,7 +684,7 @@ mod tests {
 
     #[tokio::test]
     async fn requests_are_bounded_in_size_number_and_time() {
-        let b = certs::next(None, &policy(), jiff::Timestamp::now().as_second())
+        let b = certs::next(None, &policy(), jiff::Timestamp::now().as_second(), &[])
             .unwrap()
             .unwrap();
         let resolver = Arc::new(Resolver::default());

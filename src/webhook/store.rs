@@ -10,18 +10,25 @@
 //!
 //! Every replica reads the Secret every `refresh` (sooner when a step is due), which is
 //! what `settle` (`run::settle`) counts on. Key material never reaches a log line.
+//!
+//! The replicas' confirmations of a CA rotation (certs.rs) live in the same Secret, an
+//! annotation per replica (`rulebook.dev/webhook-replica-<id>: <time> serving=<CA>
+//! trusted=<CA>,<CA>`, fingerprints, no key material): no other object, so no other grant
+//! (`rulebook rbac` already gives `update` on this Secret by name). A replica writes its
+//! record only while a rotation is under way, once it serves the step it read and again
+//! every third of `settle`; a step's write drops every record, so the Secret holds none at
+//! rest and a steady state writes nothing. A record older than `settle` (a replica gone)
+//! is dropped by the next write.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
-use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use super::certs::{self, Bundle, Phase, Policy};
+use super::certs::{self, Bundle, Confirmation, Phase, Policy};
 
 pub const CA_CERT: &str = "ca.crt";
 pub const CA_KEY: &str = "ca.key";
@@ -31,6 +38,8 @@ pub const TLS_KEY: &str = "tls.key";
 pub const TRUSTED: &str = "ca-bundle.crt";
 
 const A: &str = "rulebook.dev/webhook-";
+/// The annotations holding the replicas' confirmations: this prefix and the replica's id.
+const REPLICA: &str = "rulebook.dev/webhook-replica-";
 
 /// Why the Secret could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +96,52 @@ pub fn from_secret(s: &Secret) -> Option<Bundle> {
         phase: Phase::parse(ann.get(&format!("{A}rotation"))?)?,
         phase_since: when(ann, "rotation-since")?,
     })
+}
+
+/// The replicas' confirmations a Secret holds, by replica id (unreadable ones skipped).
+pub fn confirmations(s: &Secret) -> BTreeMap<String, Confirmation> {
+    let Some(ann) = s.metadata.annotations.as_ref() else {
+        return BTreeMap::new();
+    };
+    ann.iter()
+        .filter_map(|(k, v)| {
+            let id = k.strip_prefix(REPLICA)?;
+            let mut words = v.split(' ');
+            let at: jiff::Timestamp = words.next()?.parse().ok()?;
+            let serving = words.next()?.strip_prefix("serving=")?.to_string();
+            let trusted = words.next()?.strip_prefix("trusted=")?;
+            let trusted = trusted.split(',').filter(|t| !t.is_empty());
+            Some((
+                id.to_string(),
+                Confirmation {
+                    serving,
+                    trusted: trusted.map(str::to_string).collect(),
+                    at: at.as_second(),
+                },
+            ))
+        })
+        .collect()
+}
+
+/// `s` with replica `id`'s confirmation `c`, and without the records older than `stale`
+/// seconds at `c.at`.
+pub fn confirm(s: &mut Secret, id: &str, c: &Confirmation, stale: i64) {
+    let old = confirmations(s);
+    let ann = s.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    for (other, record) in &old {
+        if record.at <= c.at.saturating_sub(stale) {
+            ann.remove(&format!("{REPLICA}{other}"));
+        }
+    }
+    ann.insert(
+        format!("{REPLICA}{id}"),
+        format!(
+            "{} serving={} trusted={}",
+            rfc3339(c.at),
+            c.serving,
+            c.trusted.join(",")
+        ),
+    );
 }
 
 /// The Secret holding `b` (times as RFC 3339 annotations, readable with kubectl).
@@ -151,6 +206,21 @@ pub struct Store {
     namespace: String,
     name: String,
     policy: Policy,
+    /// This replica's id in the confirmations (one per process).
+    replica: String,
+}
+
+/// An id for this process: the host name (a pod's name), the process id and the time
+/// it started, hashed to 12 hex characters (an annotation key's name part).
+fn replica_id() -> String {
+    use sha2::Digest as _;
+    let host = std::env::var("HOSTNAME").unwrap_or_default();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let seed = format!("{host}/{}/{started}", std::process::id());
+    hex::encode(&sha2::Sha256::digest(seed.as_bytes())[..6])
 }
 
 impl Store {
@@ -160,6 +230,7 @@ impl Store {
             namespace: namespace.to_string(),
             name: name.to_string(),
             policy,
+            replica: replica_id(),
         }
     }
 
@@ -168,8 +239,8 @@ impl Store {
     }
 
     /// Reads the Secret and writes what is due, until the bundle needs nothing: the
-    /// bundle every replica serves from now on.
-    pub async fn sync(&self) -> Result<Bundle, StoreError> {
+    /// bundle every replica serves from now on, and the Secret as last read or written.
+    pub async fn sync(&self) -> Result<(Bundle, Secret), StoreError> {
         let api_err = |e| StoreError::Api(self.id(), e);
         // A lost race costs a read; a few in a row means somebody else keeps writing.
         for _ in 0..5 {
@@ -180,14 +251,21 @@ impl Store {
                 return Err(StoreError::Foreign(self.id()));
             }
             let current = live.as_ref().and_then(from_secret);
-            let next = certs::next(current.as_ref(), &self.policy, now())
+            let replicas: Vec<Confirmation> = live
+                .as_ref()
+                .map(confirmations)
+                .unwrap_or_default()
+                .into_values()
+                .collect();
+            let next = certs::next(current.as_ref(), &self.policy, now(), &replicas)
                 .map_err(|e| StoreError::Cert(self.id(), e))?;
             let Some(next) = next else {
-                if let Some(b) = current {
-                    return Ok(b);
+                if let (Some(b), Some(s)) = (current, live) {
+                    return Ok((b, s));
                 }
                 continue;
             };
+            // A step drops the confirmations of the one before (module header).
             let mut secret = to_secret(&self.namespace, &self.name, &next);
             let written = match &live {
                 None => self.api.create(&PostParams::default(), &secret).await,
@@ -199,9 +277,9 @@ impl Store {
                 }
             };
             match written {
-                Ok(_) => {
+                Ok(s) => {
                     log_step(&self.id(), current.as_ref(), &next);
-                    return Ok(next);
+                    return Ok((next, s));
                 }
                 // Another replica wrote first: read what it wrote.
                 Err(kube::Error::Api(s)) if s.code == 409 => continue,
@@ -214,20 +292,53 @@ impl Store {
         ))
     }
 
+    /// While a rotation is under way, records in `secret` that this replica serves and
+    /// trusts `b` (which it does by now), when its record says otherwise or is a third
+    /// of `settle` old. A lost race (409) is retried at the next read.
+    async fn confirm(&self, b: &Bundle, mut secret: Secret) -> Result<(), StoreError> {
+        if b.phase == Phase::Stable {
+            return Ok(());
+        }
+        let settle = i64::try_from(self.policy.settle.as_secs()).unwrap_or(i64::MAX / 4);
+        let mine = Confirmation::of(b, now());
+        let said = confirmations(&secret).remove(&self.replica);
+        if said.is_some_and(|c| c.says_the_same(&mine) && c.at > mine.at - settle / 3) {
+            return Ok(());
+        }
+        confirm(&mut secret, &self.replica, &mine, settle);
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &secret)
+            .await
+        {
+            Ok(_) => {
+                debug!(secret = %self.id(), replica = %self.replica, phase = b.phase.as_str(), serving = %mine.serving, "webhook certificates: confirmed the rotation step");
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(StoreError::Api(self.id(), e)),
+        }
+    }
+
     /// Keeps the bundle current: syncs now, then every `refresh` (sooner when a step is
-    /// due), publishing each bundle read on `tx`. Runs until the task is dropped.
-    pub async fn keep(self, refresh: Duration, tx: watch::Sender<Option<Arc<Bundle>>>) {
+    /// due), handing each new bundle to `serve` (which serves it and publishes its CA
+    /// bundle) before confirming it. Runs until the task is dropped.
+    pub async fn keep(self, refresh: Duration, mut serve: impl FnMut(&Bundle) + Send) {
+        let mut served: Option<Bundle> = None;
         loop {
-            let wait = match self.sync().await {
+            let read = match self.sync().await {
+                Ok((b, secret)) => {
+                    if served.as_ref() != Some(&b) {
+                        serve(&b);
+                        served = Some(b.clone());
+                    }
+                    self.confirm(&b, secret).await.map(|()| b)
+                }
+                Err(e) => Err(e),
+            };
+            let wait = match read {
                 Ok(b) => {
                     let wait = certs::until_next(&b, &self.policy, now());
-                    tx.send_if_modified(|cur| {
-                        if cur.as_deref() == Some(&b) {
-                            return false;
-                        }
-                        *cur = Some(Arc::new(b));
-                        true
-                    });
                     Duration::from_secs(u64::try_from(wait).unwrap_or(0)).min(refresh)
                 }
                 Err(e) => {
@@ -270,12 +381,44 @@ mod tests {
             settle: Duration::from_secs(30),
             names: vec!["127.0.0.1".into(), "svc.ns.svc".into()],
         };
-        let b = certs::next(None, &p, 1_700_000_000).unwrap().unwrap();
+        let b = certs::next(None, &p, 1_700_000_000, &[]).unwrap().unwrap();
         let s = to_secret("ns", "hooks", &b);
         assert_eq!(from_secret(&s), Some(b));
         assert!(ours(&s));
         let mut broken = s.clone();
         broken.data.as_mut().unwrap().remove(TLS_KEY);
         assert_eq!(from_secret(&broken), None, "incomplete: replaced");
+    }
+
+    #[test]
+    fn confirmations_survive_the_secret_and_stale_ones_go() {
+        let p = Policy {
+            ca_validity: Duration::from_secs(3600),
+            tls_validity: Duration::from_secs(600),
+            settle: Duration::from_secs(30),
+            names: vec!["127.0.0.1".into()],
+        };
+        let b = certs::next(None, &p, 1_700_000_000, &[]).unwrap().unwrap();
+        let mut s = to_secret("ns", "hooks", &b);
+        assert!(confirmations(&s).is_empty(), "a step's write holds none");
+        let old = Confirmation::of(&b, 1_700_000_010);
+        confirm(&mut s, "aaaaaaaaaaaa", &old, 30);
+        let c = Confirmation::of(&b, 1_700_000_030);
+        confirm(&mut s, "bbbbbbbbbbbb", &c, 30);
+        let read = confirmations(&s);
+        assert_eq!(read.get("aaaaaaaaaaaa"), Some(&old));
+        assert_eq!(read.get("bbbbbbbbbbbb"), Some(&c));
+        assert_eq!(c.trusted, vec![certs::fingerprint(&b.ca_cert)]);
+        // 30 s after the first one's: it is gone.
+        let later = Confirmation::of(&b, 1_700_000_040);
+        confirm(&mut s, "bbbbbbbbbbbb", &later, 30);
+        let read = confirmations(&s);
+        assert_eq!(read.len(), 1, "{read:?}");
+        assert_eq!(from_secret(&s), Some(b), "the bundle reads the same");
+        let ann = s.metadata.annotations.as_ref().unwrap();
+        assert!(
+            ann.values().all(|v| !v.contains("PRIVATE")),
+            "no key material in a record"
+        );
     }
 }
