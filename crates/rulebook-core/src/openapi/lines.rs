@@ -208,7 +208,10 @@ spec:
             14
         );
         assert_eq!(
-            line_of(DEPLOYMENT, &path("spec.template.spec.containers.0.env.0.name")),
+            line_of(
+                DEPLOYMENT,
+                &path("spec.template.spec.containers.0.env.0.name")
+            ),
             22
         );
         assert_eq!(line_of(DEPLOYMENT, &path("spec.selector")), 24);
@@ -228,7 +231,11 @@ spec:
     #[test]
     fn block_scalars_and_tags_are_not_keys() {
         let lines = key_lines(DEPLOYMENT);
-        assert!(lines.iter().all(|l| !l.keys.contains(&"echo image".to_string())));
+        assert!(
+            lines
+                .iter()
+                .all(|l| !l.keys.contains(&"echo image".to_string()))
+        );
         assert!(is_only_tags("{% if x %}{# c #}"));
         assert!(!is_only_tags("{{ x }}: 1"));
         assert_eq!(split_key("\"a.b/c\": d").map(|k| k.0), Some("a.b/c".into()));

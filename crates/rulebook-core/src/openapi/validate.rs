@@ -204,11 +204,7 @@ impl<'a> Validator<'a> {
             });
             if !fits && !branches.is_empty() {
                 let types: Vec<String> = branches.iter().map(|b| self.type_name(b)).collect();
-                let msg = format!(
-                    "expected {}, got {}",
-                    types.join(" or "),
-                    self.shown(value)
-                );
+                let msg = format!("expected {}, got {}", types.join(" or "), self.shown(value));
                 self.report(path, msg);
                 return false;
             }
@@ -344,7 +340,8 @@ impl<'a> Validator<'a> {
             == Some(true)
             || extra.is_some_and(|e| e != &Json::Bool(false))
             || (props.is_none()
-                && (!self.structural || schema.get("type").and_then(Json::as_str) != Some("object")));
+                && (!self.structural
+                    || schema.get("type").and_then(Json::as_str) != Some("object")));
         for (k, v) in map {
             path.push(Segment::Key(k.clone()));
             match props.and_then(|p| p.get(k)) {
@@ -493,8 +490,14 @@ mod tests {
 
     #[test]
     fn a_string_where_an_integer_belongs_is_named_with_its_path_and_value() {
-        let got = problems(&apps(), deployment(json!({"replicas": "three", "template": {}})));
-        assert_eq!(got, vec![r#"spec.replicas: expected integer, got string "three""#]);
+        let got = problems(
+            &apps(),
+            deployment(json!({"replicas": "three", "template": {}})),
+        );
+        assert_eq!(
+            got,
+            vec![r#"spec.replicas: expected integer, got string "three""#]
+        );
     }
 
     #[test]
@@ -522,12 +525,18 @@ mod tests {
             json!({"surge": "25%", "cpu": 0.5, "template": {}, "raw": {"any": [1]}}),
             json!({"template": {}, "data": {"k": "aGk="}, "list": [{"labels": {"a.b/c": "d"}}]}),
         ] {
-            assert_eq!(problems(&c, deployment(spec.clone())), Vec::<String>::new(), "{spec}");
+            assert_eq!(
+                problems(&c, deployment(spec.clone())),
+                Vec::<String>::new(),
+                "{spec}"
+            );
         }
         let got = problems(
             &c,
-            deployment(json!({"surge": true, "cpu": [], "template": null, "data": {"k": "%%"},
-                "list": [{"labels": {"a.b/c": 1}}]})),
+            deployment(
+                json!({"surge": true, "cpu": [], "template": null, "data": {"k": "%%"},
+                "list": [{"labels": {"a.b/c": 1}}]}),
+            ),
         );
         assert_eq!(
             got,
@@ -559,8 +568,10 @@ mod tests {
         ]}}));
         assert!(c.knows("x.dev/v1", "App"));
         let app = |spec: Json| json!({"apiVersion": "x.dev/v1", "kind": "App", "metadata": {"name": "a"}, "spec": spec});
-        let ok = app(json!({"port": 80, "size": "1Gi", "free": {"a": 1}, "closed": {},
-            "pod": {"apiVersion": "v1", "kind": "Pod", "metadata": {}, "spec": {}}, "name": null}));
+        let ok = app(
+            json!({"port": 80, "size": "1Gi", "free": {"a": 1}, "closed": {},
+            "pod": {"apiVersion": "v1", "kind": "Pod", "metadata": {}, "spec": {}}, "name": null}),
+        );
         assert_eq!(problems(&c, ok), Vec::<String>::new());
         let bad = app(json!({"port": 0, "closed": {"a": 1}, "pod": {"spec": {}}, "name": "A"}));
         assert_eq!(
@@ -579,10 +590,17 @@ mod tests {
     fn secrets_values_are_not_shown_and_unknown_kinds_are_none() {
         let c = apps();
         let got = c
-            .validate(&deployment(json!({"replicas": "s3cret", "template": {}})), false, 5)
+            .validate(
+                &deployment(json!({"replicas": "s3cret", "template": {}})),
+                false,
+                5,
+            )
             .unwrap();
         assert_eq!(got[0].message, "expected integer, got string");
-        assert!(c.validate(&json!({"apiVersion": "v1", "kind": "Pod"}), true, 5).is_none());
+        assert!(
+            c.validate(&json!({"apiVersion": "v1", "kind": "Pod"}), true, 5)
+                .is_none()
+        );
     }
 
     #[test]
