@@ -2,7 +2,8 @@
 //! refuses a template that renders `replicas: "three"` into a Deployment, naming the
 //! template's `file:line` and the JSON path, with the built-in schemas (offline), a
 //! directory of saved ones (`--openapi`) and the cluster's (`--kubeconfig`, the local
-//! control plane); `rulebook test` fails the step that renders it. The fixture is
+//! control plane); `rulebook test` fails the step that renders it (the RuleTest is
+//! `web-test.yaml.txt`, copied out of the repository's tests/ to run). The fixture is
 //! tests/schema_check/: rule `web` (the bad Deployment, from its example's `size:
 //! three`) and rule `stack`, whose child is `web`'s own kind, checked against `web`'s
 //! generated CRD.
@@ -124,21 +125,28 @@ fn check_with_kubeconfig_uses_the_clusters_schemas() {
 
 #[test]
 fn test_fails_the_step_whose_child_the_schema_refuses() {
+    // The RuleTest is copied out of the repository's tests/, whose RuleTests are the
+    // shipped rules' (tests/ruletest.rs runs them all).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("web.yaml");
+    std::fs::copy(format!("{FIXTURE}/web-test.yaml.txt"), &file).expect("copy the RuleTest");
+    let shown = file.display().to_string();
     let (code, stdout, stderr) = rulebook(&[
         "test",
         "--rules",
         &format!("{FIXTURE}/rules"),
         "--templates",
         &format!("{FIXTURE}/templates"),
+        &shown,
     ]);
     assert_eq!(code, 1, "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stdout.contains("  ok    renders\n"), "{stdout}");
     assert!(stdout.contains("  FAIL  a word for the size\n"), "{stdout}");
     assert!(
-        stdout.contains(
-            "tests/schema_check/tests/web.yaml:18: tests/schema_check/templates/web/deployment.yaml:7: \
+        stdout.contains(&format!(
+            "{shown}:18: tests/schema_check/templates/web/deployment.yaml:7: \
              spec.replicas: expected integer, got string \"two\""
-        ),
+        )),
         "{stdout}"
     );
     assert!(stdout.ends_with("1 passed, 1 failed\n"), "{stdout}");
