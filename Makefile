@@ -49,6 +49,13 @@ lint: ## cargo fmt --check, cargo clippy --all-targets -D warnings (benches and 
 	scripts/core-tree.sh
 	python3 scripts/import-cycles.py
 
+# The built-in kinds' OpenAPI v3 schemas `rulebook check` and `test` use by default
+# (docs/reference/schemas.md), saved from the local control plane's API server into
+# openapi/v<major>.<minor>/ (src/cli/schemas/builtin.rs names the files it builds in).
+.PHONY: openapi
+openapi: cluster ## Save the built-in kinds' OpenAPI v3 schemas of the local API server into openapi/
+	KUBECONFIG=$(KUBECONFIG_LOCAL) python3 scripts/openapi-save.py --kubectl $(CURDIR)/.cluster/bin/kubectl
+
 .PHONY: rule-tests
 rule-tests: ## rulebook test on the example rules' tests (tests/rules/)
 	cargo run -q --locked --bin rulebook -- test --rules rules --templates templates tests/rules

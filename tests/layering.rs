@@ -17,6 +17,8 @@ const LAYERS: &[(&str, u32)] = &[
     ("meta", 0),
     // Offline CEL (rulebook-core's cel/): imports nothing of Rulebook's.
     ("cel", 0),
+    // Schema checks of rendered objects (issue 44): pure, imports nothing of Rulebook's.
+    ("openapi", 0),
     ("rules", 1),
     ("render", 2),
     ("rbac", 3),

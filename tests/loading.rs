@@ -58,6 +58,7 @@ fn check(rules: &Path, templates: &Path) -> (i32, String, String) {
             templates: templates.to_path_buf(),
         },
         kubeconfig: None,
+        schema: Default::default(),
     });
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let code = run_offline(&command, &mut out, &mut err).unwrap();

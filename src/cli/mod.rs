@@ -7,6 +7,7 @@ pub mod observed;
 pub mod release;
 pub mod roundtrip;
 pub mod ruletest;
+pub mod schemas;
 pub mod webhook_args;
 
 use std::io::Write;
@@ -267,9 +268,12 @@ pub struct CheckArgs {
     #[command(flatten)]
     pub dirs: RuleDirs,
     /// Also ask this cluster's API server: a server-side dry-run apply of each rule's
-    /// generated CRD and admission policies (nothing is stored).
+    /// generated CRD and admission policies (nothing is stored); and check rendered
+    /// children against its OpenAPI schemas (`/openapi/v3`) instead of the built-in ones.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub schema: schemas::SchemaArgs,
 }
 
 #[derive(Args, Debug)]
@@ -332,12 +336,9 @@ pub async fn run_online(
             }
         },
         Command::Release(args) => release::release(args, out, err).await,
-        Command::Check(args) if args.kubeconfig.is_some() => {
-            let code = check(args, out, err)?;
-            match (code, load_or_report(&args.dirs, err)?, &args.kubeconfig) {
-                (0, Some(set), Some(kc)) => cel_dry_run::dry_run(&set, kc, out, err).await,
-                _ => Ok(code.max(1)),
-            }
+        Command::Check(args) if args.kubeconfig.is_some() => check_online(args, out, err).await,
+        Command::Test(args) if args.kubeconfig.is_some() => {
+            ruletest::run_online(args, out, err).await
         }
         other => run_offline(other, out, err),
     }
@@ -507,58 +508,123 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
     Ok(0)
 }
 
+/// `rulebook check` without a cluster: rendered children checked against the schemas of
+/// `--openapi DIR`, else the built-in ones.
 fn check(args: &CheckArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
+    let Some(set) = load_for_check(args, err)? else {
+        return Ok(1);
+    };
+    let schemas = schemas::Schemas::offline(&args.schema, &set)?;
+    check_loaded(args, &set, &schemas, out, err)
+}
+
+/// `rulebook check --kubeconfig`: the cluster's schemas, then the dry runs of the
+/// generated CRDs and admission objects.
+async fn check_online(args: &CheckArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
+    let Some(set) = load_for_check(args, err)? else {
+        return Ok(1);
+    };
+    let Some(kc) = &args.kubeconfig else {
+        bail!("check_online needs --kubeconfig");
+    };
+    let schemas = schemas::Schemas::online(&args.schema, kc, &set).await?;
+    match check_loaded(args, &set, &schemas, out, err)? {
+        0 => cel_dry_run::dry_run(&set, kc, out, err).await,
+        code => Ok(code),
+    }
+}
+
+/// The rule set, or `None` with its diagnostics written (and their count).
+fn load_for_check(args: &CheckArgs, err: &mut dyn Write) -> Result<Option<RuleSet>> {
     match args.dirs.load(err)? {
-        Ok(set) => {
-            // Warnings do not fail the check: standard error, exit code 0.
-            for w in &set.warnings {
-                writeln!(err, "{w}")?;
-            }
-            if !set.warnings.is_empty() {
-                writeln!(err, "{} warnings", set.warnings.len())?;
-            }
-            for (name, rule) in &set.rules {
-                writeln!(
-                    out,
-                    "ok  {name}  {} {}  ({} children, version {})",
-                    rule.rule.spec.parent.api_version.value,
-                    rule.rule.spec.parent.kind.value,
-                    rule.rule.spec.children.len(),
-                    rule.version
-                )?;
-            }
-            let trips = roundtrip::check(&set, &args.dirs);
-            for (rule, n) in &trips.tried {
-                if *n == 0 {
-                    writeln!(
-                        err,
-                        "warning: rule '{rule}': no example or RuleTest parent to prove its conversions round-trip on"
-                    )?;
-                } else {
-                    writeln!(out, "ok  {rule}  conversions round-trip on {n} objects")?;
-                }
-            }
-            if !trips.problems.is_empty() {
-                for p in &trips.problems {
-                    writeln!(err, "{p}")?;
-                }
-                writeln!(err, "{} errors", trips.problems.len())?;
-                return Ok(1);
-            }
-            for line in cel_dry_run::placement_lines(&set) {
-                writeln!(out, "{line}")?;
-            }
-            writeln!(out, "{} rules valid", set.rules.len())?;
-            Ok(0)
-        }
+        Ok(set) => Ok(Some(set)),
         Err(diags) => {
             for d in &diags.0 {
                 writeln!(err, "{d}")?;
             }
             writeln!(err, "{} errors", diags.0.len())?;
-            Ok(1)
+            Ok(None)
         }
     }
+}
+
+fn check_loaded(
+    args: &CheckArgs,
+    set: &RuleSet,
+    schemas: &schemas::Schemas,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<i32> {
+    // Warnings do not fail the check: standard error, exit code 0.
+    for w in &set.warnings {
+        writeln!(err, "{w}")?;
+    }
+    if !set.warnings.is_empty() {
+        writeln!(err, "{} warnings", set.warnings.len())?;
+    }
+    for (name, rule) in &set.rules {
+        writeln!(
+            out,
+            "ok  {name}  {} {}  ({} children, version {})",
+            rule.rule.spec.parent.api_version.value,
+            rule.rule.spec.parent.kind.value,
+            rule.rule.spec.children.len(),
+            rule.version
+        )?;
+    }
+    let trips = roundtrip::check(set, &args.dirs);
+    for (rule, n) in &trips.tried {
+        if *n == 0 {
+            writeln!(
+                err,
+                "warning: rule '{rule}': no example or RuleTest parent to prove its conversions round-trip on"
+            )?;
+        } else {
+            writeln!(out, "ok  {rule}  conversions round-trip on {n} objects")?;
+        }
+    }
+    let rendered = schemas::check_examples(set, &args.dirs, schemas);
+    report_schemas(&rendered, schemas, out, err)?;
+    let problems: Vec<&String> = trips.problems.iter().chain(&rendered.problems).collect();
+    if !problems.is_empty() {
+        for p in &problems {
+            writeln!(err, "{p}")?;
+        }
+        writeln!(err, "{} errors", problems.len())?;
+        return Ok(1);
+    }
+    for line in cel_dry_run::placement_lines(set) {
+        writeln!(out, "{line}")?;
+    }
+    writeln!(out, "{} rules valid", set.rules.len())?;
+    Ok(0)
+}
+
+/// The schema check's lines: per rule what was checked, where the schemas came from,
+/// and the notes (parents not rendered, kinds without a schema).
+fn report_schemas(
+    report: &schemas::Report,
+    schemas: &schemas::Schemas,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<()> {
+    for (rule, (parents, children, problems)) in &report.checked {
+        if *problems > 0 {
+            continue;
+        }
+        writeln!(
+            out,
+            "ok  {rule}  {children} children of {parents} example and test parents checked against their schemas"
+        )?;
+    }
+    writeln!(out, "schemas: {}", schemas.origin)?;
+    for note in &report.notes {
+        writeln!(err, "{note}")?;
+    }
+    for note in schemas::unknown_notes(&report.unknown, &schemas.origin) {
+        writeln!(err, "{note}")?;
+    }
+    Ok(())
 }
 
 fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {

@@ -81,7 +81,7 @@ pub fn check(set: &RuleSet, dirs: &RuleDirs) -> Report {
 
 /// Every object of the YAML files in `examples/` beside the rules directory, with the
 /// line its document starts on.
-fn examples(dirs: &RuleDirs) -> Vec<(String, Json)> {
+pub(super) fn examples(dirs: &RuleDirs) -> Vec<(String, Json)> {
     let base = dirs.rules.parent().unwrap_or(Path::new("."));
     let Ok(entries) = std::fs::read_dir(base.join("examples")) else {
         return Vec::new();

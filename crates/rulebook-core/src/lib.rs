@@ -1,6 +1,7 @@
 //! Rulebook's pure core: the rule model, loading and validation ([`rules`]), rendering
 //! children and status from templates and expressions ([`render`]), and the shared
-//! vocabulary of labels and names ([`meta`]). A crate of its own so that the compiler,
+//! vocabulary of labels and names ([`meta`]); rendered objects checked against their kinds'
+//! OpenAPI schemas ([`openapi`]). A crate of its own so that the compiler,
 //! not a test reading the sources, keeps it pure: it has no kube, k8s-openapi, hyper or
 //! tokio among its dependencies, so nothing here can call the API server, spawn a task
 //! or block a runtime — it can be tested with plain values and used by `check`, `render`
@@ -9,5 +10,6 @@
 
 pub mod cel;
 pub mod meta;
+pub mod openapi;
 pub mod render;
 pub mod rules;

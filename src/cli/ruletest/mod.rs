@@ -7,6 +7,8 @@
 //! The parent is given the defaults of the rule's `spec.crd` schema and checked against
 //! it, as the API server would; parent changes (`parent.patch`, a JSON merge patch) carry over to later steps;
 //! status conditions are stamped with a fixed time ([`NOW`]) so snapshots are stable.
+//! Every child a step renders is checked against its kind's OpenAPI schema
+//! (`super::schemas`): a problem fails the step with the template's `file:line`.
 
 mod admission;
 mod convert;
@@ -15,6 +17,8 @@ mod model;
 mod paths;
 mod schema;
 
+use std::cell::RefCell;
+use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -22,6 +26,7 @@ use anyhow::Result;
 use clap::Args;
 use serde_json::Value as Json;
 
+use super::schemas::{SchemaArgs, Schemas};
 use super::{RuleDirs, load_or_report, observed, parse_objects, to_yaml, with_render_defaults};
 use crate::render::status::desired_status;
 use crate::render::{CompiledRule, RuleSet};
@@ -45,6 +50,19 @@ pub struct TestArgs {
     /// the nearest directory above the test file holding `.git`, else the file's own.
     #[arg(long)]
     pub root: Option<PathBuf>,
+    #[command(flatten)]
+    pub schema: SchemaArgs,
+    /// Check rendered children against this cluster's OpenAPI schemas (`/openapi/v3`)
+    /// instead of the built-in ones (docs/reference/schemas.md).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// What every step of a run shares: the schemas its rendered children are checked
+/// against, and the kinds met without one (said once, at the end).
+struct SchemaCheck<'a> {
+    schemas: &'a Schemas,
+    unknown: RefCell<BTreeSet<String>>,
 }
 
 /// What one step rendered: its children and status, or its error.
@@ -57,9 +75,37 @@ struct Failure {
     diff: Option<String>,
 }
 
+/// `rulebook test` without a cluster: the schemas of `--openapi DIR`, else the built-in.
 pub fn run(args: &TestArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
     let Some(set) = load_or_report(&args.dirs, err)? else {
         return Ok(1);
+    };
+    let schemas = Schemas::offline(&args.schema, &set)?;
+    run_loaded(args, &set, &schemas, out, err)
+}
+
+/// `rulebook test --kubeconfig`: the cluster's schemas.
+pub async fn run_online(args: &TestArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32> {
+    let Some(set) = load_or_report(&args.dirs, err)? else {
+        return Ok(1);
+    };
+    let schemas = match &args.kubeconfig {
+        Some(kc) => Schemas::online(&args.schema, kc, &set).await?,
+        None => Schemas::offline(&args.schema, &set)?,
+    };
+    run_loaded(args, &set, &schemas, out, err)
+}
+
+fn run_loaded(
+    args: &TestArgs,
+    set: &RuleSet,
+    schemas: &Schemas,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> Result<i32> {
+    let checks = SchemaCheck {
+        schemas,
+        unknown: RefCell::default(),
     };
     let roots = if args.paths.is_empty() {
         let base = args.dirs.rules.parent().unwrap_or(Path::new("."));
@@ -107,7 +153,7 @@ pub fn run(args: &TestArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
             failed += 1;
             continue;
         }
-        let (p, f) = run_steps(&set, &test, file, args, out)?;
+        let (p, f) = run_steps(set, &test, file, (args, &checks), out)?;
         passed += p;
         failed += f;
     }
@@ -124,6 +170,10 @@ pub fn run(args: &TestArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<
         writeln!(out, "0 passed, 0 failed")?;
         return Ok(1);
     }
+    for note in super::schemas::unknown_notes(&checks.unknown.borrow(), &schemas.origin) {
+        writeln!(err, "{note}")?;
+    }
+    writeln!(err, "rendered children checked against {}", schemas.origin)?;
     writeln!(out, "{passed} passed, {failed} failed")?;
     Ok(if failed == 0 { 0 } else { 1 })
 }
@@ -133,7 +183,7 @@ fn run_steps(
     set: &RuleSet,
     test: &RuleTest,
     file: &Path,
-    args: &TestArgs,
+    (args, checks): (&TestArgs, &SchemaCheck<'_>),
     out: &mut dyn Write,
 ) -> Result<(usize, usize)> {
     let shown = file.display().to_string();
@@ -158,7 +208,7 @@ fn run_steps(
     };
     let (mut passed, mut failed) = (0, 0);
     for step in &test.spec.steps {
-        let failures = run_step(rule, &mut parent, step, &at, args.update);
+        let failures = run_step(rule, &mut parent, step, (&at, checks), args.update);
         if failures.is_empty() {
             writeln!(out, "  ok    {}", step.name.value)?;
             passed += 1;
@@ -328,10 +378,10 @@ fn merge_patch(target: &mut Json, patch: &Json) {
     }
 }
 
-fn evaluate(rule: &CompiledRule, parent: &Json, objects: Vec<Json>) -> Outcome {
-    // As the operator reads it: in the storage version.
+/// The parent as the operator reads it: in the storage version, with the defaults of
+/// the rule's CRD schema; an error when the API server would refuse it.
+pub fn as_stored(rule: &CompiledRule, parent: &Json) -> std::result::Result<Json, String> {
     let mut parent = convert::in_storage_version(rule, parent)?;
-    // As the API server stores it: defaulted, and refused when the schema does not allow it.
     if let Some(schema) = super::storage_spec_schema(rule) {
         if let Some(spec) = parent.get_mut("spec") {
             schema::apply(schema, spec);
@@ -342,21 +392,47 @@ fn evaluate(rule: &CompiledRule, parent: &Json, objects: Vec<Json>) -> Outcome {
             return Err(format!("the API server would refuse the parent: {problem}"));
         }
     }
+    Ok(parent)
+}
+
+/// One step's render: its outcome, and the rendered children's schema problems.
+fn evaluate(
+    rule: &CompiledRule,
+    parent: &Json,
+    objects: Vec<Json>,
+    checks: &SchemaCheck<'_>,
+    place: &str,
+) -> (Outcome, Vec<String>) {
+    let parent = match as_stored(rule, parent) {
+        Ok(p) => p,
+        Err(e) => return (Err(e), Vec::new()),
+    };
     let parent = &parent;
     let scope = super::builtin_scope(rule);
-    let m = observed::render_against(rule, parent, objects, &scope).map_err(|e| e.to_string())?;
-    let report = rule
-        .status(parent, &m.observed, &m.desired)
-        .map_err(|e| e.to_string())?;
+    let m = match observed::render_against(rule, parent, objects, &scope) {
+        Ok(m) => m,
+        Err(e) => return (Err(e.to_string()), Vec::new()),
+    };
+    let findings = {
+        let mut unknown = checks.unknown.borrow_mut();
+        checks.schemas.check(rule, &m.desired, place, &mut unknown)
+    };
+    let report = match rule.status(parent, &m.observed, &m.desired) {
+        Ok(r) => r,
+        Err(e) => return (Err(e.to_string()), findings),
+    };
     let status = desired_status(parent, &report.fields, &report.readiness.condition(), NOW);
-    Ok((m.desired.into_iter().map(|d| d.object).collect(), status))
+    (
+        Ok((m.desired.into_iter().map(|d| d.object).collect(), status)),
+        findings,
+    )
 }
 
 fn run_step(
     rule: &CompiledRule,
     parent: &mut Json,
     step: &Step,
-    place: &Place,
+    (place, checks): (&Place, &SchemaCheck<'_>),
     update: bool,
 ) -> Vec<Failure> {
     let mut failures = Vec::new();
@@ -385,7 +461,14 @@ fn run_step(
     if let Some(a) = &step.admission {
         return admission::run(rule, parent, &before, a, step.expect.as_ref(), at);
     }
-    let outcome = evaluate(rule, parent, objects);
+    let shown = format!("step '{}'", step.name.value);
+    let (outcome, findings) = evaluate(rule, parent, objects, checks, &shown);
+    // A child the API server would refuse fails the step, whatever it expects.
+    failures.extend(findings.into_iter().map(|message| Failure {
+        line: at,
+        message,
+        diff: None,
+    }));
     if let Some(expect) = &step.expect {
         check(expect, &outcome, at, &mut failures);
     } else if let Err(e) = &outcome {

@@ -367,6 +367,20 @@ impl CompiledRule {
         &self.rule.spec.children
     }
 
+    /// Child `i`'s template: its display path and its text (for a schema problem's
+    /// `file:line`, openapi::lines).
+    pub fn child_template(&self, i: usize) -> Option<(String, String)> {
+        let name = self.children().get(i)?.template.value.as_str();
+        let env = self.running().borrow_owner();
+        let source = env.get_template(name).ok()?.source().to_string();
+        let path = self
+            .template_files
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| name.to_string());
+        Some((path, source))
+    }
+
     /// The template context: `parent`, `children` (live, by name), `refs`, `rule`, and
     /// `ready(...)` when the rule uses it. Evaluates `readyWhen` of the live children
     /// when the rule needs their readiness, so it runs within an active budget.
