@@ -4,6 +4,7 @@
 //! its own beyond that order.
 
 pub(crate) mod client;
+mod migrations;
 mod rules;
 mod shards;
 
@@ -156,12 +157,22 @@ pub async fn run(args: Settings) -> Result<()> {
         None => gate.clone(),
     };
     let client = gated_client(config.clone(), write_gate.clone(), metrics.clone())?;
-    let engine = Engine::new(
+    let mut engine = Engine::new(
         client.clone(),
         engine_config(&args, &identity),
         metrics.clone(),
         write_gate,
     );
+    if args.sharding {
+        // No leader: each storage migration runs under a Lease of its own.
+        engine.lease_migrations(Arc::new(migrations::LeasedMigrations::new(
+            &config,
+            metrics.clone(),
+            &lease_ns,
+            &identity,
+            Duration::from_secs(args.lease_duration),
+        )?));
+    }
     let mut webhooks = start_webhooks(&args, &config, &metrics).await?;
     // The first activation publishes the CRDs (their conversion) and the webhook
     // configurations with the CA: wait a little for the certificates to be read.
@@ -569,6 +580,7 @@ impl Operator {
     async fn shutdown(mut self, gate: &LeaseGate, election: Election) {
         info!("shutting down: finishing in-flight reconciles");
         self.engine.shutdown().await;
+        self.engine.stop_migrations().await;
         self.is_leader.store(false, Ordering::SeqCst);
         gate.close();
         if let Some(s) = self.shards.take() {
