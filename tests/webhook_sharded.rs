@@ -306,6 +306,9 @@ async fn sharded_replicas_serve_webhooks_for_every_share_and_migrate_once_throug
         json!(["v1alpha1", "v1"]),
         "not trimmed before every object is rewritten"
     );
+    // (etcd may hold every object as v1 already: the reconciles that follow the rule
+    // change write the parents' status, which stores them in the storage version too.
+    // Mid-way is what the marker says: a page done, not the last.)
     let mut partly = std::collections::BTreeMap::new();
     for ns in &spaces {
         for (version, n) in stored_versions(&v, ns).await {
@@ -313,10 +316,6 @@ async fn sharded_replicas_serve_webhooks_for_every_share_and_migrate_once_throug
         }
     }
     println!("stored after the kill: {partly:?}");
-    assert!(
-        partly.contains_key(&alpha_version),
-        "killed mid-way: {partly:?}"
-    );
     assert!(
         partly.get(&one_version).copied().unwrap_or(0) as u64
             >= marker["rewritten"].as_u64().unwrap(),
@@ -365,6 +364,8 @@ async fn sharded_replicas_serve_webhooks_for_every_share_and_migrate_once_throug
         op.log_tail()
     );
     assert_eq!(log_count(op, "storage migration: holding its Lease"), 1);
+    let resumed = format!("Some({})", marker["after"]);
+    assert_eq!(log_count(op, &resumed), 1, "resumed from the marker: {}", op.log_tail());
     let lease = wait_for(T, "the Lease given up", || async {
         let l = leases.get_opt(&lease_name).await.ok()??;
         l.spec
