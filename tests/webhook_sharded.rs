@@ -365,7 +365,12 @@ async fn sharded_replicas_serve_webhooks_for_every_share_and_migrate_once_throug
     );
     assert_eq!(log_count(op, "storage migration: holding its Lease"), 1);
     let resumed = format!("Some({})", marker["after"]);
-    assert_eq!(log_count(op, &resumed), 1, "resumed from the marker: {}", op.log_tail());
+    assert_eq!(
+        log_count(op, &resumed),
+        1,
+        "resumed from the marker: {}",
+        op.log_tail()
+    );
     let lease = wait_for(T, "the Lease given up", || async {
         let l = leases.get_opt(&lease_name).await.ok()??;
         l.spec
