@@ -64,6 +64,10 @@ pub struct MigrationStatus {
     /// Why the last pass failed (it is retried).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Sharded: the identity of the replica holding the migration's Lease (this one's
+    /// own when it migrates), as this replica last read it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq)]
@@ -118,6 +122,10 @@ impl EngineStatus {
                 None => all.remove(rule),
             };
         }
+    }
+    /// The recorded storage migration of `rule`'s CRD.
+    pub fn migration(&self, rule: &str) -> Option<MigrationStatus> {
+        self.migrations.read().ok()?.get(rule).cloned()
     }
     /// Changes the recorded storage migration of `rule`'s CRD, if there is one.
     pub fn update_migration(&self, rule: &str, f: impl FnOnce(&mut MigrationStatus)) {

@@ -3,10 +3,13 @@
 //! stores it in the storage version), then the old versions are dropped from the CRD's
 //! `status.storedVersions`, so a later rule may stop serving them.
 //!
-//! Run by the writer that applies the CRD (`run --install-crds`, the leader; not when
-//! sharded: a replica may write only its share of the namespaces, and the migration
-//! needs them all), on the engine's gated client, so a replica that loses the lease
-//! stops writing at once (and the task is aborted with the engine's other work).
+//! Run by the writer that applies the CRD (`run --install-crds`, the leader), on the
+//! engine's gated client, so a replica that loses the lease stops writing at once (and
+//! the task is aborted with the engine's other work). Sharded replicas have no leader,
+//! and a replica may write only its share of the namespaces while a migration needs them
+//! all: there each CRD's migration has a Lease of its own that any replica may take, and
+//! the holder migrates through a client gated by that Lease alone ([`LeasedRun`],
+//! `operator/migrations.rs`: the lease code is of a layer above the engine's).
 //!
 //! Nothing is lost on a crash: a rewrite is a replace of the object as read, with its
 //! `resourceVersion` (a conflict means somebody wrote it since, which stored it in the
@@ -35,6 +38,7 @@ use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams,
 use kube::{Client, ResourceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
@@ -80,12 +84,14 @@ pub struct Marker {
 
 /// One rule's kind, as the migration reaches it.
 #[derive(Clone, Debug)]
-struct Target {
-    rule: String,
-    crd: String,
-    resource: ApiResource,
+pub struct Target {
+    pub rule: String,
+    pub crd: String,
+    pub resource: ApiResource,
+    /// Sharded: this replica's identity, shown on `/status` while it holds the Lease.
+    pub holder: Option<String>,
     /// Rewrites per second at most (`None`: as fast as the API server answers).
-    rate: Option<std::num::NonZeroU32>,
+    pub rate: Option<std::num::NonZeroU32>,
 }
 
 impl Target {
@@ -100,7 +106,6 @@ impl Target {
         let parent = &rule.rule.spec.parent;
         let (group, version) = parent.group_version();
         Some(Target {
-            rate: None,
             rule: rule.name.clone(),
             crd: crd_name(&rule.rule)?,
             resource: ApiResource {
@@ -110,6 +115,8 @@ impl Target {
                 kind: parent.kind.value.clone(),
                 plural: plural(crd, &parent.kind),
             },
+            holder: None,
+            rate: None,
         })
     }
 }
@@ -117,18 +124,60 @@ impl Target {
 /// The migrations in flight, one per CRD.
 #[derive(Default)]
 pub struct Migrations {
-    tasks: BTreeMap<String, (String, JoinHandle<()>)>,
+    tasks: BTreeMap<String, Task>,
+    /// Sharded: each migration runs under a Lease of its own.
+    leased: Option<Arc<dyn LeasedRun>>,
     /// Rewrites per second at most, for every migration (`run --migration-rate`).
     rate: Option<std::num::NonZeroU32>,
+}
+
+/// One CRD's migration: the storage version it migrates to, and its task; a leased one
+/// also has a stop signal (it gives its Lease up on the way out).
+struct Task {
+    version: String,
+    handle: JoinHandle<()>,
+    stop: Option<watch::Sender<bool>>,
+}
+
+impl Task {
+    /// Stops the task: a leased one is asked to (it releases its Lease) and aborted if
+    /// it has not stopped within 5 s; any other is aborted.
+    fn retire(self) {
+        match self.stop {
+            Some(stop) => {
+                let _ = stop.send(true);
+                let mut handle = self.handle;
+                tokio::spawn(async move {
+                    if tokio::time::timeout(Duration::from_secs(5), &mut handle)
+                        .await
+                        .is_err()
+                    {
+                        handle.abort();
+                    }
+                });
+            }
+            None => self.handle.abort(),
+        }
+    }
 }
 
 impl Migrations {
     /// No migration running yet; each rewrites at most `rate` objects per second.
     pub fn new(rate: Option<std::num::NonZeroU32>) -> Self {
         Migrations {
-            tasks: BTreeMap::new(),
             rate,
+            ..Migrations::default()
         }
+    }
+
+    /// Sharded: migrations run under a Lease per CRD, whatever this replica's share.
+    pub fn set_leased(&mut self, runner: Arc<dyn LeasedRun>) {
+        self.leased = Some(runner);
+    }
+
+    /// Whether migrations run under Leases of their own (sharded).
+    pub fn leased(&self) -> bool {
+        self.leased.is_some()
     }
 
     /// Starts a migration for every CRD of `set` that `mine` accepts and that has none
@@ -148,38 +197,91 @@ impl Migrations {
             .filter(|t| mine(&t.crd))
             .map(|t| (t.crd.clone(), t))
             .collect();
-        self.tasks.retain(|crd, (version, task)| {
-            let keep = !task.is_finished()
+        for (crd, task) in std::mem::take(&mut self.tasks) {
+            let keep = !task.handle.is_finished()
                 && targets
-                    .get(crd)
-                    .is_some_and(|t| &t.resource.version == version);
-            if !keep {
-                task.abort();
+                    .get(&crd)
+                    .is_some_and(|t| t.resource.version == task.version);
+            if keep {
+                self.tasks.insert(crd, task);
+            } else {
+                task.retire();
             }
-            keep
-        });
+        }
         for (crd, mut t) in targets {
             if self.tasks.contains_key(&crd) {
                 continue;
             }
             t.rate = self.rate;
             let version = t.resource.version.clone();
-            let task = tokio::spawn(run(client.clone(), t, status.clone()));
-            self.tasks.insert(crd, (version, task));
+            let task = match &self.leased {
+                Some(leased) => {
+                    let (stop, stopped) = watch::channel(false);
+                    let run = leased.run(t, status.clone(), stopped);
+                    Task {
+                        version,
+                        handle: tokio::spawn(run),
+                        stop: Some(stop),
+                    }
+                }
+                None => Task {
+                    version,
+                    handle: tokio::spawn(run(client.clone(), t, status.clone())),
+                    stop: None,
+                },
+            };
+            self.tasks.insert(crd, task);
         }
     }
 
-    /// Stops every migration (this replica no longer writes); the next writer resumes.
+    /// Stops the migrations that run on the engine's client (this replica no longer
+    /// writes); the next writer resumes. Those under a Lease of their own go on: their
+    /// Lease, not the share, says whether this replica may write.
     pub fn stop(&mut self) {
-        for (_, (_, task)) in std::mem::take(&mut self.tasks) {
-            task.abort();
+        for (crd, task) in std::mem::take(&mut self.tasks) {
+            if task.stop.is_some() {
+                self.tasks.insert(crd, task);
+            } else {
+                task.handle.abort();
+            }
+        }
+    }
+
+    /// Stops every migration, giving up the Leases held (the process stops).
+    pub async fn stop_all(&mut self) {
+        let tasks = std::mem::take(&mut self.tasks);
+        for task in tasks.values() {
+            if let Some(stop) = &task.stop {
+                let _ = stop.send(true);
+            }
+        }
+        for (_, mut task) in tasks {
+            if tokio::time::timeout(Duration::from_secs(5), &mut task.handle)
+                .await
+                .is_err()
+            {
+                task.handle.abort();
+            }
         }
     }
 }
 
+/// How a sharded replica runs one CRD's migration under a Lease of its own: contends
+/// for it, runs [`run`] through a client only that Lease opens while it holds it, shows
+/// the holder and its progress on `/status` while it does not, and gives the Lease up
+/// when done or when `stop` turns true.
+pub trait LeasedRun: Send + Sync {
+    fn run(
+        &self,
+        target: Target,
+        status: Arc<EngineStatus>,
+        stop: watch::Receiver<bool>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+}
+
 /// Passes until one completes (or there is nothing to do), waiting longer after each
 /// failure (2 s doubling, at most a minute).
-async fn run(client: Client, target: Target, status: Arc<EngineStatus>) {
+pub async fn run(client: Client, target: Target, status: Arc<EngineStatus>) {
     let mut wait = Duration::from_secs(2);
     loop {
         match pass(&client, &target, &status).await {
@@ -199,14 +301,14 @@ async fn run(client: Client, target: Target, status: Arc<EngineStatus>) {
 
 /// What the live CRD says: its storage version, the versions objects may be stored
 /// in, and the marker.
-struct Live {
-    storage: String,
-    stored: Vec<String>,
-    marker: Option<Marker>,
-    resource_version: Option<String>,
+pub struct Live {
+    pub storage: String,
+    pub stored: Vec<String>,
+    pub marker: Option<Marker>,
+    pub resource_version: Option<String>,
 }
 
-async fn live(crds: &Api<CustomResourceDefinition>, name: &str) -> Result<Live, MigrateError> {
+pub async fn live(crds: &Api<CustomResourceDefinition>, name: &str) -> Result<Live, MigrateError> {
     let crd = crds
         .get(name)
         .await
@@ -268,6 +370,7 @@ async fn pass(client: &Client, t: &Target, status: &EngineStatus) -> Result<(), 
             state: MigrationState::Running,
             rewritten: resume.as_ref().map_or(0, |m| m.rewritten),
             message: None,
+            holder: t.holder.clone(),
         }),
     );
     let rewritten = rewrite_all(client, &crds, t, resume, status).await?;

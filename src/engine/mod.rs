@@ -42,7 +42,7 @@ use released::release_removed_rule;
 use runner::RuleRunner;
 
 pub use dropped::kind_api;
-pub use health::{EngineStatus, RuleState, RuleStatus};
+pub use health::{EngineStatus, MigrationState, MigrationStatus, RuleState, RuleStatus};
 pub use released::{ParentsOf, ReleaseError, Released, orphan_kinds, release_parents};
 pub use runner::{SetupError, resolve_kind};
 
@@ -356,7 +356,6 @@ impl Engine {
             .set(0);
     }
 
-    /// Stops every rule, letting in-flight reconciles finish.
     /// The engine's (gated) client.
     pub fn client(&self) -> &Client {
         &self.client
@@ -381,8 +380,16 @@ impl Engine {
     }
 
     /// Starts the storage migrations of the CRDs of `set` that `mine` accepts (this
-    /// replica applies them); not when sharded (a replica writes only its share).
+    /// replica applies them). Sharded, each runs under a Lease of its own that any
+    /// replica may take ([`Engine::lease_migrations`]), whatever its share: `mine` does
+    /// not apply; without that, a sharded replica migrates nothing (it writes only its
+    /// share, and a migration needs every namespace).
     pub fn migrate(&mut self, set: &RuleSet, mine: &dyn Fn(&str) -> bool) {
+        if self.migrations.leased() {
+            self.migrations
+                .ensure(&self.client, set, &|_| true, &self.status);
+            return;
+        }
         if self.config.shard.is_some() {
             return;
         }
@@ -390,6 +397,19 @@ impl Engine {
             .ensure(&self.client, set, mine, &self.status);
     }
 
+    /// Sharded: storage migrations run under a Lease per CRD, through `runner`.
+    pub fn lease_migrations(&mut self, runner: Arc<dyn migrate::LeasedRun>) {
+        self.migrations.set_leased(runner);
+    }
+
+    /// Stops every storage migration, those under a Lease of their own too, which give
+    /// it up (the process stops).
+    pub async fn stop_migrations(&mut self) {
+        self.migrations.stop_all().await;
+    }
+
+    /// Stops every rule, letting in-flight reconciles finish, and the migrations that
+    /// run on the engine's client.
     pub async fn shutdown(&mut self) {
         self.migrations.stop();
         let names: Vec<String> = self.running.keys().cloned().collect();

@@ -4,6 +4,7 @@
 //! its own beyond that order.
 
 pub(crate) mod client;
+mod migrations;
 mod rules;
 mod shards;
 
@@ -158,12 +159,9 @@ pub async fn run(args: Settings) -> Result<()> {
         None => gate.clone(),
     };
     let client = gated_client(config.clone(), write_gate.clone(), metrics.clone())?;
-    let engine = Engine::new(
-        client.clone(),
-        engine_config(&args, &identity),
-        metrics.clone(),
-        write_gate,
-    );
+    let engine = new_engine(
+        &args, &config, &client, write_gate, &metrics, &lease_ns, &identity,
+    )?;
     let mut webhooks = start_webhooks(&args, &config, &metrics).await?;
     // The first activation publishes the CRDs (their conversion) and the webhook
     // configurations with the CA: wait a little for the certificates to be read.
@@ -322,6 +320,35 @@ async fn start_shards(
     )
     .await?;
     Ok(Some(shards))
+}
+
+/// The engine on the gated `client`; sharded, its storage migrations run under a Lease
+/// of their own each (there is no leader).
+fn new_engine(
+    args: &Settings,
+    config: &Config,
+    client: &Client,
+    write_gate: Arc<dyn WriteGate>,
+    metrics: &Arc<Metrics>,
+    lease_ns: &str,
+    identity: &str,
+) -> Result<Engine> {
+    let mut engine = Engine::new(
+        client.clone(),
+        engine_config(args, identity),
+        metrics.clone(),
+        write_gate,
+    );
+    if args.sharding {
+        engine.lease_migrations(Arc::new(migrations::LeasedMigrations::new(
+            config,
+            metrics.clone(),
+            lease_ns,
+            identity,
+            Duration::from_secs(args.lease_duration),
+        )?));
+    }
+    Ok(engine)
 }
 
 /// The engine's settings from the command line.
@@ -572,6 +599,7 @@ impl Operator {
     async fn shutdown(mut self, gate: &LeaseGate, election: Election) {
         info!("shutting down: finishing in-flight reconciles");
         self.engine.shutdown().await;
+        self.engine.stop_migrations().await;
         self.is_leader.store(false, Ordering::SeqCst);
         gate.close();
         if let Some(s) = self.shards.take() {

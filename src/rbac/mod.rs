@@ -272,7 +272,9 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
     rules.extend(policies::rbac_rules(set));
     if opts.sharding {
         // Member Leases are named after the members: no resourceNames. The coordinator
-        // also counts parents (list, already granted on every parent kind).
+        // also counts parents (list, already granted on every parent kind). This grant
+        // covers the storage migrations' Leases too (`rulebook-migration-<CRD name>`,
+        // operator/migrations.rs): a by-name grant of them would add nothing to it.
         rules.push(json!({
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
@@ -449,6 +451,47 @@ mod tests {
             .find(|o| o["kind"] == "RoleBinding")
             .expect("bound");
         assert_eq!(binding["subjects"][0]["name"], "rulebook");
+    }
+
+    /// `--sharding --install-crds` with a versioned rule: what the storage migration
+    /// under its own Lease needs (operator/migrations.rs): its Lease (get, list, watch,
+    /// create, update), `update` on the parents in every namespace, the CRD's status.
+    #[test]
+    fn a_sharded_storage_migration_is_granted_its_lease_and_every_namespace() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/versioned");
+        let read = crate::rules::read(&root.join("rules"), &root.join("templates"));
+        let set = crate::render::compile_read(&read, &crate::render::Limits::default()).unwrap();
+        let opts = RbacOptions {
+            name: "rulebook".into(),
+            service_account: ("rulebook-system".into(), "rulebook".into()),
+            install_crds: true,
+            leader_elect: false,
+            sharding: true,
+            lease_name: "rulebook".into(),
+            diff_role: false,
+            diff_namespaces: vec![],
+            webhooks: None,
+        };
+        let out = manifests(&set, &opts);
+        let rules = out[0]["rules"].as_array().unwrap();
+        let grants = |group: &str, resource: &str, verb: &str| {
+            rules.iter().any(|r| {
+                r["apiGroups"] == json!([group])
+                    && r["resources"] == json!([resource])
+                    && r.get("resourceNames").is_none()
+                    && r["verbs"].as_array().unwrap().contains(&json!(verb))
+            })
+        };
+        for verb in ["get", "list", "watch", "create", "update"] {
+            assert!(grants("coordination.k8s.io", "leases", verb), "{verb}");
+        }
+        let parent = &set.rules.values().next().unwrap().rule.spec.parent;
+        let (group, _) = split_api_version(&parent.api_version);
+        let plural = plural_of(&set, &parent.api_version, &parent.kind);
+        assert!(grants(group, &plural, "update"), "{rules:#?}");
+        assert!(rules.iter().any(|r| r["resources"]
+            == json!(["customresourcedefinitions/status"])
+            && r["verbs"] == json!(["patch"])));
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! The wire check ([`WriteGate::may_send`], in the client's gate layer) sees only a
 //! request's path: a write into a namespace outside the claims is refused there, unless
 //! this replica owns a rule with cluster-scoped parents (whose children may live in any
-//! namespace). The precise per-rule check is the rule's own gate ([`RuleGate`]), which
+//! namespace). CRDs, webhook configurations and admission policies, which the writer
+//! publishes for the whole rule set, are written by the replica whose claims hold the
+//! hash of their name. The precise per-rule check is the rule's own gate ([`RuleGate`]), which
 //! each reconcile's writer asks before every write.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,6 +18,27 @@ use crate::shard::{Ranges, fnv1a};
 use crate::write::gate::{LeaseGate, WriteGate};
 
 const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/";
+const ADMISSION: &str = "/apis/admissionregistration.k8s.io/";
+/// The cluster-scoped kinds the writer publishes besides CRDs: the webhook
+/// configurations (`webhook::apply`) and the admission policies of `cel:` rules
+/// (`policies`), each by the replica whose share holds its name.
+const PUBLISHED: &[&str] = &[
+    "validatingwebhookconfigurations",
+    "mutatingwebhookconfigurations",
+    "validatingadmissionpolicies",
+    "validatingadmissionpolicybindings",
+    "mutatingadmissionpolicies",
+    "mutatingadmissionpolicybindings",
+];
+
+/// The name of the webhook configuration or admission policy a write path names (its
+/// subresources too), if it names one.
+fn published_name(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix(ADMISSION)?;
+    let mut parts = rest.split('/');
+    let (_version, resource, name) = (parts.next()?, parts.next()?, parts.next()?);
+    (PUBLISHED.contains(&resource) && !name.is_empty()).then_some(name)
+}
 
 pub struct ShardGate {
     lease: LeaseGate,
@@ -129,6 +152,14 @@ impl WriteGate for ShardGate {
         if let Some(crd) = path.strip_prefix(CRDS) {
             return self.holds(fnv1a(crd.split('/').next().unwrap_or(crd)));
         }
+        // So is a webhook configuration or an admission policy (`operator::publish_objects`
+        // decides so); a replica owning a rule with cluster-scoped parents (below) may
+        // write any, as its children may be of any kind.
+        if let Some(name) = published_name(path)
+            && self.holds(fnv1a(name))
+        {
+            return true;
+        }
         if self.cluster_rules.load(Ordering::SeqCst) {
             return true;
         }
@@ -195,6 +226,35 @@ mod tests {
         assert!(!gate.owns_cluster_rules());
         // A change computed after the fence applies.
         assert!(gate.set_claims_if(gate.epoch(), Ranges::all(), false));
+    }
+
+    #[test]
+    fn published_objects_are_written_by_the_holder_of_their_name() {
+        let gate = ShardGate::default();
+        gate.lease()
+            .grant_until(Instant::now() + Duration::from_secs(30));
+        let h = u128::from(fnv1a("hooks"));
+        gate.set_claims(Ranges::of([(h, h + 1)]), false);
+        for path in [
+            "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/hooks",
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/hooks",
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/hooks",
+            "/apis/admissionregistration.k8s.io/v1/mutatingadmissionpolicybindings/hooks",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/hooks",
+            "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/hooks/status",
+        ] {
+            assert!(gate.may_send(path), "{path}");
+            assert!(!gate.may_send(&path.replace("hooks", "other")), "{path}");
+        }
+        // Not a published kind: a cluster-scoped write outside any rule.
+        assert!(!gate.may_send("/apis/admissionregistration.k8s.io/v1/hooks/hooks"));
+        assert!(
+            !gate.may_send("/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations")
+        );
+        gate.lease().revoke();
+        assert!(!gate.may_send(
+            "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/hooks"
+        ));
     }
 
     #[test]
