@@ -237,11 +237,7 @@ async fn switching_the_storage_version_migrates_every_object_through_a_sigkill()
             .is_none()
     );
     let after = stored_versions(&v, &stored).await;
-    assert_eq!(
-        after,
-        [(format!("{GROUP}/v1"), n)].into(),
-        "stored after"
-    );
+    assert_eq!(after, [(format!("{GROUP}/v1"), n)].into(), "stored after");
     // Nothing lost, nothing changed: every object reads as it was written.
     let listed = alpha.list(&ListParams::default()).await.unwrap();
     assert_eq!(listed.items.len(), n);
