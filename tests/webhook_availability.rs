@@ -19,7 +19,10 @@ use webhook_kit::*;
 
 /// Installs the rule's CRD (as `rulebook crds` prints it) so that parents can be made
 /// before any webhook exists.
-async fn install_crd(client: &kube::Client, h: &Hooked) {
+/// Installs `h`'s CRD and waits until the kind is served in `ns`: `Established` comes a
+/// moment before the API server routes the new resource (a create right after it was
+/// answered 404 under a loaded `make test`).
+async fn install_crd(client: &kube::Client, h: &Hooked, ns: &str) {
     let rules = h.rules.to_str().unwrap();
     let templates = h.templates.to_str().unwrap();
     let crds = yaml_objects(&rulebook(&[
@@ -31,6 +34,11 @@ async fn install_crd(client: &kube::Client, h: &Hooked) {
     ]));
     apply_all(client, &crds).await;
     wait_established(client, &h.crd_name()).await;
+    let parents = h.parents(client, ns);
+    wait_for(T, "the kind to be served", || async {
+        parents.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
 }
 
 async fn child_exists(cms: &Api<k8s_openapi::api::core::v1::ConfigMap>, name: &str) -> Option<()> {
@@ -46,7 +54,7 @@ async fn killing_every_webhook_server_fails_creates_per_failure_policy_and_loses
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client.clone(), &ns);
     let mut kept = Vec::new();
     for (h, prefix) in [(&fail, "f"), (&ignore, "i")] {
-        install_crd(&client, h).await;
+        install_crd(&client, h, &ns).await;
         for n in 0..2 {
             let name = format!("{prefix}-kept-{n}");
             h.parents(&client, &ns)
