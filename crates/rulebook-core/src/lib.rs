@@ -10,4 +10,5 @@
 pub mod cel;
 pub mod meta;
 pub mod render;
+pub mod rollout;
 pub mod rules;
