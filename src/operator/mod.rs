@@ -337,6 +337,10 @@ fn engine_config(args: &Settings, identity: &str) -> EngineConfig {
         },
         inputs_in_flight: args.inputs_in_flight_mib.saturating_mul(1 << 20),
         shard: None,
+        rollout_namespace: args
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
     }
 }
 

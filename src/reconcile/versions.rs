@@ -1,0 +1,99 @@
+//! Two versions of one rule side by side, during a progressive rollout
+//! (docs/reference/rollout.md): the context a reconcile of one parent runs with — the new
+//! version's, or the old one's — picked from the rollout state the engine keeps in sync
+//! with the cluster, by the pure membership of [`crate::rollout::on_new`]. Both contexts
+//! share the caches, the writer and the memory: only the rule differs.
+//!
+//! A parent whose pick differs from the version its status records is reconciled whole
+//! (its steady fingerprint is forgotten: its inputs did not change, the rule did), with
+//! an event when it moves or goes back.
+
+use std::sync::Arc;
+
+use kube::ResourceExt;
+use kube::api::DynamicObject;
+use parking_lot::RwLock;
+
+use super::context::RuleContext;
+use crate::meta::STATUS_RULE_VERSION;
+use crate::rollout::{ParentFacts, RankKey, RolloutState, on_new};
+
+/// The old version's context and the rollout state, beside the new version's context.
+pub struct Versions {
+    pub old: Arc<RuleContext>,
+    pub state: Arc<RwLock<RolloutState>>,
+}
+
+/// The `status.ruleVersion` of a parent.
+pub fn status_version(parent: &DynamicObject) -> Option<&str> {
+    parent
+        .data
+        .get("status")
+        .and_then(|s| s.get(STATUS_RULE_VERSION))
+        .and_then(|v| v.as_str())
+}
+
+/// Where `parent` is in the rollout order of `ctx`'s rule (`spec.rollout.order`).
+pub fn rank_key(ctx: &RuleContext, parent: &DynamicObject) -> RankKey {
+    let first = match &ctx.rule.rollout {
+        Some(p) if p.has_order() => {
+            crate::cache::to_json(parent).is_some_and(|json| p.first(&json))
+        }
+        _ => false,
+    };
+    RankKey::of(first, parent.namespace().as_deref(), &parent.name_any())
+}
+
+/// What is known of `parent` to place it.
+pub fn facts<'a>(ctx: &RuleContext, parent: &'a DynamicObject) -> ParentFacts<'a> {
+    ParentFacts {
+        key: rank_key(ctx, parent),
+        status_version: status_version(parent),
+        created: parent
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second()),
+    }
+}
+
+/// The context to reconcile `parent` with: the old version's when the rollout has not
+/// moved it (or moved it back), else `ctx` itself.
+pub fn for_parent(ctx: &Arc<RuleContext>, parent: &DynamicObject) -> Arc<RuleContext> {
+    let Some(v) = &ctx.versions else {
+        return ctx.clone();
+    };
+    let state = v.state.read().clone();
+    let picked = if on_new(&state, &facts(ctx, parent)) {
+        ctx.clone()
+    } else {
+        v.old.clone()
+    };
+    let recorded = status_version(parent);
+    if recorded.is_some_and(|r| r != picked.rule.version)
+        && let Some(uid) = parent.uid()
+    {
+        // Its inputs did not change, its rule did: a full reconcile.
+        picked.memory.forget_steady(&uid);
+        let (reason, note) = if Arc::ptr_eq(&picked, ctx) {
+            (
+                "RolloutMoved",
+                format!("rule version {} (rollout step {})", picked.rule.version, state.step),
+            )
+        } else {
+            (
+                "RolloutRolledBack",
+                format!("back to rule version {}", picked.rule.version),
+            )
+        };
+        super::events::event(
+            &picked,
+            parent,
+            kube::runtime::events::EventType::Normal,
+            reason,
+            "Rollout",
+            note,
+        );
+    }
+    picked
+}
