@@ -59,7 +59,10 @@ fn parent(kind: &str, ns: &str, name: &str, canary: bool) -> Json {
 /// The rollout state of `rule` in `ns`.
 async fn state(client: &kube::Client, ns: &str, rule: &str) -> Option<Json> {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
-    let cm = cms.get_opt(&format!("rulebook-rollout-{rule}")).await.ok()??;
+    let cm = cms
+        .get_opt(&format!("rulebook-rollout-{rule}"))
+        .await
+        .ok()??;
     serde_json::from_str(cm.data?.get("state")?).ok()
 }
 
@@ -84,9 +87,9 @@ fn writes_to_parents_and_children(audit: &Audit, ns: &str) -> Vec<Json> {
     rulebook_writes(audit, ns)
         .into_iter()
         .filter(|e| {
-            !e["objectRef"]["name"]
-                .as_str()
-                .is_some_and(|n| n.starts_with("rulebook-rollout-") || n.starts_with("rulebook-rule-"))
+            !e["objectRef"]["name"].as_str().is_some_and(|n| {
+                n.starts_with("rulebook-rollout-") || n.starts_with("rulebook-rule-")
+            })
         })
         .collect()
 }
@@ -94,7 +97,13 @@ fn writes_to_parents_and_children(audit: &Audit, ns: &str) -> Vec<Json> {
 async fn start(d: &RuleDir, ns: &str) -> Operator {
     d.operator()
         .namespace(ns)
-        .flags(&["--install-crds", "--concurrency", "8", "--lease-namespace", ns])
+        .flags(&[
+            "--install-crds",
+            "--concurrency",
+            "8",
+            "--lease-namespace",
+            ns,
+        ])
         .start()
         .await
 }
@@ -108,7 +117,10 @@ async fn a_change_that_never_gets_ready_moves_only_the_canary_and_rolls_back() {
     let rollout = "    steps:\n      - {parents: 1}\n      - {percent: 50, pause: 2s}\n      - {percent: 100}\n    order: \"parent.metadata.labels['rulebook.dev/canary'] is defined\"\n    gate: \"batch.ready >= batch.total and batch.age >= '2s'\"\n    onFailure: Rollback\n    failWhen: \"batch.notReadyFor >= '4s'\"\n";
     let d = RuleDir::new();
     d.template("rollbad/v1.yaml", &template("v1"));
-    d.rule("rollbad.yaml", &rule(kind, "rollbad/v1.yaml", None, rollout));
+    d.rule(
+        "rollbad.yaml",
+        &rule(kind, "rollbad/v1.yaml", None, rollout),
+    );
     let op = start(&d, &ns).await;
     let parents = faults_kit_parents(&client, &ns, kind).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -129,7 +141,9 @@ async fn a_change_that_never_gets_ready_moves_only_the_canary_and_rolls_back() {
         (ready == N).then_some(())
     })
     .await;
-    let before = state(&client, &ns, "rollbad").await.expect("a settled state");
+    let before = state(&client, &ns, "rollbad")
+        .await
+        .expect("a settled state");
     assert_eq!(before["phase"], "Complete");
 
     // The bad version: a readyWhen its child never meets.
@@ -137,7 +151,12 @@ async fn a_change_that_never_gets_ready_moves_only_the_canary_and_rolls_back() {
     d.template("rollbad/v2.yaml", &template("v2"));
     d.rule(
         "rollbad.yaml",
-        &rule(kind, "rollbad/v2.yaml", Some("child.data.ok == 'yes'"), rollout),
+        &rule(
+            kind,
+            "rollbad/v2.yaml",
+            Some("child.data.ok == 'yes'"),
+            rollout,
+        ),
     );
     let canary_moved = wait_for(T, "the canary's child at v2", || async {
         (markers(&cms).await.get("p17").map(String::as_str) == Some("v2")).then_some(())
@@ -149,7 +168,10 @@ async fn a_change_that_never_gets_ready_moves_only_the_canary_and_rolls_back() {
     })
     .await;
     println!("rolled back: {}", failed["message"]);
-    assert_eq!(failed["step"], 0, "no batch after the canary moved: {failed}");
+    assert_eq!(
+        failed["step"], 0,
+        "no batch after the canary moved: {failed}"
+    );
     wait_for(T, "the canary's child back at v1", || async {
         (markers(&cms).await.get("p17").map(String::as_str) == Some("v1")).then_some(())
     })
@@ -164,19 +186,32 @@ async fn a_change_that_never_gets_ready_moves_only_the_canary_and_rolls_back() {
         .filter(|e| e["objectRef"]["name"] != "p17")
         .map(describe_audit)
         .collect();
-    assert!(others.is_empty(), "writes to other parents or children:\n{}", others.join("\n"));
+    assert!(
+        others.is_empty(),
+        "writes to other parents or children:\n{}",
+        others.join("\n")
+    );
     let child_writes = writes
         .iter()
         .filter(|e| e["objectRef"]["resource"] == "configmaps")
         .count();
-    assert!(child_writes >= 2, "the canary's child moved and came back: {child_writes} writes");
+    assert!(
+        child_writes >= 2,
+        "the canary's child moved and came back: {child_writes} writes"
+    );
     let log = op.log_tail();
     assert!(log.contains("rollout failed"), "{log}");
 }
 
 /// The parents' API of `kind`, once its CRD is served.
 async fn faults_kit_parents(client: &kube::Client, ns: &str, kind: &str) -> Api<DynamicObject> {
-    let a = api(client, Some(ns), &format!("{GROUP}/v1"), kind, &plural(kind));
+    let a = api(
+        client,
+        Some(ns),
+        &format!("{GROUP}/v1"),
+        kind,
+        &plural(kind),
+    );
     wait_for(T, "the CRD to be served", || async {
         a.list(&Default::default()).await.ok().map(|_| ())
     })
@@ -193,7 +228,10 @@ async fn a_good_change_reaches_every_parent_batch_by_batch_with_its_pauses() {
     let rollout = "    steps:\n      - {parents: 1}\n      - {percent: 50, pause: 3s}\n      - {percent: 100, pause: 3s}\n";
     let d = RuleDir::new();
     d.template("rollgood/v1.yaml", &template("v1"));
-    d.rule("rollgood.yaml", &rule(kind, "rollgood/v1.yaml", None, rollout));
+    d.rule(
+        "rollgood.yaml",
+        &rule(kind, "rollgood/v1.yaml", None, rollout),
+    );
     let _op = start(&d, &ns).await;
     let parents = faults_kit_parents(&client, &ns, kind).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -208,7 +246,10 @@ async fn a_good_change_reaches_every_parent_batch_by_batch_with_its_pauses() {
     .await;
     let audit = Audit::mark();
     d.template("rollgood/v2.yaml", &template("v2"));
-    d.rule("rollgood.yaml", &rule(kind, "rollgood/v2.yaml", None, rollout));
+    d.rule(
+        "rollgood.yaml",
+        &rule(kind, "rollgood/v2.yaml", None, rollout),
+    );
     let done = wait_for(T, "the rollout to complete", || async {
         let s = state(&client, &ns, "rollgood").await?;
         (s["phase"] == "Complete" && s["from"] != s["to"]).then_some(s)
@@ -229,7 +270,10 @@ async fn a_good_change_reaches_every_parent_batch_by_batch_with_its_pauses() {
     println!("steps started {started:?}, ended {ended}");
     assert_eq!(started.len(), 3, "{done}");
     assert!(started[2] - started[1] >= 3, "step 1's pause: {started:?}");
-    assert!(ended - started[2] >= 3, "step 2's pause: {started:?} {ended}");
+    assert!(
+        ended - started[2] >= 3,
+        "step 2's pause: {started:?} {ended}"
+    );
     // The children's first write after the change, by batch: 1, then 2 more (50 % of 6),
     // then the other 3, each batch after its step started.
     let mut first: BTreeMap<String, jiff::Timestamp> = BTreeMap::new();
@@ -266,7 +310,10 @@ async fn a_rollout_resumes_after_sigkill_with_the_old_files_gone() {
     let rollout = "    steps:\n      - {parents: 1}\n      - {percent: 100}\n    gate: \"batch.ready >= batch.total and batch.age >= '1h'\"\n";
     let d = RuleDir::new();
     d.template("rollkill/v1.yaml", &template("v1"));
-    d.rule("rollkill.yaml", &rule(kind, "rollkill/v1.yaml", None, rollout));
+    d.rule(
+        "rollkill.yaml",
+        &rule(kind, "rollkill/v1.yaml", None, rollout),
+    );
     let mut op = start(&d, &ns).await;
     let parents = faults_kit_parents(&client, &ns, kind).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
@@ -279,10 +326,17 @@ async fn a_rollout_resumes_after_sigkill_with_the_old_files_gone() {
     })
     .await;
     d.template("rollkill/v2.yaml", &template("v2"));
-    d.rule("rollkill.yaml", &rule(kind, "rollkill/v2.yaml", None, rollout));
+    d.rule(
+        "rollkill.yaml",
+        &rule(kind, "rollkill/v2.yaml", None, rollout),
+    );
     let canary = wait_for(T, "one child at v2", || async {
         let m = markers(&cms).await;
-        let moved: Vec<String> = m.iter().filter(|(_, v)| *v == "v2").map(|(k, _)| k.clone()).collect();
+        let moved: Vec<String> = m
+            .iter()
+            .filter(|(_, v)| *v == "v2")
+            .map(|(k, _)| k.clone())
+            .collect();
         (moved.len() == 1).then(|| moved[0].clone())
     })
     .await;
@@ -301,7 +355,10 @@ async fn a_rollout_resumes_after_sigkill_with_the_old_files_gone() {
     assert_eq!(m.get(&canary).map(String::as_str), Some("v2"), "{m:?}");
     assert_eq!(m.values().filter(|v| *v == "v1").count(), N - 1, "{m:?}");
     let s = state(&client, &ns, "rollkill").await.expect("state");
-    assert_eq!((s["phase"].as_str(), s["step"].as_i64()), (Some("Progressing"), Some(0)));
+    assert_eq!(
+        (s["phase"].as_str(), s["step"].as_i64()),
+        (Some("Progressing"), Some(0))
+    );
     // Promoted by hand: every parent moves.
     let kc = kubeconfig_path();
     let out = rulebook(&[

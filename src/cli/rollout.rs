@@ -79,7 +79,8 @@ pub fn describe(rule: &str, s: &RolloutState) -> String {
         s.from,
         s.to,
         s.step,
-        jiff::Timestamp::from_second(s.step_started).map_or_else(|_| s.step_started.to_string(), |t| t.to_string()),
+        jiff::Timestamp::from_second(s.step_started)
+            .map_or_else(|_| s.step_started.to_string(), |t| t.to_string()),
         s.moved,
         s.parents,
         s.to
@@ -130,11 +131,17 @@ mod tests {
     fn actions() {
         let s = RolloutState::settled("a", 0).next("b", 0);
         assert!(apply(RolloutAction::Pause, &s).is_ok_and(|n| n.held));
-        let held = RolloutState { held: true, ..s.clone() };
+        let held = RolloutState {
+            held: true,
+            ..s.clone()
+        };
         assert!(apply(RolloutAction::Resume, &held).is_ok_and(|n| !n.held));
         assert!(apply(RolloutAction::Promote, &s).is_ok_and(|n| n.phase == Phase::Complete));
         assert!(apply(RolloutAction::Abort, &s).is_ok_and(|n| n.phase == Phase::RolledBack));
-        let paused = RolloutState { phase: Phase::Paused, ..s.clone() };
+        let paused = RolloutState {
+            phase: Phase::Paused,
+            ..s.clone()
+        };
         assert!(apply(RolloutAction::Resume, &paused).is_ok_and(|n| n.phase == Phase::Progressing));
         let done = apply(RolloutAction::Promote, &s).unwrap_or_else(|e| panic!("{e}"));
         assert!(apply(RolloutAction::Abort, &done).is_err());

@@ -305,6 +305,7 @@ impl Engine {
                 problem: None,
                 paused: 0,
                 migration: None,
+                rollout: None,
             },
         );
         let (stop, stopped) = watch::channel(false);

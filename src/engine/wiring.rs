@@ -96,6 +96,7 @@ impl RuleRunner {
             let (tx, rx) = futures::channel::mpsc::unbounded::<()>();
             controller = controller.reconcile_on(turns.all_on(rx, caches.parents.clone()));
             rollout_tasks = self.rollout_tasks(&r, setup, tx);
+            self.status.set_rollout(&name, Some(setup.state.clone()));
         }
         let counting = super::health::count_cached(
             self.metrics.clone(),
@@ -111,6 +112,7 @@ impl RuleRunner {
         for t in rollout_tasks {
             t.abort();
         }
+        self.status.set_rollout(&name, None);
         counting.abort();
         for id in cache_ids {
             self.budget.drop_cache(id);

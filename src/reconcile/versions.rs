@@ -78,7 +78,10 @@ pub fn for_parent(ctx: &Arc<RuleContext>, parent: &DynamicObject) -> Arc<RuleCon
         let (reason, note) = if Arc::ptr_eq(&picked, ctx) {
             (
                 "RolloutMoved",
-                format!("rule version {} (rollout step {})", picked.rule.version, state.step),
+                format!(
+                    "rule version {} (rollout step {})",
+                    picked.rule.version, state.step
+                ),
             )
         } else {
             (

@@ -17,8 +17,8 @@ use super::{RolloutEnv, now, store};
 use crate::reconcile::versions::status_version;
 use crate::render::CompiledRule;
 use crate::rollout::{
-    Decision, ParentFacts, ParentHealth, Phase, Plan, RankKey, RolloutState, batch_stats,
-    boundary, decide, on_new,
+    Decision, ParentFacts, ParentHealth, Phase, Plan, RankKey, RolloutState, batch_stats, boundary,
+    decide, on_new,
 };
 
 /// How often an active rollout looks at its parents.
@@ -70,7 +70,10 @@ pub fn parent_health(parent: &DynamicObject) -> (bool, Option<i64>) {
         .and_then(|t| t.as_str())
         .and_then(|t| t.parse::<jiff::Timestamp>().ok())
         .map(|t| t.as_second());
-    (c.get("status").and_then(|s| s.as_str()) == Some("True"), since)
+    (
+        c.get("status").and_then(|s| s.as_str()) == Some("True"),
+        since,
+    )
 }
 
 impl Coordinator {
@@ -118,8 +121,7 @@ impl Coordinator {
 
     /// The state after one look at `seen`, at `now`.
     fn step(&self, state: &RolloutState, seen: &[Seen], now: i64) -> RolloutState {
-        let (Some(program), Some(spec)) = (&self.rule.rollout, &self.rule.rule.spec.rollout)
-        else {
+        let (Some(program), Some(spec)) = (&self.rule.rollout, &self.rule.rule.spec.rollout) else {
             return state.clone();
         };
         let plan = Plan::of(spec);
@@ -215,7 +217,11 @@ impl Coordinator {
                 out.push(Seen {
                     key: RankKey::of(first, p.namespace().as_deref(), &p.name_any()),
                     version: status_version(p).map(str::to_string),
-                    created: p.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()),
+                    created: p
+                        .metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0.as_second()),
                     ready,
                     ready_since,
                 });

@@ -138,8 +138,8 @@ pub async fn follow(
     view: Arc<RwLock<RolloutState>>,
     changed: UnboundedSender<()>,
 ) {
-    let config = watcher::Config::default()
-        .fields(&format!("metadata.name={}", store::state_name(&rule)));
+    let config =
+        watcher::Config::default().fields(&format!("metadata.name={}", store::state_name(&rule)));
     let mut events = watcher(env.api(), config)
         .default_backoff()
         .applied_objects()

@@ -129,7 +129,11 @@ pub async fn write_state(
         "data": {STATE_KEY: text},
     });
     let written = api
-        .patch(&state_name(rule), &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(
+            &state_name(rule),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
         .await?;
     Ok(written.metadata.resource_version)
 }
@@ -256,7 +260,11 @@ pub async fn collect_versions(
     let lp = ListParams::default().labels(&format!("{ROLLOUT_OF}={rule},{VERSION_LABEL}"));
     let mut deleted = 0;
     for cm in api.list_metadata(&lp).await?.items {
-        let v = cm.metadata.labels.as_ref().and_then(|l| l.get(VERSION_LABEL));
+        let v = cm
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(VERSION_LABEL));
         if v.is_some_and(|v| !keep.contains(&v.as_str()))
             && let Some(n) = &cm.metadata.name
         {
@@ -288,8 +296,8 @@ mod tests {
             )]
             .into(),
         };
-        let set = crate::render::compile(&sources, &Limits::default())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let set =
+            crate::render::compile(&sources, &Limits::default()).unwrap_or_else(|e| panic!("{e}"));
         let rule = &set.rules["web"];
         let content = Content {
             file: rule.file.clone(),

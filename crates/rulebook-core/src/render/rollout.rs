@@ -244,8 +244,14 @@ mod tests {
             durations_to_seconds("batch.ready >= batch.total and batch.age >= '1m'"),
             "batch.ready >= batch.total and batch.age >= 60"
         );
-        assert_eq!(durations_to_seconds(r#"batch.notReadyFor >= "1h30m""#), "batch.notReadyFor >= 5400");
-        assert_eq!(durations_to_seconds("batch.age >= '1500ms'"), "batch.age >= 1.5");
+        assert_eq!(
+            durations_to_seconds(r#"batch.notReadyFor >= "1h30m""#),
+            "batch.notReadyFor >= 5400"
+        );
+        assert_eq!(
+            durations_to_seconds("batch.age >= '1500ms'"),
+            "batch.age >= 1.5"
+        );
         // Not durations, or mismatched quotes: left alone.
         assert_eq!(durations_to_seconds("'abc' ~ '5x'"), "'abc' ~ '5x'");
         assert_eq!(durations_to_seconds("'1m\""), "'1m\"");
@@ -256,7 +262,10 @@ mod tests {
             "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: r\nspec:\n  parent:\n    apiVersion: v1\n    kind: ConfigMap\n  rollout:\n{yaml_rollout}"
         );
         let rules = crate::rules::parse_file("r.yaml", &text).unwrap_or_else(|e| panic!("{e:?}"));
-        let at = Diags { file: "r.yaml", name: "r" };
+        let at = Diags {
+            file: "r.yaml",
+            name: "r",
+        };
         RolloutProgram::compile(&rules[0].rule, &Limits::default(), &at)
     }
 
@@ -265,7 +274,12 @@ mod tests {
         let p = program("    steps: [{percent: 100}]\n    gate: \"batch.ready >= batch.total and batch.age >= '1m'\"\n    failWhen: \"batch.notReadyFor >= '5m'\"\n")
             .unwrap_or_else(|e| panic!("{e:?}"))
             .unwrap_or_else(|| panic!("a program"));
-        let mut b = BatchStats { total: 2, ready: 2, age: 59, ..Default::default() };
+        let mut b = BatchStats {
+            total: 2,
+            ready: 2,
+            age: 59,
+            ..Default::default()
+        };
         assert!(!p.gate(&b).unwrap_or(true));
         b.age = 60;
         assert!(p.gate(&b).unwrap_or(false));
@@ -284,14 +298,20 @@ mod tests {
         assert!(p.first(&canary));
         assert!(!p.first(&serde_json::json!({"metadata": {}})));
         // The default gate.
-        let b = BatchStats { total: 3, ready: 2, ..Default::default() };
+        let b = BatchStats {
+            total: 3,
+            ready: 2,
+            ..Default::default()
+        };
         assert!(!p.gate(&b).unwrap_or(true));
         assert!(!p.failed(&b).unwrap_or(true));
     }
 
     #[test]
     fn unknown_variables_and_syntax_errors_are_diagnostics_at_their_line() {
-        let Err(d) = program("    steps: [{percent: 100}]\n    gate: \"parent.x > 1\"\n    failWhen: \"batch.age >=\"\n") else {
+        let Err(d) = program(
+            "    steps: [{percent: 100}]\n    gate: \"parent.x > 1\"\n    failWhen: \"batch.age >=\"\n",
+        ) else {
             panic!("errors expected")
         };
         assert_eq!(d.len(), 2, "{d:?}");

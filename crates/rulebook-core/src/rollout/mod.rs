@@ -251,9 +251,7 @@ pub fn batch_stats(
             (true, Some(t)) => t.max(state.started),
             _ => state.step_started,
         };
-        b.not_ready_for = b
-            .not_ready_for
-            .max(u64::try_from(now - since).unwrap_or(0));
+        b.not_ready_for = b.not_ready_for.max(u64::try_from(now - since).unwrap_or(0));
     }
     b.not_ready = b.total - b.ready;
     b
@@ -302,9 +300,7 @@ impl Plan {
 
     /// The target of step `i` (the last step's past the end: a plan edited shorter).
     pub fn target(&self, i: usize) -> Target {
-        self.steps
-            .get(i)
-            .map_or(Target::Percent(100), |(t, _)| *t)
+        self.steps.get(i).map_or(Target::Percent(100), |(t, _)| *t)
     }
 }
 
@@ -405,9 +401,14 @@ pub enum NotProgressive {
 /// Whether the change from `old` to `new` can roll out progressively: the same parent
 /// kind, CRD and references, and no kind of child the new version does not have (both
 /// versions run on the new version's caches). Anything else applies at once.
-pub fn progressive(old: &crate::rules::Rule, new: &crate::rules::Rule) -> Result<(), NotProgressive> {
+pub fn progressive(
+    old: &crate::rules::Rule,
+    new: &crate::rules::Rule,
+) -> Result<(), NotProgressive> {
     let (o, n) = (&old.spec, &new.spec);
-    if o.parent.api_version.value != n.parent.api_version.value || o.parent.kind.value != n.parent.kind.value {
+    if o.parent.api_version.value != n.parent.api_version.value
+        || o.parent.kind.value != n.parent.kind.value
+    {
         return Err(NotProgressive::Parent);
     }
     if json(&o.crd) != json(&n.crd) {
@@ -417,8 +418,15 @@ pub fn progressive(old: &crate::rules::Rule, new: &crate::rules::Rule) -> Result
         return Err(NotProgressive::References);
     }
     for c in &o.children {
-        if !n.children.iter().any(|d| d.api_version.value == c.api_version.value && d.kind.value == c.kind.value) {
-            return Err(NotProgressive::ChildKind(format!("{} {}", c.api_version.value, c.kind.value)));
+        if !n
+            .children
+            .iter()
+            .any(|d| d.api_version.value == c.api_version.value && d.kind.value == c.kind.value)
+        {
+            return Err(NotProgressive::ChildKind(format!(
+                "{} {}",
+                c.api_version.value, c.kind.value
+            )));
         }
     }
     Ok(())

@@ -69,7 +69,10 @@ fn moved_parents_stay_moved_and_rollback_sends_every_one_back() {
     // A parent outside the boundary whose status already names the new version (it
     // was relabelled after it moved) stays.
     let far = ParentFacts {
-        key: RankKey { group: 1, hash: u64::MAX },
+        key: RankKey {
+            group: 1,
+            hash: u64::MAX,
+        },
         status_version: Some("b"),
         created: Some(0),
     };
@@ -79,7 +82,11 @@ fn moved_parents_stay_moved_and_rollback_sends_every_one_back() {
     assert!(!on_new(&back, &far));
     assert_eq!(moved(&back, 50), 0);
     let paused = s.after(&Decision::Fail(OnFailure::Pause, "x".into()), 20);
-    assert_eq!(moved(&paused, 50), 1, "a failed rollout that pauses moves nobody back");
+    assert_eq!(
+        moved(&paused, 50),
+        1,
+        "a failed rollout that pauses moves nobody back"
+    );
     let done = s.after(&Decision::Complete, 20);
     assert_eq!(moved(&done, 50), 50);
 }
@@ -105,7 +112,10 @@ fn a_change_during_a_rollout_keeps_what_moved() {
     assert_eq!((again.from.as_str(), again.to.as_str()), ("a", "c"));
     assert_eq!(again.superseded, vec!["b".to_string()]);
     let on_b = ParentFacts {
-        key: RankKey { group: 1, hash: u64::MAX },
+        key: RankKey {
+            group: 1,
+            hash: u64::MAX,
+        },
         status_version: Some("b"),
         created: Some(0),
     };
@@ -149,30 +159,66 @@ fn decisions() {
     let s = placed(RolloutState::settled("a", 0).next("b", 0), &keys(50), &p);
     let b = BatchStats::default();
     assert_eq!(decide(&s, &p, &b, Ok(true), Ok(false)), Decision::Advance);
-    assert!(matches!(decide(&s, &p, &b, Ok(false), Ok(false)), Decision::Hold(Some(_))));
+    assert!(matches!(
+        decide(&s, &p, &b, Ok(false), Ok(false)),
+        Decision::Hold(Some(_))
+    ));
     assert!(matches!(
         decide(&s, &p, &b, Ok(true), Ok(true)),
         Decision::Fail(OnFailure::Rollback, _)
     ));
     // An expression that fails holds; it never advances.
-    assert!(matches!(decide(&s, &p, &b, Err("e".into()), Ok(false)), Decision::Hold(Some(_))));
-    assert!(matches!(decide(&s, &p, &b, Ok(true), Err("e".into())), Decision::Hold(Some(_))));
+    assert!(matches!(
+        decide(&s, &p, &b, Err("e".into()), Ok(false)),
+        Decision::Hold(Some(_))
+    ));
+    assert!(matches!(
+        decide(&s, &p, &b, Ok(true), Err("e".into())),
+        Decision::Hold(Some(_))
+    ));
     // The pause of step 1 (120 s) is honoured, then the gate decides.
     let s1 = placed(s.after(&Decision::Advance, 0), &keys(50), &p);
-    let young = BatchStats { age: 119, ..Default::default() };
-    assert!(matches!(decide(&s1, &p, &young, Ok(true), Ok(false)), Decision::Hold(Some(_))));
-    let old = BatchStats { age: 120, ..Default::default() };
-    assert_eq!(decide(&s1, &p, &old, Ok(true), Ok(false)), Decision::Advance);
+    let young = BatchStats {
+        age: 119,
+        ..Default::default()
+    };
+    assert!(matches!(
+        decide(&s1, &p, &young, Ok(true), Ok(false)),
+        Decision::Hold(Some(_))
+    ));
+    let old = BatchStats {
+        age: 120,
+        ..Default::default()
+    };
+    assert_eq!(
+        decide(&s1, &p, &old, Ok(true), Ok(false)),
+        Decision::Advance
+    );
     let s2 = placed(s1.after(&Decision::Advance, 0), &keys(50), &p);
-    assert_eq!(decide(&s2, &p, &old, Ok(true), Ok(false)), Decision::Complete);
+    assert_eq!(
+        decide(&s2, &p, &old, Ok(true), Ok(false)),
+        Decision::Complete
+    );
     // Held by hand, or not placed yet: nothing moves.
-    let held = RolloutState { held: true, ..s2.clone() };
-    assert!(matches!(decide(&held, &p, &old, Ok(true), Ok(false)), Decision::Hold(Some(_))));
+    let held = RolloutState {
+        held: true,
+        ..s2.clone()
+    };
+    assert!(matches!(
+        decide(&held, &p, &old, Ok(true), Ok(false)),
+        Decision::Hold(Some(_))
+    ));
     let unplaced = s2.after(&Decision::Advance, 0);
-    assert!(matches!(decide(&unplaced, &p, &old, Ok(true), Ok(false)), Decision::Hold(Some(_))));
+    assert!(matches!(
+        decide(&unplaced, &p, &old, Ok(true), Ok(false)),
+        Decision::Hold(Some(_))
+    ));
     // A finished rollout decides nothing more, and holding the same changes nothing.
     let done = s2.after(&Decision::Complete, 0);
-    assert_eq!(decide(&done, &p, &old, Ok(true), Ok(true)), Decision::Hold(None));
+    assert_eq!(
+        decide(&done, &p, &old, Ok(true), Ok(true)),
+        Decision::Hold(None)
+    );
     assert_eq!(done.after(&Decision::Hold(None), 99), done);
     assert!(!done.active());
 }

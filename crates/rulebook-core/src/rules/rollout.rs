@@ -4,7 +4,7 @@
 //! `onFailure` one of its two values. Its expressions are compiled with the rule's
 //! (render/rollout.rs).
 
-use super::{Loc, Rule, RolloutStep, parse_duration};
+use super::{Loc, RolloutStep, Rule, parse_duration};
 
 /// What `onFailure` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -67,7 +67,11 @@ pub(super) fn check_rollout(r: &Rule, err: &mut impl FnMut((u64, u64), &str, Str
         );
     }
     if ro.steps.is_empty() {
-        err(at_kind, "spec.rollout.steps", "needs at least one step".into());
+        err(
+            at_kind,
+            "spec.rollout.steps",
+            "needs at least one step".into(),
+        );
     }
     let mut last_percent = 0;
     for (i, s) in ro.steps.iter().enumerate() {
@@ -96,7 +100,9 @@ pub(super) fn check_rollout(r: &Rule, err: &mut impl FnMut((u64, u64), &str, Str
             Some(Target::Percent(p)) if p < last_percent => err(
                 at,
                 &format!("{key}.percent"),
-                format!("{p} is less than an earlier step's {last_percent}: steps count in all, so they only grow"),
+                format!(
+                    "{p} is less than an earlier step's {last_percent}: steps count in all, so they only grow"
+                ),
             ),
             Some(Target::Percent(p)) => last_percent = p,
             Some(Target::Parents(_)) => {}
@@ -120,7 +126,8 @@ pub(super) fn check_rollout(r: &Rule, err: &mut impl FnMut((u64, u64), &str, Str
         err(
             at,
             &format!("spec.rollout.steps[{}]", ro.steps.len() - 1),
-            "the last step is `percent: 100`: a rollout ends with every parent on the new version".into(),
+            "the last step is `percent: 100`: a rollout ends with every parent on the new version"
+                .into(),
         );
     }
     if let Some(f) = &ro.on_failure
