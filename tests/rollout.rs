@@ -43,7 +43,7 @@ fn rule(kind: &str, template: &str, ready_when: Option<&str>, rollout: &str) -> 
 
 fn template(marker: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: \"{{{{ parent.metadata.name }}}}\"\ndata:\n  marker: \"{marker}\"\n"
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{{{ parent.metadata.name }}}}\ndata:\n  marker: \"{marker}\"\n"
     )
 }
 

@@ -24,7 +24,8 @@ pub struct Versions {
     pub state: Arc<RwLock<RolloutState>>,
 }
 
-/// The `status.ruleVersion` of a parent.
+/// The `status.ruleVersion` of a parent as the API server sends it (not the cached,
+/// packed form).
 pub fn status_version(parent: &DynamicObject) -> Option<&str> {
     parent
         .data
@@ -33,22 +34,24 @@ pub fn status_version(parent: &DynamicObject) -> Option<&str> {
         .and_then(|v| v.as_str())
 }
 
-/// Where `parent` is in the rollout order of `ctx`'s rule (`spec.rollout.order`).
-pub fn rank_key(ctx: &RuleContext, parent: &DynamicObject) -> RankKey {
-    let first = match &ctx.rule.rollout {
-        Some(p) if p.has_order() => {
-            crate::cache::to_json(parent).is_some_and(|json| p.first(&json))
-        }
-        _ => false,
-    };
-    RankKey::of(first, parent.namespace().as_deref(), &parent.name_any())
-}
-
-/// What is known of `parent` to place it.
-pub fn facts<'a>(ctx: &RuleContext, parent: &'a DynamicObject) -> ParentFacts<'a> {
+/// What is known of `parent` to place it: read from its JSON (the cached form keeps
+/// the content packed), and only during a rollout.
+fn facts<'a>(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    json: &'a serde_json::Value,
+) -> ParentFacts<'a> {
+    let first = ctx
+        .rule
+        .rollout
+        .as_ref()
+        .is_some_and(|p| p.has_order() && p.first(json));
     ParentFacts {
-        key: rank_key(ctx, parent),
-        status_version: status_version(parent),
+        key: RankKey::of(first, parent.namespace().as_deref(), &parent.name_any()),
+        status_version: json
+            .get("status")
+            .and_then(|s| s.get(STATUS_RULE_VERSION))
+            .and_then(|v| v.as_str()),
         created: parent
             .metadata
             .creation_timestamp
@@ -64,12 +67,14 @@ pub fn for_parent(ctx: &Arc<RuleContext>, parent: &DynamicObject) -> Arc<RuleCon
         return ctx.clone();
     };
     let state = v.state.read().clone();
-    let picked = if on_new(&state, &facts(ctx, parent)) {
+    let json = crate::cache::to_json(parent).unwrap_or_default();
+    let facts = facts(ctx, parent, &json);
+    let picked = if on_new(&state, &facts) {
         ctx.clone()
     } else {
         v.old.clone()
     };
-    let recorded = status_version(parent);
+    let recorded = facts.status_version;
     if recorded.is_some_and(|r| r != picked.rule.version)
         && let Some(uid) = parent.uid()
     {
