@@ -78,6 +78,13 @@ pub struct ContextParts {
     pub inputs: Arc<InputBudget>,
 }
 
+/// During a progressive rollout: the old version's context and the rollout state,
+/// beside the new version's context (the pick per parent is `versions.rs`).
+pub struct Versions {
+    pub old: Arc<RuleContext>,
+    pub state: Arc<parking_lot::RwLock<crate::rollout::RolloutState>>,
+}
+
 /// Everything one rule's reconciles share.
 pub struct RuleContext {
     pub rule: Arc<CompiledRule>,
@@ -97,7 +104,7 @@ pub struct RuleContext {
     pub(super) inputs: Arc<InputBudget>,
     /// During a progressive rollout: the old version's context and the rollout state
     /// (`versions.rs`); `None` otherwise.
-    pub versions: Option<super::versions::Versions>,
+    pub versions: Option<Versions>,
 }
 
 impl RuleContext {

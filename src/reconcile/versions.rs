@@ -12,17 +12,11 @@ use std::sync::Arc;
 
 use kube::ResourceExt;
 use kube::api::DynamicObject;
-use parking_lot::RwLock;
 
 use super::context::RuleContext;
+pub use super::context::Versions;
 use crate::meta::STATUS_RULE_VERSION;
-use crate::rollout::{ParentFacts, RankKey, RolloutState, on_new};
-
-/// The old version's context and the rollout state, beside the new version's context.
-pub struct Versions {
-    pub old: Arc<RuleContext>,
-    pub state: Arc<RwLock<RolloutState>>,
-}
+use crate::rollout::{ParentFacts, RankKey, on_new};
 
 /// The `status.ruleVersion` of a parent as the API server sends it (not the cached,
 /// packed form).
