@@ -115,7 +115,7 @@ fn seconds(d: &str) -> Option<String> {
         };
         millis = millis.checked_add(n.checked_mul(unit)?)?;
     }
-    Some(if millis % 1000 == 0 {
+    Some(if millis.is_multiple_of(1000) {
         (millis / 1000).to_string()
     } else {
         format!("{}", millis as f64 / 1000.0)
