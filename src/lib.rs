@@ -21,7 +21,7 @@ pub mod webhook;
 
 // The pure core, a crate of its own (crates/rulebook-core): `crate::rules`, `crate::render`
 // and `crate::meta` name it as before.
-pub use rulebook_core::{cel, meta, openapi, render, rules};
+pub use rulebook_core::{cel, meta, openapi, render, rollout, rules};
 // The kube layer, a crate of its own (crates/rulebook-kube): `crate::cache` (the cached
 // object form) and `crate::write` (the one write path) name it.
 pub use rulebook_kube::{cache, write};

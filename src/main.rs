@@ -34,8 +34,10 @@ fn main() -> anyhow::Result<()> {
             .build()?;
         return runtime.block_on(rulebook::operator::run(args.settings()));
     }
-    if matches!(cli.command, Command::Diff(_) | Command::Release(_))
-        || matches!(&cli.command, Command::Check(a) if a.kubeconfig.is_some())
+    if matches!(
+        cli.command,
+        Command::Diff(_) | Command::Release(_) | Command::Rollout(_)
+    ) || matches!(&cli.command, Command::Check(a) if a.kubeconfig.is_some())
     {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .enable_all()

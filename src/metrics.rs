@@ -12,6 +12,13 @@ pub struct RuleLabel {
     pub rule: String,
 }
 
+/// A rule and one of its versions (at most three per rule during a rollout).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleVersionLabels {
+    pub rule: String,
+    pub version: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub rule: String,
@@ -142,6 +149,8 @@ pub struct Metrics {
     /// and brought no reconcile (`memory::Steady::expects`).
     pub child_events_awaited: Family<RuleLabel, Counter>,
     pub rule_running: Family<RuleLabel, Gauge>,
+    /// Parents per rule version during a progressive rollout (the coordinator's count).
+    pub rollout_parents: Family<RuleVersionLabels, Gauge>,
     pub reloads: Family<ReloadLabel, Counter>,
     pub ruleset_valid: Gauge,
     pub leader: Gauge,
@@ -188,6 +197,7 @@ impl Metrics {
             reconciles_skipped: Family::default(),
             child_events_awaited: Family::default(),
             rule_running: Family::default(),
+            rollout_parents: Family::default(),
             reloads: Family::default(),
             ruleset_valid: Gauge::default(),
             leader: Gauge::default(),
@@ -224,6 +234,11 @@ impl Metrics {
             "reconcile_duration_seconds",
             "Time of one reconcile",
             self.reconcile_duration.clone(),
+        );
+        self.registry.register(
+            "rollout_parents",
+            "Parents on each version of a rule during a progressive rollout (counted by the replica that coordinates it)",
+            self.rollout_parents.clone(),
         );
         self.registry.register(
             "reconciles_in_flight",

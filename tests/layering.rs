@@ -21,6 +21,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("openapi", 0),
     ("rules", 1),
     ("render", 2),
+    ("rollout", 3),
     ("rbac", 3),
     // The kube layer, crates/rulebook-kube (re-exported by the operator crate); `counts`
     // is what it counts, as traits the operator's `metrics` implements.

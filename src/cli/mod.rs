@@ -5,6 +5,7 @@ pub mod cel_dry_run;
 pub mod diff;
 pub mod observed;
 pub mod release;
+pub mod rollout;
 pub mod roundtrip;
 pub mod ruletest;
 pub mod schemas;
@@ -54,6 +55,8 @@ pub enum Command {
     /// Remove Rulebook's finalizer from every parent of a rule (for an uninstall):
     /// their deletion steps will not run; the garbage collector removes the children.
     Release(release::ReleaseArgs),
+    /// A rule's progressive rollout in the cluster: status, pause, resume, promote, abort.
+    Rollout(rollout::RolloutArgs),
 }
 
 /// `rulebook run`: the operator.
@@ -313,7 +316,7 @@ pub fn run_offline(command: &Command, out: &mut dyn Write, err: &mut dyn Write) 
         Command::Crds(args) => crds(args, out, err),
         Command::Rbac(args) => rbac(args, out, err),
         Command::Test(args) => ruletest::run(args, out, err),
-        Command::Run(_) | Command::Release(_) | Command::Diff(_) => {
+        Command::Run(_) | Command::Release(_) | Command::Diff(_) | Command::Rollout(_) => {
             bail!("this command needs the async runtime; call it from main")
         }
     }
@@ -336,6 +339,7 @@ pub async fn run_online(
             }
         },
         Command::Release(args) => release::release(args, out, err).await,
+        Command::Rollout(args) => rollout::rollout(args, out, err).await,
         Command::Check(args) if args.kubeconfig.is_some() => check_online(args, out, err).await,
         Command::Test(args) if args.kubeconfig.is_some() => {
             ruletest::run_online(args, out, err).await

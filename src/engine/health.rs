@@ -46,6 +46,10 @@ pub struct RuleStatus {
     /// ran or runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub migration: Option<MigrationStatus>,
+    /// The rule's progressive rollout as this replica follows it (`rollout/`), while
+    /// two versions run side by side.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::RolloutState>,
 }
 
 /// A storage migration's progress, for `/status`.
@@ -86,6 +90,7 @@ pub struct EngineStatus {
     problems: RwLock<BTreeMap<String, String>>,
     paused: RwLock<BTreeMap<String, Arc<Paused>>>,
     migrations: RwLock<BTreeMap<String, MigrationStatus>>,
+    rollouts: RwLock<BTreeMap<String, Arc<parking_lot::RwLock<crate::rollout::RolloutState>>>>,
 }
 
 impl EngineStatus {
@@ -112,7 +117,27 @@ impl EngineStatus {
                 }
             }
         }
+        if let Ok(rollouts) = self.rollouts.read() {
+            for (rule, r) in rollouts.iter() {
+                if let Some(s) = rules.get_mut(rule) {
+                    s.rollout = Some(r.read().clone());
+                }
+            }
+        }
         rules
+    }
+    /// Shows (or, with `None`, stops showing) the rollout state `rule` follows.
+    pub fn set_rollout(
+        &self,
+        rule: &str,
+        state: Option<Arc<parking_lot::RwLock<crate::rollout::RolloutState>>>,
+    ) {
+        if let Ok(mut all) = self.rollouts.write() {
+            match state {
+                Some(s) => all.insert(rule.to_string(), s),
+                None => all.remove(rule),
+            };
+        }
     }
     /// Records (or, with `None`, clears) the storage migration of `rule`'s CRD.
     pub fn set_migration(&self, rule: &str, m: Option<MigrationStatus>) {

@@ -16,6 +16,7 @@ mod permissions;
 mod refstream;
 mod released;
 mod resync;
+pub mod rollout;
 mod runner;
 mod streams;
 mod turns;
@@ -69,6 +70,9 @@ pub struct EngineConfig {
     pub shard: Option<crate::shard::watch::Sharding>,
     /// Storage-migration rewrites per second at most (`None`: unpaced).
     pub migration_rate: Option<std::num::NonZeroU32>,
+    /// Where the rollout state and stored versions of the rules are (`rollout/`): the
+    /// operator's namespace.
+    pub rollout_namespace: String,
 }
 
 impl Default for EngineConfig {
@@ -84,6 +88,7 @@ impl Default for EngineConfig {
             inputs_in_flight: crate::reconcile::inflight::DEFAULT_TOTAL,
             shard: None,
             migration_rate: None,
+            rollout_namespace: "default".into(),
         }
     }
 }
@@ -202,6 +207,9 @@ impl Engine {
             .map(|(name, _)| name.clone())
             .collect();
         let mut released = Vec::new();
+        // The version each changed rule ran until now: a rule with `spec.rollout` moves
+        // its parents from it progressively (`rollout/`).
+        let mut previous: BTreeMap<String, Arc<CompiledRule>> = BTreeMap::new();
         for name in stale {
             let old = self.running.get(&name).map(|r| r.rule.clone());
             // Also a rule that needs no finalizer: its parents may still carry one an
@@ -216,6 +224,7 @@ impl Engine {
             let mut todo = self.cleanups.stop(&name, new.map(|r| r.as_ref())).await;
             match (old, new) {
                 (Some(old), Some(new)) => {
+                    previous.insert(name.clone(), old.clone());
                     let kinds = dropped_kinds(&old, new);
                     if !kinds.is_empty() {
                         todo.push(Dropped { old, kinds });
@@ -260,7 +269,7 @@ impl Engine {
                 if let Some(release) = self.releases.remove(&parent_kind(rule)) {
                     release.abort();
                 }
-                self.start(rule.clone()).await;
+                self.start(rule.clone(), previous.remove(name)).await;
             }
         }
     }
@@ -280,7 +289,7 @@ impl Engine {
         }
     }
 
-    async fn start(&mut self, rule: Arc<CompiledRule>) {
+    async fn start(&mut self, rule: Arc<CompiledRule>, previous: Option<Arc<CompiledRule>>) {
         let name = rule.name.clone();
         info!(rule = %name, version = %rule.version, "starting rule");
         // A clean-up that stopped when this process could no longer write (a share that
@@ -299,6 +308,7 @@ impl Engine {
                 problem: None,
                 paused: 0,
                 migration: None,
+                rollout: None,
             },
         );
         let (stop, stopped) = watch::channel(false);
@@ -314,6 +324,7 @@ impl Engine {
             }
         };
         let runner = RuleRunner {
+            previous,
             orphans_pending: self.cleanups.orphans_pending(&name),
             steady,
             rule,

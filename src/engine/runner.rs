@@ -54,6 +54,8 @@ pub(super) struct RuleRunner {
     pub(super) outbox: crate::write::outbox::Outbox,
     /// Set while the engine lets go of children of kinds an earlier version had.
     pub(super) orphans_pending: Arc<crate::reconcile::memory::OrphansPending>,
+    /// The version of the rule this process ran before this one, if it changed.
+    pub(super) previous: Option<Arc<CompiledRule>>,
 }
 
 /// A rule's kinds as discovery found them.
@@ -88,6 +90,23 @@ impl RuleRunner {
                     break;
                 }
                 Ok(resolved) => {
+                    let setup = match self.prepare_rollout().await {
+                        Ok(setup) => setup,
+                        Err(e) => {
+                            warn!(rule = %name, error = %e, "rollout cannot start yet; retrying");
+                            self.status.update(&name, |s| {
+                                s.state = RuleState::Waiting;
+                                s.message = Some(e.to_string());
+                            });
+                            attempt = attempt.saturating_add(1);
+                            let delay = Duration::from_secs(2);
+                            tokio::select! {
+                                _ = tokio::time::sleep(delay) => {}
+                                _ = stopped.changed() => {}
+                            }
+                            continue;
+                        }
+                    };
                     attempt = 0;
                     self.metrics
                         .rule_running
@@ -97,7 +116,7 @@ impl RuleRunner {
                         s.state = RuleState::Running;
                         s.message = None;
                     });
-                    self.run_controller(resolved, stopped.clone()).await;
+                    self.run_controller(resolved, setup, stopped.clone()).await;
                     self.metrics
                         .rule_running
                         .get_or_create(&metrics::rule(&name))
@@ -131,6 +150,36 @@ impl RuleRunner {
                 _ = stopped.changed() => {}
             }
         }
+    }
+
+    /// Whether this replica writes the rule's rollout state: the one that may write
+    /// (leader), or under sharding the owner of the rule name's hash.
+    pub(super) fn coordinates(&self) -> bool {
+        match &self.config.shard {
+            Some(shard) => shard.ranges.contains(crate::shard::fnv1a(&self.rule.name)),
+            None => self.gate.may_write(),
+        }
+    }
+
+    /// Where the rollout objects are.
+    pub(super) fn rollout_env(&self) -> super::rollout::RolloutEnv {
+        super::rollout::RolloutEnv {
+            client: self.client.clone(),
+            namespace: self.config.rollout_namespace.clone(),
+        }
+    }
+
+    /// The two versions this run of the rule renders with, during a rollout.
+    async fn prepare_rollout(
+        &self,
+    ) -> Result<Option<super::rollout::Setup>, super::rollout::PrepareError> {
+        super::rollout::prepare(
+            &self.rollout_env(),
+            &self.rule,
+            self.previous.clone(),
+            self.coordinates(),
+        )
+        .await
     }
 
     /// Whether this replica runs the rule: always, unless sharded and its parents are

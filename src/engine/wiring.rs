@@ -40,7 +40,12 @@ type RuleController = Controller<DynamicObject>;
 impl RuleRunner {
     /// Runs the rule's controller over the kinds of `r` until `stopped` (or until it ends),
     /// then gives its caches' budget back.
-    pub(super) async fn run_controller(&self, r: Resolved, stopped: watch::Receiver<bool>) {
+    pub(super) async fn run_controller(
+        &self,
+        r: Resolved,
+        setup: Option<super::rollout::Setup>,
+        stopped: watch::Receiver<bool>,
+    ) {
         let name = self.rule.name.clone();
         // Every time a cache (re)lists — at start, and after a watch expired (410) or the
         // API server restarted — every parent is reconciled. A child relist reports the
@@ -77,7 +82,7 @@ impl RuleRunner {
         let controller = watches.children(controller, &turns);
         let controller = watches.references(controller, &turns);
         let caches = watches.finish();
-        let controller = self.triggers(
+        let mut controller = self.triggers(
             controller,
             &turns,
             relisted_rx,
@@ -85,6 +90,14 @@ impl RuleRunner {
             &r.parent,
             &memory,
         );
+        // During a rollout: every parent once more whenever the state moves.
+        let mut rollout_tasks = Vec::new();
+        if let Some(setup) = &setup {
+            let (tx, rx) = futures::channel::mpsc::unbounded::<()>();
+            controller = controller.reconcile_on(turns.all_on(rx, caches.parents.clone()));
+            rollout_tasks = self.rollout_tasks(&r, setup, tx);
+            self.status.set_rollout(&name, Some(setup.state.clone()));
+        }
         let counting = super::health::count_cached(
             self.metrics.clone(),
             &name,
@@ -93,9 +106,13 @@ impl RuleRunner {
         );
         self.status.set_paused(&name, memory.paused().clone());
         let (parents_listed, cache_ids) = (caches.parents_listed.clone(), caches.ids.clone());
-        let ctx = self.context(r, caches, recorder, memory);
+        let ctx = self.context(r, caches, recorder, memory, setup);
         self.drive(controller, ctx, turns, stopped, parents_listed)
             .await;
+        for t in rollout_tasks {
+            t.abort();
+        }
+        self.status.set_rollout(&name, None);
         counting.abort();
         for id in cache_ids {
             self.budget.drop_cache(id);
@@ -141,16 +158,86 @@ impl RuleRunner {
         controller.reconcile_on(turns.handed_out(parent.clone()))
     }
 
-    /// What each reconcile of the rule works with.
+    /// The tasks of a rollout: following its state (every replica), and moving it (the
+    /// coordinator, while it is active).
+    fn rollout_tasks(
+        &self,
+        r: &Resolved,
+        setup: &super::rollout::Setup,
+        changed: UnboundedSender<()>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let env = self.rollout_env();
+        let mut tasks = vec![tokio::spawn(super::rollout::follow(
+            env.clone(),
+            self.rule.name.clone(),
+            setup.state.clone(),
+            changed,
+        ))];
+        if self.coordinates() && setup.state.read().active() {
+            let gate = self.gate.clone();
+            let coordinator = super::rollout::Coordinator {
+                env,
+                client: self.client.clone(),
+                rule: self.rule.clone(),
+                parent: r.parent.clone(),
+                parent_namespaced: r.parent_namespaced,
+                namespace: self.config.namespace.clone(),
+                selector: self.config.parent_selector.clone(),
+                may_write: Arc::new(move || gate.may_write()),
+                metrics: self.metrics.clone(),
+            };
+            tasks.push(tokio::spawn(coordinator.run()));
+        }
+        tasks
+    }
+
+    /// What each reconcile of the rule works with; during a rollout, with the old
+    /// version's context beside it (`reconcile::versions`).
     fn context(
         &self,
         r: Resolved,
         caches: Caches,
         recorder: Recorder,
         memory: Arc<ParentMemory>,
+        setup: Option<super::rollout::Setup>,
     ) -> Arc<RuleContext> {
+        let mut ctx = self.new_context(r, caches, recorder, memory);
+        if let Some(setup) = setup {
+            // The old version's children by the kinds the new one watches (a rollout
+            // starts only when it has them all: `rollout::progressive`).
+            let kind_of_child = setup
+                .old
+                .rule
+                .spec
+                .children
+                .iter()
+                .map(|c| {
+                    ctx.kinds
+                        .iter()
+                        .position(|k| {
+                            k.ar.api_version == c.api_version.value && k.ar.kind == c.kind.value
+                        })
+                        .unwrap_or(0)
+                })
+                .collect();
+            let old = ctx.with_rule(setup.old.clone(), kind_of_child);
+            ctx.versions = Some(reconcile::versions::Versions {
+                old: Arc::new(old),
+                state: setup.state,
+            });
+        }
+        Arc::new(ctx)
+    }
+
+    fn new_context(
+        &self,
+        r: Resolved,
+        caches: Caches,
+        recorder: Recorder,
+        memory: Arc<ParentMemory>,
+    ) -> RuleContext {
         let name = &self.rule.name;
-        Arc::new(RuleContext::new(ContextParts {
+        RuleContext::new(ContextParts {
             rule: self.rule.clone(),
             client: self.client.clone(),
             parent: ParentKind {
@@ -174,7 +261,7 @@ impl RuleRunner {
             refs: caches.refs,
             memory,
             inputs: self.inputs.clone(),
-        }))
+        })
     }
 
     /// Runs the controller until `stopped`, reporting watch errors in the rule's status.

@@ -367,6 +367,10 @@ fn engine_config(args: &Settings, identity: &str) -> EngineConfig {
         inputs_in_flight: args.inputs_in_flight_mib.saturating_mul(1 << 20),
         shard: None,
         migration_rate: std::num::NonZeroU32::new(args.migration_rate),
+        rollout_namespace: args
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
     }
 }
 

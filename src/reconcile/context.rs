@@ -20,6 +20,7 @@ use crate::render::{CompiledRule, Scope};
 use crate::write::writer::Writer;
 
 /// A kind a rule's children have, with the cache of the rule's children of that kind.
+#[derive(Clone)]
 pub struct ChildKind {
     pub ar: ApiResource,
     pub namespaced: bool,
@@ -47,6 +48,7 @@ impl ChildKind {
 }
 
 /// The parent kind as the engine resolved it.
+#[derive(Clone)]
 pub struct ParentKind {
     pub ar: ApiResource,
     pub namespaced: bool,
@@ -76,6 +78,13 @@ pub struct ContextParts {
     pub inputs: Arc<InputBudget>,
 }
 
+/// During a progressive rollout: the old version's context and the rollout state,
+/// beside the new version's context (the pick per parent is `versions.rs`).
+pub struct Versions {
+    pub old: Arc<RuleContext>,
+    pub state: Arc<parking_lot::RwLock<crate::rollout::RolloutState>>,
+}
+
 /// Everything one rule's reconciles share.
 pub struct RuleContext {
     pub rule: Arc<CompiledRule>,
@@ -93,6 +102,9 @@ pub struct RuleContext {
     pub memory: Arc<ParentMemory>,
     /// The process's budget of reconcile inputs in flight.
     pub(super) inputs: Arc<InputBudget>,
+    /// During a progressive rollout: the old version's context and the rollout state
+    /// (`versions.rs`); `None` otherwise.
+    pub versions: Option<Versions>,
 }
 
 impl RuleContext {
@@ -111,6 +123,28 @@ impl RuleContext {
             refs: p.refs,
             memory: p.memory,
             inputs: p.inputs,
+            versions: None,
+        }
+    }
+
+    /// The same context over `rule` (another version of the same rule: the same kinds,
+    /// caches, writer and memory), with `kind_of_child` for its children.
+    pub fn with_rule(&self, rule: Arc<CompiledRule>, kind_of_child: Vec<usize>) -> RuleContext {
+        RuleContext {
+            rule,
+            client: self.client.clone(),
+            parent: self.parent.clone(),
+            kinds: self.kinds.clone(),
+            kind_of_child,
+            recorder: self.recorder.clone(),
+            metrics: self.metrics.clone(),
+            writer: self.writer.clone(),
+            backoff: self.backoff.clone(),
+            parent_store: self.parent_store.clone(),
+            refs: self.refs.clone(),
+            memory: self.memory.clone(),
+            inputs: self.inputs.clone(),
+            versions: None,
         }
     }
 

@@ -47,6 +47,7 @@ mod render_stage;
 mod stages_mock;
 pub mod status_write;
 pub mod teardown;
+pub mod versions;
 #[cfg(test)]
 mod write_answers_tests;
 
@@ -93,6 +94,8 @@ pub async fn reconcile(
             ctx.parent.ar.clone(),
         ))
         .unwrap_or(parent);
+    // During a progressive rollout: the version this parent is on.
+    let ctx = versions::for_parent(&ctx, &parent);
     let uid = parent.uid();
     let key = (parent.namespace(), parent.name_any());
     let result = reconcile_inner(parent, &ctx).await;

@@ -34,6 +34,7 @@ use crate::render::{RefSelect, RefTarget};
 pub type Key = (Option<String>, String);
 
 /// The cache of one reference (`spec.references[i]`) and its index.
+#[derive(Clone)]
 pub struct RefKind {
     pub ar: ApiResource,
     pub namespaced: bool,

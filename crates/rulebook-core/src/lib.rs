@@ -12,4 +12,5 @@ pub mod cel;
 pub mod meta;
 pub mod openapi;
 pub mod render;
+pub mod rollout;
 pub mod rules;

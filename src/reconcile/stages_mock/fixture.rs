@@ -36,6 +36,11 @@ pub const NS: &str = "team";
 /// The rule under test: a `Demo` parent with one ConfigMap child. `deletion` is the
 /// rule's `spec.deletion` (which makes parents carry Rulebook's finalizer), if any.
 pub fn rule(deletion: Option<&str>) -> Arc<CompiledRule> {
+    rule_greeting(deletion, "{{ parent.spec.greeting }}")
+}
+
+/// [`rule`] whose child's `greeting` is the template text `greeting` (another version).
+pub fn rule_greeting(deletion: Option<&str>, greeting: &str) -> Arc<CompiledRule> {
     let deletion = deletion.map_or(String::new(), |d| format!("  deletion: {d}\n"));
     let yaml = format!(
         "apiVersion: rulebook.dev/v1alpha1
@@ -58,13 +63,14 @@ kind: ConfigMap
 metadata:
   name: {{ (parent.metadata.name ~ \"-config\") }}
 data:
-  greeting: {{ parent.spec.greeting }}
-";
+  greeting: GREETING
+"
+    .replace("GREETING", greeting);
     let sources = Sources {
         rule_files: vec![("demo.yaml".into(), yaml)],
         templates: BTreeMap::from([(
             "demo/config.yaml".to_string(),
-            ("demo/config.yaml".to_string(), template.to_string()),
+            ("demo/config.yaml".to_string(), template),
         )]),
     };
     let set = compile(&sources, &Limits::default()).unwrap_or_else(|d| panic!("{d}"));

@@ -242,3 +242,66 @@ async fn a_deleted_parent_s_children_are_deleted_then_its_finalizer_removed() {
     assert_eq!(patch["finalizers"], json!(["someone.else/keep"]));
     assert_eq!(patch["resourceVersion"], "9");
 }
+
+/// A fixture whose rule runs beside an old version during a rollout in `state`: the old
+/// version renders `greeting: hello`, the new one `greeting: new`.
+fn in_rollout(state: impl FnOnce(&str, &str) -> crate::rollout::RolloutState) -> Fixture {
+    let old = rule(None);
+    let mut f = Fixture::new(fixture::rule_greeting(None, "new"));
+    let state = state(&old.version, &f.ctx.rule.version);
+    let old_ctx = f.ctx.with_rule(old, vec![0]);
+    let Some(ctx) = std::sync::Arc::get_mut(&mut f.ctx) else {
+        panic!("the fixture's context is not shared yet")
+    };
+    ctx.versions = Some(crate::reconcile::versions::Versions {
+        old: std::sync::Arc::new(old_ctx),
+        state: std::sync::Arc::new(parking_lot::RwLock::new(state)),
+    });
+    f
+}
+
+#[tokio::test]
+async fn during_a_rollout_each_parent_renders_with_the_version_it_is_on() {
+    use crate::rollout::{Phase, RolloutState};
+    // Not placed yet: every parent stays on the old version.
+    let mut f = in_rollout(|old, new| RolloutState::settled(old, 0).next(new, 0));
+    let p = f.cache_parent(&parent("p", "uid-p", 5));
+    f.reconcile(p).await.expect("the reconcile goes through");
+    let sent = f.api.requests();
+    assert_requests(
+        &sent,
+        &[Expect::Apply(CHILD_PATH), Expect::Apply(STATUS_PATH)],
+    );
+    assert_eq!(sent[0].body["data"], json!({"greeting": "hello"}));
+    // Moved (the rollout completed): the new version.
+    let mut f = in_rollout(|old, new| RolloutState {
+        phase: Phase::Complete,
+        ..RolloutState::settled(old, 0).next(new, 0)
+    });
+    let p = f.cache_parent(&parent("p", "uid-p", 5));
+    f.reconcile(p).await.expect("the reconcile goes through");
+    let sent = f.api.requests();
+    assert_eq!(sent[0].body["data"], json!({"greeting": "new"}));
+    // Within the step's boundary: the new version; rolled back: the old one again.
+    let key = crate::rollout::RankKey::of(false, Some(NS), "p");
+    let mut f = in_rollout(|old, new| RolloutState {
+        boundary: Some(key),
+        boundary_step: Some(0),
+        ..RolloutState::settled(old, 0).next(new, 0)
+    });
+    let p = f.cache_parent(&parent("p", "uid-p", 5));
+    f.reconcile(p).await.expect("the reconcile goes through");
+    assert_eq!(f.api.requests()[0].body["data"], json!({"greeting": "new"}));
+    let mut f = in_rollout(|old, new| RolloutState {
+        boundary: Some(key),
+        boundary_step: Some(0),
+        phase: Phase::RolledBack,
+        ..RolloutState::settled(old, 0).next(new, 0)
+    });
+    let p = f.cache_parent(&parent("p", "uid-p", 5));
+    f.reconcile(p).await.expect("the reconcile goes through");
+    assert_eq!(
+        f.api.requests()[0].body["data"],
+        json!({"greeting": "hello"})
+    );
+}

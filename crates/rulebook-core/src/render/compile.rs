@@ -55,6 +55,18 @@ impl CompiledRule {
             super::role_refs::diagnostics(rule, &sr.file, &|t| templates.get(t).cloned()).0,
         );
         diags.extend(super::targets::diagnostics(rule, &sr.file));
+        let rollout = match super::rollout::RolloutProgram::compile(rule, limits, &at) {
+            Ok(p) => p.map(Arc::new),
+            Err(mut d) => {
+                diags.append(&mut d);
+                None
+            }
+        };
+        let template_sources = Arc::new(
+            used.keys()
+                .filter_map(|t| templates.get(t).map(|(_, src)| (t.clone(), src.clone())))
+                .collect(),
+        );
         let in_exprs = ExprReads::default();
         let compiled = Compiled::try_new(env, |env| {
             super::compile_exprs::programs(env, rule, &at, &in_exprs)
@@ -76,6 +88,8 @@ impl CompiledRule {
                 reads_children: reads.children || in_exprs.children.get(),
                 reads_parent_status: reads.parent_status || in_exprs.parent_status.get(),
                 messages: super::admission::message_templates(rule, limits),
+                rollout,
+                template_sources,
             }),
             Ok(_) => Err(diags),
             Err(mut more) => {

@@ -25,6 +25,7 @@ mod names;
 mod ready;
 pub mod refs;
 pub mod role_refs;
+pub mod rollout;
 mod secrets;
 mod set;
 mod slice;
@@ -146,6 +147,11 @@ pub struct CompiledRule {
     /// The messages of `spec.admission`'s `expr:` checks, compiled in an environment
     /// that prints text (admission.rs).
     messages: Environment<'static>,
+    /// `spec.rollout`'s expressions (rollout.rs), when the rule has one.
+    pub rollout: Option<Arc<rollout::RolloutProgram>>,
+    /// Template name → source, for every template the rule uses: what a rollout keeps
+    /// in the cluster to render this version again after a restart.
+    pub template_sources: Arc<BTreeMap<String, String>>,
 }
 
 impl std::fmt::Debug for CompiledRule {

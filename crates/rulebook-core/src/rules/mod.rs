@@ -11,6 +11,7 @@ mod links;
 mod load;
 pub mod model;
 pub mod policy;
+pub mod rollout;
 pub mod versions;
 pub mod webhooks;
 mod yaml;
@@ -263,6 +264,7 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
         err(at(resync), "spec.resync", e.to_string());
     }
     check_finalize(r, &mut err);
+    rollout::check_rollout(r, &mut err);
 }
 
 /// Each child's name, kind, apiVersion (one per kind) and template path.

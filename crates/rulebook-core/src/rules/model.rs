@@ -133,6 +133,48 @@ pub struct RuleSpec {
     /// parent's render; `kube-*` namespaces only when listed by their exact name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_namespaces: Option<Vec<Loc<String>>>,
+    /// How a change of this rule reaches the parents: in health-gated batches, with
+    /// automatic rollback. Without it a changed rule applies to every parent at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
+}
+
+/// `spec.rollout`: a change of the rule moves parents to the new version in batches;
+/// each batch must pass `gate` before the next one moves (docs/reference/rollout.md).
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Rollout {
+    /// The batches, in order; the last one is `{percent: 100}`.
+    pub steps: Vec<RolloutStep>,
+    /// An expression over `parent`: the parents for which it is true move first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<Loc<String>>,
+    /// An expression over `batch` (`total`, `ready`, `notReady`, `age`, `notReadyFor`,
+    /// `parents`, `step`): the next batch moves once it is true. Default:
+    /// `batch.ready >= batch.total`. Quoted durations (`'1m'`) read as seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<Loc<String>>,
+    /// `Rollback` (default) or `Pause`: what happens when `failWhen` is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<Loc<String>>,
+    /// An expression over `batch`: the rollout has failed once it is true. Default: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_when: Option<Loc<String>>,
+}
+
+/// One batch of `spec.rollout.steps`: exactly one of `parents` and `percent`.
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RolloutStep {
+    /// This many parents (in all, counting the batches before) are on the new version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parents: Option<Loc<u64>>,
+    /// This share of the parents (rounded up, in all) is on the new version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<Loc<u64>>,
+    /// The least time the batch runs before its gate may pass, e.g. `2m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause: Option<Loc<String>>,
 }
 
 /// `spec.admission`: validation beyond types, and computed defaults.

@@ -1,0 +1,380 @@
+//! Progressive rollout of a rule change (issue 44, part 2) against the local control
+//! plane, with `rulebook run` as a child process:
+//!
+//! 1. 50 parents, a change whose new version makes every child never ready: only the
+//!    canary (the parent `order` picks) moves, `failWhen` fires, the rollback restores its
+//!    child's old content; the audit log shows no write to any other parent or child;
+//! 2. a good change reaches every parent through its batches, each batch's pause
+//!    honoured (the steps' start times in the state, the children's writes in the audit
+//!    log);
+//! 3. SIGKILL mid-rollout with the old rule files gone from disk: after the restart the
+//!    rollout resumes from the cluster, the parents not moved still render the old version
+//!    (from the stored copy), and `rulebook rollout promote` moves the rest.
+// A scenario test reads top to bottom as one story (the function size limit is for the
+// product code).
+#![allow(clippy::too_many_lines)]
+
+mod common;
+mod faults_kit;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use faults_kit::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DynamicObject};
+use serde_json::{Value as Json, json};
+
+const T: Duration = Duration::from_secs(120);
+const GROUP: &str = "rollout.rulebook.dev";
+
+/// The rule for `kind` with a ConfigMap child from template `template`; `ready_when` and
+/// `rollout` are YAML lines added to the child and the spec.
+fn rule(kind: &str, template: &str, ready_when: Option<&str>, rollout: &str) -> String {
+    let lower = kind.to_lowercase();
+    let ready = ready_when
+        .map(|r| format!("      readyWhen: \"{r}\"\n"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: {lower}\nspec:\n  parent:\n    apiVersion: {GROUP}/v1\n    kind: {kind}\n  crd:\n    plural: {lower}s\n    specSchema:\n      type: object\n      x-kubernetes-preserve-unknown-fields: true\n  children:\n    - name: config\n      apiVersion: v1\n      kind: ConfigMap\n      template: {template}\n{ready}  rollout:\n{rollout}"
+    )
+}
+
+fn template(marker: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{{{ parent.metadata.name }}}}\ndata:\n  marker: \"{marker}\"\n"
+    )
+}
+
+fn parent(kind: &str, ns: &str, name: &str, canary: bool) -> Json {
+    let mut p = json!({"apiVersion": format!("{GROUP}/v1"), "kind": kind,
+        "metadata": {"name": name, "namespace": ns}, "spec": {}});
+    if canary {
+        p["metadata"]["labels"] = json!({"rulebook.dev/canary": "yes"});
+    }
+    p
+}
+
+/// The rollout state of `rule` in `ns`.
+async fn state(client: &kube::Client, ns: &str, rule: &str) -> Option<Json> {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let cm = cms
+        .get_opt(&format!("rulebook-rollout-{rule}"))
+        .await
+        .ok()??;
+    serde_json::from_str(cm.data?.get("state")?).ok()
+}
+
+/// The marker of every child ConfigMap of the namespace, by name.
+async fn markers(cms: &Api<DynamicObject>) -> BTreeMap<String, String> {
+    cms.list(&Default::default())
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .filter_map(|o| {
+                    let m = to_json(o)["data"]["marker"].as_str()?.to_string();
+                    Some((o.metadata.name.clone()?, m))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Rulebook's writes of the parents and children (not of its own rollout objects).
+fn writes_to_parents_and_children(audit: &Audit, ns: &str) -> Vec<Json> {
+    rulebook_writes(audit, ns)
+        .into_iter()
+        .filter(|e| {
+            !e["objectRef"]["name"].as_str().is_some_and(|n| {
+                n.starts_with("rulebook-rollout-") || n.starts_with("rulebook-rule-")
+            })
+        })
+        .collect()
+}
+
+async fn start(d: &RuleDir, ns: &str) -> Operator {
+    d.operator()
+        .namespace(ns)
+        .flags(&[
+            "--install-crds",
+            "--concurrency",
+            "8",
+            "--lease-namespace",
+            ns,
+        ])
+        .start()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_never_gets_ready_moves_only_the_canary_and_rolls_back() {
+    const N: usize = 50;
+    let kind = "Rollbad";
+    let client = client().await;
+    let ns = namespace(&client, "rollout-bad").await;
+    let rollout = "    steps:\n      - {parents: 1}\n      - {percent: 50, pause: 2s}\n      - {percent: 100}\n    order: \"parent.metadata.labels['rulebook.dev/canary'] is defined\"\n    gate: \"batch.ready >= batch.total and batch.age >= '2s'\"\n    onFailure: Rollback\n    failWhen: \"batch.notReadyFor >= '4s'\"\n";
+    let d = RuleDir::new();
+    d.template("rollbad/v1.yaml", &template("v1"));
+    d.rule(
+        "rollbad.yaml",
+        &rule(kind, "rollbad/v1.yaml", None, rollout),
+    );
+    let op = start(&d, &ns).await;
+    let parents = faults_kit_parents(&client, &ns, kind).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    for i in 0..N {
+        apply(&parents, parent(kind, &ns, &format!("p{i:02}"), i == 17)).await;
+    }
+    wait_for(T, "every child at v1", || async {
+        let m = markers(&cms).await;
+        (m.values().filter(|v| *v == "v1").count() == N).then_some(())
+    })
+    .await;
+    wait_for(T, "every parent ready on v1", || async {
+        let items = parents.list(&Default::default()).await.ok()?.items;
+        let ready = items
+            .iter()
+            .filter(|o| ready_condition(&to_json(o)).is_some_and(|c| c.0 == "True"))
+            .count();
+        (ready == N).then_some(())
+    })
+    .await;
+    let before = state(&client, &ns, "rollbad")
+        .await
+        .expect("a settled state");
+    assert_eq!(before["phase"], "Complete");
+
+    // The bad version: a readyWhen its child never meets.
+    let audit = Audit::mark();
+    d.template("rollbad/v2.yaml", &template("v2"));
+    d.rule(
+        "rollbad.yaml",
+        &rule(
+            kind,
+            "rollbad/v2.yaml",
+            Some("child.data.ok == 'yes'"),
+            rollout,
+        ),
+    );
+    let canary_moved = wait_for(T, "the canary's child at v2", || async {
+        (markers(&cms).await.get("p17").map(String::as_str) == Some("v2")).then_some(())
+    });
+    canary_moved.await;
+    let failed = wait_for(T, "the rollout to roll back", || async {
+        let s = state(&client, &ns, "rollbad").await?;
+        (s["phase"] == "RolledBack").then_some(s)
+    })
+    .await;
+    println!("rolled back: {}", failed["message"]);
+    assert_eq!(
+        failed["step"], 0,
+        "no batch after the canary moved: {failed}"
+    );
+    wait_for(T, "the canary's child back at v1", || async {
+        (markers(&cms).await.get("p17").map(String::as_str) == Some("v1")).then_some(())
+    })
+    .await;
+    let m = markers(&cms).await;
+    assert_eq!(m.len(), N);
+    assert!(m.values().all(|v| v == "v1"), "{m:?}");
+    // Only the canary and its child were written.
+    let writes = writes_to_parents_and_children(&audit, &ns);
+    let others: Vec<String> = writes
+        .iter()
+        .filter(|e| e["objectRef"]["name"] != "p17")
+        .map(describe_audit)
+        .collect();
+    assert!(
+        others.is_empty(),
+        "writes to other parents or children:\n{}",
+        others.join("\n")
+    );
+    let child_writes = writes
+        .iter()
+        .filter(|e| e["objectRef"]["resource"] == "configmaps")
+        .count();
+    assert!(
+        child_writes >= 2,
+        "the canary's child moved and came back: {child_writes} writes"
+    );
+    let log = op.log_tail();
+    assert!(log.contains("rollout failed"), "{log}");
+}
+
+/// The parents' API of `kind`, once its CRD is served.
+async fn faults_kit_parents(client: &kube::Client, ns: &str, kind: &str) -> Api<DynamicObject> {
+    let a = api(
+        client,
+        Some(ns),
+        &format!("{GROUP}/v1"),
+        kind,
+        &plural(kind),
+    );
+    wait_for(T, "the CRD to be served", || async {
+        a.list(&Default::default()).await.ok().map(|_| ())
+    })
+    .await;
+    a
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_good_change_reaches_every_parent_batch_by_batch_with_its_pauses() {
+    const N: usize = 6;
+    let kind = "Rollgood";
+    let client = client().await;
+    let ns = namespace(&client, "rollout-good").await;
+    let rollout = "    steps:\n      - {parents: 1}\n      - {percent: 50, pause: 3s}\n      - {percent: 100, pause: 3s}\n";
+    let d = RuleDir::new();
+    d.template("rollgood/v1.yaml", &template("v1"));
+    d.rule(
+        "rollgood.yaml",
+        &rule(kind, "rollgood/v1.yaml", None, rollout),
+    );
+    let _op = start(&d, &ns).await;
+    let parents = faults_kit_parents(&client, &ns, kind).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    for i in 0..N {
+        apply(&parents, parent(kind, &ns, &format!("g{i}"), false)).await;
+    }
+    wait_for(T, "every child at v1, the state settled", || async {
+        let m = markers(&cms).await;
+        let s = state(&client, &ns, "rollgood").await?;
+        (m.values().filter(|v| *v == "v1").count() == N).then_some(s)
+    })
+    .await;
+    let audit = Audit::mark();
+    d.template("rollgood/v2.yaml", &template("v2"));
+    d.rule(
+        "rollgood.yaml",
+        &rule(kind, "rollgood/v2.yaml", None, rollout),
+    );
+    let done = wait_for(T, "the rollout to complete", || async {
+        let s = state(&client, &ns, "rollgood").await?;
+        (s["phase"] == "Complete" && s["from"] != s["to"]).then_some(s)
+    })
+    .await;
+    wait_for(T, "every child at v2", || async {
+        let m = markers(&cms).await;
+        (m.values().filter(|v| *v == "v2").count() == N).then_some(())
+    })
+    .await;
+    let started: Vec<i64> = done["stepsStarted"]
+        .as_array()
+        .expect("stepsStarted")
+        .iter()
+        .filter_map(Json::as_i64)
+        .collect();
+    let ended = done["ended"].as_i64().expect("ended");
+    println!("steps started {started:?}, ended {ended}");
+    assert_eq!(started.len(), 3, "{done}");
+    assert!(started[2] - started[1] >= 3, "step 1's pause: {started:?}");
+    assert!(
+        ended - started[2] >= 3,
+        "step 2's pause: {started:?} {ended}"
+    );
+    // The children's first write after the change, by batch: 1, then 2 more (50 % of 6),
+    // then the other 3, each batch after its step started.
+    let mut first: BTreeMap<String, jiff::Timestamp> = BTreeMap::new();
+    for e in writes_to_parents_and_children(&audit, &ns) {
+        if e["objectRef"]["resource"] == "configmaps"
+            && let (Some(n), Some(t)) = (e["objectRef"]["name"].as_str(), audit_time(&e))
+        {
+            first.entry(n.to_string()).or_insert(t);
+        }
+    }
+    assert_eq!(first.len(), N, "{first:?}");
+    let in_step = |from: i64, to: i64| {
+        first
+            .values()
+            .filter(|t| t.as_second() >= from && t.as_second() < to)
+            .count()
+    };
+    let batches = [
+        in_step(started[0], started[1]),
+        in_step(started[1], started[2]),
+        in_step(started[2], i64::MAX),
+    ];
+    println!("children written per batch: {batches:?}");
+    assert_eq!(batches, [1, 2, 3], "{first:?} {started:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_resumes_after_sigkill_with_the_old_files_gone() {
+    const N: usize = 4;
+    let kind = "Rollkill";
+    let client = client().await;
+    let ns = namespace(&client, "rollout-kill").await;
+    // Held at the canary: the gate waits an hour.
+    let rollout = "    steps:\n      - {parents: 1}\n      - {percent: 100}\n    gate: \"batch.ready >= batch.total and batch.age >= '1h'\"\n";
+    let d = RuleDir::new();
+    d.template("rollkill/v1.yaml", &template("v1"));
+    d.rule(
+        "rollkill.yaml",
+        &rule(kind, "rollkill/v1.yaml", None, rollout),
+    );
+    let mut op = start(&d, &ns).await;
+    let parents = faults_kit_parents(&client, &ns, kind).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    for i in 0..N {
+        apply(&parents, parent(kind, &ns, &format!("k{i}"), false)).await;
+    }
+    wait_for(T, "every child at v1", || async {
+        let m = markers(&cms).await;
+        (m.values().filter(|v| *v == "v1").count() == N).then_some(())
+    })
+    .await;
+    d.template("rollkill/v2.yaml", &template("v2"));
+    d.rule(
+        "rollkill.yaml",
+        &rule(kind, "rollkill/v2.yaml", None, rollout),
+    );
+    let canary = wait_for(T, "one child at v2", || async {
+        let m = markers(&cms).await;
+        let moved: Vec<String> = m
+            .iter()
+            .filter(|(_, v)| *v == "v2")
+            .map(|(k, _)| k.clone())
+            .collect();
+        (moved.len() == 1).then(|| moved[0].clone())
+    })
+    .await;
+    op.signal_and_wait("KILL");
+    // The old version's files are gone: only the cluster keeps it.
+    std::fs::remove_file(d.templates.join("rollkill/v1.yaml")).unwrap();
+    let _op = start(&d, &ns).await;
+    // A child of a parent that did not move, deleted: it comes back with the old version.
+    let unmoved = if canary == "k0" { "k1" } else { "k0" };
+    cms.delete(unmoved, &Default::default()).await.unwrap();
+    wait_for(T, "the deleted child back, at v1", || async {
+        (markers(&cms).await.get(unmoved).map(String::as_str) == Some("v1")).then_some(())
+    })
+    .await;
+    let m = markers(&cms).await;
+    assert_eq!(m.get(&canary).map(String::as_str), Some("v2"), "{m:?}");
+    assert_eq!(m.values().filter(|v| *v == "v1").count(), N - 1, "{m:?}");
+    let s = state(&client, &ns, "rollkill").await.expect("state");
+    assert_eq!(
+        (s["phase"].as_str(), s["step"].as_i64()),
+        (Some("Progressing"), Some(0))
+    );
+    // Promoted by hand: every parent moves.
+    let kc = kubeconfig_path();
+    let out = rulebook(&[
+        "rollout",
+        "promote",
+        "--rule",
+        "rollkill",
+        "--namespace",
+        &ns,
+        "--kubeconfig",
+        kc.to_str().unwrap(),
+    ]);
+    assert!(out.contains("Complete"), "{out}");
+    wait_for(T, "every child at v2", || async {
+        let m = markers(&cms).await;
+        (m.values().filter(|v| *v == "v2").count() == N).then_some(())
+    })
+    .await;
+}
