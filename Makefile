@@ -143,6 +143,13 @@ rbac: ## Regenerate deploy/base/rbac.yaml (rulebook rbac) from rules/
 deploy-sync: rbac ## Regenerate deploy/base/ from rules/ and templates/ (RBAC, rule-set ConfigMaps)
 	deploy/sync-ruleset.sh rules templates
 
+# Issue 19's sharding test at the issue's size (tests/sharding.rs; `make test` runs 1,000).
+.PHONY: test-sharding-full
+test-sharding-full: cluster ## Issue 19's sharding set-up at full size: 3 replicas, 3,000 parents in 300 namespaces, SIGKILL, 3 → 5 → 2 (make test runs it at 1,000)
+	scripts/demo.sh down
+	RULEBOOK_TEST_KUBECONFIG=$(KUBECONFIG_LOCAL) SHARD_TEST_NAMESPACES=300 \
+		cargo test --locked --test sharding replicas_share_the_parents_with_the_api_servers_filter -- --nocapture
+
 # ---------------------------------------------------------------------------
 # Fault tests (docs/faults.md). The light ones (tests/faults.rs) run with the other tests
 # of `make test`; the heavy ones (tests/faults_heavy.rs, all #[ignore]d: 200 parents

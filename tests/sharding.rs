@@ -4,8 +4,13 @@
 //! feature gate and filters the watches), once on a second API server over the same etcd
 //! without the gate (the replicas find that out and filter every event themselves).
 //!
-//! Sizes: `SHARD_TEST_NAMESPACES` (default 300) namespaces of `SHARD_TEST_PER_NAMESPACE`
-//! (default 10) parents, one ConfigMap child each.
+//! Sizes: `SHARD_TEST_NAMESPACES` (default 100) namespaces of `SHARD_TEST_PER_NAMESPACE`
+//! (default 10) parents, one ConfigMap child each. Issue 19's set-up is 3,000 parents in
+//! 300 namespaces: `make test-sharding-full` runs the gated fleet at that size (about
+//! 4 minutes of the 2 cores alone). `make test` keeps 1,000 (issue 42: at 3,000 this one
+//! binary was 330 s of a warm `make test` that must stay under 10 minutes); the same moves,
+//! takeover and audit checks run at either size, and `make bench-sharded` measures
+//! 10,000.
 // A scenario test (or the benchmark driver) reads top to bottom as one story: set up,
 // act, wait, assert. The function size limit (clippy.toml, issue 42) is for the product
 // code in src/ and crates/; here a long function is allowed, with helpers in common/.
@@ -235,7 +240,7 @@ async fn settled(op: &Operator, n: usize) {
 /// API server that filters the watches (`ShardedListAndWatch`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_the_parents_with_the_api_servers_filter() {
-    let spaces = size("SHARD_TEST_NAMESPACES", 300);
+    let spaces = size("SHARD_TEST_NAMESPACES", 100);
     let per = size("SHARD_TEST_PER_NAMESPACE", 10);
     run_fleet(
         "ShardApp",
