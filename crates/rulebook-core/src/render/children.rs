@@ -254,10 +254,8 @@ impl CompiledRule {
         index: Option<usize>,
     ) -> Result<Json, String> {
         if super::role_refs::is_binding(c) {
-            let env = self.compiled.borrow_owner();
-            let tmpl = env.get_template(&c.template).ok();
-            let source = tmpl.as_ref().map_or("", |t| t.source());
-            super::role_refs::check_rendered(&object, c, source)?;
+            let allowed = self.bindable.get(c.name.as_str());
+            super::role_refs::check_rendered(&object, allowed)?;
         }
         let Some(map) = object.as_object_mut() else {
             return Err("the template must render one YAML mapping (an object)".into());

@@ -89,6 +89,9 @@ impl CompiledRule {
                 reads_parent_status: reads.parent_status || in_exprs.parent_status.get(),
                 messages: super::admission::message_templates(rule, limits),
                 rollout,
+                bindable: super::role_refs::bindable_by_child(rule, &|t| {
+                    templates.get(t).map(|(_, src)| src.as_str())
+                }),
                 template_sources,
             }),
             Ok(_) => Err(diags),

@@ -152,6 +152,9 @@ pub struct CompiledRule {
     /// Template name → source, for every template the rule uses: what a rollout keeps
     /// in the cluster to render this version again after a restart.
     pub template_sources: Arc<BTreeMap<String, String>>,
+    /// The roles each RoleBinding/ClusterRoleBinding child may bind, by child name, read
+    /// once at compile (`role_refs.rs`); a rendered `roleRef` outside its set is refused.
+    pub(crate) bindable: BTreeMap<String, BTreeSet<role_refs::RoleName>>,
 }
 
 impl std::fmt::Debug for CompiledRule {

@@ -16,7 +16,7 @@
 //! (samples miss what they do not vary). Whatever cannot be read (a `roleRef` from an
 //! include or a macro) counts as computed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 
 use regex::Regex;
@@ -107,19 +107,27 @@ pub fn allowed(c: &ChildRule, source: &str) -> Option<BTreeSet<RoleName>> {
     }
 }
 
+/// The roles each binding child of `rule` may bind, by child name (read once at compile;
+/// a child whose roles neither says is absent: it may bind none).
+pub fn bindable_by_child<'a>(
+    rule: &crate::rules::Rule,
+    source: &dyn Fn(&str) -> Option<&'a str>,
+) -> BTreeMap<String, BTreeSet<RoleName>> {
+    rule.spec
+        .children
+        .iter()
+        .filter(|c| is_binding(c))
+        .filter_map(|c| {
+            let roles = allowed(c, source(c.template.as_str()).unwrap_or(""))?;
+            Some((c.name.value.clone(), roles))
+        })
+        .collect()
+}
+
 /// The roles every binding child of `rule` may bind (for `rulebook rbac`: `bind` on
 /// them by name).
 pub fn bindable(rule: &CompiledRule) -> BTreeSet<RoleName> {
-    let env = rule.compiled.borrow_owner();
-    let mut out = BTreeSet::new();
-    for c in rule.children().iter().filter(|c| is_binding(c)) {
-        let source = env
-            .get_template(&c.template)
-            .map(|t| t.source().to_string())
-            .unwrap_or_default();
-        out.extend(allowed(c, &source).unwrap_or_default());
-    }
-    out
+    rule.bindable.values().flatten().cloned().collect()
 }
 
 /// Load errors (a computed `roleRef` without `allowedRoleRefs`; an allow-list on a
@@ -200,21 +208,23 @@ pub fn warnings(rule: &CompiledRule) -> Vec<Diagnostic> {
     diagnostics(&rule.rule, &rule.file, &source).1
 }
 
-/// At render time: the rendered binding's `roleRef` is one the rule allows.
-pub fn check_rendered(object: &Json, c: &ChildRule, source: &str) -> Result<(), String> {
+/// At render time: the rendered binding's `roleRef` is one the rule allows (`allowed`:
+/// the child's set from [`bindable_by_child`]; none, none allowed).
+pub fn check_rendered(object: &Json, allowed: Option<&BTreeSet<RoleName>>) -> Result<(), String> {
     let kind = object.pointer("/roleRef/kind").and_then(Json::as_str);
     let name = object.pointer("/roleRef/name").and_then(Json::as_str);
     let (Some(kind), Some(name)) = (kind, name) else {
         return Err("the rendered binding has no roleRef.kind and roleRef.name".into());
     };
-    let allowed = allowed(c, source).unwrap_or_default();
-    if allowed.contains(&(kind.to_string(), name.to_string())) {
+    let pair = (kind.to_string(), name.to_string());
+    if allowed.is_some_and(|a| a.contains(&pair)) {
         return Ok(());
     }
     Err(format!(
         "the rendered roleRef {kind}/{name} is not one this child may bind (allowed: {})",
         allowed
-            .iter()
+            .into_iter()
+            .flatten()
             .map(|(k, n)| format!("{k}/{n}"))
             .collect::<Vec<_>>()
             .join(", ")
