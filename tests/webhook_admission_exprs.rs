@@ -19,17 +19,8 @@ use webhook_kit::*;
 /// The rule: a plan that must exist (a ConfigMap `plan-<spec.plan>`), an immutable tier,
 /// and the image defaulted from the ConfigMap `platform-defaults`.
 fn rule(h: &Hooked) -> String {
-    format!(
-        r#"apiVersion: rulebook.dev/v1alpha1
-kind: Rule
-metadata:
-  name: {rule}
-spec:
-  parent:
-    apiVersion: {API_VERSION}
-    kind: {kind}
-  references:
-    - name: plan
+    h.rule_yaml(
+        r#"    - name: plan
       apiVersion: v1
       kind: ConfigMap
       objectName: "'plan-' ~ parent.spec.plan"
@@ -44,20 +35,10 @@ spec:
       kind: Secret
       objectName: "'api-token'"
       optional: true
-  children:
-    - name: config
-      apiVersion: v1
-      kind: ConfigMap
-      template: hooked/config.yaml
-  crd:
-    plural: {plural}
-    specSchema:
-      type: object
-      x-kubernetes-preserve-unknown-fields: true
-  admission:
-    validate:
+"#,
+        r#"    validate:
       - expr: "refs.plan is defined"
-        message: "plan {{{{ parent.spec.plan }}}} does not exist (token {{{{ refs.token.data.token | default('') }}}})"
+        message: "plan {{ parent.spec.plan }} does not exist (token {{ refs.token.data.token | default('') }})"
         fieldPath: spec.plan
       - expr: "parent.spec.tier == old.spec.tier"
         message: "tier is immutable"
@@ -66,9 +47,6 @@ spec:
       - path: spec.image
         expr: "refs.platformDefaults.data.image"
 "#,
-        rule = h.rule,
-        kind = h.kind,
-        plural = h.plural,
     )
 }
 

@@ -22,39 +22,18 @@ const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
 /// A check on the replicas (the kit's refusal), a check reading the whole object, and a
 /// default computed from its biggest field.
 fn rule(h: &Hooked) -> String {
-    format!(
-        r#"apiVersion: rulebook.dev/v1alpha1
-kind: Rule
-metadata:
-  name: {rule}
-spec:
-  parent:
-    apiVersion: {API_VERSION}
-    kind: {kind}
-  children:
-    - name: config
-      apiVersion: v1
-      kind: ConfigMap
-      template: hooked/config.yaml
-  crd:
-    plural: {plural}
-    specSchema:
-      type: object
-      x-kubernetes-preserve-unknown-fields: true
-  admission:
-    failurePolicy: Ignore
+    h.rule_yaml(
+        "",
+        r#"    failurePolicy: Ignore
     validate:
       - expr: "(parent.spec.replicas | default(1)) <= 3"
-        message: "replicas {{{{ parent.spec.replicas }}}} is more than 3"
+        message: "replicas {{ parent.spec.replicas }} is more than 3"
       - expr: "(parent | tojson | length) < 4000000"
         message: "the object is too big to judge"
     default:
       - path: spec.size
         expr: "parent.spec.blob | default('') | length"
 "#,
-        rule = h.rule,
-        kind = h.kind,
-        plural = h.plural,
     )
 }
 

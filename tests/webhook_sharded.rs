@@ -38,43 +38,20 @@ const T: Duration = Duration::from_secs(180);
 /// The admission rule: parents with more than 3 replicas refused, `spec.image` defaulted
 /// from the ConfigMap `platform-defaults` of the parent's namespace.
 fn admission_rule(h: &Hooked) -> String {
-    format!(
-        r#"apiVersion: rulebook.dev/v1alpha1
-kind: Rule
-metadata:
-  name: {rule}
-spec:
-  parent:
-    apiVersion: {api_version}
-    kind: {kind}
-  references:
-    - name: platformDefaults
+    h.rule_yaml(
+        r#"    - name: platformDefaults
       apiVersion: v1
       kind: ConfigMap
       objectName: "'platform-defaults'"
       optional: true
-  children:
-    - name: config
-      apiVersion: v1
-      kind: ConfigMap
-      template: hooked/config.yaml
-  crd:
-    plural: {plural}
-    specSchema:
-      type: object
-      x-kubernetes-preserve-unknown-fields: true
-  admission:
-    validate:
+"#,
+        r#"    validate:
       - expr: "parent.spec.replicas <= 3"
-        message: "replicas {{{{ parent.spec.replicas }}}} is more than 3"
+        message: "replicas {{ parent.spec.replicas }} is more than 3"
     default:
       - path: spec.image
         expr: "refs.platformDefaults.data.image"
 "#,
-        rule = h.rule,
-        api_version = webhook_kit::API_VERSION,
-        kind = h.kind,
-        plural = h.plural,
     )
 }
 

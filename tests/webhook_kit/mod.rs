@@ -86,7 +86,26 @@ impl Hooked {
 
     /// (Re)writes the rule file with `failurePolicy` `policy`.
     pub fn write_rule(&self, policy: &str) {
-        let text = format!(
+        let admission = format!(
+            "    failurePolicy: {policy}\n    validate:\n      - expr: \"parent.spec.replicas <= 3\"\n        message: \"replicas {{{{ parent.spec.replicas }}}} is more than 3\"\n"
+        );
+        std::fs::write(
+            self.rules.join(format!("{}.yaml", self.rule)),
+            self.rule_yaml("", &admission),
+        )
+        .unwrap();
+    }
+
+    /// The rule of this kind with its ConfigMap child: `references` (the lines under
+    /// `references:`, none when empty) and `admission` (the lines under `admission:`),
+    /// each indented as they stand in the file.
+    pub fn rule_yaml(&self, references: &str, admission: &str) -> String {
+        let references = if references.is_empty() {
+            String::new()
+        } else {
+            format!("  references:\n{references}")
+        };
+        format!(
             r#"apiVersion: rulebook.dev/v1alpha1
 kind: Rule
 metadata:
@@ -95,7 +114,7 @@ spec:
   parent:
     apiVersion: {API_VERSION}
     kind: {kind}
-  children:
+{references}  children:
     - name: config
       apiVersion: v1
       kind: ConfigMap
@@ -106,16 +125,11 @@ spec:
       type: object
       x-kubernetes-preserve-unknown-fields: true
   admission:
-    failurePolicy: {policy}
-    validate:
-      - expr: "parent.spec.replicas <= 3"
-        message: "replicas {{{{ parent.spec.replicas }}}} is more than 3"
-"#,
+{admission}"#,
             rule = self.rule,
             kind = self.kind,
             plural = self.plural,
-        );
-        std::fs::write(self.rules.join(format!("{}.yaml", self.rule)), text).unwrap();
+        )
     }
 
     pub fn crd_name(&self) -> String {
