@@ -436,6 +436,16 @@ mod tests {
     use rustls::pki_types::ServerName;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// A first bundle for [`policy`] and a resolver serving it.
+    fn serving() -> (certs::Bundle, Arc<Resolver>) {
+        let b = certs::next(None, &policy(), jiff::Timestamp::now().as_second(), &[])
+            .unwrap()
+            .unwrap();
+        let resolver = Arc::new(Resolver::default());
+        resolver.set(&b).unwrap();
+        (b, resolver)
+    }
+
     fn policy() -> Policy {
         Policy {
             ca_validity: Duration::from_secs(3000),
@@ -559,11 +569,7 @@ mod tests {
     /// fast 429 naming why, while every review of the other namespaces is answered.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_namespace_that_floods_gets_its_share_and_the_others_are_answered() {
-        let b = certs::next(None, &policy(), jiff::Timestamp::now().as_second(), &[])
-            .unwrap()
-            .unwrap();
-        let resolver = Arc::new(Resolver::default());
-        resolver.set(&b).unwrap();
+        let (b, resolver) = serving();
         // Room for every review at once (24 + 6): only the namespace's share refuses.
         let limits = Limits {
             in_flight: 32,
@@ -684,11 +690,7 @@ mod tests {
 
     #[tokio::test]
     async fn requests_are_bounded_in_size_number_and_time() {
-        let b = certs::next(None, &policy(), jiff::Timestamp::now().as_second(), &[])
-            .unwrap()
-            .unwrap();
-        let resolver = Arc::new(Resolver::default());
-        resolver.set(&b).unwrap();
+        let (b, resolver) = serving();
         let limits = Limits {
             max_body: 1024,
             in_flight: 1,
