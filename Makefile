@@ -81,6 +81,10 @@ test: lint rule-tests cluster ## Everything: lint, all tests against the local c
 demo: ## Local control plane + operator + example rules and parents; leaves them running
 	scripts/demo.sh up
 
+.PHONY: demo-foreign-tenant
+demo-foreign-tenant: ## make demo with another operator's Tenant CRD (tenants.capsule.clastix.io) installed: names must be fully qualified
+	scripts/demo-foreign-tenant.sh
+
 .PHONY: demo-down
 demo-down: ## Stop the demo operator and the local control plane
 	scripts/demo.sh down
