@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # `make demo-foreign-tenant` (issue 45): `make demo` with another operator's `Tenant` kind
 # installed beside ours. Capsule's `tenants.capsule.clastix.io` is common in clusters;
-# with it, a short name (`tenant/acme`) resolves to whichever group kubectl's discovery
-# prefers, and a demo or doc that says `kubectl get tenant acme` fails ("tenants.capsule
-# ... not found") or shows the wrong object. The demo names every resource fully
+# with it, a kind's short name resolves to whichever group kubectl's discovery prefers,
+# and a demo or doc written with short names fails ("... not found") or shows the wrong
+# object. The demo names every resource fully
 # (`tenants.xyz.com/acme`): this runs it with the foreign CRD present, fails if the demo
 # does, and leaves the cluster as it found it (the foreign CRD removed, the demo operator
 # stopped; the demo's own objects stay, as after `make demo`).

@@ -27,14 +27,6 @@ const T: Duration = Duration::from_secs(180);
 // ---------------------------------------------------------------------------------------
 // Process and control-plane faults.
 
-/// SIGKILL at random moments while 60 parents converge, 3 times; then everything is
-/// Ready, no child is lost, duplicated or orphaned, and no foreign object was touched.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_while_converging() {
-    let r = kill_restart("KillLight", 60, 3, Duration::from_secs(120)).await;
-    r.assert_intact(60);
-}
-
 /// A restart on a converged namespace changes nothing: no Ready parent turns
 /// not-Ready (its children all exist), and none is left so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,13 +126,6 @@ async fn a_restart_keeps_ready_parents_ready() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_made_while_paused_are_reconciled() {
     pause_resume("PauseLight", Gap::Pause).await;
-}
-
-/// 100 parents whose template fails beside 20 healthy ones: the healthy ones converge
-/// (the slowdown is printed), and the failing ones back off.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_parents_back_off() {
-    poison("PoisonLight", 100, 20).await;
 }
 
 // ---------------------------------------------------------------------------------------
