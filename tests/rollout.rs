@@ -82,6 +82,17 @@ async fn markers(cms: &Api<DynamicObject>) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
+/// `(status, reason, message)` of a parent's `Rollout` condition.
+fn rollout_condition(o: &Json) -> Option<(String, String, String)> {
+    let c = o
+        .pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Rollout")?;
+    let s = |k: &str| c[k].as_str().unwrap_or("").to_string();
+    Some((s("status"), s("reason"), s("message")))
+}
+
 /// Rulebook's writes of the parents and children (not of its own rollout objects).
 fn writes_to_parents_and_children(audit: &Audit, ns: &str) -> Vec<Json> {
     rulebook_writes(audit, ns)
@@ -201,6 +212,18 @@ async fn a_change_that_never_gets_ready_moves_only_the_canary_and_rolls_back() {
     );
     let log = op.log_tail();
     assert!(log.contains("rollout failed"), "{log}");
+    // The `Rollout` condition came with the canary's status writes (its ruleVersion went
+    // and came back); no other parent was written, so none carries one.
+    let canary = to_json(&parents.get("p17").await.unwrap());
+    let (status, reason, message) = rollout_condition(&canary).expect("the canary's condition");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "RolledBack"),
+        "{message}"
+    );
+    assert!(message.contains("failWhen held"), "{message}");
+    let other = to_json(&parents.get("p03").await.unwrap());
+    assert_eq!(rollout_condition(&other), None, "{other}");
 }
 
 /// The parents' API of `kind`, once its CRD is served.
@@ -298,6 +321,36 @@ async fn a_good_change_reaches_every_parent_batch_by_batch_with_its_pauses() {
     ];
     println!("children written per batch: {batches:?}");
     assert_eq!(batches, [1, 2, 3], "{first:?} {started:?}");
+    // Each parent's one status write of the rollout (its new ruleVersion) carried the
+    // `Rollout` condition naming its batch: no write of its own.
+    let batch_of = |t: &jiff::Timestamp| started.iter().filter(|s| **s <= t.as_second()).count();
+    let status_writes = writes_to_parents_and_children(&audit, &ns)
+        .into_iter()
+        .filter(|e| e["objectRef"]["subresource"] == "status")
+        .fold(BTreeMap::<String, usize>::new(), |mut m, e| {
+            *m.entry(e["objectRef"]["name"].as_str().unwrap_or("").to_string())
+                .or_default() += 1;
+            m
+        });
+    for (name, t) in &first {
+        let p = to_json(&parents.get(name).await.unwrap());
+        let (status, reason, message) = rollout_condition(&p).expect("a Rollout condition");
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("True", "Moved"),
+            "{name}: {message}"
+        );
+        let want = format!("batch {} of 3", batch_of(t));
+        assert!(
+            message.ends_with(&want),
+            "{name}: {message} (wanted {want})"
+        );
+        assert_eq!(
+            status_writes.get(name),
+            Some(&1),
+            "{name}: {status_writes:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

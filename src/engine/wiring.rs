@@ -221,10 +221,7 @@ impl RuleRunner {
                 })
                 .collect();
             let old = ctx.with_rule(setup.old.clone(), kind_of_child);
-            ctx.versions = Some(reconcile::versions::Versions {
-                old: Arc::new(old),
-                state: setup.state,
-            });
+            reconcile::versions::side_by_side(&mut ctx, old, setup.state);
         }
         Arc::new(ctx)
     }

@@ -85,6 +85,14 @@ pub struct Versions {
     pub state: Arc<parking_lot::RwLock<crate::rollout::RolloutState>>,
 }
 
+/// During a progressive rollout, what both versions' contexts know of it: the state, and
+/// the number of steps of the new version's plan (for the `Rollout` condition).
+#[derive(Clone)]
+pub struct RolloutView {
+    pub state: Arc<parking_lot::RwLock<crate::rollout::RolloutState>>,
+    pub steps: usize,
+}
+
 /// Everything one rule's reconciles share.
 pub struct RuleContext {
     pub rule: Arc<CompiledRule>,
@@ -105,6 +113,8 @@ pub struct RuleContext {
     /// During a progressive rollout: the old version's context and the rollout state
     /// (`versions.rs`); `None` otherwise.
     pub versions: Option<Versions>,
+    /// During a progressive rollout, on both versions' contexts (`versions.rs`).
+    pub rollout: Option<RolloutView>,
 }
 
 impl RuleContext {
@@ -124,6 +134,7 @@ impl RuleContext {
             memory: p.memory,
             inputs: p.inputs,
             versions: None,
+            rollout: None,
         }
     }
 
@@ -145,6 +156,7 @@ impl RuleContext {
             memory: self.memory.clone(),
             inputs: self.inputs.clone(),
             versions: None,
+            rollout: None,
         }
     }
 

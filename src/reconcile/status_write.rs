@@ -84,9 +84,12 @@ pub(super) async fn write_status(
         }
         None => parent_json.clone(),
     };
-    let Some(desired) = plan_status(&live_json, &managed, fields, ready, &now_rfc3339()) else {
+    let now = now_rfc3339();
+    let Some(mut desired) = plan_status(&live_json, &managed, fields, ready, &now) else {
         return Ok(false);
     };
+    // Only in a write made anyway: the `Rollout` condition is never a reason to write.
+    super::versions::add_rollout_condition(ctx, &live_json, &mut desired, &now);
     apply_status(ctx, parent, uid, desired, written.is_some()).await?;
     Ok(true)
 }
@@ -232,6 +235,7 @@ async fn write_held(
     if let Some(list) = desired.get_mut("conditions").and_then(Json::as_array_mut) {
         list.push(serde_json::to_value(held).unwrap_or(Json::Null));
     }
+    super::versions::keep_rollout_condition(&live, &mut desired);
     if crate::render::status::status_matches(live.get("status"), &desired) {
         return Ok(());
     }

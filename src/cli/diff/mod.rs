@@ -20,6 +20,7 @@ mod base;
 mod clean;
 mod compare;
 mod parent;
+mod plan;
 mod refs;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -128,6 +129,9 @@ pub struct RuleReport {
     pub statuses: Vec<(String, String)>,
     /// Rendered children not compared: Secrets `diff` does not read.
     pub not_compared: Vec<NotCompared>,
+    /// With `spec.rollout`, when parents would change version: who moves in which batch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<plan::RolloutPlan>,
     /// Every Secret value read or rendered, for cleaning the output.
     #[serde(skip)]
     seen: BTreeSet<String>,
@@ -283,6 +287,9 @@ fn print_report(r: &RuleReport, out: &mut String) {
     for (parent, e) in &r.errors {
         let _ = writeln!(out, "# error: {parent}: {e}");
     }
+    if let Some(p) = &r.rollout {
+        plan::print(&r.rule, p, out);
+    }
     let _ = writeln!(
         out,
         "rule {}: {} parents; children: {} unchanged, {} changed, {} created, {} pruned, {} orphaned, \
@@ -404,6 +411,7 @@ async fn diff_rule(
     let mut report = RuleReport {
         rule: rule.name.clone(),
         parents: parents.len(),
+        rollout: plan::plan(rule, &parents),
         ..RuleReport::default()
     };
     let total = parents.len();

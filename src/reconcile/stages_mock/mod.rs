@@ -253,10 +253,11 @@ fn in_rollout(state: impl FnOnce(&str, &str) -> crate::rollout::RolloutState) ->
     let Some(ctx) = std::sync::Arc::get_mut(&mut f.ctx) else {
         panic!("the fixture's context is not shared yet")
     };
-    ctx.versions = Some(crate::reconcile::versions::Versions {
-        old: std::sync::Arc::new(old_ctx),
-        state: std::sync::Arc::new(parking_lot::RwLock::new(state)),
-    });
+    crate::reconcile::versions::side_by_side(
+        ctx,
+        old_ctx,
+        std::sync::Arc::new(parking_lot::RwLock::new(state)),
+    );
     f
 }
 
@@ -291,7 +292,21 @@ async fn during_a_rollout_each_parent_renders_with_the_version_it_is_on() {
     });
     let p = f.cache_parent(&parent("p", "uid-p", 5));
     f.reconcile(p).await.expect("the reconcile goes through");
-    assert_eq!(f.api.requests()[0].body["data"], json!({"greeting": "new"}));
+    let sent = f.api.requests();
+    assert_eq!(sent[0].body["data"], json!({"greeting": "new"}));
+    // Its status write (made anyway: a new ruleVersion) says where it is.
+    let rollout = rollout_condition(&sent[1].body);
+    assert_eq!(
+        (rollout["status"].as_str(), rollout["reason"].as_str()),
+        (Some("True"), Some("Moved")),
+        "{rollout}"
+    );
+    assert!(
+        rollout["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("batch 1 of")),
+        "{rollout}"
+    );
     let mut f = in_rollout(|old, new| RolloutState {
         boundary: Some(key),
         boundary_step: Some(0),
@@ -300,8 +315,17 @@ async fn during_a_rollout_each_parent_renders_with_the_version_it_is_on() {
     });
     let p = f.cache_parent(&parent("p", "uid-p", 5));
     f.reconcile(p).await.expect("the reconcile goes through");
-    assert_eq!(
-        f.api.requests()[0].body["data"],
-        json!({"greeting": "hello"})
-    );
+    let sent = f.api.requests();
+    assert_eq!(sent[0].body["data"], json!({"greeting": "hello"}));
+    // Never moved (no status yet): it hears nothing of the rollback.
+    assert_eq!(rollout_condition(&sent[1].body), Json::Null);
+}
+
+/// The `Rollout` condition of a status apply's body (`null` when it has none).
+fn rollout_condition(body: &Json) -> Json {
+    body["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Rollout"))
+        .cloned()
+        .unwrap_or(Json::Null)
 }

@@ -10,6 +10,8 @@
 //! names the new version (sticky: a tenant relabelling a parent never sends it back).
 //! Any replica decides the same from the same state.
 
+pub mod condition;
+
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -439,3 +441,24 @@ fn json<T: Serialize>(v: &T) -> Option<serde_json::Value> {
 
 #[cfg(test)]
 mod tests;
+
+/// The batch (step index) each parent would move in if the rollout started now, for
+/// keys sorted as the coordinator sorts them: the first step whose boundary (over every
+/// parent, as [`boundary`] computes it) holds the key. What `rulebook diff` prints.
+pub fn batches(sorted_keys: &[RankKey], plan: &Plan) -> Vec<usize> {
+    let mut bounds: Vec<Option<RankKey>> = Vec::with_capacity(plan.steps.len());
+    for i in 0..plan.steps.len() {
+        // A boundary never goes back (the coordinator keeps the greater).
+        let b = boundary(sorted_keys, plan.target(i)).max(bounds.last().copied().flatten());
+        bounds.push(b);
+    }
+    sorted_keys
+        .iter()
+        .map(|k| {
+            bounds
+                .iter()
+                .position(|b| b.is_some_and(|b| *k <= b))
+                .unwrap_or(plan.steps.len().saturating_sub(1))
+        })
+        .collect()
+}

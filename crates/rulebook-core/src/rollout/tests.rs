@@ -222,3 +222,25 @@ fn decisions() {
     assert_eq!(done.after(&Decision::Hold(None), 99), done);
     assert!(!done.active());
 }
+
+#[test]
+fn the_plan_of_batches_matches_the_boundaries_the_coordinator_sets() {
+    let p = plan();
+    let k = keys(50);
+    let b = batches(&k, &p);
+    // 1 canary (the one `order` picks), then up to 10 % (5), then the rest.
+    let per: Vec<usize> = (0..3)
+        .map(|i| b.iter().filter(|x| **x == i).count())
+        .collect();
+    assert_eq!(per, vec![1, 4, 45]);
+    assert_eq!(k[0], RankKey::of(true, Some("ns"), "p7"));
+    assert_eq!(b[0], 0);
+    // The same parents as the state machine moves, step by step.
+    let mut s = RolloutState::settled("a", 0).next("b", 0);
+    for step in 0..3 {
+        s.step = step;
+        s = placed(s, &k, &p);
+        assert_eq!(moved(&s, 50), b.iter().filter(|x| **x <= step).count());
+    }
+    assert!(batches(&[], &p).is_empty());
+}
