@@ -105,6 +105,45 @@ fn writes_to_parents_and_children(audit: &Audit, ns: &str) -> Vec<Json> {
         .collect()
 }
 
+/// The batches (`namespace/name` of each parent) `rulebook diff -o json` plans for the
+/// rules of `d` over the parents in `ns`.
+fn diff_plan(d: &RuleDir, ns: &str) -> Vec<Vec<String>> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rulebook"))
+        .args(["diff", "-o", "json", "--namespace", ns, "--kubeconfig"])
+        .arg(kubeconfig_path())
+        .arg("--rules")
+        .arg(&d.rules)
+        .arg("--templates")
+        .arg(&d.templates)
+        .output()
+        .expect("rulebook diff");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: Json = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "diff -o json: {e}: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    let rules = report.as_array().cloned().unwrap_or_default();
+    let plan = rules
+        .iter()
+        .find_map(|r| r.get("rollout").filter(|p| !p.is_null()))
+        .unwrap_or_else(|| panic!("no rollout plan in {report}"));
+    plan["batches"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| {
+            b["parents"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| p.as_str().map(String::from))
+                .collect()
+        })
+        .collect()
+}
+
 async fn start(d: &RuleDir, ns: &str) -> Operator {
     d.operator()
         .namespace(ns)
@@ -267,6 +306,16 @@ async fn a_good_change_reaches_every_parent_batch_by_batch_with_its_pauses() {
         (m.values().filter(|v| *v == "v1").count() == N).then_some(s)
     })
     .await;
+    // `rulebook diff` of the change, before it lands: the plan, batch by batch.
+    let next = RuleDir::new();
+    next.template("rollgood/v2.yaml", &template("v2"));
+    next.rule(
+        "rollgood.yaml",
+        &rule(kind, "rollgood/v2.yaml", None, rollout),
+    );
+    let planned = diff_plan(&next, &ns);
+    let sizes: Vec<usize> = planned.iter().map(Vec::len).collect();
+    assert_eq!(sizes, [1, 2, 3], "the plan: {planned:?}");
     let audit = Audit::mark();
     d.template("rollgood/v2.yaml", &template("v2"));
     d.rule(
@@ -344,6 +393,16 @@ async fn a_good_change_reaches_every_parent_batch_by_batch_with_its_pauses() {
         assert!(
             message.ends_with(&want),
             "{name}: {message} (wanted {want})"
+        );
+        // `diff` had placed it in the batch it moved in.
+        let planned_in = planned
+            .iter()
+            .position(|b| b.iter().any(|p| p == &format!("{ns}/{name}")))
+            .map(|i| i + 1);
+        assert_eq!(
+            planned_in,
+            Some(batch_of(t)),
+            "{name}: the plan {planned:?}"
         );
         assert_eq!(
             status_writes.get(name),
