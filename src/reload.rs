@@ -25,6 +25,8 @@ use crate::rules::{self, Diagnostics};
 pub struct RuleSource {
     pub rules_dir: PathBuf,
     pub templates_dir: PathBuf,
+    /// `--default-rollout`: read again with every look at the directories.
+    pub default_rollout: Option<PathBuf>,
     pub limits: Limits,
 }
 
@@ -48,7 +50,8 @@ impl RuleSource {
     /// of the last outcome. Warnings (skipped files) are logged here, with every changed
     /// outcome.
     pub fn load(&self, last: Option<&str>) -> Reload {
-        let read = rules::read(&self.rules_dir, &self.templates_dir);
+        let read = rules::read(&self.rules_dir, &self.templates_dir)
+            .with_default_rollout(self.default_rollout.as_deref());
         let fingerprint = read.fingerprint();
         if last == Some(fingerprint.as_str()) {
             return Reload::Unchanged;
@@ -178,6 +181,7 @@ spec:
         RuleSource {
             rules_dir: dir.join("rules"),
             templates_dir: dir.join("templates"),
+            default_rollout: None,
             limits: Limits::default(),
         }
     }

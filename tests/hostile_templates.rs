@@ -54,6 +54,7 @@ spec:
         ("templates/ok.yaml".to_string(), "x: 1\n".to_string()),
     );
     Sources {
+        default_rollout: None,
         rule_files: vec![("rules/hostile.yaml".to_string(), rule)],
         templates,
     }

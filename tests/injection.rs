@@ -132,6 +132,7 @@ fn sources() -> Sources {
         );
     }
     Sources {
+        default_rollout: None,
         rule_files: vec![("rules/injection.yaml".into(), RULE.into())],
         templates,
     }

@@ -56,6 +56,7 @@ fn check(rules: &Path, templates: &Path) -> (i32, String, String) {
         dirs: RuleDirs {
             rules: rules.to_path_buf(),
             templates: templates.to_path_buf(),
+            default_rollout: None,
         },
         kubeconfig: None,
         schema: Default::default(),
@@ -343,4 +344,121 @@ fn a_dangling_link_is_a_warning_and_the_set_stays_valid() {
         )),
         "{stderr}"
     );
+}
+
+/// A rule with its own CRD for kind `kind`, named `name`; `extra` is added to its spec.
+fn crd_rule(name: &str, kind: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: {name}\nspec:\n  parent:\n    apiVersion: test.rulebook.dev/v1\n    kind: {kind}\n  crd:\n    specSchema:\n      type: object\n  children:\n    - name: config\n      apiVersion: v1\n      kind: ConfigMap\n      template: config.yaml\n{extra}"
+    )
+}
+
+#[test]
+fn a_default_rollout_is_checked_at_its_own_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, templates) = rule_set(dir.path(), CONFIG);
+    std::fs::write(rules.join("web.yaml"), crd_rule("web", "Web", "")).unwrap();
+    let default = dir.path().join("rollout.yaml");
+    std::fs::write(
+        &default,
+        "steps:\n  - parents: 1\n  - percent: 50\ngate: \"batch.ready >=\"\nonFailure: Retry\n",
+    )
+    .unwrap();
+    let command = Command::Check(CheckArgs {
+        dirs: RuleDirs {
+            rules: rules.clone(),
+            templates: templates.clone(),
+            default_rollout: Some(default.clone()),
+        },
+        kubeconfig: None,
+        schema: Default::default(),
+    });
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run_offline(&command, &mut out, &mut err).unwrap();
+    let stderr = String::from_utf8(err).unwrap();
+    assert_eq!(code, 1, "{stderr}");
+    let file = default.display();
+    for (line, what) in [
+        (
+            3,
+            "default rollout: rollout.steps[1]: the last step is `percent: 100`",
+        ),
+        (
+            5,
+            "default rollout: rollout.onFailure: 'Retry' is neither Rollback nor Pause",
+        ),
+    ] {
+        assert!(
+            stderr.contains(&format!("{file}:{line}")) && stderr.contains(what),
+            "no {file}:{line} {what}:\n{stderr}"
+        );
+    }
+    // The expressions are checked once the structure is sound, at their line too.
+    std::fs::write(
+        &default,
+        "steps:\n  - parents: 1\n  - percent: 100\ngate: \"batch.ready >=\"\n",
+    )
+    .unwrap();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run_offline(&command, &mut out, &mut err).unwrap();
+    let stderr = String::from_utf8(err).unwrap();
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("{file}:4"))
+            && stderr.contains("rollout.gate: invalid expression"),
+        "{stderr}"
+    );
+    // A file that is not there is an error, not a rule set without a default.
+    std::fs::remove_file(&default).unwrap();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = run_offline(&command, &mut out, &mut err).unwrap();
+    let stderr = String::from_utf8(err).unwrap();
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot read the default rollout"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_default_rollout_is_the_rollout_of_each_rule_with_a_crd_and_none_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rules, templates) = rule_set(dir.path(), CONFIG);
+    std::fs::write(rules.join("web.yaml"), crd_rule("web", "Web", "")).unwrap();
+    let own = "  rollout:\n    steps:\n      - percent: 100\n";
+    std::fs::write(rules.join("own.yaml"), crd_rule("own", "Own", own)).unwrap();
+    let default = dir.path().join("rollout.yaml");
+    std::fs::write(
+        &default,
+        "steps:\n  - parents: 1\n  - percent: 100\n    pause: 1m\ngate: \"batch.ready >= batch.total and batch.age >= '30s'\"\nonFailure: Pause\n",
+    )
+    .unwrap();
+    let without =
+        rulebook::render::compile_read(&rules::read(&rules, &templates), &Limits::default())
+            .unwrap_or_else(|d| panic!("{d}"));
+    let read = rules::read(&rules, &templates).with_default_rollout(Some(&default));
+    let with =
+        rulebook::render::compile_read(&read, &Limits::default()).unwrap_or_else(|d| panic!("{d}"));
+    let steps = |set: &rulebook::render::RuleSet, rule: &str| {
+        set.rules[rule]
+            .rule
+            .spec
+            .rollout
+            .as_ref()
+            .map(|r| r.steps.len())
+    };
+    // `web` gets the default; `own` keeps its own; `demo` has no CRD, so no rollout.
+    assert_eq!(steps(&without, "web"), None);
+    assert_eq!(steps(&with, "web"), Some(2));
+    assert_eq!(steps(&with, "own"), Some(1));
+    assert_eq!(steps(&with, "demo"), None);
+    assert!(
+        with.rules["web"].rollout.is_some(),
+        "the default's expressions are compiled"
+    );
+    // Part of the rule as written: of its version, and of the set's fingerprint (a changed
+    // default file is a reload); a rule that keeps its own rollout keeps its version.
+    assert_ne!(with.rules["web"].version, without.rules["web"].version);
+    assert_eq!(with.rules["own"].version, without.rules["own"].version);
+    assert_ne!(with.fingerprint, without.fingerprint);
 }

@@ -490,3 +490,184 @@ async fn a_rollout_resumes_after_sigkill_with_the_old_files_gone() {
     })
     .await;
 }
+
+/// The holder of the Lease `rulebook` in `ns`.
+async fn lease_holder(client: &kube::Client, ns: &str) -> Option<String> {
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), ns);
+    leases
+        .get_opt("rulebook")
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+}
+
+/// A leader change mid-rollout, on a rule whose rollout is the operator-wide default
+/// (`--default-rollout`): the new leader keeps the batch the old one moved (no second
+/// canary), takes the gate's clock from the cluster (the next step starts no sooner than
+/// the gate allows after the first step started, under the old leader), and no child is
+/// written twice for the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_change_mid_rollout_neither_skips_the_gate_nor_moves_a_batch_twice() {
+    const N: usize = 6;
+    const GATE_SECONDS: i64 = 20;
+    let kind = "Rolllead";
+    let client = client().await;
+    let ns = namespace(&client, "rollout-lead").await;
+    let d = RuleDir::new();
+    let default = d
+        .rules
+        .parent()
+        .expect("a parent")
+        .join("default-rollout.yaml");
+    std::fs::write(
+        &default,
+        format!(
+            "steps:\n  - parents: 2\n  - percent: 100\ngate: \"batch.ready >= batch.total and batch.age >= '{GATE_SECONDS}s'\"\n"
+        ),
+    )
+    .unwrap();
+    let no_rollout = |t: &str| rule(kind, t, None, "").replace("  rollout:\n", "");
+    d.template("rolllead/v1.yaml", &template("v1"));
+    d.rule("rolllead.yaml", &no_rollout("rolllead/v1.yaml"));
+    let replica = |id: &str| {
+        let default = default.display().to_string();
+        let id = id.to_string();
+        let d = &d;
+        let ns = ns.to_string();
+        async move {
+            d.operator()
+                .namespace(&ns)
+                .flags(&[
+                    "--install-crds",
+                    "--leader-elect",
+                    "--lease-duration",
+                    "5",
+                    "--lease-namespace",
+                    &ns,
+                    "--identity",
+                    &id,
+                    "--default-rollout",
+                    &default,
+                ])
+                .start()
+                .await
+        }
+    };
+    let mut a = replica("replica-a").await;
+    wait_for(T, "replica-a to lead", || async {
+        (lease_holder(&client, &ns).await.as_deref() == Some("replica-a")).then_some(())
+    })
+    .await;
+    let _b = replica("replica-b").await;
+    let parents = faults_kit_parents(&client, &ns, kind).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    for i in 0..N {
+        apply(&parents, parent(kind, &ns, &format!("l{i}"), false)).await;
+    }
+    wait_for(T, "every child at v1", || async {
+        let m = markers(&cms).await;
+        (m.values().filter(|v| *v == "v1").count() == N).then_some(())
+    })
+    .await;
+
+    let audit = Audit::mark();
+    d.template("rolllead/v2.yaml", &template("v2"));
+    d.rule("rolllead.yaml", &no_rollout("rolllead/v2.yaml"));
+    let moved = wait_for(T, "the first batch (2 children) at v2", || async {
+        let m = markers(&cms).await;
+        let moved: Vec<String> = m
+            .iter()
+            .filter(|(_, v)| *v == "v2")
+            .map(|(k, _)| k.clone())
+            .collect();
+        (moved.len() == 2).then_some(moved)
+    })
+    .await;
+    let first = state(&client, &ns, "rolllead").await.expect("a state");
+    assert_eq!(first["step"], 0, "{first}");
+    let step0 = first["stepsStarted"][0].as_i64().expect("stepsStarted[0]");
+
+    // The leader dies mid-rollout; the other replica takes the Lease.
+    a.signal_and_wait("KILL");
+    wait_for(T, "replica-b to lead", || async {
+        (lease_holder(&client, &ns).await.as_deref() == Some("replica-b")).then_some(())
+    })
+    .await;
+    // The new leader reconciles (a deleted child of a parent not moved comes back, at the
+    // old version) while the batch is held: still the same two moved, no others.
+    let unmoved = (0..N)
+        .map(|i| format!("l{i}"))
+        .find(|n| !moved.contains(n))
+        .expect("an unmoved parent");
+    cms.delete(&unmoved, &Default::default()).await.unwrap();
+    wait_for(
+        T,
+        "the deleted child back, at v1, from replica-b",
+        || async {
+            (markers(&cms).await.get(&unmoved).map(String::as_str) == Some("v1")).then_some(())
+        },
+    )
+    .await;
+    let s = state(&client, &ns, "rolllead").await.expect("a state");
+    let now_moved: Vec<String> = markers(&cms)
+        .await
+        .into_iter()
+        .filter(|(_, v)| v == "v2")
+        .map(|(k, _)| k)
+        .collect();
+    if s["step"] == 0 {
+        assert_eq!(now_moved, moved, "the new leader moved another batch: {s}");
+    }
+    assert_eq!(
+        s["stepsStarted"][0].as_i64(),
+        Some(step0),
+        "the first step's start is the cluster's, kept: {s}"
+    );
+
+    // The gate passes under the new leader, no sooner than it allows.
+    let done = wait_for(T, "the rollout to complete", || async {
+        let s = state(&client, &ns, "rolllead").await?;
+        (s["phase"] == "Complete" && s["from"] != s["to"]).then_some(s)
+    })
+    .await;
+    let started: Vec<i64> = done["stepsStarted"]
+        .as_array()
+        .expect("stepsStarted")
+        .iter()
+        .filter_map(Json::as_i64)
+        .collect();
+    println!("steps started {started:?} (first batch {moved:?})");
+    assert_eq!(started.first(), Some(&step0), "{done}");
+    assert!(
+        started.get(1).is_some_and(|s1| s1 - step0 >= GATE_SECONDS),
+        "the gate ({GATE_SECONDS}s) was skipped: {started:?}"
+    );
+    wait_for(T, "every child at v2", || async {
+        let m = markers(&cms).await;
+        (m.values().filter(|v| *v == "v2").count() == N).then_some(())
+    })
+    .await;
+    // Each child written once for the change (the deleted one twice: back at v1, then v2),
+    // and before the second step only the first batch's (whichever replica led).
+    let mut writes: BTreeMap<String, usize> = BTreeMap::new();
+    let mut early: Vec<String> = Vec::new();
+    for e in writes_to_parents_and_children(&audit, &ns) {
+        if e["objectRef"]["resource"] == "configmaps"
+            && let Some(n) = e["objectRef"]["name"].as_str()
+        {
+            *writes.entry(n.to_string()).or_default() += 1;
+            if n != unmoved && audit_time(&e).is_some_and(|t| t.as_second() < started[1]) {
+                early.push(n.to_string());
+            }
+        }
+    }
+    early.sort();
+    assert_eq!(early, moved, "children written before the gate passed");
+    for i in 0..N {
+        let n = format!("l{i}");
+        let want = if n == unmoved { 2 } else { 1 };
+        assert_eq!(writes.get(&n), Some(&want), "{n}: {writes:?}");
+    }
+}

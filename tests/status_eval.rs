@@ -114,6 +114,7 @@ fn compile_rule(rule: &str, templates: &[(&str, &str)]) -> Arc<CompiledRule> {
         .map(|(n, t)| (n.to_string(), (format!("templates/{n}"), t.to_string())))
         .collect();
     let sources = Sources {
+        default_rollout: None,
         rule_files: vec![("rules/stat.yaml".to_string(), rule.to_string())],
         templates,
     };
@@ -525,6 +526,7 @@ fn ready_when_can_use_item_or_rejects_it_at_load() {
     .map(|(n, t)| (n.to_string(), (format!("templates/{n}"), t.to_string())))
     .collect();
     let sources = Sources {
+        default_rollout: None,
         rule_files: vec![("rules/stat.yaml".to_string(), rule_text)],
         templates,
     };

@@ -148,6 +148,7 @@ impl RunArgs {
         crate::operator::Settings {
             rules: self.dirs.rules.clone(),
             templates: self.dirs.templates.clone(),
+            default_rollout: self.dirs.default_rollout.clone(),
             kubeconfig: self.kubeconfig.clone(),
             concurrency: self.concurrency,
             namespace: self.namespace.clone(),
@@ -252,13 +253,18 @@ pub struct RuleDirs {
     /// The templates directory; a child's `template` is a path below it.
     #[arg(long, default_value = "templates", env = "RULEBOOK_TEMPLATES")]
     pub templates: PathBuf,
+    /// A file holding a `spec.rollout` block (`steps`, `gate`, ...): the rollout of every
+    /// rule with `spec.crd` and no `spec.rollout` of its own (docs/reference/rollout.md).
+    #[arg(long, env = "RULEBOOK_DEFAULT_ROLLOUT")]
+    pub default_rollout: Option<PathBuf>,
 }
 
 impl RuleDirs {
     /// Reads and validates the rule set; the warnings of the read (skipped files) are
     /// written to `err`, whatever the outcome.
     pub fn load(&self, err: &mut dyn Write) -> Result<Result<RuleSet, rules::Diagnostics>> {
-        let read = rules::read(&self.rules, &self.templates);
+        let read = rules::read(&self.rules, &self.templates)
+            .with_default_rollout(self.default_rollout.as_deref());
         for w in &read.warnings {
             writeln!(err, "warning: {w}")?;
         }

@@ -438,6 +438,7 @@ impl Engine {
 #[cfg(test)]
 fn compiled_for_test(name: &str, text: String) -> Arc<CompiledRule> {
     let sources = crate::rules::Sources {
+        default_rollout: None,
         rule_files: vec![(format!("{name}.yaml"), text)],
         templates: [(
             "t.yaml".to_string(),

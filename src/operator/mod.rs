@@ -38,6 +38,8 @@ pub struct Settings {
     pub rules: PathBuf,
     /// The templates directory.
     pub templates: PathBuf,
+    /// The operator-wide default `spec.rollout` (`--default-rollout`).
+    pub default_rollout: Option<PathBuf>,
     /// Kubeconfig file; default: in-cluster config, then $KUBECONFIG, then ~/.kube/config.
     pub kubeconfig: Option<PathBuf>,
     /// Concurrent reconciles per rule.
@@ -190,6 +192,7 @@ pub async fn run(args: Settings) -> Result<()> {
     let source = RuleSource {
         rules_dir: args.rules.clone(),
         templates_dir: args.templates.clone(),
+        default_rollout: args.default_rollout.clone(),
         limits: Limits::default(),
     };
     let mut rules = Rules::new(source, metrics.clone(), ruleset_state);

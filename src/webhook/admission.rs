@@ -449,6 +449,7 @@ spec:
         expr: "parent.metadata.annotations.owner"
 "#;
         let sources = crate::rules::Sources {
+            default_rollout: None,
             rule_files: vec![("rules/app.yaml".into(), rule.into())],
             templates: Default::default(),
         };

@@ -219,6 +219,8 @@ fn load_base(args: &DiffArgs, err: &mut dyn Write) -> Result<Base> {
     let dirs = RuleDirs {
         rules: rules.clone(),
         templates,
+        // The base is read with the head's default rollout: what changes is the rules.
+        default_rollout: args.dirs.default_rollout.clone(),
     };
     Ok(match load_or_report(&dirs, err)? {
         Some(base) => Base::Loaded(base),

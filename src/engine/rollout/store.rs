@@ -232,6 +232,7 @@ fn compile_content(
     };
     let text = serde_json::to_string_pretty(&content.rule).map_err(|e| bad(e.to_string()))?;
     let sources = crate::rules::Sources {
+        default_rollout: None,
         rule_files: vec![(format!("{} (version {version})", content.file), text)],
         templates: content
             .templates
@@ -286,6 +287,7 @@ mod tests {
     fn a_version_compiles_again_from_what_is_stored() {
         let text = "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: web\nspec:\n  parent:\n    apiVersion: example.com/v1\n    kind: Web\n  crd:\n    specSchema:\n      type: object\n      x-kubernetes-preserve-unknown-fields: true\n  rollout:\n    steps: [{parents: 1}, {percent: 100, pause: 10s}]\n    gate: \"batch.ready >= batch.total and batch.age >= '1m'\"\n  status:\n    n: {expr: \"parent.spec.n | default(1)\"}\n  children:\n    - name: cm\n      apiVersion: v1\n      kind: ConfigMap\n      template: cm.yaml\n      readyWhen: \"child.data.ok == 'yes'\"\n";
         let sources = crate::rules::Sources {
+            default_rollout: None,
             rule_files: vec![("web.yaml".into(), text.into())],
             templates: [(
                 "cm.yaml".to_string(),

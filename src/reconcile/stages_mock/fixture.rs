@@ -67,6 +67,7 @@ data:
 "
     .replace("GREETING", greeting);
     let sources = Sources {
+        default_rollout: None,
         rule_files: vec![("demo.yaml".into(), yaml)],
         templates: BTreeMap::from([(
             "demo/config.yaml".to_string(),

@@ -519,6 +519,7 @@ spec:
 
     fn rule(text: &str) -> std::sync::Arc<CompiledRule> {
         let sources = Sources {
+            default_rollout: None,
             rule_files: vec![("rules/app.yaml".into(), text.to_string())],
             templates: BTreeMap::new(),
         };
@@ -716,6 +717,7 @@ spec:
         // A copied megabyte field, with 1 MiB of output per request: refused as over
         // budget before it is put in the patch.
         let sources = Sources {
+            default_rollout: None,
             rule_files: vec![("rules/app.yaml".into(), text)],
             templates: BTreeMap::new(),
         };
@@ -751,6 +753,7 @@ spec:
         // A rule whose per-parent fuel is smaller than its checks and defaults need
         // together: each expression alone fits, the request does not.
         let sources = Sources {
+            default_rollout: None,
             rule_files: vec![("rules/app.yaml".into(), RULE.to_string())],
             templates: BTreeMap::new(),
         };
@@ -808,6 +811,7 @@ spec:
     #[test]
     fn a_request_has_its_own_time_bound() {
         let sources = Sources {
+            default_rollout: None,
             rule_files: vec![("rules/app.yaml".into(), RULE.to_string())],
             templates: BTreeMap::new(),
         };
@@ -834,6 +838,7 @@ spec:
             .replace("expr: \"refs.plan is defined\"", "expr: \"refs.plan is (\"")
             .replace("expr: \"parent.spec.tier\"", "expr: \"children.x\"");
         let sources = Sources {
+            default_rollout: None,
             rule_files: vec![("rules/app.yaml".into(), bad)],
             templates: BTreeMap::new(),
         };

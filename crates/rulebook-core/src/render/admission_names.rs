@@ -138,6 +138,7 @@ spec:
 {admission}"#
         );
         let sources = Sources {
+            default_rollout: None,
             rule_files: vec![("rules/app.yaml".into(), text)],
             templates: BTreeMap::new(),
         };

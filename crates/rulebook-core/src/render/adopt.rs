@@ -280,6 +280,7 @@ mod tests {
             ),
         );
         let sources = crate::rules::Sources {
+            default_rollout: None,
             rule_files: vec![("rules/a.yaml".to_string(), rule)],
             templates,
         };

@@ -439,6 +439,7 @@ mod tests {
         })
         .collect();
         let sources = Sources {
+            default_rollout: None,
             rule_files: vec![("rules/webapp.yaml".into(), file("rules/webapp.yaml"))],
             templates,
         };

@@ -19,7 +19,7 @@ use super::diags::Diags;
 use super::env;
 use super::error::describe;
 use super::limits::Limits;
-use crate::rules::{Diagnostic, Loc, Rule};
+use crate::rules::{Diagnostic, Loc, Rollout, Rule};
 
 /// `'1m'`, `"1h30m"`, `'500ms'`: a quoted duration.
 static DURATION_LITERAL: LazyLock<Regex> = LazyLock::new(|| {
@@ -133,6 +133,30 @@ impl RolloutProgram {
         let Some(ro) = &rule.spec.rollout else {
             return Ok(None);
         };
+        Self::compile_spec(ro, limits, "spec.rollout", &|line, col, key, msg| {
+            at.at(line, col, key, msg)
+        })
+        .map(Some)
+    }
+
+    /// The operator-wide default rollout's expressions (`--default-rollout`), compiled on
+    /// their own so that a problem points into that file, not into a rule that uses it.
+    pub fn check_default(file: &str, ro: &Rollout, limits: &Limits) -> Vec<Diagnostic> {
+        let mk = |line, col, key: &str, msg: String| {
+            Diagnostic::new(file, line, col, format!("default rollout: {key}: {msg}"))
+        };
+        Self::compile_spec(ro, limits, "rollout", &mk)
+            .err()
+            .unwrap_or_default()
+    }
+
+    /// One rollout block's expressions; `prefix` is its key, `mk` makes a diagnostic.
+    fn compile_spec(
+        ro: &Rollout,
+        limits: &Limits,
+        prefix: &str,
+        mk: &dyn Fn(u64, u64, &str, String) -> Diagnostic,
+    ) -> Result<RolloutProgram, Vec<Diagnostic>> {
         let env = env::environment(limits);
         let mut diags = Vec::new();
         let mut one = |e: &Option<Loc<String>>, key: &str, var: &str, durations: bool| {
@@ -143,7 +167,7 @@ impl RolloutProgram {
                 e.value.clone()
             };
             match env.compile_expression(&src) {
-                Err(err) => diags.push(at.at(
+                Err(err) => diags.push(mk(
                     e.line,
                     e.col,
                     key,
@@ -152,7 +176,7 @@ impl RolloutProgram {
                 Ok(expr) => {
                     for v in expr.undeclared_variables(false) {
                         if v != var {
-                            diags.push(at.at(
+                            diags.push(mk(
                                 e.line,
                                 e.col,
                                 key,
@@ -164,18 +188,18 @@ impl RolloutProgram {
             }
             Some(src)
         };
-        let order = one(&ro.order, "spec.rollout.order", "parent", false);
-        let gate = one(&ro.gate, "spec.rollout.gate", "batch", true);
-        let fail_when = one(&ro.fail_when, "spec.rollout.failWhen", "batch", true);
+        let order = one(&ro.order, &format!("{prefix}.order"), "parent", false);
+        let gate = one(&ro.gate, &format!("{prefix}.gate"), "batch", true);
+        let fail_when = one(&ro.fail_when, &format!("{prefix}.failWhen"), "batch", true);
         if !diags.is_empty() {
             return Err(diags);
         }
-        Ok(Some(RolloutProgram {
+        Ok(RolloutProgram {
             env,
             order,
             gate: gate.unwrap_or_else(|| DEFAULT_GATE.to_string()),
             fail_when,
-        }))
+        })
     }
 
     fn truth(

@@ -30,9 +30,28 @@ impl fmt::Debug for RuleSet {
     }
 }
 
-/// Parses, validates and compiles a rule set already in memory.
+/// Parses, validates and compiles a rule set already in memory. The default rollout,
+/// if any, becomes the `spec.rollout` of each rule with `spec.crd` and none of its own
+/// (a rollout needs the rule's CRD: it reads each parent's `status.ruleVersion`).
 pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostics> {
-    let (valid, mut diags) = parse_and_validate(sources);
+    let (mut valid, mut diags) = parse_and_validate(sources);
+    if let Some((file, text)) = &sources.default_rollout {
+        match crate::rules::rollout::parse_default(file, text) {
+            Ok(ro) => {
+                let mut d = super::rollout::RolloutProgram::check_default(file, &ro, limits);
+                diags.append(&mut d);
+                // Before compiling: the default is part of the rule as written, so of its
+                // version, of what a rollout stores, and of what `diff` plans.
+                for sr in valid
+                    .iter_mut()
+                    .filter(|sr| sr.rule.spec.crd.is_some() && sr.rule.spec.rollout.is_none())
+                {
+                    sr.rule.spec.rollout = Some(ro.clone());
+                }
+            }
+            Err(mut d) => diags.append(&mut d),
+        }
+    }
     let mut rules = BTreeMap::new();
     for sr in &valid {
         match CompiledRule::compile(sr, &sources.templates, limits) {

@@ -366,6 +366,7 @@ spec:
 {status}"
         );
         let sources = Sources {
+            default_rollout: None,
             rule_files: vec![("rules/r.yaml".to_string(), rule)],
             templates: [(
                 "t.yaml".to_string(),

@@ -236,6 +236,7 @@ mod tests {
             ("templates/d.yaml".to_string(), deployment(secret_name)),
         );
         let sources = crate::rules::Sources {
+            default_rollout: None,
             rule_files: vec![("rules/p.yaml".to_string(), rule)],
             templates,
         };

@@ -29,6 +29,9 @@ pub struct Sources {
     pub rule_files: Vec<(String, String)>,
     /// Template name (path relative to the templates directory, with `/`) → `(display path, source)`.
     pub templates: BTreeMap<String, (String, String)>,
+    /// `(display path, contents)` of the operator-wide default rollout (`--default-rollout`):
+    /// the `spec.rollout` of every rule with `spec.crd` and none of its own.
+    pub default_rollout: Option<(String, String)>,
 }
 
 impl Sources {
@@ -83,11 +86,45 @@ fn hash(sources: &Sources, notes: &[&Diagnostic]) -> String {
         h.update(text.as_bytes());
         h.update([0]);
     }
+    if let Some((path, text)) = &sources.default_rollout {
+        h.update([2]);
+        h.update(path.as_bytes());
+        h.update([0]);
+        h.update(text.as_bytes());
+    }
     for note in notes {
         h.update([1]);
         h.update(note.to_string().as_bytes());
     }
     hex::encode(&h.finalize()[..16])
+}
+
+impl Read {
+    /// Adds the default rollout file (`--default-rollout`): its contents, or an error at
+    /// its path when it cannot be read. A file outside the rules directory, so no root
+    /// check: the operator's own command line names it, no tenant.
+    pub fn with_default_rollout(mut self, file: Option<&Path>) -> Read {
+        let Some(file) = file else {
+            return self;
+        };
+        let shown = file.display().to_string();
+        match std::fs::read(file).map(String::from_utf8) {
+            Ok(Ok(text)) => self.sources.default_rollout = Some((shown, text)),
+            Ok(Err(_)) => self.errors.push(Diagnostic::new(
+                shown,
+                0,
+                0,
+                "not UTF-8 text: the default rollout is YAML",
+            )),
+            Err(e) => self.errors.push(Diagnostic::new(
+                shown,
+                0,
+                0,
+                format!("cannot read the default rollout: {e}"),
+            )),
+        }
+        self
+    }
 }
 
 /// Reads `*.yaml`/`*.yml` below `rules_dir` and every file below `templates_dir`.

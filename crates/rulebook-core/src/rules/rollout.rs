@@ -4,7 +4,7 @@
 //! `onFailure` one of its two values. Its expressions are compiled with the rule's
 //! (render/rollout.rs).
 
-use super::{Loc, RolloutStep, Rule, parse_duration};
+use super::{Diagnostic, Loc, Rollout, RolloutStep, Rule, parse_duration};
 
 /// What `onFailure` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -66,16 +66,51 @@ pub(super) fn check_rollout(r: &Rule, err: &mut impl FnMut((u64, u64), &str, Str
                 .into(),
         );
     }
+    check_spec(ro, at_kind, "spec.rollout", err);
+}
+
+/// The operator-wide default rollout (`--default-rollout FILE`): the file holds what a
+/// rule's `spec.rollout` would (`steps`, `order`, `gate`, `onFailure`, `failWhen`), and is
+/// checked as one, every problem at the file's `line:col`.
+pub fn parse_default(file: &str, text: &str) -> Result<Rollout, Vec<Diagnostic>> {
+    let ro = super::yaml::parse_document::<Rollout>(text).map_err(|(line, col, message)| {
+        vec![Diagnostic::new(
+            file,
+            line,
+            col,
+            format!("default rollout: {message}"),
+        )]
+    })?;
+    let mut diags = Vec::new();
+    check_spec(&ro, (1, 1), "rollout", &mut |at, key, msg| {
+        diags.push(Diagnostic::new(
+            file,
+            at.0,
+            at.1,
+            format!("default rollout: {key}: {msg}"),
+        ))
+    });
+    if diags.is_empty() { Ok(ro) } else { Err(diags) }
+}
+
+/// The checks of one rollout block; `prefix` is its key (`spec.rollout`), `at_kind` where
+/// a problem without a place of its own points.
+fn check_spec(
+    ro: &Rollout,
+    at_kind: (u64, u64),
+    prefix: &str,
+    err: &mut impl FnMut((u64, u64), &str, String),
+) {
     if ro.steps.is_empty() {
         err(
             at_kind,
-            "spec.rollout.steps",
+            &format!("{prefix}.steps"),
             "needs at least one step".into(),
         );
     }
     let mut last_percent = 0;
     for (i, s) in ro.steps.iter().enumerate() {
-        let key = format!("spec.rollout.steps[{i}]");
+        let key = format!("{prefix}.steps[{i}]");
         let at = s
             .parents
             .as_ref()
@@ -125,7 +160,7 @@ pub(super) fn check_rollout(r: &Rule, err: &mut impl FnMut((u64, u64), &str, Str
             .unwrap_or(at_kind);
         err(
             at,
-            &format!("spec.rollout.steps[{}]", ro.steps.len() - 1),
+            &format!("{prefix}.steps[{}]", ro.steps.len() - 1),
             "the last step is `percent: 100`: a rollout ends with every parent on the new version"
                 .into(),
         );
@@ -135,7 +170,7 @@ pub(super) fn check_rollout(r: &Rule, err: &mut impl FnMut((u64, u64), &str, Str
     {
         err(
             (f.line, f.col),
-            "spec.rollout.onFailure",
+            &format!("{prefix}.onFailure"),
             format!("'{}' is neither Rollback nor Pause", f.value),
         );
     }
