@@ -16,6 +16,7 @@
 
 mod common;
 mod faults_kit;
+mod shards_kit;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -670,4 +671,206 @@ async fn a_leader_change_mid_rollout_neither_skips_the_gate_nor_moves_a_batch_tw
         let want = if n == unmoved { 2 } else { 1 };
         assert_eq!(writes.get(&n), Some(&want), "{n}: {writes:?}");
     }
+}
+
+/// Names `<prefix>-<i>` for namespaces, `per` of them in each of `ranges` (the shares of
+/// the replicas, as their `/status` says), so that every replica owns some parents.
+fn names_in_shares(prefix: &str, ranges: &[String], per: usize) -> Vec<Vec<String>> {
+    let mut out = vec![Vec::new(); ranges.len()];
+    for i in 0..10_000 {
+        let n = format!("{prefix}-{i}");
+        if let Some(k) = ranges.iter().position(|r| shards_kit::in_ranges(r, &n))
+            && out[k].len() < per
+        {
+            out[k].push(n);
+        }
+        if out.iter().all(|o| o.len() == per) {
+            break;
+        }
+    }
+    out
+}
+
+/// A rollout over two `--sharding namespace` replicas, one of which is SIGKILLed during
+/// the first batch: each replica reconciles its share from the one rollout state in the
+/// cluster, the survivor takes over the other's parents and the coordination, every batch
+/// moves after its step started and no sooner than the gate allows, and each child is
+/// written once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_rollout_moves_each_batch_once_when_a_replica_leaves() {
+    const GATE_SECONDS: i64 = 6;
+    let kind = "Rollshard";
+    let client = client().await;
+    let home = namespace(&client, "rollout-shard").await;
+    let rollout = format!(
+        "    steps:\n      - {{parents: 2}}\n      - {{percent: 50}}\n      - {{percent: 100}}\n    gate: \"batch.ready >= batch.total and batch.age >= '{GATE_SECONDS}s'\"\n"
+    );
+    let d = RuleDir::new();
+    d.template("rollshard/v1.yaml", &template("v1"));
+    d.rule(
+        "rollshard.yaml",
+        &rule(kind, "rollshard/v1.yaml", None, &rollout),
+    );
+    let group = unique("rollshard");
+    // This run's parents only: the replicas watch every namespace, where an interrupted
+    // run may have left parents of the kind.
+    let selector = format!("rulebook.test/run={group}");
+    let replica = |id: &'static str| {
+        let (d, group, home, selector) = (&d, group.clone(), home.to_string(), selector.clone());
+        async move {
+            d.operator()
+                .flags(&[
+                    "--install-crds",
+                    "--selector",
+                    &selector,
+                    "--sharding",
+                    "namespace",
+                    "--lease-name",
+                    &group,
+                    "--lease-namespace",
+                    &home,
+                    "--lease-duration",
+                    "6",
+                    "--shard-rebalance-seconds",
+                    "3600",
+                    "--identity",
+                    id,
+                ])
+                .start()
+                .await
+        }
+    };
+    let mut a = replica("rollshard-a").await;
+    let b = replica("rollshard-b").await;
+    let ranges = shards_kit::settled_ranges(&[&a, &b], |r| r.len() == 2).await;
+    // Three namespaces in each share, one parent in each.
+    let shares = names_in_shares(&unique("rollout-shard"), &ranges, 3);
+    let spaces: Vec<String> = shares.iter().flatten().cloned().collect();
+    assert_eq!(spaces.len(), 6, "{shares:?} over {ranges:?}");
+    let mut guards = Vec::new();
+    for ns in &spaces {
+        guards.push(TestNamespace::create_without_pods(&client, ns).await);
+    }
+    let _guards = TestNamespaces::new(guards);
+    let parents = faults_kit_parents(&client, &home, kind).await;
+    drop(parents);
+    for (i, ns) in spaces.iter().enumerate() {
+        let p = faults_kit_parents(&client, ns, kind).await;
+        let mut o = parent(kind, ns, &format!("s{i}"), false);
+        o["metadata"]["labels"] = json!({"rulebook.test/run": group});
+        apply(&p, o).await;
+    }
+    // How many of the children carry marker `v`.
+    let at = |v: &'static str| {
+        let (client, spaces) = (client.clone(), spaces.clone());
+        async move {
+            let mut n = 0;
+            for (i, ns) in spaces.iter().enumerate() {
+                let cms = api(&client, Some(ns), "v1", "ConfigMap", "configmaps");
+                n += usize::from(
+                    markers(&cms)
+                        .await
+                        .get(&format!("s{i}"))
+                        .map(String::as_str)
+                        == Some(v),
+                );
+            }
+            n
+        }
+    };
+    wait_for(T, "every child at v1", || async {
+        (at("v1").await == 6).then_some(())
+    })
+    .await;
+
+    let audit = Audit::mark();
+    d.template("rollshard/v2.yaml", &template("v2"));
+    d.rule(
+        "rollshard.yaml",
+        &rule(kind, "rollshard/v2.yaml", None, &rollout),
+    );
+    wait_for(T, "the first batch (2 children) at v2", || async {
+        (at("v2").await == 2).then_some(())
+    })
+    .await;
+    // Replica a leaves mid-rollout; b takes every namespace (and the coordination).
+    a.signal_and_wait("KILL");
+    shards_kit::settled_ranges(&[&b], |r| {
+        spaces.iter().all(|ns| shards_kit::in_ranges(&r[0], ns))
+    })
+    .await;
+    let done = wait_for(T, "the rollout to complete", || async {
+        let s = state(&client, &home, "rollshard").await?;
+        (s["phase"] == "Complete" && s["from"] != s["to"]).then_some(s)
+    })
+    .await;
+    wait_for(T, "every child at v2", || async {
+        (at("v2").await == 6).then_some(())
+    })
+    .await;
+    let started: Vec<i64> = done["stepsStarted"]
+        .as_array()
+        .expect("stepsStarted")
+        .iter()
+        .filter_map(Json::as_i64)
+        .collect();
+    println!("steps started {started:?}");
+    assert_eq!(started.len(), 3, "{done}");
+    for w in started.windows(2) {
+        assert!(
+            w[1] - w[0] >= GATE_SECONDS,
+            "a gate was skipped: {started:?}"
+        );
+    }
+    // Each child's writes for the change: one, in the batch its step allowed (2, then 1
+    // more for 50 % of 6, then the other 3), by the replica that owned it then.
+    let mut first: BTreeMap<String, jiff::Timestamp> = BTreeMap::new();
+    let mut count: BTreeMap<String, usize> = BTreeMap::new();
+    let mut by_b_in_a_share = 0;
+    for ns in &spaces {
+        for e in writes_to_parents_and_children(&audit, ns) {
+            if e["objectRef"]["resource"] == "configmaps"
+                && let (Some(n), Some(t)) = (e["objectRef"]["name"].as_str(), audit_time(&e))
+            {
+                first.entry(n.to_string()).or_insert(t);
+                *count.entry(n.to_string()).or_default() += 1;
+                let by_b = e["userAgent"]
+                    .as_str()
+                    .is_some_and(|u| u.contains("(rollshard-b)"));
+                if by_b && shares[0].contains(ns) {
+                    by_b_in_a_share += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        count.values().all(|c| *c == 1) && count.len() == 6,
+        "{count:?}"
+    );
+    let in_step = |from: i64, to: i64| {
+        first
+            .values()
+            .filter(|t| t.as_second() >= from && t.as_second() < to)
+            .count()
+    };
+    let batches = [
+        in_step(started[0], started[1]),
+        in_step(started[1], started[2]),
+        in_step(started[2], i64::MAX),
+    ];
+    let trail: Vec<String> = spaces
+        .iter()
+        .flat_map(|ns| rulebook_writes(&audit, ns))
+        .map(|e| describe_audit(&e))
+        .collect();
+    assert_eq!(
+        batches,
+        [2, 1, 3],
+        "{first:?} {started:?}\n{done}\n{}",
+        trail.join("\n")
+    );
+    assert!(
+        by_b_in_a_share >= 1,
+        "the survivor moved none of the parents of the replica that left"
+    );
 }

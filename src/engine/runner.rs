@@ -164,7 +164,12 @@ impl RuleRunner {
     /// Where the rollout objects are.
     pub(super) fn rollout_env(&self) -> super::rollout::RolloutEnv {
         super::rollout::RolloutEnv {
-            client: self.client.clone(),
+            // Sharded, the operator's namespace may be in another replica's share.
+            client: self
+                .config
+                .shard
+                .as_ref()
+                .map_or_else(|| self.client.clone(), |s| s.rollout_client.clone()),
             namespace: self.config.rollout_namespace.clone(),
         }
     }

@@ -55,6 +55,8 @@ pub struct Shards {
     config: kube::Config,
     metrics: Arc<Metrics>,
     server_side: bool,
+    /// The member Leases' namespace, where the rollout objects are too.
+    namespace: String,
     /// The generation [`Shards::switch`] switched to, for [`Shards::acknowledge`].
     pending: std::sync::Mutex<u64>,
     pub status: Arc<std::sync::RwLock<ShardStatus>>,
@@ -140,6 +142,7 @@ impl Shards {
             config: config.clone(),
             metrics,
             server_side,
+            namespace: namespace.to_string(),
             pending: std::sync::Mutex::new(0),
             status,
         })
@@ -240,11 +243,18 @@ impl Shards {
             (true, Some(selector)) => builder.with_layer(&SelectorLayer::new(&selector)).build(),
             _ => builder.build(),
         };
+        let rollouts = Arc::new(crate::shard::gate::RolloutStoreGate {
+            shard: self.gate.clone(),
+            namespace: self.namespace.clone(),
+        });
+        let rollout_client =
+            super::client::gated_client(self.config.clone(), rollouts, self.metrics.clone())?;
         Ok(Sharding {
             gate: self.gate.clone(),
             ranges: ranges.clone(),
             watch_client,
             server_side: self.server_side,
+            rollout_client,
         })
     }
 

@@ -171,6 +171,46 @@ impl WriteGate for ShardGate {
     }
 }
 
+/// The gate of the client a coordinator writes its rules' rollout objects with (the
+/// state and the stored versions, ConfigMaps in the operator's namespace, which may hash
+/// into another replica's share): the member Lease fresh, and only ConfigMaps there. An
+/// update or a delete names its object, and passes only where this replica holds the
+/// hash of the object's rule (the coordinator's test, now at the wire). A create names
+/// none; it passes, as it cannot overwrite (the API server refuses a name that exists;
+/// the state is created once, a version's copy is immutable).
+pub struct RolloutStoreGate {
+    pub shard: Arc<ShardGate>,
+    /// The operator's namespace (`--lease-namespace`).
+    pub namespace: String,
+}
+
+impl WriteGate for RolloutStoreGate {
+    fn may_write(&self) -> bool {
+        self.shard.may_write()
+    }
+
+    fn may_send(&self, path: &str) -> bool {
+        let Some(rest) = path
+            .strip_prefix("/api/v1/namespaces/")
+            .and_then(|r| r.strip_prefix(self.namespace.as_str()))
+            .and_then(|r| r.strip_prefix("/configmaps"))
+        else {
+            return false;
+        };
+        if !self.shard.may_write() {
+            return false;
+        }
+        match rest.strip_prefix('/') {
+            None => rest.is_empty(),
+            Some(named) => named
+                .split('/')
+                .next()
+                .and_then(crate::rollout::rule_of_object)
+                .is_some_and(|rule| self.shard.holds(fnv1a(rule))),
+        }
+    }
+}
+
 struct RuleGate {
     shard: Arc<ShardGate>,
     key: Option<u64>,
@@ -255,6 +295,43 @@ mod tests {
         assert!(!gate.may_send(
             "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/hooks"
         ));
+    }
+
+    #[test]
+    fn rollout_objects_are_written_by_the_holder_of_their_rules_hash() {
+        let shard = Arc::new(ShardGate::default());
+        // The operator's namespace is in nobody's share here: the rule's hash decides.
+        let h = u128::from(fnv1a("web"));
+        shard.set_claims(Ranges::of([(h, h + 1)]), false);
+        let gate = RolloutStoreGate {
+            shard: shard.clone(),
+            namespace: "ops".into(),
+        };
+        let cm = |name: &str| format!("/api/v1/namespaces/ops/configmaps/{name}");
+        assert!(!gate.may_send(&cm("rulebook-rollout-web")), "no lease yet");
+        shard
+            .lease()
+            .grant_until(Instant::now() + Duration::from_secs(30));
+        assert!(
+            !shard.may_send(&cm("rulebook-rollout-web")),
+            "the plain gate refuses"
+        );
+        assert!(gate.may_send(&cm("rulebook-rollout-web")));
+        assert!(gate.may_send(&cm("rulebook-rule-web-3f9c2a1b7d04")));
+        assert!(
+            gate.may_send("/api/v1/namespaces/ops/configmaps"),
+            "a create"
+        );
+        // Another rule's objects, any other object, any other namespace: refused.
+        assert!(!gate.may_send(&cm("rulebook-rollout-api")));
+        assert!(!gate.may_send(&cm("rulebook-rule-api-3f9c2a1b7d04")));
+        assert!(!gate.may_send(&cm("settings")));
+        assert!(!gate.may_send("/api/v1/namespaces/ops/secrets/rulebook-rollout-web"));
+        assert!(!gate.may_send("/api/v1/namespaces/ops2/configmaps/rulebook-rollout-web"));
+        assert!(!gate.may_send("/api/v1/namespaces/other/configmaps"));
+        shard.lease().revoke();
+        assert!(!gate.may_send(&cm("rulebook-rollout-web")));
+        assert!(!gate.may_send("/api/v1/namespaces/ops/configmaps"));
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub struct Sharding {
     pub watch_client: Client,
     /// Whether the API server applies `shardSelector` itself.
     pub server_side: bool,
+    /// Writes the rollout objects of the rules this replica coordinates (the hash of
+    /// their name in its ranges), wherever the operator's namespace hashes to
+    /// ([`crate::shard::gate::RolloutStoreGate`]).
+    pub rollout_client: Client,
 }
 
 impl std::fmt::Debug for Sharding {

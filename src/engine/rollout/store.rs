@@ -52,15 +52,7 @@ pub enum StoreError {
     },
 }
 
-/// The name of the rollout state of `rule`.
-pub fn state_name(rule: &str) -> String {
-    format!("rulebook-rollout-{rule}")
-}
-
-/// The name of the stored `version` of `rule`.
-pub fn version_name(rule: &str, version: &str) -> String {
-    format!("rulebook-rule-{rule}-{version}")
-}
+pub use crate::rollout::{state_name, version_name};
 
 fn meta(name: String, rule: &str, version: Option<&str>) -> ObjectMeta {
     let mut labels = BTreeMap::from([

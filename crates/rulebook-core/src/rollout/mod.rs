@@ -12,6 +12,30 @@
 
 pub mod condition;
 
+/// The name of the rollout state of `rule` (a ConfigMap in the operator's namespace).
+pub fn state_name(rule: &str) -> String {
+    format!("{STATE_PREFIX}{rule}")
+}
+
+/// The name of the stored `version` of `rule` (a ConfigMap beside the state).
+pub fn version_name(rule: &str, version: &str) -> String {
+    format!("{VERSION_PREFIX}{rule}-{version}")
+}
+
+const STATE_PREFIX: &str = "rulebook-rollout-";
+const VERSION_PREFIX: &str = "rulebook-rule-";
+
+/// The rule a rollout object belongs to, from its name ([`state_name`], [`version_name`];
+/// a version is hex, without `-`); `None` for any other name. The sharded write gate
+/// lets only the replica holding the hash of that rule write it.
+pub fn rule_of_object(name: &str) -> Option<&str> {
+    if let Some(rule) = name.strip_prefix(STATE_PREFIX) {
+        return (!rule.is_empty()).then_some(rule);
+    }
+    let (rule, version) = name.strip_prefix(VERSION_PREFIX)?.rsplit_once('-')?;
+    (!rule.is_empty() && !version.is_empty()).then_some(rule)
+}
+
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};

@@ -244,3 +244,22 @@ fn the_plan_of_batches_matches_the_boundaries_the_coordinator_sets() {
     }
     assert!(batches(&[], &p).is_empty());
 }
+
+#[test]
+fn rollout_objects_name_their_rule() {
+    use super::{rule_of_object, state_name, version_name};
+    assert_eq!(rule_of_object(&state_name("web")), Some("web"));
+    assert_eq!(
+        rule_of_object(&version_name("web-api", "3f9c2a1b7d04")),
+        Some("web-api")
+    );
+    assert_eq!(rule_of_object(&state_name("web-api")), Some("web-api"));
+    for other in [
+        "rulebook-rollout-",
+        "rulebook-rule-web",
+        "rulebook-rule--1",
+        "settings",
+    ] {
+        assert_eq!(rule_of_object(other), None, "{other}");
+    }
+}
