@@ -90,6 +90,7 @@ impl CompiledRule {
                 messages: super::admission::message_templates(rule, limits),
                 rollout,
                 template_sources,
+                role: crate::rules::decorators::KindRole::SOLE,
             }),
             Ok(_) => Err(diags),
             Err(mut more) => {

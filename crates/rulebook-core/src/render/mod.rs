@@ -27,6 +27,7 @@ pub mod refs;
 pub mod role_refs;
 pub mod rollout;
 mod secrets;
+pub mod selector;
 mod set;
 mod slice;
 pub mod status;
@@ -98,6 +99,8 @@ enum CaseResult<'env> {
 }
 
 struct Programs<'env> {
+    /// `spec.parent.selector.expr`.
+    selector: Option<Expr<'env>>,
     children: Vec<ChildProgram<'env>>,
     references: Vec<refs::RefProgram<'env>>,
     /// `spec.deletion.finalize.doneWhen`.
@@ -152,6 +155,9 @@ pub struct CompiledRule {
     /// Template name → source, for every template the rule uses: what a rollout keeps
     /// in the cluster to render this version again after a restart.
     pub template_sources: Arc<BTreeMap<String, String>>,
+    /// What the rule does among the rules of its parent kind (set by the rule set:
+    /// `rules::decorators`); a rule compiled alone is its kind's only one.
+    pub role: crate::rules::decorators::KindRole,
 }
 
 impl std::fmt::Debug for CompiledRule {
