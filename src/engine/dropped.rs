@@ -66,14 +66,20 @@ fn group_kind(api_version: &str, kind: &str) -> (String, String) {
 /// (`autoscaling/v2` → `autoscaling/v1`, a CRD's `v1alpha1` → `v1`) is the same object
 /// served at another version, and the new controller watches and keeps it.
 pub(super) fn dropped_kinds(old: &CompiledRule, new: &CompiledRule) -> Vec<(String, String)> {
-    let mut dropped: Vec<(String, String)> = old
+    still_dropped(new, all_kinds(old))
+}
+
+/// `(apiVersion, kind)` of every child of `rule`: what a removed rule with a selector
+/// leaves to clean up (all of its children).
+pub(super) fn all_kinds(rule: &CompiledRule) -> Vec<(String, String)> {
+    let mut kinds: Vec<(String, String)> = rule
         .children()
         .iter()
         .map(|c| (c.api_version.value.clone(), c.kind.value.clone()))
         .collect();
-    dropped.sort();
-    dropped.dedup();
-    still_dropped(new, dropped)
+    kinds.sort();
+    kinds.dedup();
+    kinds
 }
 
 /// The kinds of `kinds` that `now` has no child of.

@@ -38,7 +38,7 @@ use crate::reconcile::inflight::InputBudget;
 use crate::render::{CompiledRule, RuleSet};
 use crate::write::outbox::{Outbox, OutboxLimits};
 use crate::write::recorder::Recorder;
-use dropped::{CleanupEnv, Cleanups, Dropped, dropped_kinds};
+use dropped::{CleanupEnv, Cleanups, Dropped, all_kinds, dropped_kinds};
 use released::release_removed_rule;
 use runner::RuleRunner;
 
@@ -200,9 +200,11 @@ impl Engine {
             .running
             .iter()
             .filter(|(name, r)| {
+                // A rule whose part among its kind's rules changed (another rule of its
+                // kind came or went) restarts too: it writes other conditions now.
                 set.rules
                     .get(*name)
-                    .is_none_or(|new| new.version != r.version)
+                    .is_none_or(|new| new.version != r.version || new.role != r.rule.role)
             })
             .map(|(name, _)| name.clone())
             .collect();
@@ -231,6 +233,15 @@ impl Engine {
                     }
                     let env = self.cleanup_env();
                     self.cleanups.start(name.clone(), todo, env);
+                }
+                (Some(old), None) if old.has_selector() => {
+                    // A rule with a selector takes no parent any more: its children go,
+                    // as they would for parents leaving its selector (decorators.md).
+                    info!(rule = %name, "rule with spec.parent.selector removed: pruning its children");
+                    let kinds = all_kinds(&old);
+                    let env = self.cleanup_env();
+                    self.cleanups
+                        .start(name.clone(), vec![Dropped { old, kinds }], env);
                 }
                 _ => info!(rule = %name, "rule removed: controller stopped, its children stay"),
             }

@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
-use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::watch;
 use tracing::warn;
@@ -58,7 +58,7 @@ impl RuleRunner {
         let memory = Arc::new(ParentMemory::new(MemoryParts {
             steady: self.steady.clone(),
             orphans_pending: self.orphans_pending.clone(),
-            records_version: self.rule.rule.spec.crd.is_some(),
+            records_version: self.rule.rule.spec.crd.is_some() && self.rule.role.main,
         }));
         let parent_writer = reflector::store::Writer::new(r.parent.clone());
         let recorder = super::recorder(&self.client, &self.config, &self.outbox);
@@ -81,6 +81,7 @@ impl RuleRunner {
         let controller = watches.parents(parent_writer, &turns);
         let controller = watches.children(controller, &turns);
         let controller = watches.references(controller, &turns);
+        let controller = watches.namespaces(controller, &turns);
         let caches = watches.finish();
         let mut controller = self.triggers(
             controller,
@@ -258,6 +259,7 @@ impl RuleRunner {
             refs: caches.refs,
             memory,
             inputs: self.inputs.clone(),
+            namespaces: caches.namespaces,
         })
     }
 
@@ -332,6 +334,8 @@ struct Caches {
     refs: Vec<RefKind>,
     /// Every cache's entry in the cache budget, given back when the run ends.
     ids: Vec<u64>,
+    /// The Namespaces (metadata), for a selector with a `namespaceSelector`.
+    namespaces: Option<Store<DynamicObject>>,
 }
 
 /// The set-up of a run's watches: what they share while they are built.
@@ -380,6 +384,7 @@ impl<'a> Watches<'a> {
                 kinds: Vec::new(),
                 refs: Vec::new(),
                 ids: Vec::new(),
+                namespaces: None,
             },
         }
     }
@@ -553,6 +558,44 @@ impl<'a> Watches<'a> {
             content_read: read,
         });
         controller
+    }
+
+    /// For a rule whose selector reads namespace labels (`namespaceSelector`): the
+    /// controller with a watch of the Namespaces (their metadata only, cached), each
+    /// change waking the rule's parents in that namespace — a namespace relabelled into
+    /// or out of the selector takes its parents along.
+    fn namespaces(&mut self, controller: RuleController, turns: &Arc<Turns>) -> RuleController {
+        if !self.runner.rule.selects_by_namespace() || !self.r.parent_namespaced {
+            return controller;
+        }
+        let ar = ApiResource::erase::<k8s_openapi::api::core::v1::Namespace>(&());
+        let api: Api<DynamicObject> = Api::all_with(self.runner.client.clone(), &ar);
+        let writer = reflector::store::Writer::new(ar.clone());
+        self.caches.namespaces = Some(writer.as_reader());
+        let stream = watcher(api, watcher::Config::default().page_size(LIST_PAGE_SIZE))
+            .default_backoff()
+            .modify(|o: &mut DynamicObject| {
+                // Only the labels are read.
+                o.data = serde_json::Value::Null;
+                o.metadata.managed_fields = None;
+                o.metadata.annotations = None;
+            })
+            .reflect(writer)
+            .applied_objects();
+        let parents = self.caches.parents.clone();
+        controller.watches_stream_with(
+            stream,
+            turns.mapped(move |ns: DynamicObject| {
+                let name = ns.name_any();
+                parents
+                    .state()
+                    .iter()
+                    .filter(|p| p.namespace().as_deref() == Some(name.as_str()))
+                    .map(|p| (p.namespace(), p.name_any()))
+                    .collect()
+            }),
+            ar,
+        )
     }
 
     /// The controller with a watch per reference, each waking the parents whose

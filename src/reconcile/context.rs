@@ -76,6 +76,9 @@ pub struct ContextParts {
     pub memory: Arc<ParentMemory>,
     /// The process's budget of reconcile inputs in flight (one for every rule).
     pub inputs: Arc<InputBudget>,
+    /// The Namespaces' metadata, for a rule whose selector reads their labels
+    /// (`spec.parent.selector.namespaceSelector`); `None` for any other.
+    pub namespaces: Option<Store<DynamicObject>>,
 }
 
 /// During a progressive rollout: the old version's context and the rollout state,
@@ -115,6 +118,8 @@ pub struct RuleContext {
     pub versions: Option<Versions>,
     /// During a progressive rollout, on both versions' contexts (`versions.rs`).
     pub rollout: Option<RolloutView>,
+    /// See [`ContextParts::namespaces`].
+    pub namespaces: Option<Store<DynamicObject>>,
 }
 
 impl RuleContext {
@@ -135,6 +140,7 @@ impl RuleContext {
             inputs: p.inputs,
             versions: None,
             rollout: None,
+            namespaces: p.namespaces,
         }
     }
 
@@ -157,7 +163,17 @@ impl RuleContext {
             inputs: self.inputs.clone(),
             versions: None,
             rollout: None,
+            namespaces: self.namespaces.clone(),
         }
+    }
+
+    /// The labels of namespace `ns` as cached (`None`: not cached, or no cache: the
+    /// rule's selector does not read them).
+    pub fn namespace_labels(&self, ns: &str) -> Option<std::collections::BTreeMap<String, String>> {
+        let store = self.namespaces.as_ref()?;
+        let ar = ApiResource::erase::<k8s_openapi::api::core::v1::Namespace>(&());
+        let o = store.get(&ObjectRef::new_with(ns, ar))?;
+        Some(o.labels().clone())
     }
 
     /// Whether parents carry Rulebook's finalizer: the rule's deletion steps or `Orphan`

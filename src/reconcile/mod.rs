@@ -5,8 +5,9 @@
 //! that hands the next one a value, or ends the reconcile with an [`outcome::Outcome`]:
 //!
 //! 0. lifecycle ([`lifecycle`]): a parent being deleted is torn down instead
-//!    ([`teardown`]); a paused parent stops here (one `Paused` condition); others carry
-//!    Rulebook's finalizer exactly when the rule needs it;
+//!    ([`teardown`]); a paused parent stops here (one `Paused` condition); a parent the
+//!    rule's `spec.parent.selector` does not take loses this rule's children and stops
+//!    here (`select.rs`); others carry Rulebook's finalizer exactly when the rule needs it;
 //! 1. observe (`observe.rs`) → `Observation`: the parent and its live children in the
 //!    caches (nothing changed since a reconcile with nothing to do: it stops here);
 //! 2. dereference (`dereference.rs`) → `Inputs`: the objects its references point at (a
@@ -43,6 +44,7 @@ pub mod plan;
 mod prune;
 pub mod refs;
 mod render_stage;
+mod select;
 #[cfg(test)]
 mod stages_mock;
 pub mod status_write;
@@ -261,28 +263,44 @@ async fn pipeline(
 }
 
 /// Stage 0: a parent being deleted is torn down (or left to the garbage collector when it
-/// does not carry Rulebook's finalizer); a paused parent gets its `Paused` condition and
-/// nothing else; others carry the finalizer exactly when the rule needs it.
+/// does not carry Rulebook's finalizer, or the finalizer is another rule's of its kind);
+/// a paused parent gets its `Paused` condition and nothing else; a parent the rule's
+/// selector does not take loses this rule's children and condition (`select.rs`); others
+/// carry the finalizer exactly when the rule needs it.
 async fn lifecycle(
     ctx: &RuleContext,
     parent: &DynamicObject,
     uid: &str,
 ) -> Result<ControlFlow<Outcome>, ReconcileError> {
+    let role = ctx.rule.role;
     if parent.meta().deletion_timestamp.is_some() {
+        if !role.finalizer {
+            return Ok(ControlFlow::Break(select::deleted_elsewhere()));
+        }
         let torn_down = teardown::teardown(ctx, parent, uid).await;
         return Ok(ControlFlow::Break(Outcome::Ends(torn_down)));
     }
     let paused = is_paused(parent);
     ctx.memory.set_paused(uid, paused);
     if paused {
+        // The `Paused` condition is the main rule's; the others only hold their writes.
         return Ok(ControlFlow::Break(match cache::to_json(parent) {
-            Some(parent_json) => Outcome::Paused(parent_json),
-            None => Outcome::Ends(Ok(Action::await_change())),
+            Some(parent_json) if role.main => Outcome::Paused(parent_json),
+            _ => Outcome::Ends(Ok(Action::await_change())),
         }));
     }
-    if !teardown::keep_finalizer(ctx, parent).await? {
+    let taken = match select::selected(ctx, parent).await? {
+        ControlFlow::Continue(taken) => taken,
+        ControlFlow::Break(outcome) => return Ok(ControlFlow::Break(outcome)),
+    };
+    if role.finalizer && !teardown::keep_finalizer(ctx, parent, taken).await? {
         let again = Action::requeue(Duration::from_millis(500));
         return Ok(ControlFlow::Break(Outcome::Ends(Ok(again))));
+    }
+    if !taken {
+        return Ok(ControlFlow::Break(
+            select::not_taken(ctx, parent, uid).await?,
+        ));
     }
     Ok(ControlFlow::Continue(()))
 }

@@ -235,3 +235,13 @@ pub(super) async fn finalize_done_off_runtime(
     let rule = ctx.rule.clone();
     off_runtime(move || rule.finalize_done(&parent, &child, &mut rule.budget())).await
 }
+
+/// `spec.parent.selector.expr` over the parent, on the blocking pool within the parent's
+/// budget.
+pub(super) async fn selects_off_runtime(
+    ctx: &RuleContext,
+    parent: Json,
+) -> Result<Result<bool, RenderError>, ReconcileError> {
+    let rule = ctx.rule.clone();
+    off_runtime(move || rule.selects_expr(&parent, &mut rule.budget())).await
+}

@@ -131,6 +131,12 @@ pub(super) fn render_failed(
     Report::stopped(parent_json, ReconcileError::Render(e), Some(action))
 }
 
+/// The selector's `expr` failed on this parent: `Ready=False` (or the rule's own
+/// condition) with the failure's reason, a Warning event, and nothing applied or pruned.
+pub(super) fn selector_failed(ctx: &RuleContext, parent_json: Json, e: RenderError) -> Outcome {
+    render_failed(ctx, parent_json, &Observed::default(), e, "Select")
+}
+
 /// A parent whose content cannot be read: `Ready=False` with reason `InvalidParent`
 /// (over `minimal`, the parent's metadata and status), and no event.
 pub(super) fn invalid_parent(minimal: Json, message: String) -> Outcome {

@@ -28,6 +28,9 @@ pub(super) async fn write_status(
     fields: Option<&serde_json::Map<String, Json>>,
     ready: &ConditionState,
 ) -> Result<bool, ReconcileError> {
+    if !ctx.rule.role.main {
+        return write_own_condition(ctx, parent, parent_json, Some(ready)).await;
+    }
     if !ctx.parent.status_subresource {
         event(
             ctx,
@@ -91,6 +94,50 @@ pub(super) async fn write_status(
     // Only in a write made anyway: the `Rollout` condition is never a reason to write.
     super::versions::add_rollout_condition(ctx, &live_json, &mut desired, &now);
     apply_status(ctx, parent, uid, desired, written.is_some()).await?;
+    Ok(true)
+}
+
+/// The one condition a rule that is not its parent kind's main rule writes,
+/// `<RuleName>Ready` (`rules::decorators::condition_type`), as `ready` says, or taken
+/// away (`None`: the parent left the rule's selector). Applied under the rule's own
+/// field manager, so the main rule's status apply and this one never remove each
+/// other's conditions; nothing else of the status is written. No write when the parent
+/// already says so; none either without a status subresource (said in the docs, not in
+/// an event at every reconcile).
+pub(super) async fn write_own_condition(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    parent_json: &Json,
+    ready: Option<&ConditionState>,
+) -> Result<bool, ReconcileError> {
+    if !ctx.parent.status_subresource {
+        return Ok(false);
+    }
+    let type_ = crate::rules::decorators::condition_type(&ctx.rule.name);
+    let uid = parent.uid().unwrap_or_default();
+    let written = ctx.memory.status_written_since(&uid, parent);
+    let mut live = parent_json.clone();
+    if let (Some(w), Some(o)) = (&written, live.as_object_mut()) {
+        o.insert("status".into(), w.clone());
+    }
+    let previous = crate::render::status::conditions_of(&live);
+    let desired = match ready {
+        Some(ready) => {
+            let generation = live.at(&["metadata", "generation"]).and_then(Json::as_i64);
+            let now = now_rfc3339();
+            let c =
+                crate::render::status::next_condition(&previous, &type_, ready, generation, &now);
+            let desired = json!({"conditions": [c]});
+            if crate::render::status::status_matches(live.get("status"), &desired) {
+                return Ok(false);
+            }
+            desired
+        }
+        None if previous.iter().any(|c| c.type_ == type_) => json!({}),
+        None => return Ok(false),
+    };
+    let manager = crate::meta::status_manager(&ctx.rule.name);
+    apply_status_as(ctx, parent, uid, desired, written.is_some(), &manager).await?;
     Ok(true)
 }
 
@@ -188,6 +235,13 @@ async fn write_held(
     type_: &str,
     state: &ConditionState,
 ) -> Result<(), ReconcileError> {
+    if !ctx.rule.role.main {
+        // Its own condition only: `Ready` and the held condition are the main rule's.
+        if let Some(ready) = ready {
+            write_own_condition(ctx, parent, parent_json, Some(ready)).await?;
+        }
+        return Ok(());
+    }
     if !ctx.parent.status_subresource {
         return Ok(());
     }
@@ -251,6 +305,19 @@ async fn apply_status(
     desired: Json,
     after_own_write: bool,
 ) -> Result<(), ReconcileError> {
+    let manager = crate::meta::FIELD_MANAGER;
+    apply_status_as(ctx, parent, uid, desired, after_own_write, manager).await
+}
+
+/// [`apply_status`] under the field manager `manager`.
+async fn apply_status_as(
+    ctx: &RuleContext,
+    parent: &DynamicObject,
+    uid: String,
+    desired: Json,
+    after_own_write: bool,
+    manager: &str,
+) -> Result<(), ReconcileError> {
     debug!(
         parent = %parent.name_any(),
         cached_rv = parent.resource_version().unwrap_or_default(),
@@ -266,7 +333,7 @@ async fn apply_status(
     let api = ctx.parent_api(parent);
     match ctx
         .writer
-        .apply_status(&api, &parent.name_any(), &body)
+        .apply_status_as(&api, &parent.name_any(), &body, manager)
         .await
     {
         Ok(applied) => {

@@ -5,6 +5,13 @@
 /// The field manager of every apply, and the `managedFields` entry the drift check reads.
 pub const FIELD_MANAGER: &str = "rulebook";
 
+/// The field manager of the status conditions a rule writes on parents of a kind whose
+/// main rule is another (`rules::decorators`): its own, so that each rule's server-side
+/// apply of the status removes only what that rule wrote before.
+pub fn status_manager(rule: &str) -> String {
+    format!("{FIELD_MANAGER}-{rule}")
+}
+
 /// The finalizer Rulebook puts on parents of rules that need a say in their deletion
 /// (`spec.deletion`, or a child with `deletionPolicy: Orphan`).
 pub const FINALIZER: &str = "rulebook.dev/finalizer";

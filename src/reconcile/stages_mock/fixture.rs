@@ -332,6 +332,7 @@ impl Fixture {
             refs: Vec::new(),
             memory,
             inputs: InputBudget::new(64 << 20, metrics.inputs.clone()),
+            namespaces: None,
         });
         Fixture {
             ctx: Arc::new(ctx),

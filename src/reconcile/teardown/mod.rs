@@ -67,7 +67,8 @@ pub(super) fn has_finalizer(o: &DynamicObject) -> bool {
 /// (added before any child is created, so a deletion right after creation is torn down
 /// too; removed when a rule change drops its deletion steps), and the record of its
 /// `Orphan` children's kinds ([`recorded`]) is up to date, written with it. No write
-/// when both match. `false`: the parent changed since it was cached; reconcile it again
+/// when both match. Called only for the rule that holds the finalizer on its kind
+/// (`rules::decorators::KindRole::finalizer`); `taken`: its selector takes the parent. `false`: the parent changed since it was cached; reconcile it again
 /// before going on.
 ///
 /// A recorded kind the rule no longer has stays recorded, and keeps the finalizer, until
@@ -78,6 +79,7 @@ pub(super) fn has_finalizer(o: &DynamicObject) -> bool {
 pub(super) async fn keep_finalizer(
     ctx: &RuleContext,
     parent: &DynamicObject,
+    taken: bool,
 ) -> Result<bool, ReconcileError> {
     // Only with the finalizer: without it, nothing holds the parent for a teardown. A
     // kind this process's clean-up of dropped kinds finished here has nothing left to
@@ -97,7 +99,9 @@ pub(super) async fn keep_finalizer(
     // Kept, not added, while orphans may be pending: children of a kind the rule dropped,
     // or children the rule no longer has that recorded `Orphan` (this reconcile's prune
     // lets go of those).
-    let needs = ctx.rule.rule.spec.needs_finalizer()
+    // A parent outside the rule's selector needs it only while it has `Orphan` children
+    // of the rule, which the reconcile lets go of next (`select.rs`).
+    let needs = (taken && ctx.rule.rule.spec.needs_finalizer())
         || (has_finalizer(parent)
             && (ctx.memory.orphans_pending()
                 || !pending.is_empty()

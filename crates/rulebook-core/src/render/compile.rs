@@ -93,6 +93,7 @@ impl CompiledRule {
                     templates.get(t).map(|(_, src)| src.as_str())
                 }),
                 template_sources,
+                role: crate::rules::decorators::KindRole::SOLE,
             }),
             Ok(_) => Err(diags),
             Err(mut more) => {

@@ -82,9 +82,11 @@ pub(super) fn programs<'env>(
                 &["child"],
             )
         });
+    let selector = c.selector_program();
     let diags = c.diags.into_inner();
     if diags.is_empty() {
         Ok(Programs {
+            selector,
             children,
             references,
             done_when,
@@ -182,6 +184,29 @@ impl<'env> ExprCompiler<'env, '_> {
             self.push(src.line, src.col, key, message);
         }
         ok
+    }
+
+    /// `spec.parent.selector.expr`: over `parent` (and `rule`) only — it decides
+    /// whether the rule takes the parent before anything else is read.
+    fn selector_program(&self) -> Option<Expr<'env>> {
+        let src = self.rule.spec.parent.selector.as_ref()?.expr.as_ref()?;
+        let key = "spec.parent.selector.expr";
+        if let Ok(expr) = self.env.compile_expression(&src.value) {
+            let mut others: Vec<String> = expr
+                .undeclared_variables(false)
+                .into_iter()
+                .filter(|v| v != "parent" && v != "rule")
+                .collect();
+            others.sort();
+            if !others.is_empty() {
+                for v in others {
+                    let msg = format!("unknown variable '{v}' (the selector sees parent and rule)");
+                    self.push(src.line, src.col, key, msg);
+                }
+                return None;
+            }
+        }
+        self.compile(src, key.into(), &[])
     }
 
     fn child_programs(&self) -> Vec<ChildProgram<'env>> {

@@ -27,6 +27,7 @@ pub mod refs;
 pub mod role_refs;
 pub mod rollout;
 mod secrets;
+pub mod selector;
 mod set;
 mod slice;
 pub mod status;
@@ -98,6 +99,8 @@ enum CaseResult<'env> {
 }
 
 struct Programs<'env> {
+    /// `spec.parent.selector.expr`.
+    selector: Option<Expr<'env>>,
     children: Vec<ChildProgram<'env>>,
     references: Vec<refs::RefProgram<'env>>,
     /// `spec.deletion.finalize.doneWhen`.
@@ -155,6 +158,9 @@ pub struct CompiledRule {
     /// The roles each RoleBinding/ClusterRoleBinding child may bind, by child name, read
     /// once at compile (`role_refs.rs`); a rendered `roleRef` outside its set is refused.
     pub(crate) bindable: BTreeMap<String, BTreeSet<role_refs::RoleName>>,
+    /// What the rule does among the rules of its parent kind (set by the rule set:
+    /// `rules::decorators`); a rule compiled alone is its kind's only one.
+    pub role: crate::rules::decorators::KindRole,
 }
 
 impl std::fmt::Debug for CompiledRule {

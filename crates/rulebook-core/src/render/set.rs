@@ -56,11 +56,27 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
     for sr in &valid {
         match CompiledRule::compile(sr, &sources.templates, limits) {
             Ok(c) => {
-                rules.insert(sr.rule.metadata.name.value.clone(), Arc::new(c));
+                rules.insert(sr.rule.metadata.name.value.clone(), c);
             }
             Err(mut d) => diags.append(&mut d),
         }
     }
+    // Each rule's part among the rules of its parent kind.
+    let roles = crate::rules::decorators::roles(
+        &rules
+            .values()
+            .map(|r: &CompiledRule| &r.rule)
+            .collect::<Vec<_>>(),
+    );
+    let rules: BTreeMap<String, Arc<CompiledRule>> = rules
+        .into_iter()
+        .map(|(name, mut r)| {
+            if let Some(role) = roles.get(&name) {
+                r.role = *role;
+            }
+            (name, Arc::new(r))
+        })
+        .collect();
     if diags.is_empty() {
         let mut warnings: Vec<Diagnostic> = rules
             .values()

@@ -127,6 +127,7 @@ pub(super) fn check_references(r: &Rule, err: &mut impl FnMut((u64, u64), &str, 
             &KindRef {
                 api_version: reference.api_version.clone(),
                 kind: reference.kind.clone(),
+                selector: None,
             },
             &key,
             err,

@@ -7,6 +7,7 @@
 pub mod admission;
 mod cel_check;
 pub mod crd;
+pub mod decorators;
 mod links;
 mod load;
 pub mod model;
@@ -96,9 +97,8 @@ pub fn parse_and_validate(sources: &Sources) -> (Vec<SourcedRule>, Vec<Diagnosti
         parsed.extend(rules);
         diags.append(&mut d);
     }
-    // Names and parent kinds are unique across the set.
+    // Names are unique across the set.
     let mut names: BTreeMap<&str, &SourcedRule> = BTreeMap::new();
-    let mut parents: BTreeMap<(String, String), &SourcedRule> = BTreeMap::new();
     for sr in &parsed {
         let name = &sr.rule.metadata.name;
         if let Some(first) = names.get(name.as_str()) {
@@ -113,30 +113,9 @@ pub fn parse_and_validate(sources: &Sources) -> (Vec<SourcedRule>, Vec<Diagnosti
         } else {
             names.insert(name, sr);
         }
-        let p = &sr.rule.spec.parent;
-        // Two versions of one group and kind are the same objects: one rule for both.
-        let key = (
-            split_api_version(&p.api_version).0.to_string(),
-            p.kind.value.clone(),
-        );
-        if let Some(first) = parents.get(&key) {
-            diags.push(Diagnostic::at(
-                &sr.file,
-                &p.kind,
-                format!(
-                    "rule '{}': spec.parent {} {} is already the parent of rule '{}' ({}:{}); one rule per parent kind",
-                    name.value,
-                    p.api_version.value,
-                    key.1,
-                    first.rule.metadata.name.value,
-                    first.file,
-                    first.rule.spec.parent.kind.line
-                ),
-            ));
-        } else {
-            parents.insert(key, sr);
-        }
     }
+    // Several rules may take one parent kind; some keys only one of them may have.
+    decorators::check_kinds(&parsed, &mut diags);
     let mut valid = Vec::new();
     for sr in parsed {
         let before = diags.len();
@@ -248,6 +227,7 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
         );
     }
     check_kind_ref(&r.spec.parent, "spec.parent", &mut err);
+    decorators::check_selector(r, &mut err);
     check_children(r, &mut err);
     check_wait_for(r, &mut err);
     check_adoption(r, &mut err);
@@ -311,6 +291,7 @@ fn check_children(r: &Rule, err: &mut impl FnMut((u64, u64), &str, String)) {
             &KindRef {
                 api_version: c.api_version.clone(),
                 kind: c.kind.clone(),
+                selector: None,
             },
             &key,
             err,

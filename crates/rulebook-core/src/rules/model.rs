@@ -357,6 +357,85 @@ impl DeletionPolicy {
 pub struct KindRef {
     pub api_version: Loc<String>,
     pub kind: Loc<String>,
+    /// Only on `spec.parent`: which parents of the kind the rule takes (several rules
+    /// may name one kind: docs/reference/decorators.md). Without it, every parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<ParentSelector>,
+}
+
+/// `spec.parent.selector`: the parents a rule takes. Every part given must match: the
+/// parent's labels (`matchLabels`, `matchExpressions`, as a Kubernetes LabelSelector),
+/// its namespace's labels (`namespaceSelector`, namespaced parents only) and `expr`, an
+/// expression over `parent`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ParentSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, Loc<String>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<LabelRequirement>,
+    /// The labels of the parent's namespace (a LabelSelector).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+    /// An expression over `parent`: the rule takes the parent while it is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expr: Option<Loc<String>>,
+}
+
+/// A Kubernetes LabelSelector: `matchLabels` and `matchExpressions`, all of which match.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LabelSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, Loc<String>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<LabelRequirement>,
+}
+
+/// One `matchExpressions` entry: `key`, `operator` (`In`, `NotIn`, `Exists`,
+/// `DoesNotExist`) and `values` (for `In` and `NotIn` only).
+#[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LabelRequirement {
+    pub key: Loc<String>,
+    pub operator: Loc<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+impl ParentSelector {
+    /// The label part (`matchLabels`, `matchExpressions`) as a [`LabelSelector`].
+    pub fn labels(&self) -> LabelSelector {
+        LabelSelector {
+            match_labels: self.match_labels.clone(),
+            match_expressions: self.match_expressions.clone(),
+        }
+    }
+}
+
+impl LabelSelector {
+    /// Whether `labels` match every term.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(&v.value))
+            && self.match_expressions.iter().all(|e| e.matches(labels))
+    }
+}
+
+impl LabelRequirement {
+    /// Whether `labels` satisfy the requirement (an unknown operator matches nothing:
+    /// `check` refuses it).
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        let have = labels.get(&self.key.value);
+        match self.operator.as_str() {
+            "In" => have.is_some_and(|v| self.values.contains(v)),
+            "NotIn" => have.is_none_or(|v| !self.values.contains(v)),
+            "Exists" => have.is_some(),
+            "DoesNotExist" => have.is_none(),
+            _ => false,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]

@@ -195,8 +195,22 @@ impl Writer {
         name: &str,
         body: &Json,
     ) -> Result<StatusApplied, WriteError> {
+        self.apply_status_as(api, name, body, FIELD_MANAGER).await
+    }
+
+    /// [`Writer::apply_status`] under the field manager `manager`: a rule that is not
+    /// its parent kind's main rule applies its own condition under its own manager, so
+    /// that neither rule's apply removes what the other wrote
+    /// ([`rulebook_core::meta::status_manager`]).
+    pub async fn apply_status_as(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        body: &Json,
+        manager: &str,
+    ) -> Result<StatusApplied, WriteError> {
         self.check()?;
-        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let params = PatchParams::apply(manager).force();
         let patch = Patch::Apply(apply_body(body));
         // As `Api::patch_status` builds it, with another type to read the answer into.
         let req = kube::core::Request::new(api.resource_url())
