@@ -429,6 +429,7 @@ impl<'a> Watches<'a> {
             .map(packed)
             .filter(crate::shard::watch::keep(self.shard.clone()))
             .modify(crate::cache::strip_parent)
+            .modify(with_type(&r.parent))
             .map(admit)
             .map(self.synced.observer(0))
             .map({
@@ -629,5 +630,24 @@ impl<'a> Watches<'a> {
             });
         }
         controller
+    }
+}
+
+/// Sets a parent's `apiVersion` and `kind` from the rule's parent kind where the object
+/// lacks them: the API server leaves them out of a list's items for built-in kinds (a
+/// Namespace listed at start), and the children's ownerReferences, the templates'
+/// `parent.kind` and the events are made from them.
+fn with_type(parent: &ApiResource) -> impl FnMut(&mut DynamicObject) + use<> {
+    let types = kube::core::TypeMeta {
+        api_version: parent.api_version.clone(),
+        kind: parent.kind.clone(),
+    };
+    move |o: &mut DynamicObject| {
+        if o.types
+            .as_ref()
+            .is_none_or(|t| t.kind.is_empty() || t.api_version.is_empty())
+        {
+            o.types = Some(types.clone());
+        }
     }
 }
