@@ -243,6 +243,12 @@ pub struct RbacArgs {
     /// With `--webhooks`: `run --webhook-secret`.
     #[arg(long, default_value = "rulebook-system/rulebook-webhook", value_parser = webhook_args::namespaced)]
     pub webhook_secret: (String, String),
+    /// Also a ServiceAccount, ClusterRole and ClusterRoleBinding per rule with
+    /// `spec.serviceAccount` (in the namespace of `--service-account`, which must be the
+    /// operator's), holding exactly what that rule needs; the operator's role then keeps
+    /// the other rules' grants and `impersonate` on those accounts, by name.
+    #[arg(long, conflicts_with = "diff_role")]
+    pub per_rule: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -513,6 +519,7 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
                 args.webhook_secret.clone(),
             )
         }),
+        per_rule: args.per_rule,
     };
     write_stream(&crate::rbac::manifests(&set, &opts), out)?;
     Ok(0)

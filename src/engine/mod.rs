@@ -7,10 +7,12 @@
 //! through, `dropped.rs` cleans up after a rule drops a kind of child, `released.rs`
 //! releases the finalizers of a removed rule's parents, `permissions.rs` checks a rule's
 //! RBAC first, `resync.rs` spreads a rule's resyncs over its period, `turns.rs` lets
-//! namespaces take turns at a rule's reconciles.
+//! namespaces take turns at a rule's reconciles, `identity.rs` gives a rule with
+//! `spec.serviceAccount` clients that impersonate its account.
 
 mod dropped;
 mod health;
+mod identity;
 pub mod migrate;
 mod permissions;
 mod refstream;
@@ -44,6 +46,7 @@ use runner::RuleRunner;
 
 pub use dropped::kind_api;
 pub use health::{EngineStatus, MigrationState, MigrationStatus, RuleState, RuleStatus};
+pub use identity::{BuildClients, Identities, IdentityError, RuleClients, service_account_user};
 pub use released::{ParentsOf, ReleaseError, Released, orphan_kinds, release_parents};
 pub use runner::{SetupError, resolve_kind};
 
@@ -123,6 +126,8 @@ pub struct Engine {
     cleanups: Cleanups,
     /// Storage migrations of the rules' CRDs in flight (`migrate.rs`).
     migrations: migrate::Migrations,
+    /// Who each rule's requests are made as (`identity.rs`).
+    identities: Identities,
 }
 
 /// How long a stopping rule may take to finish its in-flight reconciles.
@@ -176,6 +181,8 @@ impl Engine {
         let outbox = Outbox::new(OutboxLimits::DEFAULT, metrics.events_dropped.clone())
             .counting(metrics.events_unsent.clone());
         Engine {
+            // Until the operator says how to impersonate, a rule with an account waits.
+            identities: Identities::new(config.rollout_namespace.clone(), None),
             migrations: migrate::Migrations::new(config.migration_rate),
             outbox,
             client,
@@ -231,17 +238,29 @@ impl Engine {
                     if !kinds.is_empty() {
                         todo.push(Dropped { old, kinds });
                     }
-                    let env = self.cleanup_env();
-                    self.cleanups.start(name.clone(), todo, env);
+                    match self.cleanup_env(new) {
+                        Ok(env) => self.cleanups.start(name.clone(), todo, env),
+                        Err(e) => {
+                            warn!(rule = %name, error = %e, "cannot clean up after the kinds the rule dropped");
+                        }
+                    }
                 }
                 (Some(old), None) if old.has_selector() => {
                     // A rule with a selector takes no parent any more: its children go,
                     // as they would for parents leaving its selector (decorators.md).
                     info!(rule = %name, "rule with spec.parent.selector removed: pruning its children");
                     let kinds = all_kinds(&old);
-                    let env = self.cleanup_env();
-                    self.cleanups
-                        .start(name.clone(), vec![Dropped { old, kinds }], env);
+                    // As the removed rule's identity: its children are what its account
+                    // may delete.
+                    match self.cleanup_env(&old) {
+                        Ok(env) => {
+                            self.cleanups
+                                .start(name.clone(), vec![Dropped { old, kinds }], env);
+                        }
+                        Err(e) => {
+                            warn!(rule = %name, error = %e, "cannot prune the children of the removed rule");
+                        }
+                    }
                 }
                 _ => info!(rule = %name, "rule removed: controller stopped, its children stay"),
             }
@@ -255,6 +274,14 @@ impl Engine {
                 continue;
             }
             info!(rule = %old.name, "releasing the finalizers of the parents of a removed rule");
+            // As the removed rule's identity: its parents are what its account may patch.
+            let client = match self.rule_clients(old) {
+                Ok(c) => c.client,
+                Err(e) => {
+                    warn!(rule = %old.name, error = %e, "cannot release the finalizers of the removed rule's parents");
+                    continue;
+                }
+            };
             let of = ParentsOf {
                 api_version: p.api_version.value.clone(),
                 kind: p.kind.value.clone(),
@@ -264,12 +291,12 @@ impl Engine {
                 orphan_kinds: orphan_kinds(old),
             };
             let task = tokio::spawn(release_removed_rule(
-                self.client.clone(),
+                client.clone(),
                 old.clone(),
                 of,
                 self.metrics.clone(),
                 self.gate.clone(),
-                recorder(&self.client, &self.config, &self.outbox),
+                recorder(&client, &self.config, &self.outbox),
             ));
             if let Some(previous) = self.releases.insert(key, task) {
                 previous.abort();
@@ -285,10 +312,22 @@ impl Engine {
         }
     }
 
-    /// What a clean-up of dropped kinds writes with, as the engine runs now.
-    fn cleanup_env(&self) -> CleanupEnv {
-        CleanupEnv {
-            client: self.client.clone(),
+    /// Says how to build the clients of rules with `spec.serviceAccount`.
+    pub fn set_identities(&mut self, identities: Identities) {
+        self.identities = identities;
+    }
+
+    /// The clients `rule`'s requests go through (`identity.rs`).
+    fn rule_clients(&self, rule: &CompiledRule) -> Result<RuleClients, IdentityError> {
+        self.identities
+            .clients_for(rule, &self.client, self.config.shard.as_ref())
+    }
+
+    /// What a clean-up of `rule`'s dropped kinds writes with, as the engine runs now: as
+    /// the rule's identity.
+    fn cleanup_env(&self, rule: &CompiledRule) -> Result<CleanupEnv, IdentityError> {
+        Ok(CleanupEnv {
+            client: self.rule_clients(rule)?.client,
             namespace: self.config.namespace.clone(),
             metrics: self.metrics.clone(),
             gate: self.gate.clone(),
@@ -297,7 +336,7 @@ impl Engine {
                 .shard
                 .as_ref()
                 .map(|s| (s.gate.clone(), s.ranges.clone())),
-        }
+        })
     }
 
     async fn start(&mut self, rule: Arc<CompiledRule>, previous: Option<Arc<CompiledRule>>) {
@@ -305,8 +344,10 @@ impl Engine {
         info!(rule = %name, version = %rule.version, "starting rule");
         // A clean-up that stopped when this process could no longer write (a share that
         // moved, a lease lost), or that runs over an old share, goes on now over this one.
-        let env = self.cleanup_env();
-        self.cleanups.resume(&rule, env).await;
+        let clients = self.rule_clients(&rule);
+        if let Ok(env) = self.cleanup_env(&rule) {
+            self.cleanups.resume(&rule, env).await;
+        }
         self.metrics.init_rule(&name);
         self.status.insert(
             &name,
@@ -322,9 +363,32 @@ impl Engine {
                 rollout: None,
             },
         );
-        let (stop, stopped) = watch::channel(false);
+        let (stop, mut stopped) = watch::channel(false);
         let version = rule.version.clone();
         let runner_rule = rule.clone();
+        let clients = match clients {
+            Ok(c) => c,
+            Err(e) => {
+                // Never the operator's own identity in place of the rule's: it waits
+                // (a rule set change starts it again).
+                warn!(rule = %name, error = %e, "rule cannot run");
+                self.status.update(&name, |s| {
+                    s.state = RuleState::Waiting;
+                    s.message = Some(e.to_string());
+                });
+                let task = tokio::spawn(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                });
+                let running = RunningRule {
+                    version,
+                    rule: runner_rule,
+                    stop,
+                    task,
+                };
+                self.running.insert(name, running);
+                return;
+            }
+        };
         let steady = match self.steady.get(&name) {
             Some((v, s)) if *v == version => s.clone(),
             _ => {
@@ -339,7 +403,9 @@ impl Engine {
             orphans_pending: self.cleanups.orphans_pending(&name),
             steady,
             rule,
-            client: self.client.clone(),
+            client: clients.client,
+            own_watch: clients.watch,
+            operator_client: self.client.clone(),
             config: self.config.clone(),
             metrics: self.metrics.clone(),
             gate: self.gate.clone(),

@@ -40,7 +40,13 @@ pub enum SetupError {
 
 pub(super) struct RuleRunner {
     pub(super) rule: Arc<CompiledRule>,
+    /// Every request made for the rule: the operator's client, or one impersonating the
+    /// rule's `spec.serviceAccount` (`identity.rs`).
     pub(super) client: Client,
+    /// Sharded, with an account: its caches' client over the share, as that account.
+    pub(super) own_watch: Option<Client>,
+    /// The operator's own client: the rollout state in the operator's namespace.
+    pub(super) operator_client: Client,
     pub(super) config: EngineConfig,
     pub(super) metrics: Arc<Metrics>,
     pub(super) gate: Arc<dyn WriteGate>,
@@ -164,12 +170,13 @@ impl RuleRunner {
     /// Where the rollout objects are.
     pub(super) fn rollout_env(&self) -> super::rollout::RolloutEnv {
         super::rollout::RolloutEnv {
-            // Sharded, the operator's namespace may be in another replica's share.
-            client: self
-                .config
-                .shard
-                .as_ref()
-                .map_or_else(|| self.client.clone(), |s| s.rollout_client.clone()),
+            // The operator's own identity (not the rule's account); sharded, through the
+            // client fenced by the rule's hash, as the operator's namespace may be in
+            // another replica's share.
+            client: self.config.shard.as_ref().map_or_else(
+                || self.operator_client.clone(),
+                |s| s.rollout_client.clone(),
+            ),
             namespace: self.config.rollout_namespace.clone(),
         }
     }

@@ -124,9 +124,12 @@ impl RuleRunner {
     /// the filter of their events.
     fn watch_client(&self, r: &Resolved) -> (Client, Option<crate::shard::Ranges>) {
         match &self.config.shard {
-            Some(shard) if r.parent_namespaced => {
-                (shard.watch_client.clone(), Some(shard.ranges.clone()))
-            }
+            Some(shard) if r.parent_namespaced => (
+                self.own_watch
+                    .clone()
+                    .unwrap_or_else(|| shard.watch_client.clone()),
+                Some(shard.ranges.clone()),
+            ),
             _ => (self.client.clone(), None),
         }
     }

@@ -10,6 +10,10 @@
 //! connection error, naming neither the request nor the object (its span is at debug);
 //! the failure itself still reaches the caller, which reports it with its rule and
 //! object.
+//!
+//! A rule with `spec.serviceAccount` gets the same stack built once more with kube's
+//! `auth_info.impersonate` set ([`Impersonating`]): kube's extra-headers layer then sends
+//! `Impersonate-User` on each of its requests (`engine/identity.rs` says which).
 
 use std::sync::Arc;
 
@@ -24,7 +28,9 @@ use tower::retry::RetryLayer;
 use tower::util::BoxService;
 use tower::{BoxError, ServiceBuilder};
 
+use crate::engine::{BuildClients, IdentityError};
 use crate::metrics::Metrics;
+use crate::shard::watch::{SelectorLayer, Sharding};
 use crate::write::gate::WriteGate;
 use crate::write::gate_body::LastCheckLayer;
 
@@ -96,4 +102,89 @@ pub fn gated_client(
     metrics: Arc<Metrics>,
 ) -> Result<Client> {
     Ok(gated_builder(&config, gate, metrics)?.build())
+}
+
+/// Builds the clients of rules with `spec.serviceAccount`: the operator's stack, its
+/// credentials and its write gate, impersonating the rule's account.
+pub struct Impersonating {
+    config: Config,
+    gate: Arc<dyn WriteGate>,
+    metrics: Arc<Metrics>,
+}
+
+impl Impersonating {
+    /// Over the operator's `config` (its own credentials authenticate; the account's are
+    /// never needed) and the write gate its client uses.
+    pub fn new(config: &Config, gate: Arc<dyn WriteGate>, metrics: Arc<Metrics>) -> Self {
+        Impersonating {
+            config: config.clone(),
+            gate,
+            metrics,
+        }
+    }
+
+    /// The operator's configuration as `user`: no other impersonation it may carry
+    /// (groups, uid, extra) goes along; the API server gives a ServiceAccount its groups.
+    fn config_as(&self, user: &str) -> Config {
+        let mut config = self.config.clone();
+        config.auth_info.impersonate = Some(user.to_string());
+        config.auth_info.impersonate_groups = None;
+        config.auth_info.impersonate_uid = None;
+        config.auth_info.impersonate_user_extra = None;
+        config
+    }
+}
+
+fn build_error(user: &str, e: &anyhow::Error) -> IdentityError {
+    IdentityError::Build {
+        user: user.to_string(),
+        message: format!("{e:#}"),
+    }
+}
+
+impl BuildClients for Impersonating {
+    fn client(&self, user: &str) -> Result<Client, IdentityError> {
+        gated_client(
+            self.config_as(user),
+            self.gate.clone(),
+            self.metrics.clone(),
+        )
+        .map_err(|e| build_error(user, &e))
+    }
+
+    fn watch_client(&self, user: &str, sharding: &Sharding) -> Result<Client, IdentityError> {
+        let builder = gated_builder(
+            &self.config_as(user),
+            sharding.gate.clone(),
+            self.metrics.clone(),
+        )
+        .map_err(|e| build_error(user, &e))?;
+        Ok(match &sharding.selector {
+            Some(selector) => builder.with_layer(&SelectorLayer::new(selector)).build(),
+            None => builder.build(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The header kube sends for the impersonated account, and only it.
+    // A client is built inside a runtime (its buffer spawns a task).
+    #[tokio::test]
+    async fn an_account_is_impersonated_alone() {
+        let mut config = Config::new("https://127.0.0.1:6443".parse().unwrap());
+        config.auth_info.impersonate = Some("someone-else".into());
+        config.auth_info.impersonate_groups = Some(vec!["system:masters".into()]);
+        let gate: Arc<dyn WriteGate> = Arc::new(crate::write::gate::LeaseGate::open());
+        let i = Impersonating::new(&config, gate, Arc::new(Metrics::new()));
+        let as_low = i.config_as("system:serviceaccount:ops:low");
+        assert_eq!(
+            as_low.auth_info.impersonate.as_deref(),
+            Some("system:serviceaccount:ops:low")
+        );
+        assert!(as_low.auth_info.impersonate_groups.is_none());
+        assert!(i.client("system:serviceaccount:ops:low").is_ok());
+    }
 }

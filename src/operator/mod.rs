@@ -340,8 +340,17 @@ fn new_engine(
         client.clone(),
         engine_config(args, identity),
         metrics.clone(),
-        write_gate,
+        write_gate.clone(),
     );
+    // Rules with `spec.serviceAccount` impersonate their account, in this namespace.
+    engine.set_identities(crate::engine::Identities::new(
+        lease_ns.to_string(),
+        Some(Arc::new(client::Impersonating::new(
+            config,
+            write_gate,
+            metrics.clone(),
+        ))),
+    ));
     if args.sharding {
         engine.lease_migrations(Arc::new(migrations::LeasedMigrations::new(
             config,

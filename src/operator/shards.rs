@@ -239,9 +239,10 @@ impl Shards {
         // Its requests are reads, but the gate keeps it honest should that change.
         let builder =
             super::client::gated_builder(&self.config, self.gate.clone(), self.metrics.clone())?;
-        let watch_client = match (self.server_side, ranges.selector()) {
-            (true, Some(selector)) => builder.with_layer(&SelectorLayer::new(&selector)).build(),
-            _ => builder.build(),
+        let selector = ranges.selector().filter(|_| self.server_side);
+        let watch_client = match &selector {
+            Some(selector) => builder.with_layer(&SelectorLayer::new(selector)).build(),
+            None => builder.build(),
         };
         let rollouts = Arc::new(crate::shard::gate::RolloutStoreGate {
             shard: self.gate.clone(),
@@ -253,6 +254,7 @@ impl Shards {
             gate: self.gate.clone(),
             ranges: ranges.clone(),
             watch_client,
+            selector,
             server_side: self.server_side,
             rollout_client,
         })

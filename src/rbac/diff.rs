@@ -167,6 +167,7 @@ mod tests {
             diff_role: true,
             diff_namespaces: vec!["team-a".into()],
             webhooks: None,
+            per_rule: false,
         }
     }
 

@@ -7,9 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Value as Json, json};
 
 use crate::meta::split_api_version;
-use crate::render::RuleSet;
+use crate::render::{CompiledRule, RuleSet};
 
 mod diff;
+mod per_rule;
 mod policies;
 pub use diff::{DIFF_DRY_RUN_VERBS, DIFF_READ_VERBS};
 
@@ -62,10 +63,19 @@ fn add(
 
 /// Everything a rule set needs, merged and sorted.
 pub fn needs(set: &RuleSet) -> Vec<Need> {
+    needs_of(set, set.rules.values().map(|r| &**r))
+}
+
+/// Everything `rules` (of `set`, which says the plurals of the kinds it defines) need,
+/// merged and sorted: the whole set's (`rulebook rbac`), or one rule's (`--per-rule`).
+pub fn needs_of<'a>(
+    set: &RuleSet,
+    rules: impl Iterator<Item = &'a CompiledRule> + Clone,
+) -> Vec<Need> {
     let mut needs = BTreeMap::new();
     // References by literal name: (group, resource) → names.
     let mut named: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
-    for r in set.rules.values() {
+    for r in rules.clone() {
         let p = &r.rule.spec.parent;
         let (group, _) = split_api_version(&p.api_version);
         let plural = plural_of(set, &p.api_version, &p.kind);
@@ -102,7 +112,7 @@ pub fn needs(set: &RuleSet) -> Vec<Need> {
         .map(|(key, names)| (key, (names, verbs_of(REF_VERBS))))
         .collect();
     let mut out = merge(needs, by_name);
-    out.extend(bind_needs(set));
+    out.extend(bind_needs(rules));
     out.sort();
     out
 }
@@ -110,9 +120,9 @@ pub fn needs(set: &RuleSet) -> Vec<Need> {
 /// `bind` on the roles that RoleBinding and ClusterRoleBinding children name, by name
 /// (`render::role_refs`): what the API server asks of whoever creates a binding to a
 /// role with permissions it does not hold itself. Never `escalate`, never every role.
-fn bind_needs(set: &RuleSet) -> Vec<Need> {
+fn bind_needs<'a>(rules: impl Iterator<Item = &'a CompiledRule>) -> Vec<Need> {
     let mut by_kind: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for r in set.rules.values() {
+    for r in rules {
         for (kind, name) in crate::render::role_refs::bindable(r) {
             let resource = if kind == "ClusterRole" {
                 "clusterroles"
@@ -202,6 +212,9 @@ pub struct RbacOptions {
     /// What `run --webhook-url/--webhook-service` needs: the webhook configurations of
     /// this name, and the certificates' Secret `(namespace, name)`.
     pub webhooks: Option<(String, (String, String))>,
+    /// `--per-rule`: each rule with `spec.serviceAccount` gets its account and a role of
+    /// its own; the operator's role keeps the rest and `impersonate` on those accounts.
+    pub per_rule: bool,
 }
 
 /// What `run --install-crds` does to a CRD: read it (`get`), apply it (`patch`; an apply
@@ -219,8 +232,17 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
     if opts.diff_role {
         return diff::manifests(set, opts);
     }
-    let mut rules: Vec<Json> = needs(set).into_iter().map(rule_of).collect();
-    rules.push(json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}));
+    // `--per-rule`: the rules with an account of their own are granted to it instead.
+    let own = set
+        .rules
+        .values()
+        .map(|r| &**r)
+        .filter(|r| !opts.per_rule || r.rule.spec.service_account.is_none());
+    let mut rules: Vec<Json> = needs_of(set, own).into_iter().map(rule_of).collect();
+    rules.push(events_rule());
+    if opts.per_rule {
+        rules.extend(per_rule::operator_reads(set, opts));
+    }
     // SelfSubjectAccessReviews (the start-up permission check) are allowed to every
     // authenticated user by the built-in system:basic-user role.
     if opts.install_crds {
@@ -285,7 +307,15 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
     if let Some((_, (ns, secret))) = &opts.webhooks {
         out.extend(secret_role(ns, secret, opts));
     }
+    if opts.per_rule {
+        out.extend(per_rule::manifests(set, opts));
+    }
     out
+}
+
+/// Events about the parents (and the operator's own, about its caches).
+fn events_rule() -> Json {
+    json!({"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]})
 }
 
 /// What `run` does to its webhook configurations: read, apply (create), delete.
@@ -426,6 +456,7 @@ mod tests {
             diff_role: false,
             diff_namespaces: vec![],
             webhooks: Some(("hooks".into(), ("ops".into(), "certs".into()))),
+            per_rule: false,
         };
         let out = manifests(&set, &opts);
         let cluster_rules = out[0]["rules"].as_array().unwrap();
@@ -471,6 +502,7 @@ mod tests {
             diff_role: false,
             diff_namespaces: vec![],
             webhooks: None,
+            per_rule: false,
         };
         let out = manifests(&set, &opts);
         let rules = out[0]["rules"].as_array().unwrap();

@@ -31,6 +31,9 @@ pub struct Sharding {
     /// Lists and watches parents and children with the API server's shard filter (or
     /// without, in the fallback: see `server_side`).
     pub watch_client: Client,
+    /// The `shardSelector` `watch_client` adds to its lists and watches, if any (a rule
+    /// with an identity of its own builds its own watch client with it: `engine/identity.rs`).
+    pub selector: Option<String>,
     /// Whether the API server applies `shardSelector` itself.
     pub server_side: bool,
     /// Writes the rollout objects of the rules this replica coordinates (the hash of

@@ -132,6 +132,12 @@ pub fn is_dns_label(s: &str) -> bool {
         && !s.ends_with('-')
 }
 
+/// An RFC 1123 subdomain: dot-separated RFC 1123 labels, at most 253 characters (the
+/// names of most kinds, ServiceAccounts among them).
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
 /// The plural Kubernetes uses for a kind it has no CRD for here (its own rule for
 /// built-in kinds: lower case, `s` → `ses`, `y` → `ies`, else `s`).
 pub fn guess_plural(kind: &str) -> String {

@@ -245,6 +245,18 @@ fn validate_rule(sr: &SourcedRule, diags: &mut Vec<Diagnostic>) {
     }
     check_finalize(r, &mut err);
     rollout::check_rollout(r, &mut err);
+    if let Some(sa) = &r.spec.service_account
+        && !crate::meta::is_dns_subdomain(&sa.value)
+    {
+        err(
+            at(sa),
+            "spec.serviceAccount",
+            format!(
+                "'{}' is not a ServiceAccount name (a DNS-1123 subdomain: lower-case letters, digits, '-' and '.', at most 253 characters, each part starting and ending with a letter or digit)",
+                sa.value.escape_default()
+            ),
+        );
+    }
 }
 
 /// Each child's name, kind, apiVersion (one per kind) and template path.
@@ -504,5 +516,35 @@ mod tests {
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("").is_err());
         assert!(parse_duration("100ms").is_err());
+    }
+
+    /// `spec.serviceAccount` must be a ServiceAccount name: the error names the file and
+    /// the line of the key's value; a good name loads.
+    #[test]
+    fn a_service_account_is_a_dns_subdomain() {
+        let rule = |sa: &str| {
+            format!(
+                "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: r\nspec:\n  parent:\n    apiVersion: v1\n    kind: ConfigMap\n  serviceAccount: {sa}\n"
+            )
+        };
+        let diags = |sa: &str| {
+            let sources = Sources {
+                default_rollout: None,
+                rule_files: vec![("r.yaml".into(), rule(sa))],
+                templates: BTreeMap::new(),
+            };
+            parse_and_validate(&sources).1
+        };
+        assert_eq!(diags("rule-low.team"), vec![]);
+        for bad in ["Low", "'-low'", "'low-'", "'a..b'", "'a_b'", "\"\""] {
+            let d = diags(bad);
+            assert_eq!(d.len(), 1, "{bad}: {d:?}");
+            assert_eq!((d[0].file.as_str(), d[0].line), ("r.yaml", 9), "{bad}");
+            assert!(
+                d[0].message.contains("spec.serviceAccount"),
+                "{bad}: {}",
+                d[0].message
+            );
+        }
     }
 }

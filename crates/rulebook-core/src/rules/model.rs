@@ -137,6 +137,13 @@ pub struct RuleSpec {
     /// automatic rollback. Without it a changed rule applies to every parent at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<Rollout>,
+    /// The identity the operator uses for this rule: a ServiceAccount in the operator's
+    /// namespace. Every request made for the rule (watches, reads, applies, status,
+    /// events, deletes) impersonates `system:serviceaccount:<namespace>:<name>`, so the
+    /// rule can do only what that account is granted (`rulebook rbac --per-rule`).
+    /// Without it the rule runs as the operator itself (docs/reference/identity.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<Loc<String>>,
 }
 
 /// `spec.rollout`: a change of the rule moves parents to the new version in batches;
