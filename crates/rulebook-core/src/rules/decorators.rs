@@ -112,7 +112,10 @@ pub fn condition_type(rule: &str) -> String {
 }
 
 /// What only one rule of a kind may have: the key, and whether `r` has it.
-const ONE_PER_KIND: &[(&str, fn(&Rule) -> bool, &str)] = &[
+/// A key only one rule of a kind may have: its name, whether a rule has it, and why.
+type OnePerKind = (&'static str, fn(&Rule) -> bool, &'static str);
+
+const ONE_PER_KIND: &[OnePerKind] = &[
     (
         "spec.status",
         |r| !r.spec.status.is_empty(),
