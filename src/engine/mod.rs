@@ -265,9 +265,21 @@ impl Engine {
                 _ => info!(rule = %name, "rule removed: controller stopped, its children stay"),
             }
         }
-        // Parents whose rule (or its parent kind) is gone would keep the finalizer for
-        // ever: release them. A rule for their kind starting now cancels that.
-        for old in &released {
+        self.release_removed(&released, set);
+        for (name, rule) in &set.rules {
+            if !self.running.contains_key(name) {
+                if let Some(release) = self.releases.remove(&parent_kind(rule)) {
+                    release.abort();
+                }
+                self.start(rule.clone(), previous.remove(name)).await;
+            }
+        }
+    }
+
+    /// Parents whose rule (or its parent kind) is gone would keep the finalizer for ever:
+    /// release them. A rule for their kind starting now cancels that.
+    fn release_removed(&mut self, released: &[Arc<CompiledRule>], set: &RuleSet) {
+        for old in released {
             let p = &old.rule.spec.parent;
             let key = parent_kind(old);
             if still_ruled(&key, set.rules.values().map(|r| &**r)) {
@@ -300,14 +312,6 @@ impl Engine {
             ));
             if let Some(previous) = self.releases.insert(key, task) {
                 previous.abort();
-            }
-        }
-        for (name, rule) in &set.rules {
-            if !self.running.contains_key(name) {
-                if let Some(release) = self.releases.remove(&parent_kind(rule)) {
-                    release.abort();
-                }
-                self.start(rule.clone(), previous.remove(name)).await;
             }
         }
     }
