@@ -6,7 +6,8 @@
 //! shipped `myapp` rule). The right parents get the extra children and the others none
 //! (the audit log: no write of Rulebook's into a namespace the decorator does not take);
 //! a parent relabelled out of a selector loses exactly that rule's children and
-//! condition; removing the decorator rule prunes only its children.
+//! condition; removing the decorator rule prunes only its children; deleting a parent
+//! takes both rules' children along.
 // A scenario test reads top to bottom as one story (the function size limit is for the
 // product code).
 #![allow(clippy::too_many_lines)]
@@ -254,4 +255,21 @@ async fn decorators_beside_the_shipped_rules() {
     .await;
     assert!(get(&deploys, "checkout").await.is_some());
     assert!(get(&deploys, "ledger").await.is_some());
+
+    // A gold MyApp deleted: neither rule holds a finalizer on MyApps, so both rules'
+    // children go with it (the garbage collector), the other MyApp's stay.
+    label(&apps, "ledger", json!({"tier": "gold"})).await;
+    wait_for(T, "ledger's budget", || async {
+        get(&pdbs, "ledger").await
+    })
+    .await;
+    apps.delete("ledger", &Default::default())
+        .await
+        .expect("delete ledger");
+    wait_for(T, "ledger's Deployment and budget gone", || async {
+        (get(&deploys, "ledger").await.is_none() && get(&pdbs, "ledger").await.is_none())
+            .then_some(())
+    })
+    .await;
+    assert!(get(&deploys, "checkout").await.is_some());
 }
