@@ -458,6 +458,7 @@ pub(super) fn rendered_yaml_options() -> serde_saphyr::Options {
     budget.max_depth = 64;
     let mut options = serde_saphyr::Options::default();
     options.budget = Some(budget);
+    options.legacy_octal_numbers = true;
     options
 }
 

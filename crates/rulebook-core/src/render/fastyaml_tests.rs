@@ -2,6 +2,7 @@
 //! generated from the pieces templates and tenants produce (`render::fastyaml`).
 
 use super::*;
+use serde_json::json;
 
 /// What the full parser (with the render budget) makes of `text`: one document.
 fn full(text: &str) -> Option<Json> {
@@ -338,5 +339,38 @@ fn the_byte_scan_finds_exactly_the_unusual_characters() {
     ];
     for s in samples {
         assert_eq!(has_unusual(s), s.chars().any(unusual), "{s:?}");
+    }
+}
+
+/// Plain scalars whose YAML 1.1 reading (kubectl's, through `sigs.k8s.io/yaml`) differs
+/// from YAML 1.2's, or might: the full parser reads them as kubectl does
+/// (tests/kubectl_yaml.rs compares with kubectl itself).
+#[test]
+fn rendered_scalars_read_as_kubectl_reads_them() {
+    for (s, want) in [
+        ("0400", json!(256)),
+        ("0755", json!(493)),
+        ("-010", json!(-8)),
+        ("0800", json!(800.0)),
+        ("yes", json!(true)),
+        ("No", json!(false)),
+        ("on", json!(true)),
+        ("OFF", json!(false)),
+        ("y", json!(true)),
+        ("0x1F", json!(31)),
+        ("1e3", json!(1000.0)),
+        ("0o17", json!(15)),
+        ("0b101", json!(5)),
+        ("190:20:30", json!("190:20:30")),
+        ("~", json!(null)),
+    ] {
+        let doc = format!("a: {s}\n");
+        assert_eq!(
+            full(&doc).map(|j| j["a"].clone()),
+            Some(want.clone()),
+            "{s}"
+        );
+        // The fast reader leaves every one of them to the full parser, or agrees.
+        agrees(&doc);
     }
 }
