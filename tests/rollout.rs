@@ -267,6 +267,28 @@ async fn a_change_that_never_gets_ready_moves_only_the_canary_and_rolls_back() {
 }
 
 /// The parents' API of `kind`, once its CRD is served.
+/// Creates parents `<prefix>0` … `<prefix>{n-1}` of `kind` in `ns` (none a canary) and
+/// waits until each child carries marker `v1`; the ConfigMaps of `ns`.
+async fn parents_at_v1(
+    client: &kube::Client,
+    ns: &str,
+    kind: &str,
+    prefix: &str,
+    n: usize,
+) -> (Api<DynamicObject>, Api<DynamicObject>) {
+    let parents = faults_kit_parents(client, ns, kind).await;
+    let cms = api(client, Some(ns), "v1", "ConfigMap", "configmaps");
+    for i in 0..n {
+        apply(&parents, parent(kind, ns, &format!("{prefix}{i}"), false)).await;
+    }
+    wait_for(T, "every child at v1", || async {
+        let m = markers(&cms).await;
+        (m.values().filter(|v| *v == "v1").count() == n).then_some(())
+    })
+    .await;
+    (parents, cms)
+}
+
 async fn faults_kit_parents(client: &kube::Client, ns: &str, kind: &str) -> Api<DynamicObject> {
     let a = api(
         client,
@@ -428,16 +450,7 @@ async fn a_rollout_resumes_after_sigkill_with_the_old_files_gone() {
         &rule(kind, "rollkill/v1.yaml", None, rollout),
     );
     let mut op = start(&d, &ns).await;
-    let parents = faults_kit_parents(&client, &ns, kind).await;
-    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
-    for i in 0..N {
-        apply(&parents, parent(kind, &ns, &format!("k{i}"), false)).await;
-    }
-    wait_for(T, "every child at v1", || async {
-        let m = markers(&cms).await;
-        (m.values().filter(|v| *v == "v1").count() == N).then_some(())
-    })
-    .await;
+    let (_, cms) = parents_at_v1(&client, &ns, kind, "k", N).await;
     d.template("rollkill/v2.yaml", &template("v2"));
     d.rule(
         "rollkill.yaml",
@@ -562,16 +575,7 @@ async fn a_leader_change_mid_rollout_neither_skips_the_gate_nor_moves_a_batch_tw
     })
     .await;
     let _b = replica("replica-b").await;
-    let parents = faults_kit_parents(&client, &ns, kind).await;
-    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
-    for i in 0..N {
-        apply(&parents, parent(kind, &ns, &format!("l{i}"), false)).await;
-    }
-    wait_for(T, "every child at v1", || async {
-        let m = markers(&cms).await;
-        (m.values().filter(|v| *v == "v1").count() == N).then_some(())
-    })
-    .await;
+    let (_, cms) = parents_at_v1(&client, &ns, kind, "l", N).await;
 
     let audit = Audit::mark();
     d.template("rolllead/v2.yaml", &template("v2"));

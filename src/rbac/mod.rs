@@ -339,17 +339,7 @@ fn secret_role(ns: &str, secret: &str, opts: &RbacOptions) -> Vec<Json> {
                 {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
             ],
         }),
-        json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": name, "namespace": ns, "labels": labels()},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [{
-                "kind": "ServiceAccount",
-                "namespace": opts.service_account.0,
-                "name": opts.service_account.1,
-            }],
-        }),
+        role_binding(ns, &name, opts),
     ]
 }
 
@@ -412,6 +402,21 @@ fn cluster_role(name: &str, rules: Vec<Json>) -> Json {
         "kind": "ClusterRole",
         "metadata": {"name": name, "labels": labels()},
         "rules": rules,
+    })
+}
+
+/// A RoleBinding `name` in `ns` of the Role `name` to the options' ServiceAccount.
+fn role_binding(ns: &str, name: &str, opts: &RbacOptions) -> Json {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": ns, "labels": labels()},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{
+            "kind": "ServiceAccount",
+            "namespace": opts.service_account.0,
+            "name": opts.service_account.1,
+        }],
     })
 }
 

@@ -13,7 +13,8 @@ use std::collections::BTreeSet;
 use serde_json::{Value as Json, json};
 
 use super::{
-    PARENT_VERBS, RbacOptions, cluster_role, events_rule, labels, needs_of, plural_of, rule_of,
+    PARENT_VERBS, RbacOptions, cluster_role, events_rule, labels, needs_of, plural_of,
+    role_binding, rule_of,
 };
 use crate::meta::split_api_version;
 use crate::render::{CompiledRule, RuleSet};
@@ -78,17 +79,7 @@ pub fn manifests(set: &RuleSet, opts: &RbacOptions) -> Vec<Json> {
             "verbs": ["impersonate"],
         }],
     }));
-    out.push(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": name, "namespace": ns, "labels": labels()},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{
-            "kind": "ServiceAccount",
-            "namespace": opts.service_account.0,
-            "name": opts.service_account.1,
-        }],
-    }));
+    out.push(role_binding(ns, &name, opts));
     out
 }
 
