@@ -289,6 +289,19 @@ async fn parents_at_v1(
     (parents, cms)
 }
 
+/// How many of the `first` writes fall into each step, given the steps' start times.
+fn per_step(first: &BTreeMap<String, jiff::Timestamp>, started: &[i64]) -> Vec<usize> {
+    (0..started.len())
+        .map(|i| {
+            let (from, to) = (started[i], started.get(i + 1).copied().unwrap_or(i64::MAX));
+            first
+                .values()
+                .filter(|t| t.as_second() >= from && t.as_second() < to)
+                .count()
+        })
+        .collect()
+}
+
 async fn faults_kit_parents(client: &kube::Client, ns: &str, kind: &str) -> Api<DynamicObject> {
     let a = api(
         client,
@@ -380,17 +393,7 @@ async fn a_good_change_reaches_every_parent_batch_by_batch_with_its_pauses() {
         }
     }
     assert_eq!(first.len(), N, "{first:?}");
-    let in_step = |from: i64, to: i64| {
-        first
-            .values()
-            .filter(|t| t.as_second() >= from && t.as_second() < to)
-            .count()
-    };
-    let batches = [
-        in_step(started[0], started[1]),
-        in_step(started[1], started[2]),
-        in_step(started[2], i64::MAX),
-    ];
+    let batches = per_step(&first, &started);
     println!("children written per batch: {batches:?}");
     assert_eq!(batches, [1, 2, 3], "{first:?} {started:?}");
     // Each parent's one status write of the rollout (its new ruleVersion) carried the
@@ -851,17 +854,7 @@ async fn a_sharded_rollout_moves_each_batch_once_when_a_replica_leaves() {
         count.values().all(|c| *c == 1) && count.len() == 6,
         "{count:?}"
     );
-    let in_step = |from: i64, to: i64| {
-        first
-            .values()
-            .filter(|t| t.as_second() >= from && t.as_second() < to)
-            .count()
-    };
-    let batches = [
-        in_step(started[0], started[1]),
-        in_step(started[1], started[2]),
-        in_step(started[2], i64::MAX),
-    ];
+    let batches = per_step(&first, &started);
     let trail: Vec<String> = spaces
         .iter()
         .flat_map(|ns| rulebook_writes(&audit, ns))
