@@ -163,9 +163,16 @@ pub async fn follow(
             debug!(rule = %rule, "rollout state for other versions; not followed");
             continue;
         }
-        info!(rule = %rule, phase = ?state.phase, step = state.step, "rollout state changed");
+        // Progress counters alone change no parent's version: kept for `/status`, no
+        // sweep of every parent.
+        let progress_only = v.differs_only_in_progress(&state);
+        let (phase, step) = (state.phase, state.step);
         *v = state;
         drop(v);
+        if progress_only {
+            continue;
+        }
+        info!(rule = %rule, ?phase, step, "rollout state changed");
         let _ = changed.unbounded_send(());
     }
 }

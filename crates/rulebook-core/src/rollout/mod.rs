@@ -129,6 +129,16 @@ pub struct RolloutState {
 }
 
 impl RolloutState {
+    /// Whether `other` differs from this state only in its progress counters (`moved`,
+    /// `parents`), which the coordinator writes as it looks: no parent renders otherwise
+    /// for them, so no reconcile is due (docs/benchmarks.md, "Rollout bookkeeping").
+    pub fn differs_only_in_progress(&self, other: &RolloutState) -> bool {
+        let mut a = self.clone();
+        a.moved = other.moved;
+        a.parents = other.parents;
+        a == *other
+    }
+
     /// A rule version with nothing to roll out: every parent on `version`.
     pub fn settled(version: &str, now: i64) -> RolloutState {
         RolloutState {

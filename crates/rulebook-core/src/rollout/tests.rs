@@ -263,3 +263,18 @@ fn rollout_objects_name_their_rule() {
         assert_eq!(rule_of_object(other), None, "{other}");
     }
 }
+
+#[test]
+fn progress_counters_alone_are_no_change_of_placement() {
+    let a = super::RolloutState::settled("v1", 100);
+    let mut b = a.clone();
+    b.moved = 7;
+    b.parents = 1000;
+    assert!(a.differs_only_in_progress(&b));
+    let mut c = b.clone();
+    c.step = 1;
+    assert!(!a.differs_only_in_progress(&c));
+    let mut d = a.clone();
+    d.held = true;
+    assert!(!a.differs_only_in_progress(&d));
+}
