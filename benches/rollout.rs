@@ -563,7 +563,10 @@ async fn arm(cfg: &Cfg, client: &kube::Client, rollout: bool, round: usize) -> R
     parents
         .delete_collection(&DeleteParams::background(), &ListParams::default())
         .await?;
-    wait_until("the children to be gone", cfg.timeout, || markers.len() == 0).await?;
+    wait_until("the children to be gone", cfg.timeout, || {
+        markers.len() == 0
+    })
+    .await?;
     drop((markers, versions));
     drop(op);
     remove(client, &ns, &crd, cfg.timeout).await?;
@@ -638,15 +641,16 @@ fn report(cfg: &Cfg, runs: &[Json]) -> String {
     let mut md = format!(
         "# Rollout bookkeeping\n\n{} parents (one ConfigMap child each), a template change \
          hot-reloaded; `spec.resync: {}s`; rounds: {} plain, {} rollout; medians (range).\n\n\
-         | | children on v2 | every ruleVersion moved | rollout Complete | writes | children | status | rollout state | stored versions | events | operator CPU | RSS after | API server CPU | etcd CPU |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | | children on v2 | every ruleVersion moved | rollout Complete | writes | children | status | rollout state | stored versions | events | operator CPU | RSS after | peak RSS | API server CPU | etcd CPU |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         cfg.n,
         cfg.resync,
         rounds("plain"),
         rounds("rollout")
     );
     let num = |k: &'static str| move |x: &Json| x[k].as_f64();
-    let class = |c: &'static str| move |x: &Json| Some(x["writes_by_class"][c].as_f64().unwrap_or(0.0));
+    let class =
+        |c: &'static str| move |x: &Json| Some(x["writes_by_class"][c].as_f64().unwrap_or(0.0));
     type Col = (Box<dyn Fn(&Json) -> Option<f64>>, &'static str);
     let cols: Vec<Col> = vec![
         (Box::new(num("children_seconds")), " s"),
@@ -660,6 +664,7 @@ fn report(cfg: &Cfg, runs: &[Json]) -> String {
         (Box::new(class("events")), ""),
         (Box::new(num("cpu_seconds")), " s"),
         (Box::new(num("rss_mib")), " MiB"),
+        (Box::new(num("hwm_mib")), " MiB"),
         (Box::new(num("apiserver_cpu_seconds")), " s"),
         (Box::new(num("etcd_cpu_seconds")), " s"),
     ];
@@ -678,9 +683,7 @@ fn report(cfg: &Cfg, runs: &[Json]) -> String {
         ));
     }
     md.push('\n');
-    let steady = |k: &'static str| {
-        of("rollout", &move |x: &Json| x["steady"][k].as_f64())
-    };
+    let steady = |k: &'static str| of("rollout", &move |x: &Json| x["steady"][k].as_f64());
     md.push_str(&format!(
         "\nSteady state after the rollout completed (two resync periods + 5 s, {} s): \
          writes {}; reconciles in the window {} (2 × {} parents = {}); operator CPU {}.\n",
@@ -747,6 +750,24 @@ fn main() -> Result<()> {
         return Ok(());
     }
     let cfg = Cfg::from_env();
+    // The report again from a run's `rollout.json` (its sizes and its binary as recorded).
+    if env("ROLLOUT_BENCH_REPORT_ONLY", 0u8) == 1 {
+        let path = cfg.out.join("rollout.json");
+        let saved: Json = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+        let cfg = Cfg {
+            n: saved["n"].as_u64().map_or(cfg.n, |n| n as usize),
+            resync: saved["resync"].as_u64().unwrap_or(cfg.resync),
+            binary: saved["binary"]
+                .as_str()
+                .map_or(cfg.binary.clone(), PathBuf::from),
+            ..cfg
+        };
+        let runs = saved["runs"].as_array().cloned().unwrap_or_default();
+        let md = report(&cfg, &runs);
+        std::fs::write(cfg.out.join("rollout.md"), &md)?;
+        println!("{md}");
+        return Ok(());
+    }
     if !cfg.binary.exists() {
         bail!(
             "{} is missing: `make bench-rollout` builds it (cargo build --release)",
@@ -785,7 +806,10 @@ fn main() -> Result<()> {
         std::fs::create_dir_all(&cfg.out)?;
         std::fs::write(
             cfg.out.join("rollout.json"),
-            serde_json::to_string_pretty(&json!({"runs": runs, "n": cfg.n, "resync": cfg.resync}))?,
+            serde_json::to_string_pretty(&json!({
+                "runs": runs, "n": cfg.n, "resync": cfg.resync,
+                "binary": cfg.binary.display().to_string(),
+            }))?,
         )?;
         let md = report(&cfg, &runs);
         std::fs::write(cfg.out.join("rollout.md"), &md)?;
