@@ -126,6 +126,16 @@ bench-admission: cluster ## Benchmark: admission latency with and without Rulebo
 	cargo build --locked --release --bin rulebook
 	cargo bench --locked --bench admission
 
+# The cost of the progressive rollout's bookkeeping (issue 44): a template change reaching
+# ROLLOUT_BENCH_N parents (default 1000) with and without spec.rollout, ROLLOUT_BENCH_REPEATS
+# rounds (3), writes from the audit log, then the steady state over two resyncs
+# (ROLLOUT_BENCH_RESYNC, 30 s) → target/bench/rollout.md. ROLLOUT_BENCH_BINARY: another binary.
+.PHONY: bench-rollout
+bench-rollout: cluster ## Benchmark: a rule change at 1,000 parents with and without spec.rollout (writes, CPU, RSS) → target/bench/rollout.md
+	@mkdir -p target/bench
+	@if [[ -z "$${ROLLOUT_BENCH_BINARY:-}" ]]; then cargo build --locked --release --bin rulebook; fi
+	cargo bench --locked --bench rollout
+
 # ---------------------------------------------------------------------------
 # Deployment manifests (deploy/README.md). deploy/base/rbac.yaml and deploy/base/ruleset/
 # are generated from rules/ and templates/; tests/deploy_manifests.rs fails when they are
