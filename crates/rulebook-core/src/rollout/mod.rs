@@ -129,13 +129,19 @@ pub struct RolloutState {
 }
 
 impl RolloutState {
-    /// Whether `other` differs from this state only in its progress counters (`moved`,
-    /// `parents`), which the coordinator writes as it looks: no parent renders otherwise
-    /// for them, so no reconcile is due (docs/benchmarks.md, "Rollout bookkeeping").
+    /// Whether `other` differs from this state only in its progress — the counters
+    /// (`moved`, `parents`) and, while it runs unheld, the `message` (`gate not passed: 37
+    /// of 100 moved parents ready`) — which the coordinator writes as it looks: no parent
+    /// renders otherwise for them, and the `Rollout` condition reads the message only
+    /// when paused, so no reconcile is due (docs/benchmarks.md, "Rollout bookkeeping").
     pub fn differs_only_in_progress(&self, other: &RolloutState) -> bool {
+        let running = |s: &RolloutState| s.phase == Phase::Progressing && !s.held;
         let mut a = self.clone();
         a.moved = other.moved;
         a.parents = other.parents;
+        if running(self) && running(other) {
+            a.message = other.message.clone();
+        }
         a == *other
     }
 

@@ -277,4 +277,15 @@ fn progress_counters_alone_are_no_change_of_placement() {
     let mut d = a.clone();
     d.held = true;
     assert!(!a.differs_only_in_progress(&d));
+    // While it runs, the gate's message is progress; once paused, the condition says it.
+    let mut running = a.clone();
+    running.phase = super::Phase::Progressing;
+    let mut later = running.clone();
+    later.message = Some("gate not passed: 37 of 100 moved parents ready".into());
+    assert!(running.differs_only_in_progress(&later));
+    let mut paused = running.clone();
+    paused.phase = super::Phase::Paused;
+    let mut paused_why = paused.clone();
+    paused_why.message = Some("failWhen held".into());
+    assert!(!paused.differs_only_in_progress(&paused_why));
 }
