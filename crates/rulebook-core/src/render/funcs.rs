@@ -197,8 +197,8 @@ fn parse_version(which: &str, text: &str) -> Result<semver::Version, Error> {
 }
 
 /// `quantity`: a Kubernetes quantity ("500m", "2Gi", "1e3", "1.5") as a number to
-/// compare or compute with: an integer when the value is a whole number that a float
-/// holds exactly, a float otherwise. Numbers pass through.
+/// compare or compute with: an integer when the value is whole and within ±9e18, a
+/// float otherwise. Numbers pass through.
 fn quantity(value: Value) -> Result<Value, Error> {
     if value.is_number() {
         return Ok(value);
@@ -209,7 +209,7 @@ fn quantity(value: Value) -> Result<Value, Error> {
     let q = parse_quantity(text).ok_or_else(|| {
         invalid("quantity: not a Kubernetes quantity (a number with an optional suffix such as m, k, Mi, Gi or e3)")
     })?;
-    if q.fract() == 0.0 && q.abs() < 9_007_199_254_740_992.0 {
+    if q.fract() == 0.0 && q.abs() < 9.0e18 {
         Ok(Value::from(q as i64))
     } else {
         Ok(Value::from(q))
@@ -266,3 +266,7 @@ fn suffix_multiplier(suffix: &str) -> Option<f64> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "funcs_tests.rs"]
+mod tests;
