@@ -71,11 +71,13 @@ fn fnv64a(state: &State, value: Value, kwargs: Kwargs) -> Result<String, Error> 
     guarded::checkpoint(state)?;
     let digest = match value.as_bytes() {
         Some(b) => fnv1a64(b),
-        None => fnv1a64(guarded::build("fnv64a", |w| {
-            use std::fmt::Write as _;
-            write!(w, "{value}")
-        })?
-        .as_bytes()),
+        None => fnv1a64(
+            guarded::build("fnv64a", |w| {
+                use std::fmt::Write as _;
+                write!(w, "{value}")
+            })?
+            .as_bytes(),
+        ),
     };
     encode_digest("fnv64a", &digest.to_be_bytes(), &kwargs)
 }
@@ -188,7 +190,11 @@ fn semver_compare(a: &str, b: &str) -> Result<i64, Error> {
 }
 
 fn parse_version(which: &str, text: &str) -> Result<semver::Version, Error> {
-    let bad = || invalid(format!("semver_compare: the {which} argument is not a semantic version (MAJOR.MINOR.PATCH)"));
+    let bad = || {
+        invalid(format!(
+            "semver_compare: the {which} argument is not a semantic version (MAJOR.MINOR.PATCH)"
+        ))
+    };
     if text.len() > MAX_SCALAR_TEXT {
         return Err(bad());
     }

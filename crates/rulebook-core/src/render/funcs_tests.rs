@@ -33,13 +33,19 @@ fn err(template: &str) -> String {
 #[test]
 fn digests_equal_kros_hash_library() {
     // hash.fnv64a / hash.sha256 of kro's test inputs, hex and base64.encode(...).
-    assert_eq!(ok(r#"{{ "hello world" | fnv64a }}"#), r#""779a65e7023cd2e7""#);
+    assert_eq!(
+        ok(r#"{{ "hello world" | fnv64a }}"#),
+        r#""779a65e7023cd2e7""#
+    );
     assert_eq!(ok(r#"{{ "" | fnv64a }}"#), r#""cbf29ce484222325""#);
     assert_eq!(
         ok(r#"{{ "hello world" | fnv64a(encoding="base64") }}"#),
         r#""d5pl5wI80uc=""#
     );
-    assert_eq!(ok(r#"{{ "" | fnv64a(encoding="base64") }}"#), r#""y/Kc5IQiIyU=""#);
+    assert_eq!(
+        ok(r#"{{ "" | fnv64a(encoding="base64") }}"#),
+        r#""y/Kc5IQiIyU=""#
+    );
     assert_eq!(
         ok(r#"{{ "hello world" | sha256 }}"#),
         r#""b94d27b9934d3e08a52e52d7da7dabfac484efe37a5380ee9088f7ace2efcde9""#
@@ -68,12 +74,21 @@ fn seeded_random_string_equals_kros_seeded_string() {
         "molvf9mxmolvf9mxmolvf9mxmolvf9mxmolvf9mx"
     );
     assert_eq!(seeded_string(b"", 1), "e");
-    for bad in ["0", "-1", "-9223372036854775808", "1025", "9223372036854775807"] {
+    for bad in [
+        "0",
+        "-1",
+        "-9223372036854775808",
+        "1025",
+        "9223372036854775807",
+    ] {
         let e = err(&format!(r#"{{{{ seeded_random_string("s", {bad}) }}}}"#));
         assert!(e.contains("between 1 and 1024"), "{bad}: {e}");
     }
     assert!(!err(r#"{{ seeded_random_string("s", "10") }}"#).is_empty());
-    assert_eq!(ok(r#"{{ seeded_random_string("s", 1024) | length }}"#), "1024");
+    assert_eq!(
+        ok(r#"{{ seeded_random_string("s", 1024) | length }}"#),
+        "1024"
+    );
 }
 
 #[test]
@@ -82,10 +97,16 @@ fn from_json_and_to_json_round_trip_and_are_bounded() {
         ok(r#"{{ ('{"a": [1, 2, {"b": true}]}' | from_json).a[2].b }}"#),
         "true"
     );
-    assert_eq!(ok(r#"{{ '{"a":1}' | from_json | to_json }}"#), r#""{\"a\":1}""#);
+    assert_eq!(
+        ok(r#"{{ '{"a":1}' | from_json | to_json }}"#),
+        r#""{\"a\":1}""#
+    );
     assert_eq!(ok(r#"{{ '[1]' | from_json | tojson }}"#), "[1]");
     let e = err(r#"{{ '{"password": "hunter2"' | from_json }}"#);
-    assert!(e.contains("not valid JSON") && !e.contains("hunter2"), "{e}");
+    assert!(
+        e.contains("not valid JSON") && !e.contains("hunter2"),
+        "{e}"
+    );
     // Deep: rejected before parsing, whatever the depth.
     let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
     let e = from_json_direct(&deep).unwrap_err();
@@ -139,7 +160,9 @@ fn quantities_parse_as_kubernetes_reads_them() {
     assert_eq!(ok(r#"{{ quantity("500m") < quantity("1") }}"#), "true");
     assert_eq!(ok(r#"{{ quantity("1Gi") > quantity("1G") }}"#), "true");
     assert_eq!(ok(r#"{{ 7 | quantity }}"#), "7");
-    for bad in ["", "Gi", "1.2.3", "1Gb", "1e", "1e99999", "1e400", ".", "--1", "1 Gi", "m1"] {
+    for bad in [
+        "", "Gi", "1.2.3", "1Gb", "1e", "1e99999", "1e400", ".", "--1", "1 Gi", "m1",
+    ] {
         let e = err(&format!(r#"{{{{ "{bad}" | quantity }}}}"#));
         assert!(e.contains("not a Kubernetes quantity"), "{bad:?}: {e}");
     }
@@ -166,11 +189,28 @@ fn semver_compare_orders_by_precedence() {
     assert!(err(r#"{{ semver_compare("1.2", "1.2.0") }}"#).contains("first argument"));
     assert!(err(r#"{{ semver_compare("1.2.0", "latest") }}"#).contains("second argument"));
     let long = "1".repeat(10_000);
-    assert!(err(&format!(r#"{{{{ semver_compare("{long}.0.0", "1.0.0") }}}}"#)).contains("first"));
+    assert!(
+        err(&format!(
+            r#"{{{{ semver_compare("{long}.0.0", "1.0.0") }}}}"#
+        ))
+        .contains("first")
+    );
 }
 
 #[test]
 fn range_is_minijinjas_bounded_range() {
     assert_eq!(ok("{{ range(3) | list }}"), "[0,1,2]");
     assert!(!err("{{ range(100000000) | list }}").is_empty());
+}
+
+/// The examples of docs/reference/templates.md's Functions table work as written.
+#[test]
+fn documented_examples_render() {
+    assert_eq!(ok(r#"{{ "2Gi" | quantity > quantity("1Gi") }}"#), "true");
+    assert_eq!(
+        ok(r#"{% if semver_compare("v1.31.2", "1.30.0") >= 0 %}new{% endif %}"#),
+        "new"
+    );
+    assert_eq!(ok(r#"{{ ('{"replicas": 3}' | from_json).replicas }}"#), "3");
+    assert_eq!(ok("{% for i in range(2) %}{{ i }}{% endfor %}"), "01");
 }
