@@ -45,6 +45,7 @@ pub fn environment(limits: &Limits) -> Environment<'static> {
     env.add_filter("sha256", sha256);
     env.add_filter("to_yaml", to_yaml);
     env.add_filter("to_json", to_json);
+    super::funcs::register(&mut env);
     env
 }
 
@@ -200,7 +201,7 @@ fn b64decode(value: &str) -> Result<String, Error> {
     })
 }
 
-fn sha256(state: &State, value: Value) -> Result<String, Error> {
+fn sha256(state: &State, value: Value, kwargs: minijinja::value::Kwargs) -> Result<String, Error> {
     guarded::checkpoint(state)?;
     /// Hashes text as it is formatted, so a big value is never copied.
     struct Hashing(sha2::Sha256);
@@ -220,7 +221,7 @@ fn sha256(state: &State, value: Value) -> Result<String, Error> {
             })?;
         }
     }
-    Ok(hex::encode(h.0.finalize()))
+    super::funcs::encode_digest("sha256", &h.0.finalize(), &kwargs)
 }
 
 /// A value as a YAML document in a string (to embed a config file as a string field).

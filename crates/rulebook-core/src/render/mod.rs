@@ -18,6 +18,7 @@ mod diags;
 mod env;
 mod error;
 mod fastyaml;
+mod funcs;
 mod guarded;
 mod limits;
 pub mod mentions;
