@@ -687,3 +687,22 @@ fn a_failed_child_holds_its_dependents_only() {
         [Some(Hold::After(1)), None, None, Some(Hold::After(0))]
     );
 }
+
+/// Several rules on one parent kind: an object labelled as another rule's child of the
+/// same parent is that rule's, whatever its controller reference says.
+#[test]
+fn another_rules_child_of_the_same_parent_is_named() {
+    use rulebook::reconcile::plan::other_rules_child;
+    let o: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "x", "labels": {"rulebook.dev/rule": "myapp-gold"}}
+    }))
+    .unwrap();
+    assert_eq!(other_rules_child(&o, "myapp"), Some("myapp-gold"));
+    assert_eq!(other_rules_child(&o, "myapp-gold"), None);
+    let unlabelled: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}
+    }))
+    .unwrap();
+    assert_eq!(other_rules_child(&unlabelled, "myapp"), None);
+}

@@ -86,6 +86,11 @@ pub fn needs_of<'a>(
         // whose parents may carry what an earlier version put there (its finalizer
         // comes off, a teardown takes a kind off the record).
         add(&mut needs, group, &plural, FINALIZER_VERBS);
+        // A `namespaceSelector` reads the labels of the parents' namespaces (a watch of
+        // the Namespaces, metadata only: engine/wiring.rs).
+        if r.selects_by_namespace() {
+            add(&mut needs, "", "namespaces", &["get", "list", "watch"]);
+        }
         for reference in &r.rule.spec.references {
             let (group, _) = split_api_version(&reference.api_version);
             let plural = plural_of(set, &reference.api_version, &reference.kind);

@@ -223,3 +223,46 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod namespace_selector_tests {
+    /// A rule whose selector reads namespace labels is granted reading the Namespaces
+    /// (its watch of them); one without is not.
+    #[test]
+    fn a_namespace_selector_is_granted_the_namespaces_watch() {
+        let rule = |name: &str, kind: &str, selector: &str| {
+            (
+                format!("{name}.yaml"),
+                format!(
+                    "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: {name}\nspec:\n  parent:\n    apiVersion: example.com/v1\n    kind: {kind}\n{selector}  children:\n    - name: c\n      apiVersion: v1\n      kind: ConfigMap\n      template: t.yaml\n"
+                ),
+            )
+        };
+        let set = |files: Vec<(String, String)>| {
+            let sources = crate::rules::Sources {
+                default_rollout: None,
+                rule_files: files,
+                templates: [(
+                    "t.yaml".to_string(),
+                    ("t.yaml".to_string(), "metadata:\n  name: x\n".to_string()),
+                )]
+                .into(),
+            };
+            crate::render::compile(&sources, &crate::render::Limits::default())
+                .unwrap_or_else(|e| panic!("{e:?}"))
+        };
+        let reads_namespaces = |s: &crate::render::RuleSet| {
+            super::super::needs(s)
+                .iter()
+                .any(|n| format!("{n:?}").contains("\"namespaces\""))
+        };
+        let with = set(vec![rule(
+            "prod",
+            "App",
+            "    selector:\n      namespaceSelector:\n        matchLabels: {env: prod}\n",
+        )]);
+        assert!(reads_namespaces(&with));
+        let without = set(vec![rule("all", "App", "")]);
+        assert!(!reads_namespaces(&without));
+    }
+}

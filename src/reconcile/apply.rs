@@ -20,7 +20,7 @@ use super::drift::{Drift, fields_cover};
 use super::error::ReconcileError;
 use super::events::{Change, other_managers};
 use super::memory;
-use super::plan::{Adoption, ChildStep, Live, conflict_message, plan_child};
+use super::plan::{Adoption, ChildStep, Live, conflict_message, is_child_of, plan_child};
 use crate::cache;
 use crate::cache::wire::is_stub;
 use crate::meta::FIELD_MANAGER;
@@ -214,6 +214,15 @@ fn plan_found(
     found: &Found,
     seen: bool,
 ) -> ChildStep {
+    if let Some(other) = found
+        .object()
+        .filter(|o| is_child_of(o, uid))
+        .and_then(|o| super::plan::other_rules_child(o, &ctx.rule.name))
+    {
+        return ChildStep::Conflict {
+            owner: format!("rule '{other}', of the same parent"),
+        };
+    }
     let live_uid = found.object().and_then(|o| o.uid()).unwrap_or_default();
     let hash_only = ctx.memory.checked_by_hash_only(&live_uid);
     let adoption = Adoption::of(

@@ -405,6 +405,18 @@ pub fn controlled_by(o: &DynamicObject, uid: &str) -> bool {
 /// Whether `o` is a child of the parent with UID `uid`: its controller reference is the
 /// parent, or it is one of the parent's `Orphan` children, which carry no ownerReference
 /// ([`crate::cache::wire::orphan_owner`]).
+/// The other rule of the same parent kind whose child `o` is, by its `rulebook.dev/rule`
+/// label: several rules on one kind (decorators) share the parent, so the controller
+/// reference alone cannot tell whose child an object is. Such an object is never this
+/// rule's to apply, adopt or prune: two rules rendering one name would otherwise
+/// overwrite each other's label and fight with every write.
+pub fn other_rules_child<'a>(o: &'a DynamicObject, rule: &str) -> Option<&'a str> {
+    o.labels()
+        .get(labels::RULE)
+        .map(String::as_str)
+        .filter(|r| *r != rule)
+}
+
 pub fn is_child_of(o: &DynamicObject, uid: &str) -> bool {
     controlled_by(o, uid) || crate::cache::wire::orphan_owner(&o.metadata) == Some(uid)
 }

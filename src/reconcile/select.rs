@@ -36,8 +36,13 @@ pub(super) async fn selected(
         Some(ns) if rule.selects_by_namespace() => match ctx.namespace_labels(&ns) {
             Some(labels) => Some(labels),
             // Not cached yet: no decision (a parent would lose its children while the
-            // Namespaces are being listed). Their watch wakes the parent.
-            None => return Ok(ControlFlow::Break(Outcome::Ends(Ok(settled())))),
+            // Namespaces are being listed). Looked at again shortly: the list is only
+            // swapped in at its end, after the events that woke the parent.
+            None => {
+                return Ok(ControlFlow::Break(Outcome::Ends(Ok(Action::requeue(
+                    std::time::Duration::from_secs(2),
+                )))));
+            }
         },
         _ => None,
     };
@@ -47,8 +52,10 @@ pub(super) async fn selected(
     if !rule.has_selector_expr() {
         return Ok(ControlFlow::Continue(true));
     }
+    // A parent that cannot be read (nested too deeply) is no decision either: nothing of
+    // it is pruned for an expression that never ran.
     let Some(parent_json) = cache::to_json(parent) else {
-        return Ok(ControlFlow::Continue(false));
+        return Ok(ControlFlow::Break(Outcome::Ends(Ok(settled()))));
     };
     match super::offload::selects_off_runtime(ctx, parent_json.clone()).await? {
         Ok(taken) => Ok(ControlFlow::Continue(taken)),

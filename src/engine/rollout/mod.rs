@@ -106,7 +106,17 @@ pub async fn prepare(
                 wanted = RolloutState::settled(&rule.version, now);
                 wanted.message = Some(why);
             }
-            None => old = found,
+            // A stored version is compiled alone, as its kind's only rule: it runs with
+            // the role the rule set gives the rule now (decorators: who holds the
+            // finalizer, who writes the status), never a role of its own.
+            None => {
+                old = found.map(|mut o| {
+                    if let Some(r) = Arc::get_mut(&mut o) {
+                        r.role = rule.role;
+                    }
+                    o
+                })
+            }
         }
     }
     if coordinates {
