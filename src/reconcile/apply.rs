@@ -214,9 +214,11 @@ fn plan_found(
     found: &Found,
     seen: bool,
 ) -> ChildStep {
+    // Only among several rules of the kind: a rule alone on it takes over what a rule of
+    // another name left (a renamed rule's children).
     if let Some(other) = found
         .object()
-        .filter(|o| is_child_of(o, uid))
+        .filter(|o| ctx.rule.role.shared && is_child_of(o, uid))
         .and_then(|o| super::plan::other_rules_child(o, &ctx.rule.name))
     {
         return ChildStep::Conflict {
