@@ -83,6 +83,16 @@ async fn markers(cms: &Api<DynamicObject>) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
+/// The names of the children of `cms` that carry marker `v`.
+async fn at_version(cms: &Api<DynamicObject>, v: &str) -> Vec<String> {
+    markers(cms)
+        .await
+        .into_iter()
+        .filter(|(_, m)| m == v)
+        .map(|(k, _)| k)
+        .collect()
+}
+
 /// `(status, reason, message)` of a parent's `Rollout` condition.
 fn rollout_condition(o: &Json) -> Option<(String, String, String)> {
     let c = o
@@ -460,12 +470,7 @@ async fn a_rollout_resumes_after_sigkill_with_the_old_files_gone() {
         &rule(kind, "rollkill/v2.yaml", None, rollout),
     );
     let canary = wait_for(T, "one child at v2", || async {
-        let m = markers(&cms).await;
-        let moved: Vec<String> = m
-            .iter()
-            .filter(|(_, v)| *v == "v2")
-            .map(|(k, _)| k.clone())
-            .collect();
+        let moved = at_version(&cms, "v2").await;
         (moved.len() == 1).then(|| moved[0].clone())
     })
     .await;
@@ -584,12 +589,7 @@ async fn a_leader_change_mid_rollout_neither_skips_the_gate_nor_moves_a_batch_tw
     d.template("rolllead/v2.yaml", &template("v2"));
     d.rule("rolllead.yaml", &no_rollout("rolllead/v2.yaml"));
     let moved = wait_for(T, "the first batch (2 children) at v2", || async {
-        let m = markers(&cms).await;
-        let moved: Vec<String> = m
-            .iter()
-            .filter(|(_, v)| *v == "v2")
-            .map(|(k, _)| k.clone())
-            .collect();
+        let moved = at_version(&cms, "v2").await;
         (moved.len() == 2).then_some(moved)
     })
     .await;
@@ -619,12 +619,7 @@ async fn a_leader_change_mid_rollout_neither_skips_the_gate_nor_moves_a_batch_tw
     )
     .await;
     let s = state(&client, &ns, "rolllead").await.expect("a state");
-    let now_moved: Vec<String> = markers(&cms)
-        .await
-        .into_iter()
-        .filter(|(_, v)| v == "v2")
-        .map(|(k, _)| k)
-        .collect();
+    let now_moved = at_version(&cms, "v2").await;
     if s["step"] == 0 {
         assert_eq!(now_moved, moved, "the new leader moved another batch: {s}");
     }

@@ -124,13 +124,18 @@ mod tests {
             }
             (format!("{name}.yaml"), t)
         };
+        compiled(vec![
+            rule("low", "Low", "ConfigMap", Some("low-sa")),
+            rule("high", "High", "Secret", Some("high-sa")),
+            rule("plain", "Plain", "Service", None),
+        ])
+    }
+
+    /// The rule files `files`, compiled with one template `t.yaml`.
+    pub(super) fn compiled(files: Vec<(String, String)>) -> RuleSet {
         let sources = crate::rules::Sources {
             default_rollout: None,
-            rule_files: vec![
-                rule("low", "Low", "ConfigMap", Some("low-sa")),
-                rule("high", "High", "Secret", Some("high-sa")),
-                rule("plain", "Plain", "Service", None),
-            ],
+            rule_files: files,
             templates: [(
                 "t.yaml".to_string(),
                 ("t.yaml".to_string(), "metadata:\n  name: x\n".to_string()),
@@ -238,19 +243,7 @@ mod namespace_selector_tests {
                 ),
             )
         };
-        let set = |files: Vec<(String, String)>| {
-            let sources = crate::rules::Sources {
-                default_rollout: None,
-                rule_files: files,
-                templates: [(
-                    "t.yaml".to_string(),
-                    ("t.yaml".to_string(), "metadata:\n  name: x\n".to_string()),
-                )]
-                .into(),
-            };
-            crate::render::compile(&sources, &crate::render::Limits::default())
-                .unwrap_or_else(|e| panic!("{e:?}"))
-        };
+        let set = super::tests::compiled;
         let reads_namespaces = |s: &crate::render::RuleSet| {
             super::super::needs(s)
                 .iter()

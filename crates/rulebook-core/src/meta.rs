@@ -207,6 +207,34 @@ impl JsonAt for serde_json::Value {
     }
 }
 
+/// How deeply `text` (JSON) nests objects and arrays, counted without parsing it
+/// (brackets inside strings skipped): a cheap pass before a parse whose recursion a
+/// hostile text must never reach.
+pub fn nesting_depth(text: &str) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'{' | b'[' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 #[cfg(test)]
 mod json_at_tests {
     use super::JsonAt;

@@ -92,7 +92,7 @@ fn from_json(state: &State, text: &str) -> Result<Value, Error> {
             text.len()
         )));
     }
-    if json_depth(text) > MAX_JSON_DEPTH {
+    if crate::meta::nesting_depth(text) > MAX_JSON_DEPTH {
         return Err(invalid(format!(
             "from_json: the value nests deeper than {MAX_JSON_DEPTH} levels"
         )));
@@ -107,33 +107,6 @@ fn from_json(state: &State, text: &str) -> Result<Value, Error> {
         ))
     })?;
     Ok(Value::from(minijinja::value::Serde(parsed)))
-}
-
-/// The deepest bracket nesting of a JSON text, brackets inside strings skipped. A
-/// cheap pass before parsing, so a hostile text never reaches the parser's recursion.
-fn json_depth(text: &str) -> usize {
-    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
-    for b in text.bytes() {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                deepest = deepest.max(depth);
-            }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    deepest
 }
 
 /// `seeded_random_string(seed, length)`: kro's `random.seededString(length, seed)`,

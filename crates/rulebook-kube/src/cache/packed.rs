@@ -336,31 +336,8 @@ impl serde::Serialize for WithoutManagedFields<'_> {
 /// How deeply serde_json reads (its recursion limit): deeper content cannot be read.
 pub const MAX_DEPTH: usize = 128;
 
-/// How deeply `text` (JSON) nests objects and arrays, counted without parsing it.
-pub fn nesting_depth(text: &str) -> usize {
-    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
-    for b in text.bytes() {
-        if in_string {
-            match b {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'{' | b'[' => {
-                depth += 1;
-                max = max.max(depth);
-            }
-            b'}' | b']' => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-    }
-    max
-}
+/// How deeply `text` (JSON) nests objects and arrays (one scanner for every layer).
+pub use rulebook_core::meta::nesting_depth;
 
 #[cfg(test)]
 mod tests {
