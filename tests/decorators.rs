@@ -6,7 +6,9 @@
 //! shipped `myapp` rule). The right parents get the extra children and the others none
 //! (the audit log: no write of Rulebook's into a namespace the decorator does not take);
 //! a parent relabelled out of a selector loses exactly that rule's children and
-//! condition; removing the decorator rule prunes only its children; deleting a parent
+//! condition; renaming the decorator rule hands its children to the new name (same
+//! objects, no delete) and a dangling link in its place keeps them; removing it prunes
+//! only its children; deleting a parent
 //! takes both rules' children along.
 // A scenario test reads top to bottom as one story (the function size limit is for the
 // product code).
@@ -51,6 +53,51 @@ async fn label(api: &Api<DynamicObject>, name: &str, labels: Json) {
 }
 
 /// The three children of `team-namespace` in namespace `ns`, as present or not.
+/// `(uid, rulebook.dev/rule label)` of the three team children in `ns` (empty strings for
+/// one missing).
+async fn team_uids(client: &kube::Client, ns: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (api_version, kind, plural, name) in TEAM_CHILDREN {
+        let o = get(&api(client, Some(ns), api_version, kind, plural), name).await;
+        let field = |o: &Option<Json>, p: &str| {
+            o.as_ref()
+                .and_then(|o| o.pointer(p))
+                .and_then(Json::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        out.push((
+            field(&o, "/metadata/uid"),
+            field(&o, "/metadata/labels/rulebook.dev~1rule"),
+        ));
+    }
+    out
+}
+
+/// `before` as the renamed rule holds it: the same objects under the new rule's label.
+fn before_renamed(before: &[(String, String)]) -> Vec<(String, String)> {
+    before
+        .iter()
+        .map(|(uid, _)| (uid.clone(), "team-namespace-renamed".to_string()))
+        .collect()
+}
+
+const TEAM_CHILDREN: [(&str, &str, &str, &str); 3] = [
+    (
+        "networking.k8s.io/v1",
+        "NetworkPolicy",
+        "networkpolicies",
+        "default-deny",
+    ),
+    ("v1", "ResourceQuota", "resourcequotas", "team-quota"),
+    (
+        "rbac.authorization.k8s.io/v1",
+        "RoleBinding",
+        "rolebindings",
+        "team-members",
+    ),
+];
+
 async fn team_children(client: &kube::Client, ns: &str) -> [bool; 3] {
     let np = api(
         client,
@@ -116,7 +163,7 @@ async fn decorators_beside_the_shipped_rules() {
     copy_tree(&repo().join("examples/decorators/rules"), &rules);
     copy_tree(&repo().join("examples/decorators/templates"), &templates);
     let audit = Audit::mark();
-    let _op = Operator::on(&rules, &templates)
+    let op = Operator::on(&rules, &templates)
         .flags(&["--install-crds", "--selector", &selector])
         .start()
         .await;
@@ -245,8 +292,63 @@ async fn decorators_beside_the_shipped_rules() {
     .await;
     assert_eq!(team_children(&client, &team_b).await, [true; 3]);
 
+    // The decorator rule renamed (a hot reload): the new rule takes the same objects over
+    // — same UIDs, its label — and nothing of them is deleted on the way.
+    let before = team_uids(&client, &team_b).await;
+    assert!(
+        before
+            .iter()
+            .all(|(uid, rule)| !uid.is_empty() && rule == "team-namespace"),
+        "{before:?}"
+    );
+    let renamed = std::fs::read_to_string(rules.join("team-namespace.yaml"))
+        .expect("read the rule")
+        .replacen(
+            "name: team-namespace\n",
+            "name: team-namespace-renamed\n",
+            1,
+        );
+    assert!(renamed.contains("team-namespace-renamed"));
+    let staged = dir.path().join("team-namespace-renamed.yaml");
+    std::fs::write(&staged, renamed).expect("write the renamed rule");
+    std::fs::rename(&staged, rules.join("team-namespace-renamed.yaml")).expect("move it in");
+    std::fs::remove_file(rules.join("team-namespace.yaml")).expect("remove the old name");
+    wait_for(
+        T,
+        "the team children taken over by the renamed rule",
+        || async {
+            let now = team_uids(&client, &team_b).await;
+            now.iter()
+                .all(|(_, rule)| rule == "team-namespace-renamed")
+                .then_some(now)
+        },
+    )
+    .await
+    .iter()
+    .zip(&before)
+    .for_each(|(now, was)| assert_eq!(now.0, was.0, "a child was replaced on the rename"));
+    let deletes: Vec<String> = rulebook_writes(&audit, &team_b)
+        .iter()
+        .filter(|e| e["verb"] == "delete")
+        .map(describe_audit)
+        .collect();
+    assert!(deletes.is_empty(), "the rename deleted: {deletes:?}");
+
+    // Its file a dangling link for a while (a GitOps checkout half-swapped): the rule is
+    // missing, not removed, and its children stay.
+    let file = rules.join("team-namespace-renamed.yaml");
+    std::fs::remove_file(&file).expect("remove the rule file");
+    std::os::unix::fs::symlink(dir.path().join("nowhere.yaml"), &file).expect("dangling link");
+    wait_for(T, "the operator to notice the dangling link", || async {
+        op.log_tail()
+            .contains("the file of a rule with spec.parent.selector was skipped")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(team_uids(&client, &team_b).await, before_renamed(&before));
+
     // The decorator rule removed: its children are pruned; the MyApps' are not.
-    std::fs::remove_file(rules.join("team-namespace.yaml")).expect("remove the rule");
+    std::fs::remove_file(&file).expect("remove the rule");
     wait_for(
         T,
         &format!("the team children gone from {team_b}"),

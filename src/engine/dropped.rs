@@ -29,7 +29,7 @@ use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
 use crate::reconcile::memory::{BackoffPolicy, OrphansPending};
 use crate::reconcile::orphan_patch;
-use crate::render::CompiledRule;
+use crate::render::{CompiledRule, RuleSet};
 use crate::rules::DeletionPolicy;
 use crate::shard::gate::ShardGate;
 use crate::write::writer::{Deleted, Patched, WriteError, Writer};
@@ -69,9 +69,31 @@ pub(super) fn dropped_kinds(old: &CompiledRule, new: &CompiledRule) -> Vec<(Stri
     still_dropped(new, all_kinds(old))
 }
 
-/// `(apiVersion, kind)` of every child of `rule`: what a removed rule with a selector
-/// leaves to clean up (all of its children).
-pub(super) fn all_kinds(rule: &CompiledRule) -> Vec<(String, String)> {
+/// `(apiVersion, kind)` of a child kind.
+pub(super) type KindRef = (String, String);
+
+/// What a removed rule with a selector leaves to clean up: `(apiVersion, kind)` of its
+/// children whose kind no rule of `set` on the same parent kind has (pruned), and of those
+/// it shares with one (left: such a rule may render the same objects — the rule renamed —
+/// and takes them over; a hot reload never deletes a child the new set still renders).
+pub(super) fn removed_kinds(old: &CompiledRule, set: &RuleSet) -> (Vec<KindRef>, Vec<KindRef>) {
+    let parent = |r: &CompiledRule| {
+        let p = &r.rule.spec.parent;
+        group_kind(&p.api_version.value, &p.kind.value)
+    };
+    let mut kinds = all_kinds(old);
+    let mut kept = Vec::new();
+    for r in set.rules.values().filter(|r| parent(r) == parent(old)) {
+        let still = still_dropped(r, kinds.clone());
+        kept.extend(kinds.into_iter().filter(|k| !still.contains(k)));
+        kinds = still;
+    }
+    kept.sort();
+    (kinds, kept)
+}
+
+/// `(apiVersion, kind)` of every child of `rule`.
+fn all_kinds(rule: &CompiledRule) -> Vec<(String, String)> {
     let mut kinds: Vec<(String, String)> = rule
         .children()
         .iter()

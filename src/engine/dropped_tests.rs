@@ -98,3 +98,45 @@ fn a_kind_the_rule_has_again_is_not_cleaned_up_after() {
     assert!(still_dropped(&v3, dropped.clone()).is_empty());
     assert_eq!(still_dropped(&v2, dropped.clone()), dropped);
 }
+
+/// A rule named `name` over `parent_kind` with one child of each of `kinds`.
+fn named(name: &str, parent_kind: &str, kinds: &[(&str, &str)]) -> Arc<CompiledRule> {
+    let mut text = format!(
+        "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: {name}\nspec:\n  parent:\n    apiVersion: example.com/v1\n    kind: {parent_kind}\n  children:\n"
+    );
+    for (i, (api_version, kind)) in kinds.iter().enumerate() {
+        text += &format!(
+            "    - name: c{i}\n      apiVersion: {api_version}\n      kind: {kind}\n      template: t.yaml\n"
+        );
+    }
+    super::super::compiled_for_test(name, text)
+}
+
+#[test]
+fn a_removed_rule_leaves_the_kinds_another_rule_of_its_parent_kind_has() {
+    let old = named("old", "App", &[CM, PVC, ("apps/v1", "Deployment")]);
+    let set = RuleSet {
+        rules: [
+            // The rule renamed, at another version of the ConfigMap's group (the same
+            // objects), and a rule of another parent kind with the PVC kind.
+            (
+                "new".to_string(),
+                named("new", "App", &[("v1", "ConfigMap")]),
+            ),
+            ("x".to_string(), named("x", "Other", &[PVC])),
+        ]
+        .into(),
+        warnings: Vec::new(),
+        fingerprint: String::new(),
+        skipped: Vec::new(),
+    };
+    let (pruned, kept) = removed_kinds(&old, &set);
+    assert_eq!(
+        pruned,
+        vec![
+            ("apps/v1".to_string(), "Deployment".to_string()),
+            ("v1".to_string(), "PersistentVolumeClaim".to_string()),
+        ]
+    );
+    assert_eq!(kept, vec![("v1".to_string(), "ConfigMap".to_string())]);
+}

@@ -40,7 +40,7 @@ use crate::reconcile::inflight::InputBudget;
 use crate::render::{CompiledRule, RuleSet};
 use crate::write::outbox::{Outbox, OutboxLimits};
 use crate::write::recorder::Recorder;
-use dropped::{CleanupEnv, Cleanups, Dropped, all_kinds, dropped_kinds};
+use dropped::{CleanupEnv, Cleanups, Dropped, dropped_kinds, removed_kinds};
 use released::release_removed_rule;
 use runner::RuleRunner;
 
@@ -128,6 +128,9 @@ pub struct Engine {
     migrations: migrate::Migrations,
     /// Who each rule's requests are made as (`identity.rs`).
     identities: Identities,
+    /// Rules with a selector stopped because the read skipped their file (a dangling
+    /// link), by name: their children are pruned only once the file is gone for good.
+    missing: BTreeMap<String, Arc<CompiledRule>>,
 }
 
 /// How long a stopping rule may take to finish its in-flight reconciles.
@@ -196,6 +199,7 @@ impl Engine {
             releases: BTreeMap::new(),
             steady: BTreeMap::new(),
             cleanups: Cleanups::default(),
+            missing: BTreeMap::new(),
         }
     }
 
@@ -209,9 +213,11 @@ impl Engine {
             .filter(|(name, r)| {
                 // A rule whose part among its kind's rules changed (another rule of its
                 // kind came or went) restarts too: it writes other conditions now.
-                set.rules
-                    .get(*name)
-                    .is_none_or(|new| new.version != r.version || new.role != r.rule.role)
+                // So does one whose peers changed (a sibling renamed): it tells their
+                // children from those of a rule that is gone by the peers' names.
+                set.rules.get(*name).is_none_or(|new| {
+                    new.version != r.version || new.role != r.rule.role || new.peers != r.rule.peers
+                })
             })
             .map(|(name, _)| name.clone())
             .collect();
@@ -219,6 +225,7 @@ impl Engine {
         // The version each changed rule ran until now: a rule with `spec.rollout` moves
         // its parents from it progressively (`rollout/`).
         let mut previous: BTreeMap<String, Arc<CompiledRule>> = BTreeMap::new();
+        self.missing_now(set);
         for name in stale {
             let old = self.running.get(&name).map(|r| r.rule.clone());
             // Also a rule that needs no finalizer: its parents may still carry one an
@@ -245,24 +252,8 @@ impl Engine {
                         }
                     }
                 }
-                (Some(old), None) if old.has_selector() => {
-                    // A rule with a selector takes no parent any more: its children go,
-                    // as they would for parents leaving its selector (decorators.md).
-                    info!(rule = %name, "rule with spec.parent.selector removed: pruning its children");
-                    let kinds = all_kinds(&old);
-                    // As the removed rule's identity: its children are what its account
-                    // may delete.
-                    match self.cleanup_env(&old) {
-                        Ok(env) => {
-                            self.cleanups
-                                .start(name.clone(), vec![Dropped { old, kinds }], env);
-                        }
-                        Err(e) => {
-                            warn!(rule = %name, error = %e, "cannot prune the children of the removed rule");
-                        }
-                    }
-                }
-                _ => info!(rule = %name, "rule removed: controller stopped, its children stay"),
+                (Some(old), None) => self.removed(old, set),
+                (None, _) => {}
             }
         }
         self.release_removed(&released, set);
@@ -272,6 +263,55 @@ impl Engine {
                     release.abort();
                 }
                 self.start(rule.clone(), previous.remove(name)).await;
+            }
+        }
+    }
+
+    /// A rule gone from the set (its controller stopped): one with a selector takes no
+    /// parent any more, so its children go, as they would for parents leaving its
+    /// selector (decorators.md) — but for kinds another rule of the parent kind has: that
+    /// rule may render them (the rule renamed), and takes them over. A rule whose file the
+    /// read skipped (a dangling link) is missing, not removed: its children stay until the
+    /// file is back or gone ([`Engine::missing_now`]).
+    fn removed(&mut self, old: Arc<CompiledRule>, set: &RuleSet) {
+        let name = old.name.clone();
+        if !old.has_selector() {
+            info!(rule = %name, "rule removed: controller stopped, its children stay");
+            return;
+        }
+        if set.skipped.contains(&old.file) {
+            warn!(rule = %name, file = %old.file, "the file of a rule with spec.parent.selector was skipped (a dangling link): its children stay until it is back or removed");
+            self.missing.insert(name, old);
+            return;
+        }
+        let (kinds, kept) = removed_kinds(&old, set);
+        if !kept.is_empty() {
+            info!(rule = %name, kinds = ?kept, "rule with spec.parent.selector removed: its children of kinds other rules of its parent kind have stay, for them to take over");
+        }
+        if kinds.is_empty() {
+            return;
+        }
+        info!(rule = %name, kinds = ?kinds, "rule with spec.parent.selector removed: pruning its children");
+        // As the removed rule's identity: its children are what its account may delete.
+        match self.cleanup_env(&old) {
+            Ok(env) => self.cleanups.start(name, vec![Dropped { old, kinds }], env),
+            Err(e) => {
+                warn!(rule = %name, error = %e, "cannot prune the children of the removed rule");
+            }
+        }
+    }
+
+    /// The rules missing since their file was skipped, against `set`: one back in the set
+    /// starts as any new rule; one whose file is still skipped stays missing; one whose
+    /// file is gone for good is removed now ([`Engine::removed`]).
+    fn missing_now(&mut self, set: &RuleSet) {
+        let missing = std::mem::take(&mut self.missing);
+        for (name, old) in missing {
+            if set.rules.contains_key(&name) {
+                info!(rule = %name, "the file of a missing rule is back");
+            } else {
+                // Still skipped: `removed` keeps it missing.
+                self.removed(old, set);
             }
         }
     }

@@ -214,12 +214,13 @@ fn plan_found(
     found: &Found,
     seen: bool,
 ) -> ChildStep {
-    // Only among several rules of the kind: a rule alone on it takes over what a rule of
-    // another name left (a renamed rule's children).
+    // Only another rule of the set's: a rule takes over what a rule no longer in the set
+    // left (a renamed rule's children), as its kind's only rule or among several.
     if let Some(other) = found
         .object()
-        .filter(|o| ctx.rule.role.shared && is_child_of(o, uid))
+        .filter(|o| is_child_of(o, uid))
         .and_then(|o| super::plan::other_rules_child(o, &ctx.rule.name))
+        .filter(|other| ctx.rule.peers.iter().any(|p| p == other))
     {
         return ChildStep::Conflict {
             owner: format!("rule '{other}', of the same parent"),

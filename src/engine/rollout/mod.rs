@@ -108,11 +108,13 @@ pub async fn prepare(
             }
             // A stored version is compiled alone, as its kind's only rule: it runs with
             // the role the rule set gives the rule now (decorators: who holds the
-            // finalizer, who writes the status), never a role of its own.
+            // finalizer, who writes the status) and among the peers it has now, never a role of its
+            // own.
             None => {
                 old = found.map(|mut o| {
                     if let Some(r) = Arc::get_mut(&mut o) {
                         r.role = rule.role;
+                        r.peers = rule.peers.clone();
                     }
                     o
                 })

@@ -94,6 +94,7 @@ impl CompiledRule {
                 }),
                 template_sources,
                 role: crate::rules::decorators::KindRole::SOLE,
+                peers: Vec::new(),
             }),
             Ok(_) => Err(diags),
             Err(mut more) => {

@@ -162,6 +162,9 @@ pub struct CompiledRule {
     /// What the rule does among the rules of its parent kind (set by the rule set:
     /// `rules::decorators`); a rule compiled alone is its kind's only one.
     pub role: crate::rules::decorators::KindRole,
+    /// The other rules of its parent kind (set by the rule set:
+    /// `rules::decorators::peers`): whose children it never applies over.
+    pub peers: Vec<String>,
 }
 
 impl std::fmt::Debug for CompiledRule {

@@ -19,6 +19,9 @@ pub struct RuleSet {
     pub warnings: Vec<Diagnostic>,
     /// A hash of every input file, to notice when nothing changed.
     pub fingerprint: String,
+    /// Files the read skipped with a warning (a dangling link): a rule that was in one
+    /// is missing for a moment, not removed, and the operator leaves its children be.
+    pub skipped: Vec<String>,
 }
 
 impl fmt::Debug for RuleSet {
@@ -62,18 +65,16 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
         }
     }
     // Each rule's part among the rules of its parent kind.
-    let roles = crate::rules::decorators::roles(
-        &rules
-            .values()
-            .map(|r: &CompiledRule| &r.rule)
-            .collect::<Vec<_>>(),
-    );
+    let all: Vec<&crate::rules::Rule> = rules.values().map(|r: &CompiledRule| &r.rule).collect();
+    let roles = crate::rules::decorators::roles(&all);
+    let mut peers = crate::rules::decorators::peers(&all);
     let rules: BTreeMap<String, Arc<CompiledRule>> = rules
         .into_iter()
         .map(|(name, mut r)| {
             if let Some(role) = roles.get(&name) {
                 r.role = *role;
             }
+            r.peers = peers.remove(&name).unwrap_or_default();
             (name, Arc::new(r))
         })
         .collect();
@@ -94,6 +95,7 @@ pub fn compile(sources: &Sources, limits: &Limits) -> Result<RuleSet, Diagnostic
             rules,
             warnings,
             fingerprint: sources.fingerprint(),
+            skipped: Vec::new(),
         })
     } else {
         diags.sort();
@@ -113,6 +115,7 @@ pub fn compile_read(read: &Read, limits: &Limits) -> Result<RuleSet, Diagnostics
     }
     let mut set = compile(&read.sources, limits)?;
     set.fingerprint = read.fingerprint();
+    set.skipped = read.warnings.iter().map(|w| w.file.clone()).collect();
     Ok(set)
 }
 

@@ -95,6 +95,26 @@ pub fn roles(rules: &[&Rule]) -> BTreeMap<String, KindRole> {
     out
 }
 
+/// The other rules of each rule's parent kind, by rule name (sorted; empty for a rule
+/// alone on its kind). An object of a parent labelled as a peer's child is that peer's,
+/// never to be applied over; one labelled with a rule that is no longer in the set (a
+/// renamed rule's) is anyone's to take over that renders it.
+pub fn peers(rules: &[&Rule]) -> BTreeMap<String, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for group in by_kind(rules).into_values() {
+        for r in &group {
+            let name = r.metadata.name.value.clone();
+            let others = group
+                .iter()
+                .map(|o| o.metadata.name.value.clone())
+                .filter(|o| *o != name)
+                .collect();
+            out.insert(name, others);
+        }
+    }
+    out
+}
+
 /// The condition a rule that is not its kind's main rule reports on the parent: its
 /// name in PascalCase (each `-`/`.`-separated part capitalised) and `Ready`:
 /// `team-namespaces` → `TeamNamespacesReady`.
@@ -305,6 +325,18 @@ mod tests {
         let mut rules =
             crate::rules::parse_file("r.yaml", &text).unwrap_or_else(|e| panic!("{e:?}"));
         rules.remove(0).rule
+    }
+
+    #[test]
+    fn peers_are_the_other_rules_of_the_same_parent_group_and_kind() {
+        let a = rule("a", "");
+        let b = rule("b", "");
+        let mut other = rule("c", "");
+        other.spec.parent.kind.value = "Other".into();
+        let peers = peers(&[&b, &a, &other]);
+        assert_eq!(peers["a"], vec!["b".to_string()]);
+        assert_eq!(peers["b"], vec!["a".to_string()]);
+        assert!(peers["c"].is_empty());
     }
 
     #[test]
