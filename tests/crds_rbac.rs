@@ -310,3 +310,70 @@ async fn breaking_crd_changes_are_refused_and_additive_ones_applied() {
     )
     .await;
 }
+
+/// A rule with a `namespaceSelector` watches the Namespaces: `rulebook rbac` grants it, and
+/// without that grant the rule waits with a message naming it at start, instead of
+/// running with a Namespace watch that fails for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_selector_without_the_namespaces_watch_waits_naming_it() {
+    let client = client().await;
+    let ns = namespace(&client, "rbac-nssel").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (rules, templates) = (dir.path().join("rules"), dir.path().join("templates"));
+    std::fs::create_dir_all(&rules).expect("rules dir");
+    std::fs::create_dir_all(&templates).expect("templates dir");
+    std::fs::write(
+        templates.join("cm.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name }}-copy\n",
+    )
+    .expect("template");
+    std::fs::write(
+        rules.join("by-namespace.yaml"),
+        "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: by-namespace\nspec:\n  parent:\n    apiVersion: v1\n    kind: Secret\n    selector:\n      namespaceSelector:\n        matchLabels: {rulebook.test/nssel: \"yes\"}\n  children:\n    - name: copy\n      apiVersion: v1\n      kind: ConfigMap\n      template: cm.yaml\n",
+    )
+    .expect("rule");
+    let (r, t) = (rules.display().to_string(), templates.display().to_string());
+    let role = unique("rulebook-nssel");
+    let mut rbac = yaml_objects(&rulebook(&[
+        "rbac",
+        "--rules",
+        &r,
+        "--templates",
+        &t,
+        "--name",
+        &role,
+        "--service-account",
+        &format!("{ns}/rulebook"),
+    ]));
+    let grants = rbac[0]["rules"].as_array_mut().expect("rules");
+    let before = grants.len();
+    grants.retain(|g| g["resources"][0] != "namespaces");
+    assert_eq!(
+        grants.len() + 1,
+        before,
+        "rbac granted the Namespaces watch"
+    );
+    let kubeconfig = service_account_kubeconfig(&client, &ns, "rulebook", rbac).await;
+    let op = Operator::on(&rules, &templates)
+        .namespace(&ns)
+        .kubeconfig(kubeconfig.path())
+        .start()
+        .await;
+    let message = wait_for(
+        T,
+        "the rule to report the missing Namespaces watch",
+        || async {
+            let s: Json = serde_json::from_str(&op.get("/status").await).ok()?;
+            let rule = &s["rules"]["by-namespace"];
+            (rule["state"] == "waiting")
+                .then(|| rule["message"].as_str().map(str::to_string))
+                .flatten()
+                .filter(|m| m.starts_with("missing permissions"))
+        },
+    )
+    .await;
+    assert!(
+        message.contains("get, list, watch namespaces"),
+        "the message names the Namespaces watch: {message}"
+    );
+}

@@ -12,6 +12,9 @@ use kube::api::{Api, ApiResource, PostParams};
 
 use crate::rbac::{CHILD_VERBS, PARENT_VERBS, REF_VERBS, STATUS_VERBS};
 
+/// What a rule with a `namespaceSelector` does with the Namespaces.
+const NAMESPACE_VERBS: &[&str] = &["get", "list", "watch"];
+
 /// Why a rule's permissions are not (known to be) there.
 #[derive(Debug, thiserror::Error)]
 pub enum PermissionError {
@@ -71,6 +74,12 @@ pub(super) async fn check_rule_permissions(
             r.name.as_deref(),
         ));
     }
+    // A `namespaceSelector` reads the labels of the parents' namespaces (a watch of the
+    // Namespaces, cluster-wide: engine/wiring.rs), as `rulebook rbac` grants.
+    let namespaces = ApiResource::erase::<k8s_openapi::api::core::v1::Namespace>(&());
+    if rule.selects_by_namespace() {
+        wanted.push((&namespaces, None, NAMESPACE_VERBS, None, None));
+    }
     let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
     let mut missing: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (ar, sub, verbs, namespace, name) in wanted {
@@ -108,7 +117,6 @@ pub(super) async fn check_rule_permissions(
     if missing.is_empty() {
         Ok(())
     } else {
-        let _ = rule;
         Err(PermissionError::Missing(
             missing
                 .into_iter()
