@@ -110,16 +110,19 @@ fn copy_renamed(from: &Path, to: &Path, run: &str) {
         if entry.file_type().expect("type").is_dir() {
             copy_renamed(&entry.path(), &target, run);
         } else {
-            std::fs::write(&target, renamed(&std::fs::read_to_string(entry.path()).expect("read"), run))
-                .expect("write");
+            std::fs::write(
+                &target,
+                renamed(&std::fs::read_to_string(entry.path()).expect("read"), run),
+            )
+            .expect("write");
         }
     }
 }
 
 fn renamed(text: &str, run: &str) -> String {
-    GROUPS
-        .iter()
-        .fold(text.to_string(), |t, (from, short)| t.replace(from, &group(short, run)))
+    GROUPS.iter().fold(text.to_string(), |t, (from, short)| {
+        t.replace(from, &group(short, run))
+    })
 }
 
 fn foreign_crd(short: &str, version: &str, kind: &str, run: &str) -> Json {
@@ -147,37 +150,74 @@ fn foreign_crd(short: &str, version: &str, kind: &str, run: &str) -> Json {
 async fn play_controllers(client: &kube::Client, ns: &str, run: &str) {
     let patch = PatchParams::default();
     let iam = format!("{}/v1beta1", group("iam", run));
-    let sas = api(client, Some(ns), &iam, "IAMServiceAccount", "iamserviceaccounts");
-    for sa in sas.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
+    let sas = api(
+        client,
+        Some(ns),
+        &iam,
+        "IAMServiceAccount",
+        "iamserviceaccounts",
+    );
+    for sa in sas
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
         let o = to_json(&sa);
-        let name = o["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let name = o["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         if o.pointer("/status/email").is_none() {
             let email = format!("{name}@k8sai-example.iam.gserviceaccount.com");
             let _ = sas
-                .patch_status(&name, &patch, &Patch::Merge(json!({"status": {"email": email}})))
+                .patch_status(
+                    &name,
+                    &patch,
+                    &Patch::Merge(json!({"status": {"email": email}})),
+                )
                 .await;
         }
     }
     let storage = format!("{}/v1beta1", group("storage", run));
-    let buckets = api(client, Some(ns), &storage, "StorageBucket", "storagebuckets");
-    for b in buckets.list(&Default::default()).await.map(|l| l.items).unwrap_or_default() {
+    let buckets = api(
+        client,
+        Some(ns),
+        &storage,
+        "StorageBucket",
+        "storagebuckets",
+    );
+    for b in buckets
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
         let o = to_json(&b);
         if o.pointer("/status/conditions").is_none() {
             let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
-            let name = o["metadata"]["name"].as_str().unwrap_or_default().to_string();
-            let _ = buckets.patch_status(&name, &patch, &Patch::Merge(ready)).await;
+            let name = o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let _ = buckets
+                .patch_status(&name, &patch, &Patch::Merge(ready))
+                .await;
         }
     }
     // The checkpoint Job's pod needs a TPU node: it never runs here; the Job completes.
     let jobs = api(client, Some(ns), "batch/v1", "Job", "jobs");
     if let Ok(Some(job)) = jobs.get_opt("gemma-tpu-loader").await {
         let o = to_json(&job);
-        if o.pointer("/status/startTime").is_some() && o.pointer("/status/completionTime").is_none() {
+        if o.pointer("/status/startTime").is_some() && o.pointer("/status/completionTime").is_none()
+        {
             let now = chrono_now();
             let condition = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now, "lastProbeTime": now});
             let done = json!({"status": {"completionTime": now, "succeeded": 1, "active": 0,
                 "conditions": [condition("SuccessCriteriaMet"), condition("Complete")]}});
-            let _ = jobs.patch_status("gemma-tpu-loader", &patch, &Patch::Merge(done)).await;
+            let _ = jobs
+                .patch_status("gemma-tpu-loader", &patch, &Patch::Merge(done))
+                .await;
         }
     }
 }
@@ -232,8 +272,17 @@ fn instances(dir: &Path, ns: &str, tenant: &str) -> Vec<Json> {
 }
 
 fn api_for(client: &kube::Client, o: &Json) -> kube::Api<kube::api::DynamicObject> {
-    let s = |p: &str| o.pointer(p).and_then(Json::as_str).unwrap_or_default().to_string();
-    let (av, kind, ns) = (s("/apiVersion"), s("/kind"), o.pointer("/metadata/namespace").and_then(Json::as_str));
+    let s = |p: &str| {
+        o.pointer(p)
+            .and_then(Json::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (av, kind, ns) = (
+        s("/apiVersion"),
+        s("/kind"),
+        o.pointer("/metadata/namespace").and_then(Json::as_str),
+    );
     api(client, ns, &av, &kind, &plural(&kind))
 }
 
@@ -244,14 +293,28 @@ async fn the_five_kro_examples_reach_ready() {
     let run = unique("kx").to_lowercase();
     let tenant = format!("tenant-{run}");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (rules, templates, examples) = (dir.path().join("rules"), dir.path().join("templates"), dir.path().join("examples"));
+    let (rules, templates, examples) = (
+        dir.path().join("rules"),
+        dir.path().join("templates"),
+        dir.path().join("examples"),
+    );
     for (example, _) in EXAMPLES {
         let from = repo().join("examples/kro").join(example);
         copy_renamed(&from.join("rules"), &rules.join(example), &run);
         copy_renamed(&from.join("templates"), &templates, &run);
-        copy_renamed(&from.join("examples"), &examples.join(example).join("examples"), &run);
+        copy_renamed(
+            &from.join("examples"),
+            &examples.join(example).join("examples"),
+            &run,
+        );
     }
-    let crds = api(&client, None, "apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions");
+    let crds = api(
+        &client,
+        None,
+        "apiextensions.k8s.io/v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+    );
     let mut foreign = Vec::new();
     for (short, version, kinds) in FOREIGN {
         for kind in kinds {
@@ -279,9 +342,13 @@ async fn the_five_kro_examples_reach_ready() {
         apply(&api, o.clone()).await;
         if let Some(status) = o.get("status") {
             // The Project's status is Config Connector's to write.
-            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
-                .await
-                .expect("project status");
+            api.patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await
+            .expect("project status");
         }
     }
     let waited: Vec<&Json> = parents.iter().filter(|o| o["kind"] != "Project").collect();
@@ -290,7 +357,12 @@ async fn the_five_kro_examples_reach_ready() {
         let mut pending = Vec::new();
         for o in &waited {
             let name = o["metadata"]["name"].as_str().unwrap_or_default();
-            let live = api_for(&client, o).get_opt(name).await.ok().flatten().map(|p| to_json(&p));
+            let live = api_for(&client, o)
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .map(|p| to_json(&p));
             match live.as_ref().and_then(ready_condition) {
                 Some((s, _, _)) if s == "True" => {}
                 other => pending.push(format!("{} {name}: {other:?}", o["kind"])),
@@ -307,36 +379,74 @@ async fn the_five_kro_examples_reach_ready() {
     saas_children(&client, &tenant).await;
 
     // Cleanup: the Tenant (cluster-scoped) and its namespace, then every CRD of the run.
-    let tenant_parent = parents.iter().find(|o| o["kind"] == "Tenant").expect("tenant");
-    let _ = api_for(&client, tenant_parent).delete(&tenant, &DeleteParams::default()).await;
+    let tenant_parent = parents
+        .iter()
+        .find(|o| o["kind"] == "Tenant")
+        .expect("tenant");
+    let _ = api_for(&client, tenant_parent)
+        .delete(&tenant, &DeleteParams::default())
+        .await;
     TestNamespace::delete_leftover(&client, &tenant).await;
-    let own = ["webapps", "somethings", "networkstacks", "gemmaontpuservers", "tenants", "tenantenvironments", "tenantapplications"];
-    for name in own.iter().map(|p| format!("{p}.{}", group("kro", &run))).chain(foreign) {
+    let own = [
+        "webapps",
+        "somethings",
+        "networkstacks",
+        "gemmaontpuservers",
+        "tenants",
+        "tenantenvironments",
+        "tenantapplications",
+    ];
+    for name in own
+        .iter()
+        .map(|p| format!("{p}.{}", group("kro", &run)))
+        .chain(foreign)
+    {
         let _ = crds.delete(&name, &DeleteParams::default()).await;
     }
 }
 
 /// The cel-functions Deployment's values are kro's for the same instance.
 async fn cel_functions_values(client: &kube::Client, ns: &str, parents: &[Json]) {
-    let something = parents.iter().find(|o| o["kind"] == "Something").expect("Something");
+    let something = parents
+        .iter()
+        .find(|o| o["kind"] == "Something")
+        .expect("Something");
     let name = something["metadata"]["name"].as_str().expect("name");
-    let live = to_json(&api_for(client, something).get(name).await.expect("Something"));
+    let live = to_json(
+        &api_for(client, something)
+            .get(name)
+            .await
+            .expect("Something"),
+    );
     let uid = live["metadata"]["uid"].as_str().expect("uid");
     let deployments = api(client, Some(ns), "apps/v1", "Deployment", "deployments");
-    let d = to_json(&deployments.get("app").await.expect("the cel-functions Deployment"));
+    let d = to_json(
+        &deployments
+            .get("app")
+            .await
+            .expect("the cel-functions Deployment"),
+    );
     let env: std::collections::BTreeMap<String, String> = d
         .pointer("/spec/template/spec/containers/0/env")
         .and_then(Json::as_array)
         .expect("env")
         .iter()
-        .map(|e| (e["name"].as_str().unwrap_or_default().to_string(), e["value"].as_str().unwrap_or_default().to_string()))
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap_or_default().to_string(),
+                e["value"].as_str().unwrap_or_default().to_string(),
+            )
+        })
         .collect();
     let want = [
         ("RANDOM_SEEDED_STRING", kro_seeded_string(10, uid)),
         // python3: base64.b64encode(fnv1a64(b"app").to_bytes(8, "big"))
         ("HASH_FNV64A_BASE64", "50+nGQVqg4w=".to_string()),
         // python3: base64.b64encode(hashlib.sha256(b"app").digest())
-        ("HASH_SHA256_BASE64", "oXLO3K5HR0thXFTVEKXYSo3qMDLpWFh0MLQTU4vj8zM=".to_string()),
+        (
+            "HASH_SHA256_BASE64",
+            "oXLO3K5HR0thXFTVEKXYSo3qMDLpWFh0MLQTU4vj8zM=".to_string(),
+        ),
         ("FULL_DNS_NAME", "a.b.c.d.example.com".to_string()),
         ("DNS_FIRST_PART", "a".to_string()),
         ("DNS_PARTIALS", "a".to_string()),
@@ -349,7 +459,12 @@ async fn cel_functions_values(client: &kube::Client, ns: &str, parents: &[Json])
         assert_eq!(env.get(key), Some(&value), "{key} (env: {env:?})");
     }
     let services = api(client, Some(ns), "v1", "Service", "services");
-    let s = to_json(&services.get("app").await.expect("the cel-functions Service"));
+    let s = to_json(
+        &services
+            .get("app")
+            .await
+            .expect("the cel-functions Service"),
+    );
     assert_eq!(s["metadata"]["labels"]["partials"], "a.b.c");
     assert_eq!(s["metadata"]["labels"]["first_part"], "a");
 }
@@ -357,9 +472,27 @@ async fn cel_functions_values(client: &kube::Client, ns: &str, parents: &[Json])
 /// The saas Tenant's children made their objects in the tenant's own namespace.
 async fn saas_children(client: &kube::Client, tenant: &str) {
     let deployments = api(client, Some(tenant), "apps/v1", "Deployment", "deployments");
-    assert!(deployments.get_opt(&format!("{tenant}-deployment")).await.expect("get").is_some());
-    let quotas = api(client, Some(tenant), "v1", "ResourceQuota", "resourcequotas");
-    assert!(quotas.get_opt(&format!("{tenant}-quota")).await.expect("get").is_some());
+    assert!(
+        deployments
+            .get_opt(&format!("{tenant}-deployment"))
+            .await
+            .expect("get")
+            .is_some()
+    );
+    let quotas = api(
+        client,
+        Some(tenant),
+        "v1",
+        "ResourceQuota",
+        "resourcequotas",
+    );
+    assert!(
+        quotas
+            .get_opt(&format!("{tenant}-quota"))
+            .await
+            .expect("get")
+            .is_some()
+    );
 }
 
 #[test]

@@ -808,7 +808,9 @@ pub fn offline_scope<'a>(
 ) -> impl Fn(usize) -> Scope + 'a {
     move |i: usize| match rule.children().get(i) {
         Some(c) if is_cluster_scoped_builtin(&c.api_version, &c.kind) => Scope::Cluster,
-        Some(c) if rule_for(set, &c.api_version, &c.kind).is_some_and(|r| crd_cluster_scoped(r)) => {
+        Some(c)
+            if rule_for(set, &c.api_version, &c.kind).is_some_and(|r| crd_cluster_scoped(r)) =>
+        {
             Scope::Cluster
         }
         _ => Scope::Namespaced,
