@@ -286,6 +286,33 @@ fn api_for(client: &kube::Client, o: &Json) -> kube::Api<kube::api::DynamicObjec
     api(client, ns, &av, &kind, &plural(&kind))
 }
 
+/// Installs the foreign kinds as this run's CRDs; their names.
+async fn install_foreign_crds(client: &kube::Client, run: &str) -> Vec<String> {
+    let crds = crds_api(client);
+    let mut foreign = Vec::new();
+    for (short, version, kinds) in FOREIGN {
+        for kind in kinds {
+            let crd = foreign_crd(short, version, kind, run);
+            foreign.push(crd["metadata"]["name"].as_str().expect("name").to_string());
+            apply(&crds, crd).await;
+        }
+    }
+    for name in &foreign {
+        wait_established(client, name).await;
+    }
+    foreign
+}
+
+fn crds_api(client: &kube::Client) -> kube::Api<kube::api::DynamicObject> {
+    api(
+        client,
+        None,
+        "apiextensions.k8s.io/v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_five_kro_examples_reach_ready() {
     let client = client().await;
@@ -308,24 +335,7 @@ async fn the_five_kro_examples_reach_ready() {
             &run,
         );
     }
-    let crds = api(
-        &client,
-        None,
-        "apiextensions.k8s.io/v1",
-        "CustomResourceDefinition",
-        "customresourcedefinitions",
-    );
-    let mut foreign = Vec::new();
-    for (short, version, kinds) in FOREIGN {
-        for kind in kinds {
-            let crd = foreign_crd(short, version, kind, &run);
-            foreign.push(crd["metadata"]["name"].as_str().expect("name").to_string());
-            apply(&crds, crd).await;
-        }
-    }
-    for name in &foreign {
-        wait_established(&client, name).await;
-    }
+    let foreign = install_foreign_crds(&client, &run).await;
     let _op = Operator::on(&rules, &templates)
         .flags(&["--install-crds"])
         .start()
@@ -378,14 +388,25 @@ async fn the_five_kro_examples_reach_ready() {
     cel_functions_values(&client, &ns, &parents).await;
     saas_children(&client, &tenant).await;
 
-    // Cleanup: the Tenant (cluster-scoped) and its namespace, then every CRD of the run.
-    let tenant_parent = parents
-        .iter()
-        .find(|o| o["kind"] == "Tenant")
-        .expect("tenant");
-    let _ = api_for(&client, tenant_parent)
-        .delete(&tenant, &DeleteParams::default())
+    // Cleanup, while the operator runs: every parent (the gemma one carries Rulebook's
+    // finalizer for its `Orphan` ServiceAccount: the operator lets go of it and removes
+    // the finalizer), the tenant's namespace, then every CRD of the run.
+    for o in &waited {
+        let name = o["metadata"]["name"].as_str().unwrap_or_default();
+        let _ = api_for(&client, o)
+            .delete(name, &DeleteParams::default())
+            .await;
+    }
+    for o in &waited {
+        let name = o["metadata"]["name"].as_str().unwrap_or_default();
+        let api = api_for(&client, o);
+        wait_for(
+            T,
+            &format!("{} {name} to be deleted", o["kind"]),
+            || async { matches!(api.get_opt(name).await, Ok(None)).then_some(()) },
+        )
         .await;
+    }
     TestNamespace::delete_leftover(&client, &tenant).await;
     let own = [
         "webapps",
@@ -401,7 +422,9 @@ async fn the_five_kro_examples_reach_ready() {
         .map(|p| format!("{p}.{}", group("kro", &run)))
         .chain(foreign)
     {
-        let _ = crds.delete(&name, &DeleteParams::default()).await;
+        let _ = crds_api(&client)
+            .delete(&name, &DeleteParams::default())
+            .await;
     }
 }
 
