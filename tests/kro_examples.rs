@@ -388,44 +388,7 @@ async fn the_five_kro_examples_reach_ready() {
     cel_functions_values(&client, &ns, &parents).await;
     saas_children(&client, &tenant).await;
 
-    // Cleanup, while the operator runs: every parent (the gemma one carries Rulebook's
-    // finalizer for its `Orphan` ServiceAccount: the operator lets go of it and removes
-    // the finalizer), the tenant's namespace, then every CRD of the run.
-    for o in &waited {
-        let name = o["metadata"]["name"].as_str().unwrap_or_default();
-        let _ = api_for(&client, o)
-            .delete(name, &DeleteParams::default())
-            .await;
-    }
-    for o in &waited {
-        let name = o["metadata"]["name"].as_str().unwrap_or_default();
-        let api = api_for(&client, o);
-        wait_for(
-            T,
-            &format!("{} {name} to be deleted", o["kind"]),
-            || async { matches!(api.get_opt(name).await, Ok(None)).then_some(()) },
-        )
-        .await;
-    }
-    TestNamespace::delete_leftover(&client, &tenant).await;
-    let own = [
-        "webapps",
-        "somethings",
-        "networkstacks",
-        "gemmaontpuservers",
-        "tenants",
-        "tenantenvironments",
-        "tenantapplications",
-    ];
-    for name in own
-        .iter()
-        .map(|p| format!("{p}.{}", group("kro", &run)))
-        .chain(foreign)
-    {
-        let _ = crds_api(&client)
-            .delete(&name, &DeleteParams::default())
-            .await;
-    }
+    cleanup(&client, &waited, &tenant, &run, foreign).await;
 }
 
 /// The cel-functions Deployment's values are kro's for the same instance.
@@ -524,4 +487,52 @@ fn the_seeded_string_follows_kros_algorithm() {
     // "".join(C[int.from_bytes(h[i*4%32:i*4%32+4], "big") % 36] for i in range(n))
     assert_eq!(kro_seeded_string(10, "test-seed"), "5czheg3o5c");
     assert_eq!(kro_seeded_string(20, "test-seed"), "5czheg3o5czheg3o5czh");
+}
+
+/// Cleanup, while the operator runs: every parent (the gemma one carries Rulebook's
+/// finalizer for its `Orphan` ServiceAccount: the operator lets go of it and removes the
+/// finalizer), the tenant's namespace, then every CRD of the run.
+async fn cleanup(
+    client: &kube::Client,
+    waited: &[&Json],
+    tenant: &str,
+    run: &str,
+    foreign: Vec<String>,
+) {
+    let client = client.clone();
+    for o in waited {
+        let name = o["metadata"]["name"].as_str().unwrap_or_default();
+        let _ = api_for(&client, o)
+            .delete(name, &DeleteParams::default())
+            .await;
+    }
+    for o in waited {
+        let name = o["metadata"]["name"].as_str().unwrap_or_default();
+        let api = api_for(&client, o);
+        wait_for(
+            T,
+            &format!("{} {name} to be deleted", o["kind"]),
+            || async { matches!(api.get_opt(name).await, Ok(None)).then_some(()) },
+        )
+        .await;
+    }
+    TestNamespace::delete_leftover(&client, tenant).await;
+    let own = [
+        "webapps",
+        "somethings",
+        "networkstacks",
+        "gemmaontpuservers",
+        "tenants",
+        "tenantenvironments",
+        "tenantapplications",
+    ];
+    for name in own
+        .iter()
+        .map(|p| format!("{p}.{}", group("kro", run)))
+        .chain(foreign)
+    {
+        let _ = crds_api(&client)
+            .delete(&name, &DeleteParams::default())
+            .await;
+    }
 }
