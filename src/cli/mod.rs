@@ -314,6 +314,8 @@ pub struct RenderArgs {
     /// The time to stamp on conditions (RFC 3339); default: now.
     #[arg(long, hide = true)]
     pub now: Option<String>,
+    #[command(flatten)]
+    pub schema: schemas::SchemaArgs,
 }
 
 /// Runs a subcommand that needs no cluster. Returns the process exit code.
@@ -670,9 +672,10 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
         write_stream(&cel_dry_run::admission_objects(&set, rule)?, out)?;
         return Ok(0);
     }
-    // Read in the storage version, as the operator reads it.
-    let parent = match ruletest::in_storage_version(rule, &parent) {
-        Ok(p) => with_render_defaults(rule, p),
+    // Read as the operator reads it: in the storage version, with the CRD schema's
+    // defaults, refused where the API server would refuse it (as `rulebook test` does).
+    let parent = match ruletest::as_stored(rule, &with_render_defaults(rule, parent)) {
+        Ok(p) => p,
         Err(e) => {
             writeln!(err, "{e}")?;
             return Ok(1);
@@ -684,7 +687,7 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
     if let Some(p) = &args.observed {
         objects.extend(read_objects(p)?);
     }
-    let scope = builtin_scope(rule);
+    let scope = offline_scope(&set, rule);
     let observed::Matched {
         observed,
         desired,
@@ -700,6 +703,9 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
         for note in &ignored {
             writeln!(err, "warning: {}: {note}", file.display())?;
         }
+    }
+    if !schema_checked(&set, rule, &desired, args, err)? {
+        return Ok(1);
     }
     if args.status {
         let report = match rule.status(&parent, &observed, &desired) {
@@ -724,18 +730,37 @@ fn render(args: &RenderArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result
     Ok(0)
 }
 
+/// The rendered children checked against their kinds' schemas, as `rulebook test` checks
+/// each step's: false (the problems written to `err`) when the API server would refuse one.
+fn schema_checked(
+    set: &RuleSet,
+    rule: &crate::render::CompiledRule,
+    desired: &[crate::render::DesiredChild],
+    args: &RenderArgs,
+    err: &mut dyn Write,
+) -> Result<bool> {
+    let schemas = schemas::Schemas::offline(&args.schema, set)?;
+    let mut unknown = std::collections::BTreeSet::new();
+    let place = args.parent.display().to_string();
+    let problems = schemas.check(rule, desired, &place, &mut unknown);
+    for note in schemas::unknown_notes(&unknown, &schemas.origin) {
+        writeln!(err, "{note}")?;
+    }
+    for p in &problems {
+        writeln!(err, "{p}")?;
+    }
+    Ok(problems.is_empty())
+}
+
 /// A parent read from a file has no UID or namespace yet; render as the API server would
-/// see it (a parent of a cluster-scoped kind of the rule's CRD gets no namespace).
+/// see it (a parent of a cluster-scoped kind of the rule's CRD has no namespace).
 fn with_render_defaults(rule: &crate::render::CompiledRule, mut parent: Json) -> Json {
-    let cluster_scoped = rule
-        .rule
-        .spec
-        .crd
-        .as_ref()
-        .and_then(|c| c.scope.as_ref())
-        .is_some_and(|s| s.value == "Cluster");
+    let cluster_scoped = crd_cluster_scoped(rule);
     if let Some(meta) = parent.get_mut("metadata").and_then(Json::as_object_mut) {
-        if !cluster_scoped {
+        if cluster_scoped {
+            // The API server drops the namespace of a cluster-scoped object.
+            meta.remove("namespace");
+        } else {
             meta.entry("namespace").or_insert_with(|| "default".into());
         }
         meta.entry("uid")
@@ -774,13 +799,32 @@ pub fn storage_spec_schema(rule: &crate::render::CompiledRule) -> Option<&Json> 
         .map(|s| &s.value)
 }
 
-/// How `rule`'s children are placed without discovery: built-in cluster-scoped kinds as
-/// such, everything else namespaced.
-pub fn builtin_scope(rule: &crate::render::CompiledRule) -> impl Fn(usize) -> Scope + '_ {
-    |i: usize| match rule.children().get(i) {
+/// How `rule`'s children are placed without discovery, as `run` places them once the
+/// API server says: built-in cluster-scoped kinds, and the kinds of the rule set's own
+/// CRDs with `scope: Cluster`, as such; everything else namespaced.
+pub fn offline_scope<'a>(
+    set: &'a RuleSet,
+    rule: &'a crate::render::CompiledRule,
+) -> impl Fn(usize) -> Scope + 'a {
+    move |i: usize| match rule.children().get(i) {
         Some(c) if is_cluster_scoped_builtin(&c.api_version, &c.kind) => Scope::Cluster,
+        Some(c)
+            if rule_for(set, &c.api_version, &c.kind).is_some_and(|r| crd_cluster_scoped(r)) =>
+        {
+            Scope::Cluster
+        }
         _ => Scope::Namespaced,
     }
+}
+
+/// Whether the rule's own CRD makes its parents cluster-scoped (`spec.crd.scope: Cluster`).
+fn crd_cluster_scoped(rule: &crate::render::CompiledRule) -> bool {
+    rule.rule
+        .spec
+        .crd
+        .as_ref()
+        .and_then(|c| c.scope.as_ref())
+        .is_some_and(|s| s.value == "Cluster")
 }
 
 pub use crate::meta::is_cluster_scoped_builtin;

@@ -61,6 +61,8 @@ pub struct TestArgs {
 /// What every step of a run shares: the schemas its rendered children are checked
 /// against, and the kinds met without one (said once, at the end).
 struct SchemaCheck<'a> {
+    /// The rule set: its own kinds' scopes.
+    set: &'a RuleSet,
     schemas: &'a Schemas,
     unknown: RefCell<BTreeSet<String>>,
 }
@@ -104,6 +106,7 @@ fn run_loaded(
     err: &mut dyn Write,
 ) -> Result<i32> {
     let checks = SchemaCheck {
+        set,
         schemas,
         unknown: RefCell::default(),
     };
@@ -408,7 +411,7 @@ fn evaluate(
         Err(e) => return (Err(e), Vec::new()),
     };
     let parent = &parent;
-    let scope = super::builtin_scope(rule);
+    let scope = super::offline_scope(checks.set, rule);
     let m = match observed::render_against(rule, parent, objects, &scope) {
         Ok(m) => m,
         Err(e) => return (Err(e.to_string()), Vec::new()),

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value as Json;
 
 use super::Schemas;
-use crate::cli::{RuleDirs, builtin_scope, observed, roundtrip, rule_for, ruletest};
+use crate::cli::{RuleDirs, observed, offline_scope, roundtrip, rule_for, ruletest};
 use crate::render::RuleSet;
 
 /// What the schema check of the examples found.
@@ -58,7 +58,7 @@ pub fn check_examples(set: &RuleSet, dirs: &RuleDirs, schemas: &Schemas) -> Repo
         };
         let parent = crate::cli::with_render_defaults(rule, object.clone());
         let rendered = ruletest::as_stored(rule, &parent).and_then(|p| {
-            observed::render_against(rule, &p, others, &builtin_scope(rule))
+            observed::render_against(rule, &p, others, &offline_scope(set, rule))
                 .map_err(|e| e.to_string())
         });
         let m = match rendered {
