@@ -281,18 +281,42 @@ async fn every_dashboard_and_alert_query_names_an_exported_metric() {
     let client = client().await;
     let ns = namespace(&client, "helm-metrics").await;
     let h = Hooked::new("hmet", "Fail");
+    // The rule with a rollout whose gate holds the first batch: a template change puts
+    // the parents on two versions (rulebook_rollout_parents).
+    let admission = "    failurePolicy: Fail\n    validate:\n      - expr: \"parent.spec.replicas <= 3\"\n        message: \"too many\"\n";
+    let rollout = "  rollout:\n    steps:\n      - parents: 1\n      - percent: 100\n    gate: \"batch.age >= '1h'\"\n";
+    std::fs::write(
+        h.rules.join(format!("{}.yaml", h.rule)),
+        h.rule_yaml("", admission) + rollout,
+    )
+    .expect("write the rule");
     let port = free_port();
-    let op = h.operator(ns.name(), port).start().await;
+    let op = h
+        .operator(ns.name(), port)
+        .flags(&["--lease-namespace", ns.name()])
+        .start()
+        .await;
     wait_established(&client, &h.crd_name()).await;
     h.wait_configuration(&client).await;
     h.wait_enforced(&client, ns.name()).await;
-    apply(&h.parents(&client, ns.name()), to_json(&h.parent("ok", 1))).await;
     let configmaps = api(&client, Some(ns.name()), "v1", "ConfigMap", "configmaps");
-    wait_for(T, "the parent's child", || async {
-        configmaps.get_opt("ok").await.ok().flatten()
+    for name in ["one", "two"] {
+        apply(&h.parents(&client, ns.name()), to_json(&h.parent(name, 1))).await;
+        wait_for(T, "the parent's child", || async {
+            configmaps.get_opt(name).await.ok().flatten()
+        })
+        .await;
+    }
+    std::fs::write(
+        h.templates.join("hooked/config.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name }}\ndata:\n  version: \"2\"\n",
+    )
+    .expect("change the template");
+    let text = wait_for(T, "the rollout to count its parents", || async {
+        let text = op.get("/metrics").await;
+        text.contains("rulebook_rollout_parents{").then_some(text)
     })
     .await;
-    let text = op.get("/metrics").await;
     h.remove_configurations(&client).await;
     let exported: BTreeSet<String> = text
         .lines()
