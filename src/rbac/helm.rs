@@ -35,9 +35,9 @@ pub fn values(set: &RuleSet, opts: &RbacOptions) -> Result<Json, HelmValuesError
             .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
             .map(|o| o["rules"].clone())
     };
-    let cluster_rules = rules_of("ClusterRole", &opts.name).unwrap_or_else(|| json!([]));
+    let cluster_rules = rules_of("ClusterRole", opts.name.as_str()).unwrap_or_else(|| json!([]));
     let webhook_secret_rules =
-        rules_of("Role", &format!("{}-webhook-secret", opts.name)).unwrap_or_else(|| json!([]));
+        rules_of("Role", format!("{}-webhook-secret", opts.name).as_str()).unwrap_or_else(|| json!([]));
     let (configuration, secret) = match &opts.webhooks {
         Some((configuration, (_, secret))) => (json!(configuration), json!(secret)),
         None => (Json::Null, Json::Null),
