@@ -68,8 +68,9 @@ fn run_helm(home: &Path, args: &[&str]) -> String {
 /// deploy/base/rbac.yaml fails tests/deploy_manifests.rs.
 #[test]
 fn the_charts_example_values_are_generated_from_the_rules() {
-    let committed = std::fs::read_to_string(repo().join("deploy/helm/rulebook/ci/examples-values.yaml"))
-        .expect("deploy/helm/rulebook/ci/examples-values.yaml");
+    let committed =
+        std::fs::read_to_string(repo().join("deploy/helm/rulebook/ci/examples-values.yaml"))
+            .expect("deploy/helm/rulebook/ci/examples-values.yaml");
     let body: String = committed
         .lines()
         .skip_while(|l| l.starts_with('#'))
@@ -95,7 +96,11 @@ fn the_charts_example_values_are_generated_from_the_rules() {
         .find(|o| o["kind"] == "ClusterRole")
         .expect("a ClusterRole in deploy/base/rbac.yaml");
     assert_eq!(values["rbac"]["clusterRules"], role["rules"]);
-    assert!(values["ruleset"]["rules"].as_object().is_some_and(|m| !m.is_empty()));
+    assert!(
+        values["ruleset"]["rules"]
+            .as_object()
+            .is_some_and(|m| !m.is_empty())
+    );
 }
 
 /// `helm install` into the local control plane: every object passes the API server's
@@ -168,11 +173,17 @@ async fn helm_installs_the_chart_into_the_local_control_plane() {
         assert!(kinds.contains(kind), "no {kind} in the release: {kinds:?}");
     }
     for o in &objects {
-        let (av, kind) = (o["apiVersion"].as_str().unwrap(), o["kind"].as_str().unwrap());
+        let (av, kind) = (
+            o["apiVersion"].as_str().unwrap(),
+            o["kind"].as_str().unwrap(),
+        );
         let name = o["metadata"]["name"].as_str().unwrap();
         let namespaced = !matches!(kind, "ClusterRole" | "ClusterRoleBinding");
         if !namespaced {
-            assert!(name.starts_with(&release), "{kind} {name} is not the release's own");
+            assert!(
+                name.starts_with(&release),
+                "{kind} {name} is not the release's own"
+            );
         }
         let plural = format!("{}s", kind.to_lowercase()).replace("policys", "policies");
         let api = api(&client, namespaced.then(|| ns.name()), av, kind, &plural);
@@ -206,7 +217,13 @@ async fn helm_installs_the_chart_into_the_local_control_plane() {
         );
     }
     // kwok ran the pod: the Deployment is available (helm --wait waited for it).
-    let deployments = api(&client, Some(ns.name()), "apps/v1", "Deployment", "deployments");
+    let deployments = api(
+        &client,
+        Some(ns.name()),
+        "apps/v1",
+        "Deployment",
+        "deployments",
+    );
     let d = to_json(&deployments.get(&release).await.expect("the Deployment"));
     assert_eq!(d["status"]["availableReplicas"], 1, "{}", d["status"]);
 
@@ -234,7 +251,8 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
     let mut i = 0;
     while let Some(at) = expr[i..].find("rulebook_") {
         let start = i + at;
-        let before_ok = start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
+        let before_ok =
+            start == 0 || !(bytes[start - 1].is_ascii_alphanumeric() || bytes[start - 1] == b'_');
         let end = expr[start..]
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .map_or(expr.len(), |e| start + e);
@@ -273,7 +291,10 @@ async fn every_dashboard_and_alert_query_names_an_exported_metric() {
         .expect("the PrometheusRule");
     let rule: Json = serde_saphyr::from_str(&rule_file).expect("yaml");
     let mut alerted = BTreeSet::new();
-    for r in rule["spec"]["groups"][0]["rules"].as_array().expect("rules") {
+    for r in rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules")
+    {
         alerted.extend(metric_names(r["expr"].as_str().expect("expr")));
     }
     assert!(alerted.len() >= 8, "{alerted:?}");
@@ -324,7 +345,10 @@ async fn every_dashboard_and_alert_query_names_an_exported_metric() {
         .filter_map(|l| l.split(['{', ' ']).next())
         .map(str::to_string)
         .collect();
-    let missing: Vec<_> = queried.union(&alerted).filter(|n| !exported.contains(*n)).collect();
+    let missing: Vec<_> = queried
+        .union(&alerted)
+        .filter(|n| !exported.contains(*n))
+        .collect();
     assert!(
         missing.is_empty(),
         "queried but not exported: {missing:?}\nexported: {exported:?}"

@@ -546,8 +546,15 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
 /// The chart's `ruleset` values: every rule file and template by its path below its
 /// directory, as the loader reads them.
 fn helm_ruleset(dirs: &RuleDirs) -> Result<Json> {
-    let sources = rules::Sources::read(&dirs.rules, &dirs.templates)
-        .map_err(|d| anyhow::anyhow!("{}", d.0.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n")))?;
+    let sources = rules::Sources::read(&dirs.rules, &dirs.templates).map_err(|d| {
+        anyhow::anyhow!(
+            "{}",
+            d.0.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    })?;
     let shown_root = dirs.rules.display().to_string();
     let mut rule_files = serde_json::Map::new();
     for (shown, text) in sources.rule_files {

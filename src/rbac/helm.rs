@@ -14,7 +14,9 @@ use crate::render::RuleSet;
 /// Why the options cannot be expressed as chart values.
 #[derive(Debug, thiserror::Error)]
 pub enum HelmValuesError {
-    #[error("--helm-values cannot be combined with {0}: the chart renders the operator's role only")]
+    #[error(
+        "--helm-values cannot be combined with {0}: the chart renders the operator's role only"
+    )]
     Unsupported(&'static str),
 }
 
@@ -36,8 +38,8 @@ pub fn values(set: &RuleSet, opts: &RbacOptions) -> Result<Json, HelmValuesError
             .map(|o| o["rules"].clone())
     };
     let cluster_rules = rules_of("ClusterRole", opts.name.as_str()).unwrap_or_else(|| json!([]));
-    let webhook_secret_rules =
-        rules_of("Role", format!("{}-webhook-secret", opts.name).as_str()).unwrap_or_else(|| json!([]));
+    let webhook_secret_rules = rules_of("Role", format!("{}-webhook-secret", opts.name).as_str())
+        .unwrap_or_else(|| json!([]));
     let (configuration, secret) = match &opts.webhooks {
         Some((configuration, (_, secret))) => (json!(configuration), json!(secret)),
         None => (Json::Null, Json::Null),
@@ -76,7 +78,10 @@ mod tests {
             webhooks: webhooks.then(|| {
                 (
                     "rulebook".to_string(),
-                    ("rulebook-system".to_string(), "rulebook-webhook".to_string()),
+                    (
+                        "rulebook-system".to_string(),
+                        "rulebook-webhook".to_string(),
+                    ),
                 )
             }),
             per_rule: false,
@@ -94,7 +99,11 @@ mod tests {
             let v = values(&set, &o).unwrap();
             let m = super::super::manifests(&set, &o);
             assert_eq!(v["rbac"]["clusterRules"], m[0]["rules"]);
-            assert!(v["rbac"]["clusterRules"].as_array().is_some_and(|r| !r.is_empty()));
+            assert!(
+                v["rbac"]["clusterRules"]
+                    .as_array()
+                    .is_some_and(|r| !r.is_empty())
+            );
             let secret = m.iter().find(|o| o["kind"] == "Role");
             assert_eq!(webhooks, secret.is_some());
             assert_eq!(
