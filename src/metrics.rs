@@ -421,7 +421,7 @@ impl Metrics {
     /// The verbs of `rulebook_api_writes_total`.
     pub const WRITE_VERBS: [&'static str; 4] = ["apply", "apply_status", "delete", "event"];
 
-    /// Exposes a rule's write, apply, prune and render-error counters at 0 from the moment
+    /// Exposes a rule's write, apply, prune, render-error and cache-stub counters at 0 from the moment
     /// the rule starts, so that "nothing written" reads as a 0 rather than as a missing
     /// series (which a renamed metric or label would also give).
     pub fn init_rule(&self, rule: &str) {
@@ -439,6 +439,14 @@ impl Metrics {
         let _ = self.render_errors.get_or_create(&label);
         let _ = self.reconciles_skipped.get_or_create(&label);
         let _ = self.child_events_awaited.get_or_create(&label);
+        // The cache-budget alert (deploy/prometheus) reads `increase()` of this counter,
+        // which misses the first stub of a series that starts at 1 rather than at 0.
+        for cache in ["parents", "children", "references"] {
+            let _ = self.cache_stubbed.get_or_create(&CacheLabels {
+                rule: rule.to_string(),
+                cache: cache.to_string(),
+            });
+        }
     }
 
     pub fn write(&self, rule: &str, verb: &str) {

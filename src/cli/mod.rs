@@ -249,6 +249,16 @@ pub struct RbacArgs {
     /// the other rules' grants and `impersonate` on those accounts, by name.
     #[arg(long, conflicts_with = "diff_role")]
     pub per_rule: bool,
+    /// Print the operator's roles as a values file of the Helm chart (deploy/helm/rulebook:
+    /// `rbac.clusterRules`, `rbac.webhookSecretRules`, `rbac.generatedFor`) instead of
+    /// manifests; the chart binds them to its own ServiceAccount.
+    #[arg(long, conflicts_with_all = ["diff_role", "per_rule"])]
+    pub helm_values: bool,
+    /// With `--helm-values`: the rule files and templates too (`ruleset.rules`,
+    /// `ruleset.templates`, by path), for the chart's ConfigMap source: the rules the
+    /// chart installs and the RBAC granted for them come from one read.
+    #[arg(long, requires = "helm_values")]
+    pub helm_ruleset: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -523,8 +533,45 @@ fn rbac(args: &RbacArgs, out: &mut dyn Write, err: &mut dyn Write) -> Result<i32
         }),
         per_rule: args.per_rule,
     };
+    if args.helm_values {
+        let mut values = crate::rbac::helm::values(&set, &opts)?;
+        if args.helm_ruleset {
+            values["ruleset"] = helm_ruleset(&args.dirs)?;
+        }
+        write!(out, "{}", to_yaml(&values)?)?;
+        return Ok(0);
+    }
     write_stream(&crate::rbac::manifests(&set, &opts), out)?;
     Ok(0)
+}
+
+/// The chart's `ruleset` values: every rule file and template by its path below its
+/// directory, as the loader reads them.
+fn helm_ruleset(dirs: &RuleDirs) -> Result<Json> {
+    let sources = rules::Sources::read(&dirs.rules, &dirs.templates).map_err(|d| {
+        anyhow::anyhow!(
+            "{}",
+            d.0.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    })?;
+    let shown_root = dirs.rules.display().to_string();
+    let mut rule_files = serde_json::Map::new();
+    for (shown, text) in sources.rule_files {
+        let rel = shown
+            .strip_prefix(&shown_root)
+            .map(|r| r.trim_start_matches('/'))
+            .with_context(|| format!("{shown} is not below {shown_root}"))?;
+        rule_files.insert(rel.to_string(), Json::String(text));
+    }
+    let templates: serde_json::Map<String, Json> = sources
+        .templates
+        .into_iter()
+        .map(|(name, (_, text))| (name, Json::String(text)))
+        .collect();
+    Ok(serde_json::json!({"rules": rule_files, "templates": templates}))
 }
 
 /// `rulebook check` without a cluster: rendered children checked against the schemas of

@@ -10,6 +10,7 @@ use crate::meta::split_api_version;
 use crate::render::{CompiledRule, RuleSet};
 
 mod diff;
+pub mod helm;
 mod per_rule;
 mod policies;
 pub use diff::{DIFF_DRY_RUN_VERBS, DIFF_READ_VERBS};
