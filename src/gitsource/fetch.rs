@@ -198,7 +198,7 @@ impl Fetcher {
             reference: reference.clone(),
             message: e.to_string(),
         };
-        let url = gix::url::parse(self.settings.url.as_str().into()).map_err(|e| fetch_error(&e))?;
+        let url = gix::url::parse(self.settings.url.as_str()).map_err(|e| fetch_error(&e))?;
         let remote = repo
             .remote_at(url)
             .and_then(|r| {

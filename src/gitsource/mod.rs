@@ -115,7 +115,7 @@ impl GitSettings {
 
     /// Refuses what cannot work before anything starts.
     pub fn check(&self) -> Result<(), String> {
-        let url = gix::url::parse(self.url.as_str().into())
+        let url = gix::url::parse(self.url.as_str())
             .map_err(|e| format!("--rules-git {}: {e}", display_url(&self.url)))?;
         if url.password().is_some() {
             return Err("--rules-git: a password in the URL would show in logs; use --git-token-file".into());
