@@ -12,8 +12,9 @@
 //! Rust throughout, shares rustls and ring with the API client, and compiles only what is
 //! asked for (here: the blocking network client and reqwest for HTTPS; no worktree,
 //! index, diff or status code). Its SSH transport runs the `ssh` program (as git does),
-//! so SSH needs `ssh` in the image; `--git-ssh-key` becomes its `-i`. Measured cost on
-//! this 2-core machine: docs/operations.md ("Rules from git").
+//! so SSH needs `ssh` in the image; `--git-ssh-key` becomes its `-i`. Measured build cost
+//! (62 crates, 960 s of compile time summed over units on a 2-core machine loaded by
+//! four builds; no C): docs/benchmarks.md ("Rules from git").
 //!
 //! Secrets: the token is read from its file at each fetch (a rotated Secret is picked
 //! up) and handed to gitoxide's credential callback only; the URL shown on `/status` and
