@@ -260,9 +260,11 @@ async fn git_hook(
             git.trigger.notify_one();
             (StatusCode::ACCEPTED, "fetching").into_response()
         }
-        Verdict::Unauthorized => {
-            (StatusCode::UNAUTHORIZED, "missing or wrong X-Hub-Signature-256").into_response()
-        }
+        Verdict::Unauthorized => (
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong X-Hub-Signature-256",
+        )
+            .into_response(),
         Verdict::TooMany => (StatusCode::TOO_MANY_REQUESTS, "too many hooks").into_response(),
     }
 }

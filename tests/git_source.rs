@@ -51,7 +51,11 @@ fn keygen(path: &Path) -> String {
         .arg(path)
         .output()
         .expect("ssh-keygen runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     std::fs::read_to_string(path.with_extension("pub")).unwrap()
 }
 
@@ -61,7 +65,12 @@ struct Daemon(Child);
 impl Daemon {
     fn start(base: &Path, port: u16) -> Daemon {
         let child = Command::new("git")
-            .args(["daemon", "--reuseaddr", "--export-all", "--enable=receive-pack"])
+            .args([
+                "daemon",
+                "--reuseaddr",
+                "--export-all",
+                "--enable=receive-pack",
+            ])
             .arg("--listen=127.0.0.1")
             .arg(format!("--port={port}"))
             .arg(format!("--base-path={}", base.display()))
@@ -74,7 +83,10 @@ impl Daemon {
         let d = Daemon(child);
         let start = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(start.elapsed() < Duration::from_secs(10), "git daemon does not listen");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "git daemon does not listen"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         d
@@ -109,7 +121,11 @@ impl Repo {
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         git(&self.home, &self.work, &args);
-        git(&self.home, &self.work, &["push", "-q", &self.url, "HEAD:refs/heads/main"]);
+        git(
+            &self.home,
+            &self.work,
+            &["push", "-q", &self.url, "HEAD:refs/heads/main"],
+        );
         git(&self.home, &self.work, &["rev-parse", "HEAD"])
     }
 }
@@ -121,7 +137,9 @@ async fn hook(port: u16, signature: Option<&str>) -> u16 {
     let sig = signature
         .map(|s| format!("X-Hub-Signature-256: {s}\r\n"))
         .unwrap_or_default();
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
     let req = format!(
         "POST /hooks/git HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n{sig}Content-Length: {}\r\n\r\n{body}",
         body.len()
@@ -130,7 +148,10 @@ async fn hook(port: u16, signature: Option<&str>) -> u16 {
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).await.unwrap();
     let text = String::from_utf8_lossy(&buf);
-    text.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A signed hook; over the hook's rate (429), again a little later.
@@ -176,16 +197,28 @@ async fn rules_from_a_git_server() {
     let client = client().await;
     let ns = namespace(&client, "gitsrc").await;
     let dir = tempfile::tempdir().unwrap();
-    let (home, base, work) = (dir.path().join("home"), dir.path().join("srv"), dir.path().join("work"));
+    let (home, base, work) = (
+        dir.path().join("home"),
+        dir.path().join("srv"),
+        dir.path().join("work"),
+    );
     for d in [&home, &base, &work] {
         std::fs::create_dir_all(d).unwrap();
     }
     git(&home, &base, &["init", "-q", "--bare", "rules.git"]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut daemon = Some(Daemon::start(&base, port));
     let url = format!("git://127.0.0.1:{port}/rules.git");
     git(&home, &work, &["init", "-q", "-b", "main"]);
-    let repo = Repo { home: home.clone(), work: work.clone(), url: url.clone() };
+    let repo = Repo {
+        home: home.clone(),
+        work: work.clone(),
+        url: url.clone(),
+    };
 
     // Keys: the allowed signer and a stranger.
     let (key, other) = (dir.path().join("signer"), dir.path().join("stranger"));
@@ -204,10 +237,17 @@ async fn rules_from_a_git_server() {
     let op = Operator::on(&unused, &unused)
         .namespace(&ns)
         .flags(&[
-            "--install-crds", "--rules-git", &url, "--git-interval", "1h",
-            "--git-verify", allowed.to_str().unwrap(),
-            "--git-hook-secret-file", secret.to_str().unwrap(),
-            "--git-cache-dir", dir.path().join("cache").to_str().unwrap(),
+            "--install-crds",
+            "--rules-git",
+            &url,
+            "--git-interval",
+            "1h",
+            "--git-verify",
+            allowed.to_str().unwrap(),
+            "--git-hook-secret-file",
+            secret.to_str().unwrap(),
+            "--git-cache-dir",
+            dir.path().join("cache").to_str().unwrap(),
         ])
         .start()
         .await;
@@ -223,9 +263,8 @@ async fn rules_from_a_git_server() {
     assert_eq!(g["liveSigner"], "tester@example.com", "{g}");
     assert_eq!(g["url"], url.as_str(), "{g}");
     assert_eq!(g["ref"], "main", "{g}");
-    let series = format!(
-        "rulebook_git_commit_info{{url=\"{url}\",reference=\"main\",commit=\"{first}\"}}"
-    );
+    let series =
+        format!("rulebook_git_commit_info{{url=\"{url}\",reference=\"main\",commit=\"{first}\"}}");
     assert_eq!(op.metric(&series).await, 1.0);
 
     // The hook: unsigned or wrongly signed requests are refused and fetch nothing.
@@ -233,7 +272,11 @@ async fn rules_from_a_git_server() {
     assert_eq!(hook(op.metrics_port, None).await, 401);
     assert_eq!(hook(op.metrics_port, Some("sha256=00ff")).await, 401);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(git_status(&op).await["lastFetch"], fetched_at, "a refused hook fetched");
+    assert_eq!(
+        git_status(&op).await["lastFetch"],
+        fetched_at,
+        "a refused hook fetched"
+    );
 
     // Template changes, each pushed and announced: commit → children latency.
     let mut took = Vec::new();
@@ -266,14 +309,22 @@ async fn rules_from_a_git_server() {
     // An invalid rule (signed): refused with file:line, the last good commit serves.
     let rule_file = rules.join(format!("{}.yaml", KIND.to_lowercase()));
     let good_rule = std::fs::read_to_string(&rule_file).unwrap();
-    std::fs::write(&rule_file, good_rule.replace(&format!("kind: {KIND}"), "kind: lowercase")).unwrap();
+    std::fs::write(
+        &rule_file,
+        good_rule.replace(&format!("kind: {KIND}"), "kind: lowercase"),
+    )
+    .unwrap();
     write_template(&templates, KIND, "invalid");
     let bad = repo.commit("an invalid rule", Some(&key));
     trigger(&op).await;
     let failed = wait_failed(&op, &bad).await;
     assert_eq!(failed["reason"], "invalid", "{failed}");
     let errors = failed["errors"].to_string();
-    let line = good_rule.lines().position(|l| l.contains(&format!("kind: {KIND}"))).unwrap() + 1;
+    let line = good_rule
+        .lines()
+        .position(|l| l.contains(&format!("kind: {KIND}")))
+        .unwrap()
+        + 1;
     assert!(
         errors.contains(&format!("rules/{}.yaml:{line}:", KIND.to_lowercase())),
         "file:line of the bad kind (line {line}): {errors}"
@@ -289,16 +340,28 @@ async fn rules_from_a_git_server() {
     trigger(&op).await;
     let failed = wait_failed(&op, &unsigned).await;
     assert_eq!(failed["reason"], "signature", "{failed}");
-    assert!(failed["errors"].to_string().contains("not signed"), "{failed}");
+    assert!(
+        failed["errors"].to_string().contains("not signed"),
+        "{failed}"
+    );
     write_template(&templates, KIND, "stranger");
     let foreign = repo.commit("signed by a stranger", Some(&other));
     trigger(&op).await;
     let failed = wait_failed(&op, &foreign).await;
-    assert!(failed["errors"].to_string().contains("not allowed"), "{failed}");
+    assert!(
+        failed["errors"].to_string().contains("not allowed"),
+        "{failed}"
+    );
     assert_eq!(marker(&cms, "app").await.as_deref(), Some("v6"));
     assert_eq!(git_status(&op).await["liveCommit"], live.as_str());
     let log = op.log_tail();
-    assert!(log.contains(&format!("commit {} refused by --git-verify", &unsigned[..12])), "{log}");
+    assert!(
+        log.contains(&format!(
+            "commit {} refused by --git-verify",
+            &unsigned[..12]
+        )),
+        "{log}"
+    );
 
     // The git server goes away: a fetch error, the live commit keeps serving; it returns.
     daemon.take();

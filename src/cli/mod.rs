@@ -3,13 +3,13 @@
 
 pub mod cel_dry_run;
 pub mod diff;
+pub mod git_args;
 pub mod observed;
 pub mod release;
 pub mod rollout;
 pub mod roundtrip;
 pub mod ruletest;
 pub mod schemas;
-pub mod git_args;
 pub mod webhook_args;
 
 use std::io::Write;

@@ -68,7 +68,10 @@ pub enum Fetched {
     Unchanged,
     New(Checkout),
     /// The commit is not signed as `--git-verify` requires.
-    Refused { commit: String, reason: Refused },
+    Refused {
+        commit: String,
+        reason: Refused,
+    },
 }
 
 /// The local repository and the commit last looked at.
@@ -157,7 +160,13 @@ impl Fetcher {
         let commit_hex = commit.id.to_string();
         let subject = commit
             .message_raw()
-            .map(|m| m.lines().next().unwrap_or_default().to_str_lossy().into_owned())
+            .map(|m| {
+                m.lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_str_lossy()
+                    .into_owned()
+            })
             .unwrap_or_default();
         let tree = commit.tree().map_err(|e| read(&e))?;
         let root = self.checkouts().join(&commit_hex);
@@ -203,10 +212,15 @@ impl Fetcher {
             .remote_at(url)
             .and_then(|r| {
                 r.with_fetch_tags(gix::remote::fetch::Tags::None)
-                    .with_refspecs([format!("+{reference}:{LOCAL_REF}").as_str()], Direction::Fetch)
+                    .with_refspecs(
+                        [format!("+{reference}:{LOCAL_REF}").as_str()],
+                        Direction::Fetch,
+                    )
             })
             .map_err(|e| fetch_error(&e))?;
-        let connection = remote.connect(Direction::Fetch).map_err(|e| fetch_error(&e))?;
+        let connection = remote
+            .connect(Direction::Fetch)
+            .map_err(|e| fetch_error(&e))?;
         let token = self.settings.token()?;
         let connection = match token {
             Some(token) => connection.with_credentials(move |action| credentials(&token, action)),
@@ -235,14 +249,16 @@ fn credentials(
     action: gix::credentials::helper::Action,
 ) -> gix::Result<Option<gix::credentials::protocol::Outcome>> {
     match action {
-        gix::credentials::helper::Action::Get(ctx) => Ok(Some(gix::credentials::protocol::Outcome {
-            identity: gix::sec::identity::Account {
-                username: token.username.clone(),
-                password: token.secret.clone(),
-                oauth_refresh_token: None,
-            },
-            next: ctx.into(),
-        })),
+        gix::credentials::helper::Action::Get(ctx) => {
+            Ok(Some(gix::credentials::protocol::Outcome {
+                identity: gix::sec::identity::Account {
+                    username: token.username.clone(),
+                    password: token.secret.clone(),
+                    oauth_refresh_token: None,
+                },
+                next: ctx.into(),
+            }))
+        }
         _ => Ok(None),
     }
 }
@@ -299,7 +315,9 @@ fn write_tree(
 ) -> Result<(), WriteError> {
     let git = |e: &dyn std::fmt::Display| WriteError::Git(e.to_string());
     if depth > MAX_DEPTH {
-        return Err(WriteError::Git(format!("directories nest deeper than {MAX_DEPTH}")));
+        return Err(WriteError::Git(format!(
+            "directories nest deeper than {MAX_DEPTH}"
+        )));
     }
     for entry in tree.iter() {
         let entry = entry.map_err(|e| git(&e))?;

@@ -102,10 +102,19 @@ mod tests {
         let body = br#"{"ref":"refs/heads/main"}"#;
         assert_eq!(hook.judge(None, body), Verdict::Unauthorized);
         assert_eq!(hook.judge(Some("sha256=00"), body), Verdict::Unauthorized);
-        assert_eq!(hook.judge(Some(&sign(b"other", body)), body), Verdict::Unauthorized);
-        assert_eq!(hook.judge(Some(&sign(b"s3cret", b"{}")), body), Verdict::Unauthorized);
+        assert_eq!(
+            hook.judge(Some(&sign(b"other", body)), body),
+            Verdict::Unauthorized
+        );
+        assert_eq!(
+            hook.judge(Some(&sign(b"s3cret", b"{}")), body),
+            Verdict::Unauthorized
+        );
         let good = sign(b"s3cret", body);
-        assert_eq!(hook.judge(Some(good.trim_start_matches("sha256=")), body), Verdict::Unauthorized);
+        assert_eq!(
+            hook.judge(Some(good.trim_start_matches("sha256=")), body),
+            Verdict::Unauthorized
+        );
         assert_eq!(hook.judge(Some(&good), body), Verdict::Accepted);
     }
 

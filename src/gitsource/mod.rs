@@ -119,7 +119,10 @@ impl GitSettings {
         let url = gix::url::parse(self.url.as_str())
             .map_err(|e| format!("--rules-git {}: {e}", display_url(&self.url)))?;
         if url.password().is_some() {
-            return Err("--rules-git: a password in the URL would show in logs; use --git-token-file".into());
+            return Err(
+                "--rules-git: a password in the URL would show in logs; use --git-token-file"
+                    .into(),
+            );
         }
         if self.interval < Duration::from_secs(1) {
             return Err("--git-interval must be at least 1s".into());
@@ -268,7 +271,10 @@ impl GitSource {
             s.live_commit = Some(checkout.commit.clone());
             s.live_signer.clone_from(&checkout.signer);
             s.failed_commit = None;
-            self.metrics.git_commit.get_or_create(&self.commit_label(&s, &checkout.commit)).set(1);
+            self.metrics
+                .git_commit
+                .get_or_create(&self.commit_label(&s, &checkout.commit))
+                .set(1);
         } else {
             warn!(
                 commit = %checkout.commit,
@@ -399,7 +405,10 @@ async fn fetch_once(fetcher: &Arc<Mutex<Fetcher>>) -> Result<Fetched, String> {
         Ok(Err(e)) => Err(format!("the fetch task failed: {e}")),
         Err(_) => {
             interrupt.store(true, Ordering::SeqCst);
-            Err(format!("the fetch took longer than {}s", FETCH_TIMEOUT.as_secs()))
+            Err(format!(
+                "the fetch took longer than {}s",
+                FETCH_TIMEOUT.as_secs()
+            ))
         }
     }
 }
@@ -411,11 +420,23 @@ mod tests {
     #[test]
     fn urls_lose_their_credentials() {
         for (given, shown) in [
-            ("https://x-access-token:ghp_secret@github.com/org/rules.git", "https://github.com/org/rules.git"),
-            ("https://github.com/org/rules.git", "https://github.com/org/rules.git"),
-            ("ssh://git@example.com:2222/org/rules.git", "ssh://example.com:2222/org/rules.git"),
+            (
+                "https://x-access-token:ghp_secret@github.com/org/rules.git",
+                "https://github.com/org/rules.git",
+            ),
+            (
+                "https://github.com/org/rules.git",
+                "https://github.com/org/rules.git",
+            ),
+            (
+                "ssh://git@example.com:2222/org/rules.git",
+                "ssh://example.com:2222/org/rules.git",
+            ),
             ("git@github.com:org/rules.git", "github.com:org/rules.git"),
-            ("git://127.0.0.1:9418/rules.git", "git://127.0.0.1:9418/rules.git"),
+            (
+                "git://127.0.0.1:9418/rules.git",
+                "git://127.0.0.1:9418/rules.git",
+            ),
             ("/srv/git/rules.git", "/srv/git/rules.git"),
         ] {
             assert_eq!(display_url(given), shown);

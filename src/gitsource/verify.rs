@@ -97,7 +97,10 @@ impl AllowedSigners {
     pub fn verify(&self, signature: Option<&[u8]>, payload: &[u8]) -> Result<String, Refused> {
         let signature = signature.ok_or(Refused::Unsigned)?;
         let text = std::str::from_utf8(signature).map_err(|_| Refused::NotSsh)?;
-        if !text.trim_start().starts_with("-----BEGIN SSH SIGNATURE-----") {
+        if !text
+            .trim_start()
+            .starts_with("-----BEGIN SSH SIGNATURE-----")
+        {
             return Err(Refused::NotSsh);
         }
         let sig = SshSig::from_pem(text.trim()).map_err(|e| Refused::Malformed(e.to_string()))?;
@@ -154,7 +157,9 @@ fn options_allow_git(options: &str) -> Result<bool, String> {
         match name.to_ascii_lowercase().as_str() {
             "namespaces" => {
                 let value = value.trim_matches('"');
-                allows = value.split(',').any(|n| n.trim() == GIT_NAMESPACE || n.trim() == "*");
+                allows = value
+                    .split(',')
+                    .any(|n| n.trim() == GIT_NAMESPACE || n.trim() == "*");
             }
             other => return Err(format!("the option `{other}` is not supported")),
         }
@@ -210,7 +215,8 @@ fn split_options(field: &str) -> Vec<String> {
 mod tests {
     use super::*;
 
-    const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINkqZv+Sfum+SrK6lfpliZ8TrO4RQbeY9EFxl9brWA2e";
+    const KEY: &str =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINkqZv+Sfum+SrK6lfpliZ8TrO4RQbeY9EFxl9brWA2e";
 
     #[test]
     fn lines_with_and_without_options() {
@@ -224,7 +230,8 @@ mod tests {
 
     #[test]
     fn unsupported_options_and_bad_keys_are_errors_with_their_line() {
-        let e = AllowedSigners::parse(&format!("\nx valid-after=20200101 {KEY}\n"), "f").unwrap_err();
+        let e =
+            AllowedSigners::parse(&format!("\nx valid-after=20200101 {KEY}\n"), "f").unwrap_err();
         assert_eq!(e.line, 2, "{e}");
         assert!(e.to_string().contains("valid-after"), "{e}");
         let e = AllowedSigners::parse("x ssh-ed25519 AAAAnot-a-key\n", "f").unwrap_err();

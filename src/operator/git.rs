@@ -7,13 +7,43 @@
 //! outside a cluster; the log line and `/status` carry it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::Rules;
-use crate::gitsource::{Checkout, FETCH_TIMEOUT, GitSource};
+use crate::gitsource::{Checkout, FETCH_TIMEOUT, GitSource, StartError};
+use crate::metrics::Metrics;
+
+/// Starts the git source when `--rules-git` asks for it.
+pub(super) fn start(
+    settings: Option<&crate::gitsource::GitSettings>,
+    metrics: &Arc<Metrics>,
+) -> Result<(Option<Arc<GitSource>>, Option<mpsc::Receiver<Checkout>>), StartError> {
+    match settings {
+        Some(g) => {
+            let (source, rx) = GitSource::start(g.clone(), metrics.clone())?;
+            Ok((Some(source), Some(rx)))
+        }
+        None => Ok((None, None)),
+    }
+}
+
+/// The first rule set: from the git source's first commit, else from the directories.
+pub(super) async fn first_load(
+    git: Option<&GitSource>,
+    commits: Option<&mut mpsc::Receiver<Checkout>>,
+    rules: &mut Rules,
+) {
+    match (git, commits) {
+        (Some(g), Some(rx)) => first_commit(g, rx, rules).await,
+        _ => {
+            rules.reload();
+        }
+    }
+}
 
 /// Waits for the first fetch and loads its commit, so that the first rule set comes
 /// from git; a first fetch that fails leaves the operator without rules (not ready)
@@ -66,7 +96,10 @@ pub(super) fn load_commit(git: &GitSource, checkout: &Checkout, rules: &mut Rule
 }
 
 /// The rules added, removed or changed between two sets of versions.
-fn changed_rules(before: &BTreeMap<String, String>, after: &BTreeMap<String, String>) -> Vec<String> {
+fn changed_rules(
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+) -> Vec<String> {
     let mut out: Vec<String> = after
         .iter()
         .filter(|(name, v)| before.get(*name) != Some(*v))
@@ -88,7 +121,9 @@ mod tests {
     #[test]
     fn changed_rules_are_the_added_changed_and_removed_ones() {
         let m = |v: &[(&str, &str)]| -> BTreeMap<String, String> {
-            v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+            v.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
         };
         let before = m(&[("a", "1"), ("b", "1"), ("c", "1")]);
         let after = m(&[("a", "1"), ("b", "2"), ("d", "1")]);

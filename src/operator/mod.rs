@@ -181,13 +181,7 @@ pub async fn run(args: Settings) -> Result<()> {
         warn!("the webhook certificates are not read yet; webhooks are published once they are");
     }
     let ruleset_state = Arc::new(RwLock::new(RuleSetState::default()));
-    let (git, mut git_commits) = match &args.git {
-        Some(g) => {
-            let (source, rx) = crate::gitsource::GitSource::start(g.clone(), metrics.clone())?;
-            (Some(source), Some(rx))
-        }
-        None => (None, None),
-    };
+    let (git, mut git_commits) = git::start(args.git.as_ref(), &metrics)?;
     let leader_flag = is_leader.clone();
     let app = AppState {
         metrics: metrics.clone(),
@@ -207,12 +201,7 @@ pub async fn run(args: Settings) -> Result<()> {
         limits: Limits::default(),
     };
     let mut rules = Rules::new(source, metrics.clone(), ruleset_state);
-    match (&git, &mut git_commits) {
-        (Some(g), Some(rx)) => git::first_commit(g, rx, &mut rules).await,
-        _ => {
-            rules.reload();
-        }
-    }
+    git::first_load(git.as_deref(), git_commits.as_mut(), &mut rules).await;
     if let (Some(s), Some(set)) = (&shards, &rules.serving) {
         s.rules_changed(set);
     }
