@@ -64,13 +64,11 @@ struct Daemon(Child);
 
 impl Daemon {
     fn start(base: &Path, port: u16) -> Daemon {
-        let child = Command::new("git")
-            .args([
-                "daemon",
-                "--reuseaddr",
-                "--export-all",
-                "--enable=receive-pack",
-            ])
+        // `git-daemon` itself: `git daemon` runs it as a child, which a kill would leave
+        // serving.
+        let exec_path = git(base, base, &["--exec-path"]);
+        let child = Command::new(Path::new(&exec_path).join("git-daemon"))
+            .args(["--reuseaddr", "--export-all", "--enable=receive-pack"])
             .arg("--listen=127.0.0.1")
             .arg(format!("--port={port}"))
             .arg(format!("--base-path={}", base.display()))
