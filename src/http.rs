@@ -1,4 +1,5 @@
-//! The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/status`. It is reachable from
+//! The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`, `/status`, and with
+//! `--rules-git` the push hook `POST /hooks/git` (src/gitsource/hook.rs). It is reachable from
 //! the pod network, so it bounds what a client can hold (header time, connection
 //! lifetime, connections at once, and connections per client address, so that one
 //! client cannot hold every slot and keep the kubelet's probes waiting until the
@@ -14,7 +15,7 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -50,6 +51,8 @@ pub struct AppState {
     /// The webhook server, when `run` serves webhooks: ready only while it listens with
     /// a valid certificate.
     pub webhook: Option<Arc<crate::webhook::server::Health>>,
+    /// The git source (`--rules-git`): `/status`'s `git` and the push hook.
+    pub git: Option<Arc<crate::gitsource::GitSource>>,
 }
 
 #[derive(Serialize)]
@@ -60,6 +63,8 @@ struct StatusBody {
     rules: BTreeMap<String, RuleStatus>,
     #[serde(skip_serializing_if = "Option::is_none")]
     sharding: Option<crate::shard::ShardStatus>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    git: Option<crate::gitsource::GitStatus>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -68,6 +73,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/status", get(status))
+        .route("/hooks/git", post(git_hook))
         .with_state(state)
 }
 
@@ -230,6 +236,35 @@ async fn status(State(s): State<AppState>) -> Json<serde_json::Value> {
             .sharding
             .as_ref()
             .and_then(|x| x.read().ok().map(|x| x.clone())),
+        git: s.git.as_ref().map(|g| g.status.read().clone()),
     };
     Json(serde_json::to_value(body).unwrap_or_default())
+}
+
+/// `POST /hooks/git`: a signed push hook fetches at once (src/gitsource/hook.rs). 404
+/// without `--rules-git` and `--git-hook-secret-file`.
+async fn git_hook(
+    State(s): State<AppState>,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    use crate::gitsource::hook::Verdict;
+    let Some((git, hook)) = s.git.as_ref().and_then(|g| g.hook.as_ref().map(|h| (g, h))) else {
+        return (StatusCode::NOT_FOUND, "no git hook configured").into_response();
+    };
+    let signature = headers
+        .get("x-hub-signature-256")
+        .and_then(|v| v.to_str().ok());
+    match hook.judge(signature, &body) {
+        Verdict::Accepted => {
+            git.trigger.notify_one();
+            (StatusCode::ACCEPTED, "fetching").into_response()
+        }
+        Verdict::Unauthorized => (
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong X-Hub-Signature-256",
+        )
+            .into_response(),
+        Verdict::TooMany => (StatusCode::TOO_MANY_REQUESTS, "too many hooks").into_response(),
+    }
 }

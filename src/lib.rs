@@ -3,11 +3,13 @@
 //! The flow, pure core first: [`rules`] (model, loading, validation) → [`render`]
 //! (templates → desired children, status) → [`cache`] and [`write`] (the kube layer: the
 //! cached object form, the one write path) → `reconcile` (the only API writes) →
-//! `engine` (one controller per rule) → `reload` (new rule sets from disk).
+//! `engine` (one controller per rule) → `reload` (new rule sets from disk) and
+//! `gitsource` (from a git repository).
 
 pub mod cli;
 pub mod crds;
 pub mod engine;
+pub mod gitsource;
 pub mod http;
 pub mod leader;
 pub mod metrics;

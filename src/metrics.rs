@@ -53,6 +53,20 @@ pub struct ModeLabel {
 /// where the outbox drops events.
 pub use crate::write::outbox::{DroppedLabel, EVENTS_DROPPED_REASONS};
 
+/// The git source's live commit (`rulebook_git_commit_info`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GitCommitLabels {
+    /// The remote, without credentials.
+    pub url: String,
+    pub reference: String,
+    pub commit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReloadLabel {
     pub result: String,
@@ -154,6 +168,15 @@ pub struct Metrics {
     pub reloads: Family<ReloadLabel, Counter>,
     pub ruleset_valid: Gauge,
     pub leader: Gauge,
+    /// `--rules-git`: 1 for the live commit (labels: url, reference, commit).
+    pub git_commit: Family<GitCommitLabels, Gauge>,
+    /// `--rules-git`: Unix time of the last successful fetch.
+    pub git_last_fetch: Gauge,
+    /// `--rules-git`: 1 when the last fetch succeeded.
+    pub git_fetch_ok: Gauge,
+    pub git_fetch_errors: Counter,
+    /// `--rules-git`: commits that did not go live, by reason (invalid, signature).
+    pub git_refused: Family<ReasonLabel, Counter>,
     /// Bytes the cache budget counts (content, and metadata beyond the allowance), by
     /// cache: parents, children, references (all rules).
     pub cache_content_bytes: Family<CacheKindLabel, Gauge>,
@@ -201,6 +224,11 @@ impl Metrics {
             reloads: Family::default(),
             ruleset_valid: Gauge::default(),
             leader: Gauge::default(),
+            git_commit: Family::default(),
+            git_last_fetch: Gauge::default(),
+            git_fetch_ok: Gauge::default(),
+            git_fetch_errors: Counter::default(),
+            git_refused: Family::default(),
             cache_content_bytes: Family::default(),
             cache_stubbed: Family::default(),
             unreadable_objects: Family::default(),
@@ -219,6 +247,7 @@ impl Metrics {
         metrics.register_caches_and_writes();
         metrics.register_sharding_and_inputs();
         metrics.register_webhooks();
+        metrics.register_git();
         metrics
     }
 
@@ -308,6 +337,35 @@ impl Metrics {
             "leader",
             "1 while this process holds the leader lease (or runs without leader election)",
             self.leader.clone(),
+        );
+    }
+
+    /// The git source (`run --rules-git`).
+    fn register_git(&mut self) {
+        self.registry.register(
+            "git_commit_info",
+            "1 for the git commit whose rules serve (labels: url without credentials, reference, commit)",
+            self.git_commit.clone(),
+        );
+        self.registry.register(
+            "git_last_fetch_timestamp_seconds",
+            "Unix time of the last successful fetch of the rules repository",
+            self.git_last_fetch.clone(),
+        );
+        self.registry.register(
+            "git_fetch_ok",
+            "1 when the last fetch of the rules repository succeeded, 0 when it failed",
+            self.git_fetch_ok.clone(),
+        );
+        self.registry.register(
+            "git_fetch_errors",
+            "Failed fetches of the rules repository",
+            self.git_fetch_errors.clone(),
+        );
+        self.registry.register(
+            "git_commits_refused",
+            "Fetched commits that did not go live, by reason (invalid rules, signature)",
+            self.git_refused.clone(),
         );
     }
 

@@ -31,6 +31,7 @@ async fn endpoint(limits: HttpLimits) -> String {
         leader: Arc::new(|| true),
         sharding: None,
         webhook: None,
+        git: None,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();

@@ -36,6 +36,9 @@ const LAYERS: &[(&str, u32)] = &[
     // The webhook server (issue 43): reads the rule set and the caches' references; the
     // operator, the CLI, `http` (readiness) and `crds` (the conversion endpoint) use it.
     ("webhook", 7),
+    // Rules from git (issue 46): fetches and verifies; `http` (the push hook, /status) and
+    // the operator use it.
+    ("gitsource", 7),
     ("crds", 8),
     ("policies", 8),
     ("http", 8),

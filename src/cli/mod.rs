@@ -3,6 +3,7 @@
 
 pub mod cel_dry_run;
 pub mod diff;
+pub mod git_args;
 pub mod observed;
 pub mod release;
 pub mod rollout;
@@ -140,6 +141,8 @@ pub struct RunArgs {
     pub shard_rebalance_seconds: u64,
     #[command(flatten)]
     pub webhook: Box<webhook_args::WebhookArgs>,
+    #[command(flatten)]
+    pub git: Box<git_args::GitArgs>,
 }
 
 impl RunArgs {
@@ -171,6 +174,7 @@ impl RunArgs {
             shard_filter_client: self.shard_filter == "client",
             shard_rebalance_seconds: self.shard_rebalance_seconds,
             webhook: self.webhook.settings(self.lease_namespace.as_deref()),
+            git: self.git.settings(),
         }
     }
 }

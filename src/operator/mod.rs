@@ -4,6 +4,7 @@
 //! its own beyond that order.
 
 pub(crate) mod client;
+mod git;
 mod migrations;
 mod rules;
 mod shards;
@@ -83,6 +84,8 @@ pub struct Settings {
     pub shard_rebalance_seconds: u64,
     /// The webhook server (`--webhook-url`/`--webhook-service`); `None`: off.
     pub webhook: Option<crate::webhook::run::Settings>,
+    /// Rules from a git repository (`--rules-git`) instead of the directories.
+    pub git: Option<crate::gitsource::GitSettings>,
 }
 
 /// The client configuration from an explicit kubeconfig, or the usual inference. Its
@@ -178,6 +181,7 @@ pub async fn run(args: Settings) -> Result<()> {
         warn!("the webhook certificates are not read yet; webhooks are published once they are");
     }
     let ruleset_state = Arc::new(RwLock::new(RuleSetState::default()));
+    let (git, mut git_commits) = git::start(args.git.as_ref(), &metrics)?;
     let leader_flag = is_leader.clone();
     let app = AppState {
         metrics: metrics.clone(),
@@ -186,6 +190,7 @@ pub async fn run(args: Settings) -> Result<()> {
         leader: Arc::new(move || leader_flag.load(Ordering::SeqCst)),
         sharding: shards.as_ref().map(|s| s.status.clone()),
         webhook: webhooks.as_ref().map(|w| w.health.clone()),
+        git: git.clone(),
     };
     let http = serve_http(args.metrics_addr, app);
 
@@ -196,7 +201,7 @@ pub async fn run(args: Settings) -> Result<()> {
         limits: Limits::default(),
     };
     let mut rules = Rules::new(source, metrics.clone(), ruleset_state);
-    rules.reload();
+    git::first_load(git.as_deref(), git_commits.as_mut(), &mut rules).await;
     if let (Some(s), Some(set)) = (&shards, &rules.serving) {
         s.rules_changed(set);
     }
@@ -204,7 +209,7 @@ pub async fn run(args: Settings) -> Result<()> {
         w.rules_changed(set);
     }
 
-    let watcher = if args.watch {
+    let watcher = if args.watch && git.is_none() {
         Some(ChangeWatcher::new(&[&args.rules, &args.templates])?)
     } else {
         None
@@ -223,11 +228,13 @@ pub async fn run(args: Settings) -> Result<()> {
         install_crds: args.install_crds,
         webhooks,
         policy_scope: policy_scope(&args)?,
+        git,
     };
     let mut events = Events {
         watcher,
         rescan,
         leader: election.leading.take(),
+        git: git_commits,
     };
     operator.serve(&args, &mut events).await?;
     operator.shutdown(&gate, election).await;
@@ -452,6 +459,8 @@ struct Events {
     rescan: tokio::time::Interval,
     /// Leadership changes (`--leader-elect`).
     leader: Option<tokio::sync::watch::Receiver<bool>>,
+    /// New commits of the git source (`--rules-git`).
+    git: Option<tokio::sync::mpsc::Receiver<crate::gitsource::Checkout>>,
 }
 
 /// The running operator: the engine, the rule set it serves, and whether (or for which
@@ -468,6 +477,8 @@ struct Operator {
     webhooks: Option<crate::webhook::run::Webhooks>,
     /// What the admission policies of `cel:` rules reach, and whose they are.
     policy_scope: crate::rules::policy::Scope,
+    /// The git source (`--rules-git`), told which commits went live.
+    git: Option<Arc<crate::gitsource::GitSource>>,
 }
 
 impl Operator {
@@ -496,7 +507,13 @@ impl Operator {
                     }
                     self.rules.reload()
                 }
-                _ = events.rescan.tick(), if args.watch => self.rules.reload(),
+                _ = events.rescan.tick(), if args.watch && self.git.is_none() => self.rules.reload(),
+                Some(c) = async { match events.git.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                    match &self.git {
+                        Some(g) => git::load_commit(g, &c, &mut self.rules),
+                        None => false,
+                    }
+                }
                 Ok(()) = async { match events.leader.as_mut() { Some(rx) => rx.changed().await, None => std::future::pending().await } } => {
                     let leading = events.leader.as_ref().is_some_and(|rx| *rx.borrow());
                     self.leadership_changed(leading).await

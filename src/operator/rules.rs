@@ -87,6 +87,33 @@ impl Rules {
         }
     }
 
+    /// Reads from these directories from now on (a new commit of the git source).
+    pub(super) fn set_dirs(&mut self, rules: std::path::PathBuf, templates: std::path::PathBuf) {
+        self.source.rules_dir = rules;
+        self.source.templates_dir = templates;
+    }
+
+    /// Whether the last read was valid, and its errors with `strip` removed from file
+    /// names (on `/status` too: a checkout's directory becomes the repository's path).
+    pub(super) fn outcome(&self, strip: &str) -> (bool, Vec<String>) {
+        let Ok(mut s) = self.state.write() else {
+            return (false, Vec::new());
+        };
+        for e in &mut s.errors {
+            *e = e.replace(strip, "");
+        }
+        (s.valid, s.errors.clone())
+    }
+
+    /// Each serving rule's version (content hash).
+    pub(super) fn versions(&self) -> std::collections::BTreeMap<String, String> {
+        self.serving
+            .iter()
+            .flat_map(|set| set.rules.iter())
+            .map(|(name, r)| (name.clone(), r.version.clone()))
+            .collect()
+    }
+
     /// Counts one reload with its `result` label.
     fn count(&self, result: &str) {
         self.metrics

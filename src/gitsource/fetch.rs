@@ -1,0 +1,357 @@
+//! One fetch of the rules repository, with gitoxide: a shallow fetch (depth 1) of one
+//! ref into a bare repository of the operator's own, then the commit's rules and
+//! templates trees written out as plain files under `checkouts/<commit>/`, which the
+//! directory loader reads like any other rules directory (so a commit is validated by
+//! exactly what `rulebook check` and hot reload run).
+//!
+//! What is written is bounded ([`MAX_FILES`], [`MAX_BYTES`], [`MAX_DEPTH`]) and only
+//! regular files and directories are written: symbolic links and submodules in the
+//! trees are skipped, so a commit cannot point the loader outside its checkout.
+
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+use gix::bstr::ByteSlice;
+use gix::objs::tree::EntryKind;
+use gix::remote::Direction;
+
+use super::verify::{AllowedSigners, Refused};
+use super::{GitSettings, Token};
+
+/// Files written from one commit at most.
+pub const MAX_FILES: usize = 10_000;
+/// Bytes written from one commit at most.
+pub const MAX_BYTES: u64 = 64 << 20;
+/// Directory nesting at most.
+pub const MAX_DEPTH: usize = 32;
+
+/// The local ref the fetched commit is kept under.
+const LOCAL_REF: &str = "refs/rulebook/fetched";
+
+/// Why a fetch failed (the last good commit keeps serving).
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("the local repository {path}: {message}")]
+    Local { path: String, message: String },
+    #[error("fetching {reference}: {message}")]
+    Fetch { reference: String, message: String },
+    #[error("the remote has no ref {0}")]
+    NoRef(String),
+    #[error("reading commit {commit}: {message}")]
+    Read { commit: String, message: String },
+    #[error("writing the checkout: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the token file {path}: {message}")]
+    Token { path: String, message: String },
+}
+
+/// A commit's rules, written out.
+#[derive(Debug, Clone)]
+pub struct Checkout {
+    /// The full commit id (hex).
+    pub commit: String,
+    /// The commit's first line.
+    pub subject: String,
+    /// `checkouts/<commit>`: the prefix to strip from file names in diagnostics.
+    pub root: PathBuf,
+    pub rules: PathBuf,
+    pub templates: PathBuf,
+    /// The principals of the key that signed it (`--git-verify`).
+    pub signer: Option<String>,
+}
+
+/// What one fetch found.
+#[derive(Debug)]
+pub enum Fetched {
+    /// The ref still names the commit last looked at.
+    Unchanged,
+    New(Checkout),
+    /// The commit is not signed as `--git-verify` requires.
+    Refused {
+        commit: String,
+        reason: Refused,
+    },
+}
+
+/// The local repository and the commit last looked at.
+pub struct Fetcher {
+    settings: GitSettings,
+    signers: Option<AllowedSigners>,
+    last: Option<gix::ObjectId>,
+}
+
+impl Fetcher {
+    pub fn new(settings: GitSettings, signers: Option<AllowedSigners>) -> Self {
+        Self {
+            settings,
+            signers,
+            last: None,
+        }
+    }
+
+    fn repo_dir(&self) -> PathBuf {
+        self.settings.cache_dir.join("repo.git")
+    }
+
+    /// The checkouts' directory.
+    pub fn checkouts(&self) -> PathBuf {
+        self.settings.cache_dir.join("checkouts")
+    }
+
+    /// The local bare repository, made on first use (with the SSH command of
+    /// `--git-ssh-key` in its config).
+    fn open(&self) -> Result<gix::Repository, FetchError> {
+        let dir = self.repo_dir();
+        let local = |e: &dyn std::fmt::Display| FetchError::Local {
+            path: dir.display().to_string(),
+            message: e.to_string(),
+        };
+        if dir.join("HEAD").exists() {
+            return gix::open(&dir).map_err(|e| local(&e));
+        }
+        std::fs::create_dir_all(&self.settings.cache_dir)?;
+        gix::init_bare(&dir).map_err(|e| local(&e))?;
+        if let Some(cmd) = self.settings.ssh_command() {
+            use std::io::Write;
+            let mut config = std::fs::OpenOptions::new()
+                .append(true)
+                .open(dir.join("config"))?;
+            let quoted = cmd.replace('\\', "\\\\").replace('"', "\\\"");
+            writeln!(config, "[core]\n\tsshCommand = \"{quoted}\"")?;
+        }
+        gix::open(&dir).map_err(|e| local(&e))
+    }
+
+    /// Fetches the ref and, if it names a new commit, verifies and writes it out.
+    pub fn fetch(&mut self, interrupt: &AtomicBool) -> Result<Fetched, FetchError> {
+        let repo = self.open()?;
+        let id = self.fetch_ref(&repo, interrupt)?;
+        if self.last == Some(id) {
+            return Ok(Fetched::Unchanged);
+        }
+        let hex = id.to_string();
+        let read = |e: &dyn std::fmt::Display| FetchError::Read {
+            commit: hex.clone(),
+            message: e.to_string(),
+        };
+        let commit = repo
+            .find_object(id)
+            .and_then(gix::Object::peel_to_commit)
+            .map_err(|e| read(&e))?;
+        let mut signer = None;
+        if let Some(signers) = &self.signers {
+            let signature = commit.signature().map_err(|e| read(&e))?;
+            let verdict = match &signature {
+                Some((sig, payload)) => signers.verify(Some(sig.as_bytes()), &payload.to_bstring()),
+                None => signers.verify(None, b""),
+            };
+            match verdict {
+                Ok(principals) => signer = Some(principals),
+                Err(reason) => {
+                    self.last = Some(id);
+                    return Ok(Fetched::Refused {
+                        commit: commit.id.to_string(),
+                        reason,
+                    });
+                }
+            }
+        }
+        let commit_hex = commit.id.to_string();
+        let subject = commit
+            .message_raw()
+            .map(|m| {
+                m.lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_str_lossy()
+                    .into_owned()
+            })
+            .unwrap_or_default();
+        let tree = commit.tree().map_err(|e| read(&e))?;
+        let root = self.checkouts().join(&commit_hex);
+        if root.exists() {
+            std::fs::remove_dir_all(&root)?;
+        }
+        let mut budget = Budget::default();
+        let rules = root.join(&self.settings.rules_path);
+        let templates = root.join(&self.settings.templates_path);
+        for (path, out) in [
+            (&self.settings.rules_path, &rules),
+            (&self.settings.templates_path, &templates),
+        ] {
+            write_subtree(&tree, path, out, &mut budget).map_err(|e| match e {
+                WriteError::Io(e) => FetchError::Io(e),
+                WriteError::Git(m) => read(&m),
+            })?;
+        }
+        self.last = Some(id);
+        Ok(Fetched::New(Checkout {
+            commit: commit_hex,
+            subject,
+            root,
+            rules,
+            templates,
+            signer,
+        }))
+    }
+
+    /// One shallow fetch of the ref; the commit (or tag) it names.
+    fn fetch_ref(
+        &self,
+        repo: &gix::Repository,
+        interrupt: &AtomicBool,
+    ) -> Result<gix::ObjectId, FetchError> {
+        let reference = self.settings.full_ref();
+        let fetch_error = |e: &dyn std::fmt::Display| FetchError::Fetch {
+            reference: reference.clone(),
+            message: e.to_string(),
+        };
+        let url = gix::url::parse(self.settings.url.as_str()).map_err(|e| fetch_error(&e))?;
+        let remote = repo
+            .remote_at(url)
+            .and_then(|r| {
+                r.with_fetch_tags(gix::remote::fetch::Tags::None)
+                    .with_refspecs(
+                        [format!("+{reference}:{LOCAL_REF}").as_str()],
+                        Direction::Fetch,
+                    )
+            })
+            .map_err(|e| fetch_error(&e))?;
+        let connection = remote
+            .connect(Direction::Fetch)
+            .map_err(|e| fetch_error(&e))?;
+        let token = self.settings.token()?;
+        let connection = match token {
+            Some(token) => connection.with_credentials(move |action| credentials(&token, action)),
+            None => connection.with_credentials(|_| Ok(None)),
+        };
+        let depth = NonZeroU32::MIN;
+        let outcome = connection
+            .prepare_fetch(gix::progress::Discard, Default::default())
+            .map_err(|e| fetch_error(&e))?
+            .with_shallow(gix::remote::fetch::Shallow::DepthAtRemote(depth))
+            .receive(gix::progress::Discard, interrupt)
+            .map_err(|e| fetch_error(&e))?;
+        outcome
+            .ref_map
+            .mappings
+            .iter()
+            .find_map(|m| m.remote.as_id().map(ToOwned::to_owned))
+            .ok_or(FetchError::NoRef(reference))
+    }
+}
+
+/// Answers gitoxide's credential requests with the token (HTTPS); stores and erases
+/// nothing.
+fn credentials(
+    token: &Token,
+    action: gix::credentials::helper::Action,
+) -> gix::Result<Option<gix::credentials::protocol::Outcome>> {
+    match action {
+        gix::credentials::helper::Action::Get(ctx) => {
+            Ok(Some(gix::credentials::protocol::Outcome {
+                identity: gix::sec::identity::Account {
+                    username: token.username.clone(),
+                    password: token.secret.clone(),
+                    oauth_refresh_token: None,
+                },
+                next: ctx.into(),
+            }))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// What a commit has written so far.
+#[derive(Default)]
+struct Budget {
+    files: usize,
+    bytes: u64,
+}
+
+enum WriteError {
+    Io(std::io::Error),
+    Git(String),
+}
+
+impl From<std::io::Error> for WriteError {
+    fn from(e: std::io::Error) -> Self {
+        WriteError::Io(e)
+    }
+}
+
+/// Writes the tree at `path` of `root` into `out` (an empty directory when the commit
+/// has no such path: the loader then reports the missing rules or templates).
+fn write_subtree(
+    root: &gix::Tree<'_>,
+    path: &str,
+    out: &Path,
+    budget: &mut Budget,
+) -> Result<(), WriteError> {
+    std::fs::create_dir_all(out)?;
+    let git = |e: &dyn std::fmt::Display| WriteError::Git(e.to_string());
+    let trimmed = path.trim_matches('/');
+    let tree = if trimmed.is_empty() || trimmed == "." {
+        root.clone()
+    } else {
+        match root.lookup_entry_by_path(trimmed).map_err(|e| git(&e))? {
+            Some(entry) if entry.mode().is_tree() => entry
+                .object()
+                .and_then(gix::Object::peel_to_tree)
+                .map_err(|e| git(&e))?,
+            Some(_) => return Err(WriteError::Git(format!("`{trimmed}` is not a directory"))),
+            None => return Ok(()),
+        }
+    };
+    write_tree(&tree, out, budget, 0)
+}
+
+fn write_tree(
+    tree: &gix::Tree<'_>,
+    out: &Path,
+    budget: &mut Budget,
+    depth: usize,
+) -> Result<(), WriteError> {
+    let git = |e: &dyn std::fmt::Display| WriteError::Git(e.to_string());
+    if depth > MAX_DEPTH {
+        return Err(WriteError::Git(format!(
+            "directories nest deeper than {MAX_DEPTH}"
+        )));
+    }
+    for entry in tree.iter() {
+        let entry = entry.map_err(|e| git(&e))?;
+        let Ok(name) = entry.filename().to_str() else {
+            continue;
+        };
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            continue;
+        }
+        let target = out.join(name);
+        match entry.mode().kind() {
+            EntryKind::Tree => {
+                std::fs::create_dir_all(&target)?;
+                let sub = entry
+                    .object()
+                    .and_then(gix::Object::peel_to_tree)
+                    .map_err(|e| git(&e))?;
+                write_tree(&sub, &target, budget, depth + 1)?;
+            }
+            EntryKind::Blob | EntryKind::BlobExecutable => {
+                let blob = entry.object().map_err(|e| git(&e))?;
+                budget.files += 1;
+                budget.bytes += blob.data.len() as u64;
+                if budget.files > MAX_FILES || budget.bytes > MAX_BYTES {
+                    return Err(WriteError::Git(format!(
+                        "the rules and templates exceed {MAX_FILES} files or {} MiB",
+                        MAX_BYTES >> 20
+                    )));
+                }
+                std::fs::write(&target, &blob.data)?;
+            }
+            // Links and submodules are not followed.
+            EntryKind::Link | EntryKind::Commit => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,386 @@
+//! Rules from git (`run --rules-git`, issue 46) against real parts: Debian's `git
+//! daemon` on 127.0.0.1 serves a bare rules repository, commits are made and signed by
+//! the real `git` (`gpg.format=ssh`, `ssh-keygen -Y sign`, keys made here), and the
+//! operator runs on the local control plane. Pushing a template change updates the
+//! children; an invalid rule, an unsigned commit and a commit signed by another key
+//! leave the last good commit serving (its children unchanged) and `/status` says which
+//! commit failed and why; a killed git server is a fetch error until it returns. The
+//! push hook (`POST /hooks/git`) triggers every fetch (the interval is an hour), so
+//! commit → children latency is measured over several commits and printed.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::reload::*;
+use common::*;
+use hmac::{KeyInit, Mac};
+use kube::api::{Api, DynamicObject};
+use serde_json::Value as Json;
+
+const T: Duration = Duration::from_secs(60);
+const KIND: &str = "GitSourced";
+const SECRET: &str = "hook-secret-for-the-test";
+
+/// Runs `git` in `dir` with a config of the test's own (no user or system config).
+fn git(home: &Path, dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .env("HOME", home)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "Tester")
+        .env("GIT_AUTHOR_EMAIL", "tester@example.com")
+        .env("GIT_COMMITTER_NAME", "Tester")
+        .env("GIT_COMMITTER_EMAIL", "tester@example.com")
+        .args(args)
+        .output()
+        .expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn keygen(path: &Path) -> String {
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "test", "-f"])
+        .arg(path)
+        .output()
+        .expect("ssh-keygen runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(path.with_extension("pub")).unwrap()
+}
+
+/// `git daemon` serving `base` on 127.0.0.1:`port`, pushes allowed; killed when dropped.
+struct Daemon(Child);
+
+impl Daemon {
+    fn start(base: &Path, port: u16) -> Daemon {
+        // `git-daemon` itself: `git daemon` runs it as a child, which a kill would leave
+        // serving.
+        let exec_path = git(base, base, &["--exec-path"]);
+        let child = Command::new(Path::new(&exec_path).join("git-daemon"))
+            .args(["--reuseaddr", "--export-all", "--enable=receive-pack"])
+            .arg("--listen=127.0.0.1")
+            .arg(format!("--port={port}"))
+            .arg(format!("--base-path={}", base.display()))
+            .arg(base)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("git daemon runs");
+        let d = Daemon(child);
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "git daemon does not listen"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The work tree and how it commits and pushes.
+struct Repo {
+    home: PathBuf,
+    work: PathBuf,
+    url: String,
+}
+
+impl Repo {
+    /// Commits everything, signed with `key` (or unsigned), pushes to `main`; the commit.
+    fn commit(&self, message: &str, key: Option<&Path>) -> String {
+        git(&self.home, &self.work, &["add", "-A"]);
+        let mut args = vec!["-c".to_string(), "gpg.format=ssh".to_string()];
+        match key {
+            Some(k) => {
+                args.extend(["-c".into(), format!("user.signingkey={}", k.display())]);
+                args.extend(["commit", "-q", "-S", "-m", message].map(String::from));
+            }
+            None => args.extend(["commit", "-q", "--no-gpg-sign", "-m", message].map(String::from)),
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        git(&self.home, &self.work, &args);
+        git(
+            &self.home,
+            &self.work,
+            &["push", "-q", &self.url, "HEAD:refs/heads/main"],
+        );
+        git(&self.home, &self.work, &["rev-parse", "HEAD"])
+    }
+}
+
+/// POSTs the push hook; the status code.
+async fn hook(port: u16, signature: Option<&str>) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = r#"{"ref":"refs/heads/main"}"#;
+    let sig = signature
+        .map(|s| format!("X-Hub-Signature-256: {s}\r\n"))
+        .unwrap_or_default();
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let req = format!(
+        "POST /hooks/git HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n{sig}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    text.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A signed hook; over the hook's rate (429), again a little later.
+async fn trigger(op: &Operator) {
+    let body = r#"{"ref":"refs/heads/main"}"#;
+    for _ in 0..30 {
+        match hook(op.metrics_port, Some(&signed(body))).await {
+            202 => return,
+            429 => tokio::time::sleep(Duration::from_millis(500)).await,
+            code => panic!("the hook answered {code}"),
+        }
+    }
+    panic!("the hook kept answering 429");
+}
+
+fn signed(body: &str) -> String {
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+}
+
+async fn git_status(op: &Operator) -> Json {
+    let s: Json = serde_json::from_str(&op.get("/status").await).unwrap();
+    s["git"].clone()
+}
+
+async fn marker(cms: &Api<DynamicObject>, name: &str) -> Option<String> {
+    let o = cms.get_opt(name).await.ok().flatten()?;
+    to_json(&o)["data"]["marker"].as_str().map(str::to_string)
+}
+
+/// Waits until `/status` names `commit` as failed; its entry.
+async fn wait_failed(op: &Operator, commit: &str) -> Json {
+    wait_for(T, &format!("commit {commit} to be refused"), || async {
+        let g = git_status(op).await;
+        (g["failedCommit"]["commit"] == commit).then(|| g["failedCommit"].clone())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_from_a_git_server() {
+    let client = client().await;
+    let ns = namespace(&client, "gitsrc").await;
+    let dir = tempfile::tempdir().unwrap();
+    let (home, base, work) = (
+        dir.path().join("home"),
+        dir.path().join("srv"),
+        dir.path().join("work"),
+    );
+    for d in [&home, &base, &work] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    git(&home, &base, &["init", "-q", "--bare", "rules.git"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut daemon = Some(Daemon::start(&base, port));
+    let url = format!("git://127.0.0.1:{port}/rules.git");
+    git(&home, &work, &["init", "-q", "-b", "main"]);
+    let repo = Repo {
+        home: home.clone(),
+        work: work.clone(),
+        url: url.clone(),
+    };
+
+    // Keys: the allowed signer and a stranger.
+    let (key, other) = (dir.path().join("signer"), dir.path().join("stranger"));
+    let allowed = dir.path().join("allowed_signers");
+    std::fs::write(&allowed, format!("tester@example.com {}", keygen(&key))).unwrap();
+    keygen(&other);
+    let secret = dir.path().join("hook-secret");
+    std::fs::write(&secret, format!("{SECRET}\n")).unwrap();
+
+    let (rules, templates) = (work.join("rules"), work.join("templates"));
+    write_rule(&rules, &templates, KIND, "v1");
+    std::fs::write(work.join("README.md"), "rules\n").unwrap();
+    let first = repo.commit("v1", Some(&key));
+
+    let unused = dir.path().join("unused");
+    let op = Operator::on(&unused, &unused)
+        .namespace(&ns)
+        .flags(&[
+            "--install-crds",
+            "--rules-git",
+            &url,
+            "--git-interval",
+            "1h",
+            "--git-verify",
+            allowed.to_str().unwrap(),
+            "--git-hook-secret-file",
+            secret.to_str().unwrap(),
+            "--git-cache-dir",
+            dir.path().join("cache").to_str().unwrap(),
+        ])
+        .start()
+        .await;
+    let parents = parents_api(&client, &ns, KIND).await;
+    apply(&parents, parent(KIND, &ns, "app")).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    wait_for(T, "the child of commit v1", || async {
+        (marker(&cms, "app").await.as_deref() == Some("v1")).then_some(())
+    })
+    .await;
+    let g = git_status(&op).await;
+    assert_eq!(g["liveCommit"], first.as_str(), "{g}");
+    assert_eq!(g["liveSigner"], "tester@example.com", "{g}");
+    assert_eq!(g["url"], url.as_str(), "{g}");
+    assert_eq!(g["ref"], "main", "{g}");
+    let series =
+        format!("rulebook_git_commit_info{{url=\"{url}\",reference=\"main\",commit=\"{first}\"}}");
+    assert_eq!(op.metric(&series).await, 1.0);
+
+    // The hook: unsigned or wrongly signed requests are refused and fetch nothing.
+    let fetched_at = git_status(&op).await["lastFetch"].clone();
+    assert_eq!(hook(op.metrics_port, None).await, 401);
+    assert_eq!(hook(op.metrics_port, Some("sha256=00ff")).await, 401);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        git_status(&op).await["lastFetch"],
+        fetched_at,
+        "a refused hook fetched"
+    );
+
+    // Template changes, each pushed and announced: commit → children latency.
+    let mut took = Vec::new();
+    let mut live = first.clone();
+    for i in 2..=6 {
+        write_template(&templates, KIND, &format!("v{i}"));
+        let start = Instant::now();
+        live = repo.commit(&format!("v{i}"), Some(&key));
+        trigger(&op).await;
+        let want = format!("v{i}");
+        loop {
+            if marker(&cms, "app").await.as_deref() == Some(want.as_str()) {
+                break;
+            }
+            assert!(start.elapsed() < T, "the child of commit v{i}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        took.push(start.elapsed());
+    }
+    assert_eq!(git_status(&op).await["liveCommit"], live.as_str());
+    took.sort();
+    println!(
+        "commit → children (push, hook, fetch, load, reconcile), {} commits: median {:.0} ms, min {:.0} ms, max {:.0} ms",
+        took.len(),
+        took[took.len() / 2].as_secs_f64() * 1e3,
+        took[0].as_secs_f64() * 1e3,
+        took[took.len() - 1].as_secs_f64() * 1e3
+    );
+
+    // An invalid rule (signed): refused with file:line, the last good commit serves.
+    let rule_file = rules.join(format!("{}.yaml", KIND.to_lowercase()));
+    let good_rule = std::fs::read_to_string(&rule_file).unwrap();
+    std::fs::write(
+        &rule_file,
+        good_rule.replace(&format!("kind: {KIND}"), "kind: lowercase"),
+    )
+    .unwrap();
+    write_template(&templates, KIND, "invalid");
+    let bad = repo.commit("an invalid rule", Some(&key));
+    trigger(&op).await;
+    let failed = wait_failed(&op, &bad).await;
+    assert_eq!(failed["reason"], "invalid", "{failed}");
+    let errors = failed["errors"].to_string();
+    let line = good_rule
+        .lines()
+        .position(|l| l.contains(&format!("kind: {KIND}")))
+        .unwrap()
+        + 1;
+    assert!(
+        errors.contains(&format!("rules/{}.yaml:{line}:", KIND.to_lowercase())),
+        "file:line of the bad kind (line {line}): {errors}"
+    );
+    let s: Json = serde_json::from_str(&op.get("/status").await).unwrap();
+    assert_eq!(s["ruleset"]["valid"], false, "{s}");
+    assert_eq!(s["git"]["liveCommit"], live.as_str(), "{s}");
+    std::fs::write(&rule_file, &good_rule).unwrap();
+
+    // Unsigned, then signed by a stranger: refused, children unchanged, logged.
+    write_template(&templates, KIND, "unsigned");
+    let unsigned = repo.commit("unsigned", None);
+    trigger(&op).await;
+    let failed = wait_failed(&op, &unsigned).await;
+    assert_eq!(failed["reason"], "signature", "{failed}");
+    assert!(
+        failed["errors"].to_string().contains("not signed"),
+        "{failed}"
+    );
+    write_template(&templates, KIND, "stranger");
+    let foreign = repo.commit("signed by a stranger", Some(&other));
+    trigger(&op).await;
+    let failed = wait_failed(&op, &foreign).await;
+    assert!(
+        failed["errors"].to_string().contains("not allowed"),
+        "{failed}"
+    );
+    assert_eq!(marker(&cms, "app").await.as_deref(), Some("v6"));
+    assert_eq!(git_status(&op).await["liveCommit"], live.as_str());
+    let log = op.log_tail();
+    assert!(
+        log.contains(&format!(
+            "commit {} refused by --git-verify",
+            &unsigned[..12]
+        )),
+        "{log}"
+    );
+
+    // The git server goes away: a fetch error, the live commit keeps serving; it returns.
+    daemon.take();
+    trigger(&op).await;
+    let g = wait_for(T, "the fetch error", || async {
+        let g = git_status(&op).await;
+        g["lastFetchError"].is_string().then_some(g)
+    })
+    .await;
+    assert_eq!(g["liveCommit"], live.as_str(), "{g}");
+    assert_eq!(op.metric("rulebook_git_fetch_ok").await, 0.0);
+    let _daemon = Daemon::start(&base, port);
+    write_template(&templates, KIND, "back");
+    let back = repo.commit("back", Some(&key));
+    trigger(&op).await;
+    wait_for(T, "the child of the commit after the outage", || async {
+        (marker(&cms, "app").await.as_deref() == Some("back")).then_some(())
+    })
+    .await;
+    let g = git_status(&op).await;
+    assert_eq!(g["liveCommit"], back.as_str(), "{g}");
+    assert!(g["lastFetchError"].is_null(), "{g}");
+    assert!(g["failedCommit"].is_null(), "{g}");
+}
