@@ -7,6 +7,9 @@
 //! commit failed and why; a killed git server is a fetch error until it returns. The
 //! push hook (`POST /hooks/git`) triggers every fetch (the interval is an hour), so
 //! commit → children latency is measured over several commits and printed.
+// A scenario test reads top to bottom as one story (the function size limit is for the
+// product code).
+#![allow(clippy::too_many_lines)]
 
 mod common;
 

@@ -17,11 +17,14 @@ use super::Rules;
 use crate::gitsource::{Checkout, FETCH_TIMEOUT, GitSource, StartError};
 use crate::metrics::Metrics;
 
+/// The git source and the channel its checkouts arrive on (none without `--rules-git`).
+type Started = (Option<Arc<GitSource>>, Option<mpsc::Receiver<Checkout>>);
+
 /// Starts the git source when `--rules-git` asks for it.
 pub(super) fn start(
     settings: Option<&crate::gitsource::GitSettings>,
     metrics: &Arc<Metrics>,
-) -> Result<(Option<Arc<GitSource>>, Option<mpsc::Receiver<Checkout>>), StartError> {
+) -> Result<Started, StartError> {
     match settings {
         Some(g) => {
             let (source, rx) = GitSource::start(g.clone(), metrics.clone())?;

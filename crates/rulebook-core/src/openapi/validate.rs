@@ -381,8 +381,14 @@ impl<'a> Validator<'a> {
     }
 }
 
+/// An integer, or a float with no fraction (`1e3` read as YAML 1.1 is 1000.0): as the
+/// API server's validation (go-openapi's `IsFloat64AJSONInteger`) takes it.
 fn is_integer(value: &Json) -> bool {
-    value.as_i64().is_some() || value.as_u64().is_some()
+    value.as_i64().is_some()
+        || value.as_u64().is_some()
+        || value
+            .as_f64()
+            .is_some_and(|f| f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15)
 }
 
 /// The first value limit `value` breaks: `minimum`/`maximum` (and their exclusive
