@@ -272,7 +272,7 @@ impl<'a> Validator<'a> {
         };
         if let (Some((lo, hi)), Some(n)) = (range, value.as_number())
             && is_integer(value)
-            && n.as_i64().is_none_or(|n| n < lo || n > hi)
+            && integer_value(n).is_none_or(|n| n < lo || n > hi)
         {
             let msg = format!(
                 "{} is out of the {} range",
@@ -379,6 +379,15 @@ impl<'a> Validator<'a> {
         }
         format!("{kind} {text}")
     }
+}
+
+/// The integer `n` stands for (a float with no fraction within ±2^53 included).
+fn integer_value(n: &serde_json::Number) -> Option<i64> {
+    n.as_i64().or_else(|| {
+        n.as_f64()
+            .filter(|f| f.is_finite() && f.fract() == 0.0 && f.abs() < 9.0e15)
+            .map(|f| f as i64)
+    })
 }
 
 /// An integer, or a float with no fraction (`1e3` read as YAML 1.1 is 1000.0): as the
