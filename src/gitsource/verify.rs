@@ -167,44 +167,33 @@ fn options_allow_git(options: &str) -> Result<bool, String> {
     Ok(allows)
 }
 
-/// Splits at whitespace outside double quotes.
+/// Splits at whitespace outside double quotes (runs of it are one separator).
 fn split_words(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quoted = false;
-    for c in line.chars() {
-        match c {
-            '"' => {
-                quoted = !quoted;
-                cur.push(c);
-            }
-            c if c.is_whitespace() && !quoted => {
-                if !cur.is_empty() {
-                    out.push(std::mem::take(&mut cur));
-                }
-            }
-            c => cur.push(c),
-        }
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
+    split_unquoted(line, char::is_whitespace)
+        .into_iter()
+        .filter(|w| !w.is_empty())
+        .collect()
 }
 
 /// Splits an options field at commas outside double quotes.
 fn split_options(field: &str) -> Vec<String> {
+    split_unquoted(field, |c| c == ',')
+}
+
+/// Splits `text` at every character `sep` accepts outside double quotes (the quotes
+/// kept), empty parts included.
+fn split_unquoted(text: &str, sep: impl Fn(char) -> bool) -> Vec<String> {
     let mut out = Vec::new();
     let mut cur = String::new();
     let mut quoted = false;
-    for c in field.chars() {
-        match c {
-            '"' => {
-                quoted = !quoted;
-                cur.push(c);
-            }
-            ',' if !quoted => out.push(std::mem::take(&mut cur)),
-            c => cur.push(c),
+    for c in text.chars() {
+        if c == '"' {
+            quoted = !quoted;
+            cur.push(c);
+        } else if sep(c) && !quoted {
+            out.push(std::mem::take(&mut cur));
+        } else {
+            cur.push(c);
         }
     }
     out.push(cur);
