@@ -733,9 +733,9 @@ async fn a_child_reading_a_sibling_waits_for_it_and_never_deadlocks() {
     );
     d.template(
         "deploy.yaml",
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {{ parent.metadata.name }}-web\n\
-         spec:\n  replicas: 0\n  selector:\n    matchLabels:\n      app: {{ parent.metadata.name }}-web\n  \
-         template:\n    metadata:\n      labels:\n        app: {{ parent.metadata.name }}-web\n    \
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {{ parent.metadata.name ~ '-web' }}\n\
+         spec:\n  replicas: 0\n  selector:\n    matchLabels:\n      app: {{ parent.metadata.name ~ '-web' }}\n  \
+         template:\n    metadata:\n      labels:\n        app: {{ parent.metadata.name ~ '-web' }}\n    \
          spec:\n      containers:\n        - name: web\n          image: nginx\n",
     );
     // The Service first in the rule: only the read orders it after the Deployment.

@@ -35,8 +35,8 @@ use super::context::RuleContext;
 use super::error::ReconcileError;
 use crate::metrics;
 use crate::render::{
-    DesiredChild, Observed, ParentBudget, RefTarget, RenderError, Rendered, SLICE_FUEL, SLICE_OUTPUT,
-    SLICE_TIME, Scope, StatusReport,
+    DesiredChild, Observed, ParentBudget, RefTarget, RenderError, Rendered, SLICE_FUEL,
+    SLICE_OUTPUT, SLICE_TIME, Scope, StatusReport,
 };
 
 static SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {

@@ -44,10 +44,8 @@ impl CompiledRule {
         let straight = add_templates(&mut env, &used, templates, &mut diags);
         let reads = inspect_templates(&env, rule, &used, templates, straight, &mut diags);
         let version = rule_version(rule, &used, templates);
-        let depends_on = super::deps::with_rule_file(
-            super::deps::depends_on(&env, rule, templates),
-            &sr.file,
-        );
+        let depends_on =
+            super::deps::with_rule_file(super::deps::depends_on(&env, rule, templates), &sr.file);
         diags.extend(super::deps::cycle(rule, &depends_on, &at));
         let resync = rule
             .spec

@@ -19,9 +19,9 @@ use std::sync::LazyLock;
 use minijinja::Environment;
 use regex::Regex;
 
-use super::diags::Diags;
 use super::INCLUDE;
 use super::compile::line_of;
+use super::diags::Diags;
 use crate::rules::{Diagnostic, Rule};
 
 /// `children["name"]` or `children['name']`.
@@ -137,8 +137,7 @@ pub(super) fn depends_on(
             if !seen.insert(t.clone()) {
                 continue;
             }
-            let (Ok(tmpl), Some((path, source))) = (env.get_template(&t), templates.get(&t))
-            else {
+            let (Ok(tmpl), Some((path, source))) = (env.get_template(&t), templates.get(&t)) else {
                 continue;
             };
             let mut names: Vec<(usize, String)> = dotted(&tmpl.undeclared_variables(true))
@@ -161,10 +160,8 @@ pub(super) fn depends_on(
             .into_iter()
             .flatten()
         {
-            let mut names: BTreeSet<String> = subscripts(&e.value)
-                .into_iter()
-                .map(|(_, n)| n)
-                .collect();
+            let mut names: BTreeSet<String> =
+                subscripts(&e.value).into_iter().map(|(_, n)| n).collect();
             if let Ok(expr) = env.compile_expression(&e.value) {
                 names.extend(dotted(&expr.undeclared_variables(true)));
             }
