@@ -4,6 +4,7 @@
 //! can only fail at render time on what its parent holds.
 
 use super::compile_exprs::{Diags, ExprReads};
+use super::diags::line_of;
 use super::names::{self, allowed_vars, may_read_parent_status, names_used};
 use super::*;
 use crate::rules::Rule;
@@ -325,10 +326,6 @@ fn rule_version(
         h.update([0]);
     }
     hex::encode(&h.finalize()[..6])
-}
-
-pub(super) fn line_of(text: &str, offset: usize) -> u64 {
-    text[..offset.min(text.len())].matches('\n').count() as u64 + 1
 }
 
 #[cfg(test)]

@@ -20,8 +20,7 @@ use minijinja::Environment;
 use regex::Regex;
 
 use super::INCLUDE;
-use super::compile::line_of;
-use super::diags::Diags;
+use super::diags::{Diags, line_of};
 use crate::rules::{Diagnostic, Rule};
 
 /// `children["name"]` or `children['name']`.

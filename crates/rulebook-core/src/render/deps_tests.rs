@@ -143,12 +143,12 @@ fn a_cycle_through_a_read_is_refused_at_the_read() {
     let reads_service = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: x\n  labels:\n    s: {{ children.service.metadata.name }}\n";
     let children = child("service", "v1", "Service", "svc.yaml", "")
         + &child("deployment", "apps/v1", "Deployment", "dep.yaml", "");
-    let err = compile(
+    let Err(err) = compile(
         &children,
         &[("svc.yaml", SERVICE), ("dep.yaml", reads_service)],
-    )
-    .err()
-    .expect("a cycle");
+    ) else {
+        panic!("a cycle")
+    };
     assert_eq!(
         err,
         vec![
@@ -159,9 +159,9 @@ fn a_cycle_through_a_read_is_refused_at_the_read() {
         ]
     );
     // A read and a waitFor against it: at the waitFor entry.
-    let err = web("", "      waitFor: [service]\n")
-        .err()
-        .expect("a cycle");
+    let Err(err) = web("", "      waitFor: [service]\n") else {
+        panic!("a cycle")
+    };
     assert!(
         err.len() == 1 && err[0].starts_with("rules/p.yaml:18:17: rule 'p': spec.children[1]: "),
         "{err:?}"
