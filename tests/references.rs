@@ -713,6 +713,92 @@ async fn wait_for_orders_children_and_never_prunes_a_started_one() {
     assert!(deletes.is_empty(), "{test}:\n{}", describe_all(&deletes));
 }
 
+/// Issue 47's deadlock, as a regression test: the Service's template reads
+/// `children.deployment.metadata.name` and nothing says `waitFor`. The order is inferred
+/// (`rulebook check` prints it); both become present; the Deployment deleted, it is
+/// created again while the Service is held as it is (not pruned, not failing the render),
+/// and the Service follows the new Deployment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_reading_a_sibling_waits_for_it_and_never_deadlocks() {
+    let test = "a_child_reading_a_sibling_waits_for_it_and_never_deadlocks";
+    let client = client().await;
+    let ns = namespace(&client, "inferred").await;
+    let kind = "InferApp";
+    let d = RuleDir::new();
+    d.template(
+        "svc.yaml",
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: {{ parent.metadata.name }}\n  \
+         annotations:\n    test/deployment-uid: {{ children.deployment.metadata.uid }}\nspec:\n  \
+         selector:\n    app: {{ children.deployment.metadata.name }}\n  ports:\n    - port: 80\n",
+    );
+    d.template(
+        "deploy.yaml",
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {{ parent.metadata.name ~ '-web' }}\n\
+         spec:\n  replicas: 0\n  selector:\n    matchLabels:\n      app: {{ parent.metadata.name ~ '-web' }}\n  \
+         template:\n    metadata:\n      labels:\n        app: {{ parent.metadata.name ~ '-web' }}\n    \
+         spec:\n      containers:\n        - name: web\n          image: nginx\n",
+    );
+    // The Service first in the rule: only the read orders it after the Deployment.
+    let rule = rule_text(
+        "inferapp",
+        kind,
+        &[
+            child("service", "v1", "Service", "svc.yaml", &[]),
+            child("deployment", "apps/v1", "Deployment", "deploy.yaml", &[]),
+        ],
+    );
+    d.rule("infer.yaml", &rule);
+    let rules = d.rules.to_string_lossy().to_string();
+    let templates = d.templates.to_string_lossy().to_string();
+    let checked = rulebook(&["check", "--rules", &rules, "--templates", &templates]);
+    assert!(
+        checked.contains("order  inferapp  deployment, service  (service waits for deployment: reads children.deployment at "),
+        "{test}: {checked}"
+    );
+    let _op = d.start_in(&ns).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let services = api(&client, Some(&ns), "v1", "Service", "services");
+    let deployments = api(&client, Some(&ns), "apps/v1", "Deployment", "deployments");
+    put(&parents, &parent(kind, &ns, "i1", json!({}))).await;
+    wait_all_ready(&parents, &["i1".to_string()].into(), T).await;
+    let first = get_json(&deployments, "i1-web").await.expect("deployment");
+    let svc = get_json(&services, "i1").await.expect("service");
+    assert_eq!(svc["spec"]["selector"]["app"], "i1-web", "{test}");
+    assert_eq!(
+        svc["metadata"]["annotations"]["test/deployment-uid"], first["metadata"]["uid"],
+        "{test}"
+    );
+
+    // The Deployment deleted: created again, the Service kept and following it.
+    let audit = Audit::mark();
+    deployments
+        .delete("i1-web", &Default::default())
+        .await
+        .expect("delete the deployment");
+    let again = wait_for(T, "the Deployment to be created again", || async {
+        let d = get_json(&deployments, "i1-web").await?;
+        (d["metadata"]["uid"] != first["metadata"]["uid"]).then_some(d)
+    })
+    .await;
+    wait_for(T, "the Service to follow the new Deployment", || async {
+        let s = get_json(&services, "i1").await?;
+        (s["metadata"]["annotations"]["test/deployment-uid"] == again["metadata"]["uid"])
+            .then_some(())
+    })
+    .await;
+    let now = get_json(&services, "i1").await.expect("service");
+    assert_eq!(
+        now["metadata"]["uid"], svc["metadata"]["uid"],
+        "{test}: the Service was deleted and created again"
+    );
+    wait_all_ready(&parents, &["i1".to_string()].into(), T).await;
+    let deletes: Vec<Json> = rulebook_writes(&audit, &ns)
+        .into_iter()
+        .filter(|e| e["verb"] == "delete")
+        .collect();
+    assert!(deletes.is_empty(), "{test}:\n{}", describe_all(&deletes));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_parent_gets_nothing_but_its_paused_condition() {
     let test = "a_paused_parent_gets_nothing_but_its_paused_condition";

@@ -641,6 +641,9 @@ fn check_loaded(
             rule.rule.spec.children.len(),
             rule.version
         )?;
+        if let Some(line) = order_line(name, rule) {
+            writeln!(out, "{line}")?;
+        }
     }
     let trips = roundtrip::check(set, &args.dirs);
     for (rule, n) in &trips.tried {
@@ -668,6 +671,41 @@ fn check_loaded(
     }
     writeln!(out, "{} rules valid", set.rules.len())?;
     Ok(0)
+}
+
+/// `order  <rule>  a, b, c  (b waits for a: waitFor; c waits for b: reads children.b at
+/// t.yaml:4)`: the order a rule's children are created in, for a rule where one waits for
+/// another (spelled or inferred, `render::deps`).
+fn order_line(name: &str, rule: &crate::render::CompiledRule) -> Option<String> {
+    let children = rule.children();
+    let deps = rule.dependencies();
+    if deps.iter().all(|d| d.is_empty()) {
+        return None;
+    }
+    let order: Vec<&str> = rule
+        .creation_order()
+        .into_iter()
+        .map(|i| children[i].name.as_str())
+        .collect();
+    let why: Vec<String> = deps
+        .iter()
+        .enumerate()
+        .flat_map(|(i, d)| {
+            d.iter().map(move |(&j, why)| {
+                let on = children[j].name.as_str();
+                format!(
+                    "{} waits for {on}: {}",
+                    children[i].name.as_str(),
+                    why.describe(on)
+                )
+            })
+        })
+        .collect();
+    Some(format!(
+        "order  {name}  {}  ({})",
+        order.join(", "),
+        why.join("; ")
+    ))
 }
 
 /// The schema check's lines: per rule what was checked, where the schemas came from,

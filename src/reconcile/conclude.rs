@@ -22,7 +22,9 @@ pub(super) async fn conclude(
     rendered: Rendered,
     applied: Applied,
 ) -> Result<Outcome, ReconcileError> {
-    let Rendered { desired, inputs } = rendered;
+    let Rendered {
+        desired, inputs, ..
+    } = rendered;
     let Inputs {
         live,
         mut eval,

@@ -47,7 +47,19 @@ pub(super) async fn plan<'a>(
             (kind, ns, d.object_name())
         })
         .collect();
-    let prunes = plan_prunes(&wanted, live);
+    let mut prunes = plan_prunes(&wanted, live);
+    // A child held as it is (what it waits for is gone) stays.
+    if !rendered.held.is_empty() {
+        prunes.retain(|&i| {
+            live.get(i).is_none_or(|(_, o)| {
+                o.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(crate::meta::labels::CHILD))
+                    .is_none_or(|c| !rendered.held.contains(c))
+            })
+        });
+    }
     Plan { children, prunes }
 }
 

@@ -35,8 +35,8 @@ use super::context::RuleContext;
 use super::error::ReconcileError;
 use crate::metrics;
 use crate::render::{
-    DesiredChild, Observed, ParentBudget, RefTarget, RenderError, SLICE_FUEL, SLICE_OUTPUT,
-    SLICE_TIME, Scope, StatusReport,
+    DesiredChild, Observed, ParentBudget, RefTarget, RenderError, Rendered, SLICE_FUEL,
+    SLICE_OUTPUT, SLICE_TIME, Scope, StatusReport,
 };
 
 static SLOTS: LazyLock<Semaphore> = LazyLock::new(|| {
@@ -159,15 +159,16 @@ async fn evaluate_scoped<T: Send + 'static>(
     .await
 }
 
-/// The desired children of the parent, rendered within its budget.
+/// The desired children of the parent (and those held as they are), rendered within
+/// its budget.
 pub(super) async fn render_off_runtime(
     ctx: &RuleContext,
     inputs: EvalInputs,
-) -> Result<Evaluated<Vec<DesiredChild>>, ReconcileError> {
+) -> Result<Evaluated<Rendered>, ReconcileError> {
     let rule = ctx.rule.clone();
     let scopes = (0..rule.children().len()).map(|i| ctx.scope(i)).collect();
     evaluate_scoped(ctx, inputs, scopes, move |p, o, scope, b| {
-        rule.render_within(p, o, scope, b)
+        rule.render_holding_within(p, o, scope, b)
     })
     .await
 }

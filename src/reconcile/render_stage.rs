@@ -24,6 +24,8 @@ use crate::render::DesiredChild;
 /// What the render stage hands on: the desired children, and the inputs they were rendered from.
 pub(super) struct Rendered {
     pub desired: Vec<DesiredChild>,
+    /// The children held as they are (`render::Rendered::held`): never pruned.
+    pub held: Vec<String>,
     pub inputs: Inputs,
 }
 
@@ -40,7 +42,7 @@ pub(super) async fn render(
     let rendered = match first.result {
         Ok(desired) => {
             let (live, observed) = (&mut inputs.live, &mut eval.observed);
-            if confine_to_rendered_namespaces(ctx, &desired, live, observed) {
+            if confine_to_rendered_namespaces(ctx, &desired.desired, live, observed) {
                 drop(desired);
                 let again = render_off_runtime(ctx, eval).await?;
                 eval = again.inputs;
@@ -51,7 +53,7 @@ pub(super) async fn render(
         }
         Err(e) => Err(e),
     };
-    let desired = match rendered {
+    let crate::render::Rendered { desired, held } = match rendered {
         Ok(d) => d,
         Err(e) => {
             return Ok(Break(render_failed(
@@ -83,5 +85,9 @@ pub(super) async fn render(
         }
     }
     inputs.eval = eval;
-    Ok(Continue(Rendered { desired, inputs }))
+    Ok(Continue(Rendered {
+        desired,
+        held,
+        inputs,
+    }))
 }

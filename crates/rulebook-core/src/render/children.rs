@@ -8,12 +8,22 @@ use minijinja::value::Value;
 use serde_json::{Map, Value as Json};
 
 use super::budget::{self, ParentBudget};
+use super::ready::ChildState;
 use super::{
     CompiledRule, DesiredChild, Expr, Observed, ParentInfo, RenderError, Scope, describe, env,
     labels, object_hash,
 };
 use crate::meta::JsonAt;
 use crate::rules::ChildRule;
+
+/// What a render gives: the desired children, and the live children held as they are.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rendered {
+    pub desired: Vec<DesiredChild>,
+    /// Names (in `spec.children`) of the children held: live, not rendered, not to be
+    /// pruned, because a child they wait for is gone.
+    pub held: Vec<String>,
+}
 
 impl CompiledRule {
     /// The desired children of `parent`, in rule order, fully decorated (namespace,
@@ -54,6 +64,29 @@ impl CompiledRule {
         Ok(out.into_iter().next())
     }
 
+    /// [`render_within`](Self::render_within), and the names of the live children held
+    /// as they are (neither rendered nor to be pruned): a child they wait for is gone
+    /// (`ready.rs`, [`ChildState::Held`]).
+    pub fn render_holding_within(
+        &self,
+        parent: &Json,
+        observed: &Observed,
+        scope: &dyn Fn(usize) -> Scope,
+        budget: &mut ParentBudget,
+    ) -> Result<Rendered, RenderError> {
+        let _active = budget.enter();
+        let (ctx, readiness) = self.context_and_readiness(parent, observed)?;
+        let states = self.child_states(&ctx, observed, &readiness)?;
+        let held = states
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s, ChildState::Held(_)))
+            .map(|(i, _)| self.rule.spec.children[i].name.value.clone())
+            .collect();
+        let desired = self.render_states(parent, &ctx, scope, Some(&states))?;
+        Ok(Rendered { desired, held })
+    }
+
     /// Renders the children that are (`finalize`) or are not the finalize child.
     fn render_selected(
         &self,
@@ -63,31 +96,50 @@ impl CompiledRule {
         budget: &mut ParentBudget,
         finalize: bool,
     ) -> Result<Vec<DesiredChild>, RenderError> {
+        if !finalize {
+            return Ok(self
+                .render_holding_within(parent, observed, scope, budget)?
+                .desired);
+        }
         let _active = budget.enter();
+        let (ctx, _) = self.context_and_readiness(parent, observed)?;
+        self.render_states(parent, &ctx, scope, None)
+    }
+
+    /// Renders the children whose state is [`ChildState::Render`]; with no `states`,
+    /// the finalize child alone, when its `includeWhen` holds.
+    fn render_states(
+        &self,
+        parent: &Json,
+        ctx: &BTreeMap<&'static str, Value>,
+        scope: &dyn Fn(usize) -> Scope,
+        states: Option<&[ChildState]>,
+    ) -> Result<Vec<DesiredChild>, RenderError> {
         let info = ParentInfo::of(parent);
-        let (ctx, readiness) = self.context_and_readiness(parent, observed)?;
         let programs = self.running().borrow_dependent();
         let env = self.running().borrow_owner();
         let finalize_child = self.rule.spec.finalize_child();
-        // A child that waits for others is not rendered until they are ready (unless
-        // it is live already: then it stays, whatever they do).
-        let waiting: Vec<usize> = self
-            .waiting(&ctx, observed, &readiness, None)?
-            .into_iter()
-            .map(|(i, _)| i)
-            .collect();
         let mut out = Vec::new();
         for (i, c) in self.rule.spec.children.iter().enumerate() {
-            if (finalize_child == Some(i)) != finalize || waiting.contains(&i) {
-                continue;
-            }
             let p = &programs.children[i];
-            if let Some(w) = &p.include_when
-                && !self.eval(w, &ctx)?.is_true()
-            {
-                continue;
+            match states {
+                Some(states) => {
+                    if finalize_child == Some(i) || states.get(i) != Some(&ChildState::Render) {
+                        continue;
+                    }
+                }
+                None => {
+                    if finalize_child != Some(i) {
+                        continue;
+                    }
+                    if let Some(w) = &p.include_when
+                        && !self.eval(w, ctx)?.is_true()
+                    {
+                        continue;
+                    }
+                }
             }
-            let items = self.for_each_items(p.for_each.as_ref(), &ctx)?;
+            let items = self.for_each_items(p.for_each.as_ref(), ctx)?;
             let template_path = self
                 .template_files
                 .get(c.template.as_str())
@@ -100,7 +152,7 @@ impl CompiledRule {
                 out.push(self.render_item(
                     (i, c),
                     (&tmpl, &template_path),
-                    &ctx,
+                    ctx,
                     item.map(|v| (idx, v)),
                     (&info, scope(i)),
                 )?);
@@ -109,6 +161,7 @@ impl CompiledRule {
         self.refuse_duplicates(&out)?;
         Ok(out)
     }
+
     /// The items of a `forEach`: one `None` without it; refused when the expression
     /// gives something other than a list, or more items than the limit.
     fn for_each_items(

@@ -4,6 +4,7 @@
 //! can only fail at render time on what its parent holds.
 
 use super::compile_exprs::{Diags, ExprReads};
+use super::diags::line_of;
 use super::names::{self, allowed_vars, may_read_parent_status, names_used};
 use super::*;
 use crate::rules::Rule;
@@ -44,6 +45,9 @@ impl CompiledRule {
         let straight = add_templates(&mut env, &used, templates, &mut diags);
         let reads = inspect_templates(&env, rule, &used, templates, straight, &mut diags);
         let version = rule_version(rule, &used, templates);
+        let depends_on =
+            super::deps::with_rule_file(super::deps::depends_on(&env, rule, templates), &sr.file);
+        diags.extend(super::deps::cycle(rule, &depends_on, &at));
         let resync = rule
             .spec
             .resync
@@ -84,7 +88,10 @@ impl CompiledRule {
                 slice: None,
                 straight_line: reads.straight && in_exprs.straight.get(),
                 limits: limits.clone(),
-                uses_ready: reads.ready || in_exprs.ready.get(),
+                uses_ready: reads.ready
+                    || in_exprs.ready.get()
+                    || depends_on.iter().any(|d| !d.is_empty()),
+                depends_on,
                 reads_children: reads.children || in_exprs.children.get(),
                 reads_parent_status: reads.parent_status || in_exprs.parent_status.get(),
                 messages: super::admission::message_templates(rule, limits),
@@ -319,10 +326,6 @@ fn rule_version(
         h.update([0]);
     }
     hex::encode(&h.finalize()[..6])
-}
-
-fn line_of(text: &str, offset: usize) -> u64 {
-    text[..offset.min(text.len())].matches('\n').count() as u64 + 1
 }
 
 #[cfg(test)]

@@ -21,3 +21,8 @@ impl Diags<'_> {
         )
     }
 }
+
+/// The 1-based line of byte `offset` in `text`.
+pub(super) fn line_of(text: &str, offset: usize) -> u64 {
+    text[..offset.min(text.len())].matches('\n').count() as u64 + 1
+}

@@ -14,6 +14,7 @@ mod children;
 mod compile;
 mod compile_exprs;
 mod convert;
+pub mod deps;
 mod diags;
 mod env;
 mod error;
@@ -48,7 +49,7 @@ use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
 pub use budget::ParentBudget;
-pub use children::check_object_name;
+pub use children::{Rendered, check_object_name};
 pub use env::{json_scalar, yaml_safe};
 pub use error::{FailureReason, RenderError, describe};
 pub use limits::Limits;
@@ -144,6 +145,8 @@ pub struct CompiledRule {
     uses_ready: bool,
     /// Whether a template or expression names `children` (else contexts leave them out).
     reads_children: bool,
+    /// What each child waits for: its `waitFor` and the siblings it reads (`deps.rs`).
+    depends_on: deps::DependsOn,
     /// Whether a template or expression may read the parent's `status`.
     reads_parent_status: bool,
     /// `rule` in templates and expressions: its name and version.
@@ -464,18 +467,23 @@ impl CompiledRule {
             .unwrap_or(Duration::from_secs(600))
     }
 
-    /// For each child, the positions in `spec.children` of the children it `waitFor`s.
+    /// For each child, the positions in `spec.children` of the children it waits for:
+    /// those its `waitFor` names and those it reads (`deps.rs`).
     pub fn wait_for_positions(&self) -> Vec<Vec<usize>> {
-        let children = self.children();
-        children
+        self.depends_on
             .iter()
-            .map(|c| {
-                c.wait_for
-                    .iter()
-                    .filter_map(|w| children.iter().position(|o| o.name.value == w.value))
-                    .collect()
-            })
+            .map(|d| d.keys().copied().collect())
             .collect()
+    }
+
+    /// For each child, what it waits for and why (`waitFor`, or a read at `file:line`).
+    pub fn dependencies(&self) -> &[BTreeMap<usize, deps::Why>] {
+        &self.depends_on
+    }
+
+    /// The order children are created in ([`deps::order`]), as positions.
+    pub fn creation_order(&self) -> Vec<usize> {
+        deps::order(&self.wait_for_positions())
     }
 
     /// The bounds this rule renders within.

@@ -122,14 +122,74 @@ impl CompiledRule {
         })
     }
 
-    /// The children that wait: included (`includeWhen`), not live yet, with a `waitFor`
-    /// child that is not live and ready. Each with the names it waits for.
+    /// What the render does with each child of this parent ([`ChildState`]), decided
+    /// in the order of their dependencies (`deps.rs`): a child waiting for one that is
+    /// left out is left out too; else its `includeWhen` decides (one that fails while
+    /// what it waits for is not there is taken as true: it reads what is not there yet).
+    /// The finalize child is [`ChildState::Render`] here: it is rendered apart.
+    pub(super) fn child_states(
+        &self,
+        ctx: &BTreeMap<&'static str, Value>,
+        observed: &Observed,
+        readiness: &LiveReadiness,
+    ) -> Result<Vec<ChildState>, RenderError> {
+        let programs = self.running().borrow_dependent();
+        let children = &self.rule.spec.children;
+        let deps = self.wait_for_positions();
+        let finalize = self.rule.spec.finalize_child();
+        let live = |j: usize| {
+            observed
+                .children
+                .get(children[j].name.as_str())
+                .is_some_and(|l| !l.is_empty())
+        };
+        let mut states = vec![ChildState::Render; children.len()];
+        for i in super::deps::order(&deps) {
+            if finalize == Some(i) {
+                continue;
+            }
+            if deps[i].iter().any(|&j| states[j] == ChildState::LeftOut) {
+                states[i] = ChildState::LeftOut;
+                continue;
+            }
+            let is_live = live(i);
+            let pending: Vec<String> = deps[i]
+                .iter()
+                .filter(|&&j| {
+                    if is_live {
+                        !live(j)
+                    } else {
+                        !readiness.child_ready(children[j].name.as_str())
+                    }
+                })
+                .map(|&j| children[j].name.value.clone())
+                .collect();
+            let included = match &programs.children[i].include_when {
+                None => true,
+                Some(w) => match self.eval(w, ctx) {
+                    Ok(v) => v.is_true(),
+                    Err(e) if !pending.is_empty() && !e.is_budget_exceeded() => true,
+                    Err(e) => return Err(e),
+                },
+            };
+            states[i] = match (included, pending.is_empty(), is_live) {
+                (false, _, _) => ChildState::LeftOut,
+                (true, true, _) => ChildState::Render,
+                (true, false, true) => ChildState::Held(pending),
+                (true, false, false) => ChildState::Waits(pending),
+            };
+        }
+        Ok(states)
+    }
+
+    /// The children that wait or are held ([`child_states`](Self::child_states)), each
+    /// with the names it waits for.
     ///
     /// `rendered`, for the status: the children the render produced objects for. The
     /// status sees the children as the reconcile left them, so a dependency may be ready
-    /// now that was not when the render skipped its dependent: a child with `waitFor`
+    /// now that was not when the render skipped its dependent: a child with dependencies
     /// (and without `forEach`, which may render nothing) that is neither live nor
-    /// rendered still waits, for all its `waitFor`.
+    /// rendered still waits, for all of them.
     pub(super) fn waiting(
         &self,
         ctx: &BTreeMap<&'static str, Value>,
@@ -138,39 +198,49 @@ impl CompiledRule {
         rendered: Option<&BTreeSet<usize>>,
     ) -> Result<Vec<(usize, Vec<String>)>, RenderError> {
         let programs = self.running().borrow_dependent();
+        let children = &self.rule.spec.children;
+        let deps = self.wait_for_positions();
+        let states = self.child_states(ctx, observed, readiness)?;
         let mut out = Vec::new();
-        for (i, c) in self.rule.spec.children.iter().enumerate() {
-            if c.wait_for.is_empty()
-                || observed
-                    .children
-                    .get(c.name.as_str())
-                    .is_some_and(|l| !l.is_empty())
-            {
-                continue;
+        for (i, state) in states.into_iter().enumerate() {
+            match state {
+                ChildState::Waits(on) | ChildState::Held(on) => out.push((i, on)),
+                ChildState::Render
+                    if !deps[i].is_empty()
+                        && rendered.is_some_and(|r| !r.contains(&i))
+                        && programs.children[i].for_each.is_none()
+                        && self.rule.spec.finalize_child() != Some(i)
+                        && observed
+                            .children
+                            .get(children[i].name.as_str())
+                            .is_none_or(|l| l.is_empty()) =>
+                {
+                    out.push((
+                        i,
+                        deps[i]
+                            .iter()
+                            .map(|&j| children[j].name.value.clone())
+                            .collect(),
+                    ));
+                }
+                _ => {}
             }
-            let mut pending: BTreeSet<&str> = c
-                .wait_for
-                .iter()
-                .map(|w| w.as_str())
-                .filter(|w| !readiness.child_ready(w))
-                .collect();
-            if pending.is_empty()
-                && let Some(rendered) = rendered
-                && !rendered.contains(&i)
-                && programs.children[i].for_each.is_none()
-            {
-                pending = c.wait_for.iter().map(|w| w.as_str()).collect();
-            }
-            if pending.is_empty() {
-                continue;
-            }
-            if let Some(w) = &programs.children[i].include_when
-                && !self.eval(w, ctx)?.is_true()
-            {
-                continue;
-            }
-            out.push((i, pending.into_iter().map(str::to_string).collect()));
         }
         Ok(out)
     }
+}
+
+/// What one render does with a child.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum ChildState {
+    /// It is rendered.
+    Render,
+    /// Left out: its `includeWhen` is false, or a child it waits for is left out. A live
+    /// one is pruned.
+    LeftOut,
+    /// Not live, and what it waits for (these) is not live and ready yet: not created.
+    Waits(Vec<String>),
+    /// Live, but a child it waits for (these) is gone: held as it is, neither rendered
+    /// nor pruned, until that child is back.
+    Held(Vec<String>),
 }
