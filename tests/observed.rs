@@ -116,7 +116,9 @@ fn objects_that_are_no_child_are_named_in_warnings() {
     // Warnings, not errors: the status is printed, and nothing counted as a child.
     assert_eq!(code, 0, "stderr:\n{stderr}");
     assert!(
-        stdout.contains("message: \"missing: job, shards[0], shards[1], report\""),
+        // The report reads `children.job`: it waits for the job (inferred, issue 47).
+        stdout
+            .contains("message: \"missing: job, shards[0], shards[1]; waiting: report (for job)\""),
         "{stdout}"
     );
     assert!(stdout.contains("phase: Pending"), "{stdout}");

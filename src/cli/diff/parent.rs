@@ -20,7 +20,7 @@ use crate::reconcile::ReconcileError;
 use crate::reconcile::plan::{
     Adoption, conflict_message, is_child_of, may_adopt, owner_description,
 };
-use crate::render::{CompiledRule, DesiredChild, Observed, RenderError, Scope};
+use crate::render::{CompiledRule, DesiredChild, Observed, RenderError, Rendered, Scope};
 use crate::rules::DeletionPolicy;
 use crate::write::writer::apply_body;
 
@@ -77,8 +77,8 @@ pub(super) async fn diff_parent(
             }
         };
     d.seen.extend(secret_values(observed.objects()));
-    let desired = match desired {
-        Ok(desired) => desired,
+    let Rendered { desired, held } = match desired {
+        Ok(rendered) => rendered,
         Err(e) => {
             d.error = Some(e.to_string());
             return d;
@@ -109,7 +109,7 @@ pub(super) async fn diff_parent(
             return d;
         }
     };
-    prunes(rule, kinds, &live, &wanted, &mut d);
+    prunes(rule, kinds, &live, &wanted, &held, &mut d);
     // As the operator writes it: the rule's fields, and a conflict's condition instead of
     // the readiness when there is one.
     let condition = failure
@@ -199,14 +199,7 @@ async fn observe_and_render<'a>(
     kinds: &Kinds,
     parent: &Json,
     live: &'a [Live],
-) -> Result<
-    (
-        Observed,
-        Result<Vec<DesiredChild>, RenderError>,
-        Vec<&'a Live>,
-    ),
-    String,
-> {
+) -> Result<(Observed, Result<Rendered, RenderError>, Vec<&'a Live>), String> {
     let ns = parent
         .pointer("/metadata/namespace")
         .and_then(Json::as_str)
@@ -220,20 +213,32 @@ async fn observe_and_render<'a>(
         _ => Scope::Namespaced,
     };
     let found = refs::dereference(client, rule, kinds, parent).await?;
+    // A child of a kind this run does not read (a Secret the diff role may not list) is
+    // taken as the reconcile would leave it, rendered: what waits for it (`waitFor`, or a
+    // read of `children.X`) is rendered too, rather than held as if it were gone.
     let render = |live: &[&Live]| {
         let objects = live
             .iter()
             .filter_map(|(k, o)| typed(o, &kinds.children[*k].0));
         let mut observed = Observed::from_objects(objects);
         observed.refs = found.clone();
-        let desired = rule.render(parent, &observed, &scope);
-        (observed, desired)
+        let mut rendered =
+            rule.render_holding_within(parent, &observed, &scope, &mut rule.budget());
+        let unread = stand_ins(kinds, rendered.as_ref().ok(), &observed);
+        if !unread.is_empty() {
+            for (name, object) in unread {
+                observed.children.entry(name).or_default().push(object);
+            }
+            rendered = rule.render_holding_within(parent, &observed, &scope, &mut rule.budget());
+        }
+        (observed, rendered)
     };
     let (mut observed, mut desired) = render(&live);
     if !kinds.parent.1
         && let Ok(rendered) = &desired
     {
         let places: BTreeSet<String> = rendered
+            .desired
             .iter()
             .filter_map(|c| {
                 c.object
@@ -251,6 +256,30 @@ async fn observe_and_render<'a>(
         }
     }
     Ok((observed, desired, live))
+}
+
+/// The rendered children of a kind this run does not read (`kinds.not_read`) that
+/// `observed` lacks, as stand-ins ([`stand_in`]) under their child names.
+fn stand_ins(
+    kinds: &Kinds,
+    rendered: Option<&Rendered>,
+    observed: &Observed,
+) -> Vec<(String, Json)> {
+    let Some(rendered) = rendered else {
+        return Vec::new();
+    };
+    rendered
+        .desired
+        .iter()
+        .filter(|c| {
+            kinds
+                .of_child
+                .get(c.child)
+                .is_some_and(|k| kinds.not_read.contains_key(k))
+        })
+        .filter(|c| observed.children.get(&c.name).is_none_or(Vec::is_empty))
+        .map(|c| (c.name.clone(), stand_in(&c.object)))
+        .collect()
 }
 
 /// Where a rendered child goes: its kind's index, namespace and name.
@@ -389,11 +418,20 @@ fn prunes(
     kinds: &Kinds,
     live: &[&Live],
     wanted: &BTreeSet<Placed>,
+    held: &[String],
     d: &mut ParentDiff,
 ) {
     for (k, o) in live.iter().copied() {
         let key = (*k, o.namespace(), o.name_any());
         if wanted.contains(&key) {
+            continue;
+        }
+        // Held as it is while what it waits for is gone: the operator leaves it.
+        if o.labels()
+            .get(labels::CHILD)
+            .is_some_and(|c| held.contains(c))
+        {
+            d.unchanged += 1;
             continue;
         }
         let orphan = o
