@@ -82,7 +82,7 @@ unit: ## Only the tests that need no cluster (rule checks, rendering, injection,
 		--test render_snapshots --test status_eval
 
 # `make test` runs every test (scripts/test.sh): first every test binary but the ones that
-# restart the API server, several binaries at a time (TEST_JOBS, default 3; each test has
+# restart the API server, several binaries at a time (TEST_JOBS, default 4; each test has
 # its own namespace, kinds and operator), then `api_restart` and the heavy fault tests one
 # at a time (they restart the local API server and etcd, so they must not overlap
 # anything else). Everything runs even when something failed; the target fails when

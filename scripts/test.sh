@@ -18,12 +18,12 @@
 # log is printed in full at the end. Like `cargo test --no-fail-fast`, everything runs
 # even when something failed; the exit code is 1 when anything did.
 #
-#   TEST_JOBS      binaries at a time in the first step (default 3)
+#   TEST_JOBS      binaries at a time in the first step (default 4)
 #   RULEBOOK_TEST_KUBECONFIG  the cluster, as for cargo test (the Makefile sets it)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-jobs="${TEST_JOBS:-3}"
+jobs="${TEST_JOBS:-4}"
 if ! [[ "$jobs" =~ ^[1-9][0-9]*$ ]]; then
 	echo "scripts/test.sh: TEST_JOBS must be a positive number, not '$jobs'" >&2
 	exit 2
