@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use super::runner::discover;
-use crate::cache::wire::orphan_owner;
+use crate::cache::wire::{orphan_owner, remote_owner};
 use crate::meta::{labels, split_api_version};
 use crate::metrics::{self, Metrics};
 use crate::reconcile::WriteGate;
@@ -263,8 +263,10 @@ impl Cleanups {
 
 /// Whether `m` is a child that a parent of `rule` created: its owner label is the UID of
 /// its controller reference, and that controller is of the rule's parent kind; or it is
-/// an `Orphan` child, which has no ownerReference ([`orphan_owner`]: only ever let go of,
-/// never deleted). Labels alone are public: anyone may put them on objects of their own.
+/// an `Orphan` child, or one placed in another namespace than its namespaced parent's,
+/// which have no ownerReference ([`orphan_owner`], [`remote_owner`]: only ever let go of
+/// here, never deleted). Labels alone are public: anyone may put them on objects of their
+/// own.
 fn child_of_rule(m: &ObjectMeta, rule: &CompiledRule) -> bool {
     let parent = &rule.rule.spec.parent;
     let parent_group = split_api_version(&parent.api_version.value).0;
@@ -275,6 +277,7 @@ fn child_of_rule(m: &ObjectMeta, rule: &CompiledRule) -> bool {
             && r.kind == parent.kind.value
             && split_api_version(&r.api_version).0 == parent_group
     }) || orphan_owner(m).is_some()
+        || remote_owner(m).is_some()
 }
 
 /// The policy of a child of `old` of `kind` (`(apiVersion, kind)`): its child's in `old`
@@ -495,7 +498,8 @@ async fn let_go(
         // One without an ownerReference is let go of whatever the old rule said: nothing
         // but the labels anyone may write says it is a child.
         let orphan = policy(&m, &d.old, (api_version, kind)) == DeletionPolicy::Orphan
-            || orphan_owner(&m).is_some();
+            || orphan_owner(&m).is_some()
+            || remote_owner(&m).is_some();
         let done = if orphan {
             let owner = m
                 .labels

@@ -288,10 +288,14 @@ async fn orphans_first(
     let (Some(uid), Some(name)) = (meta.uid.as_deref(), meta.name.as_deref()) else {
         return Ok(Vec::new());
     };
-    // A cluster-scoped parent's children: where it recorded placing them.
-    let recorded = (!namespaced)
-        .then(|| places::recorded_in(meta.annotations.as_ref().unwrap_or(&Default::default())))
-        .flatten();
+    // Where the parent recorded placing children (a cluster-scoped one, or a namespaced
+    // one of a rule with `targetNamespaces`, its own namespace besides); a namespaced
+    // parent without a record: its own namespace.
+    let recorded = places::recorded_in(meta.annotations.as_ref().unwrap_or(&Default::default()))
+        .map(|mut set| {
+            set.extend(meta.namespace.clone().filter(|_| namespaced));
+            set
+        });
     let parent = OrphansOf {
         client,
         writer,

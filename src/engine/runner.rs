@@ -194,11 +194,18 @@ impl RuleRunner {
         .await
     }
 
-    /// Whether this replica runs the rule: always, unless sharded and its parents are
-    /// cluster-scoped and its name hashes into another replica's ranges.
+    /// Whether the rule is split by namespace when sharded: its parents are namespaced
+    /// and keep their children in their own namespace. A rule whose children may be
+    /// anywhere (cluster-scoped parents, or `targetNamespaces`) runs whole on one replica.
+    pub(super) fn split(&self, r: &Resolved) -> bool {
+        r.parent_namespaced && self.rule.rule.spec.target_namespaces.is_none()
+    }
+
+    /// Whether this replica runs the rule: always, unless sharded, not split by namespace
+    /// ([`split`](Self::split)) and its name hashes into another replica's ranges.
     fn owned(&self, r: &Resolved) -> bool {
         match &self.config.shard {
-            Some(shard) if !r.parent_namespaced => {
+            Some(shard) if !self.split(r) => {
                 shard.ranges.contains(crate::shard::fnv1a(&self.rule.name))
             }
             _ => true,

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::health::EngineStatus;
 use crate::cache::admission::{Admitted, CacheBudget};
-use crate::cache::wire::{Wire, orphan_owner};
+use crate::cache::wire::{Wire, orphan_owner, remote_owner};
 use crate::meta::labels;
 use crate::reconcile::ParentMemory;
 use crate::reconcile::memory::Created;
@@ -189,9 +189,27 @@ pub(super) fn owners_of(
             .namespace
             .as_deref()
             .filter(|_| parent_namespaced);
+        let annotations = o.metadata.annotations.as_ref();
         let orphan = orphan_owner(&o.metadata)
-            .and(o.metadata.annotations.as_ref())
+            .and(annotations)
             .and_then(|a| a.get(labels::PARENT_NAME));
+        // A child placed in another namespace than its parent's names the parent's.
+        let remote = remote_owner(&o.metadata)
+            .and(annotations)
+            .filter(|_| parent_namespaced)
+            .and_then(|a| {
+                Some((
+                    a.get(labels::PARENT_NAME)?,
+                    a.get(labels::PARENT_NAMESPACE)?,
+                ))
+            });
+        let at = |name: &String, ns: Option<&str>| {
+            let p = kube::runtime::reflector::ObjectRef::new_with(name, parent.clone());
+            match ns {
+                Some(ns) => p.within(ns),
+                None => p,
+            }
+        };
         o.metadata
             .owner_references
             .iter()
@@ -199,13 +217,8 @@ pub(super) fn owners_of(
             .filter(|r| controlled_by(r, &parent))
             .map(|r| &r.name)
             .chain(orphan)
-            .map(|name| {
-                let p = kube::runtime::reflector::ObjectRef::new_with(name, parent.clone());
-                match ns {
-                    Some(ns) => p.within(ns),
-                    None => p,
-                }
-            })
+            .map(|name| at(name, ns))
+            .chain(remote.map(|(name, home)| at(name, Some(home))))
             .collect()
     }
 }
@@ -217,6 +230,7 @@ fn owner_uid<'a>(m: &'a kube::api::ObjectMeta, parent: &ApiResource) -> Option<&
         .find(|r| controlled_by(r, parent))
         .map(|r| r.uid.as_str())
         .or_else(|| orphan_owner(m))
+        .or_else(|| remote_owner(m))
 }
 
 /// Whether an ownerReference is a controller reference to a parent of the rule's kind.

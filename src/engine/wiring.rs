@@ -124,7 +124,7 @@ impl RuleRunner {
     /// the filter of their events.
     fn watch_client(&self, r: &Resolved) -> (Client, Option<crate::shard::Ranges>) {
         match &self.config.shard {
-            Some(shard) if r.parent_namespaced => (
+            Some(shard) if self.split(r) => (
                 self.own_watch
                     .clone()
                     .unwrap_or_else(|| shard.watch_client.clone()),
@@ -238,6 +238,7 @@ impl RuleRunner {
         memory: Arc<ParentMemory>,
     ) -> RuleContext {
         let name = &self.rule.name;
+        let split = self.split(&r);
         RuleContext::new(ContextParts {
             rule: self.rule.clone(),
             client: self.client.clone(),
@@ -252,7 +253,7 @@ impl RuleRunner {
             metrics: self.metrics.clone(),
             writer: Writer::new(
                 match &self.config.shard {
-                    Some(s) => s.gate.for_rule(name, !r.parent_namespaced),
+                    Some(s) => s.gate.for_rule(name, !split),
                     None => self.gate.clone(),
                 },
                 self.metrics.clone(),

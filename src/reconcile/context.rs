@@ -178,6 +178,14 @@ impl RuleContext {
 
     /// Whether parents carry Rulebook's finalizer: the rule's deletion steps or `Orphan`
     /// children say so, or children of a kind an earlier version had wait to be orphaned.
+    /// Whether a parent's namespaced children may live outside one namespace: the
+    /// parents are cluster-scoped, or namespaced with the rule's `targetNamespaces`
+    /// (issue 47). Then only the namespaces a parent records (`teardown::places`), or its
+    /// render places children in (`observe.rs`), hold its children.
+    pub fn spreads(&self) -> bool {
+        !self.parent.namespaced || self.rule.rule.spec.target_namespaces.is_some()
+    }
+
     pub fn needs_finalizer(&self) -> bool {
         self.rule.rule.spec.needs_finalizer() || self.memory.orphans_pending()
     }
@@ -225,7 +233,7 @@ impl RuleContext {
         let mut out = Vec::new();
         for (k, kind) in self.kinds.iter().enumerate() {
             for o in kind.store.owned_by(uid) {
-                if self.parent.namespaced
+                if !self.spreads()
                     && kind.namespaced
                     && o.metadata.namespace.as_deref() != parent_ns
                 {

@@ -167,27 +167,32 @@ pub(super) async fn read_stub_parent(
     }
 }
 
-/// A cluster-scoped parent's namespaced children may live in any namespace, so an object
+/// A cluster-scoped parent's namespaced children may live in any namespace (a namespaced
+/// parent's, in its own and those of the rule's `targetNamespaces`), so an object
 /// anywhere could claim to be one (its labels and ownerReference are the claimant's to
 /// write). Only children in namespaces the parent's render (`desired`) places children in
-/// count: the others are taken out of `live` and `observed`, and `true` says the parent is
+/// (and a namespaced parent's own, `home`) count: the others are taken out of `live` and `observed`, and `true` says the parent is
 /// to be rendered again without them.
 pub(super) fn confine_to_rendered_namespaces(
     ctx: &RuleContext,
+    home: Option<&str>,
     desired: &[DesiredChild],
     live: &mut Live,
     observed: &mut Observed,
 ) -> bool {
-    if ctx.parent.namespaced {
+    if !ctx.spreads() {
         return false;
     }
-    let namespaces: HashSet<&str> = desired
-        .iter()
-        .filter_map(|d| {
+    // A namespaced parent's own namespace holds its children whatever it renders (they
+    // carry its controller reference there).
+    let home = ctx.parent.namespaced.then_some(home).flatten();
+    let namespaces: HashSet<&str> = home
+        .into_iter()
+        .chain(desired.iter().filter_map(|d| {
             d.object
                 .at(&["metadata", "namespace"])
                 .and_then(Json::as_str)
-        })
+        }))
         .collect();
     let outside = |k: usize, o: &DynamicObject| {
         ctx.kinds[k].namespaced

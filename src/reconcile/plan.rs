@@ -402,9 +402,6 @@ pub fn controlled_by(o: &DynamicObject, uid: &str) -> bool {
         .any(|r| r.uid == uid && r.controller == Some(true))
 }
 
-/// Whether `o` is a child of the parent with UID `uid`: its controller reference is the
-/// parent, or it is one of the parent's `Orphan` children, which carry no ownerReference
-/// ([`crate::cache::wire::orphan_owner`]).
 /// The other rule of the same parent kind whose child `o` is, by its `rulebook.dev/rule`
 /// label: several rules on one kind (decorators) share the parent, so the controller
 /// reference alone cannot tell whose child an object is. Such an object is never this
@@ -417,8 +414,14 @@ pub fn other_rules_child<'a>(o: &'a DynamicObject, rule: &str) -> Option<&'a str
         .filter(|r| *r != rule)
 }
 
+/// Whether `o` is a child of the parent with UID `uid`: its controller reference is the
+/// parent, or it is one of the parent's children that carry no ownerReference: an
+/// `Orphan` one ([`crate::cache::wire::orphan_owner`]), or one placed in another
+/// namespace than its namespaced parent's ([`crate::cache::wire::remote_owner`]).
 pub fn is_child_of(o: &DynamicObject, uid: &str) -> bool {
-    controlled_by(o, uid) || crate::cache::wire::orphan_owner(&o.metadata) == Some(uid)
+    controlled_by(o, uid)
+        || crate::cache::wire::orphan_owner(&o.metadata) == Some(uid)
+        || crate::cache::wire::remote_owner(&o.metadata) == Some(uid)
 }
 
 /// Whether a child with `adopt: true` may take over `o`: only an object without any

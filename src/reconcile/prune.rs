@@ -60,7 +60,8 @@ pub(super) fn deletion_policy(
 /// What letting go of `obj` does: its [`deletion_policy`] — but an object without a
 /// controller reference (an `Orphan` child, not applied since its child became `Delete`)
 /// is only orphaned: Rulebook deletes only objects whose controller reference is the
-/// parent.
+/// parent, or (having none) that a namespaced parent placed in another namespace
+/// ([`crate::cache::wire::remote_owner`]), which no garbage collector would delete.
 pub(super) fn let_go_as(
     ctx: &RuleContext,
     kind: &ChildKind,
@@ -120,6 +121,7 @@ pub fn orphan_patch(obj: &DynamicObject, parent_uid: &str) -> Json {
         labels::INDEX,
         labels::DELETION_POLICY,
         labels::PARENT_NAME,
+        labels::PARENT_NAMESPACE,
     ];
     json!({"metadata": {
         "resourceVersion": obj.resource_version(),

@@ -42,7 +42,8 @@ pub(super) async fn render(
     let rendered = match first.result {
         Ok(desired) => {
             let (live, observed) = (&mut inputs.live, &mut eval.observed);
-            if confine_to_rendered_namespaces(ctx, &desired.desired, live, observed) {
+            let home = parent.metadata.namespace.as_deref();
+            if confine_to_rendered_namespaces(ctx, home, &desired.desired, live, observed) {
                 drop(desired);
                 let again = render_off_runtime(ctx, eval).await?;
                 eval = again.inputs;

@@ -69,6 +69,14 @@ pub mod labels {
     /// may edit objects in some namespace can make one that claims the parent
     /// (`reconcile::teardown::places`).
     pub const CHILD_NAMESPACES: &str = "rulebook.dev/child-namespaces";
+    /// On a child a namespaced parent placed in another namespace (the rule's
+    /// `spec.targetNamespaces`): the parent's namespace. Such a child carries no
+    /// ownerReference (a namespaced owner must be in its dependent's namespace: the
+    /// garbage collector takes any other for absent and deletes the dependent); with
+    /// [`PARENT_NAME`] this is how its watch events find the parent, and its owner is
+    /// [`OWNER`], as on every child. Its parent carries Rulebook's finalizer: the teardown
+    /// deletes it, as no garbage collector would.
+    pub const PARENT_NAMESPACE: &str = "rulebook.dev/parent-namespace";
 
     /// Every label and annotation key Rulebook writes or reads on an object (a stub keeps
     /// these and no other: anyone may set keys with Rulebook's prefix on their objects).
@@ -86,6 +94,7 @@ pub mod labels {
         ORPHAN_KINDS,
         PARENT_NAME,
         CHILD_NAMESPACES,
+        PARENT_NAMESPACE,
     ];
 
     /// The label selector of a rule's children: `managed-by=rulebook,rule=<rule>`.

@@ -191,8 +191,8 @@ fn stand_in(object: &Json) -> Json {
 
 /// The parent's references read, and a render against its live children as the operator
 /// reads them: a namespaced parent's only in its namespace (an object elsewhere claiming
-/// its UID is someone else's); a cluster-scoped parent's only in the namespaces its
-/// render places children in.
+/// its UID is someone else's) and, with the rule's `targetNamespaces`, the namespaces its
+/// render places children in; a cluster-scoped parent's only in the latter.
 async fn observe_and_render<'a>(
     client: &Client,
     rule: &CompiledRule,
@@ -204,9 +204,12 @@ async fn observe_and_render<'a>(
         .pointer("/metadata/namespace")
         .and_then(Json::as_str)
         .map(str::to_string);
+    // Children outside one namespace: a cluster-scoped parent's, or a namespaced one's
+    // with the rule's `targetNamespaces` (its own namespace besides).
+    let spreads = !kinds.parent.1 || rule.rule.spec.target_namespaces.is_some();
     let mut live: Vec<&Live> = live
         .iter()
-        .filter(|(k, o)| !kinds.parent.1 || !kinds.children[*k].1 || o.namespace() == ns)
+        .filter(|(k, o)| spreads || !kinds.children[*k].1 || o.namespace() == ns)
         .collect();
     let scope = |i: usize| match kinds.of_child.get(i).map(|k| kinds.children[*k].1) {
         Some(false) => Scope::Cluster,
@@ -234,9 +237,7 @@ async fn observe_and_render<'a>(
         (observed, rendered)
     };
     let (mut observed, mut desired) = render(&live);
-    if !kinds.parent.1
-        && let Ok(rendered) = &desired
-    {
+    if spreads && let Ok(rendered) = &desired {
         let places: BTreeSet<String> = rendered
             .desired
             .iter()
@@ -246,6 +247,7 @@ async fn observe_and_render<'a>(
                     .and_then(Json::as_str)
             })
             .map(str::to_string)
+            .chain(ns.clone())
             .collect();
         let before = live.len();
         live.retain(|(k, o)| {

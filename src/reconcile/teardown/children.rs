@@ -15,7 +15,7 @@ use serde_json::Value as Json;
 
 use super::places::Places;
 use super::{ORPHAN_RECHECK, RECHECK, WAVE_TIMEOUT, deleting};
-use crate::cache::wire::orphan_owner;
+use crate::cache::wire::{orphan_owner, remote_owner};
 use crate::meta::{labels, split_api_version};
 use crate::reconcile::context::RuleContext;
 use crate::reconcile::error::ReconcileError;
@@ -34,7 +34,7 @@ pub(super) fn teardown_children(
     parent: &DynamicObject,
     uid: &str,
 ) -> Vec<(usize, Arc<DynamicObject>)> {
-    let places = Places::of(ctx.parent.namespaced, parent);
+    let places = Places::of(!ctx.spreads(), parent);
     let mut owned = ctx.owned_children(uid, parent.namespace().as_deref());
     owned.retain(|(k, o)| !ctx.kinds[*k].namespaced || places.holds(o.namespace().as_deref()));
     let Some(deleted) = parent.meta().deletion_timestamp.as_ref().map(|t| t.0) else {
@@ -207,15 +207,15 @@ pub(super) async fn uncached_children(
         labels::child_selector(&ctx.rule.name),
         labels::OWNER
     );
-    let places = Places::of(ctx.parent.namespaced, parent);
+    let places = Places::of(!ctx.spreads(), parent);
     for kind in &ctx.kinds {
-        let apis: Vec<Api<DynamicObject>> = match (ctx.parent.namespaced, places.namespaces()) {
-            (true, _) => vec![kind.api(&ctx.client, parent.namespace().as_deref())],
-            (false, Some(set)) if kind.namespaced => set
+        let apis: Vec<Api<DynamicObject>> = match (ctx.spreads(), places.namespaces()) {
+            (false, _) => vec![kind.api(&ctx.client, parent.namespace().as_deref())],
+            (true, Some(set)) if kind.namespaced => set
                 .iter()
                 .map(|ns| kind.api(&ctx.client, Some(ns)))
                 .collect(),
-            (false, _) => vec![kind.api(&ctx.client, None)],
+            (true, _) => vec![kind.api(&ctx.client, None)],
         };
         for api in apis {
             if uncached_in(ctx, parent, uid, (&api, &kind.ar.kind), &selector).await? {
@@ -250,7 +250,8 @@ async fn uncached_in(
                     && r.name == parent_name
                     && split_api_version(&r.api_version).0 == ctx.parent.ar.group
                     && crate::cache::admission::kept_size(r)
-            }) || orphan_owner(m) == Some(uid))
+            }) || orphan_owner(m) == Some(uid)
+                || remote_owner(m) == Some(uid))
     };
     // A page at a time: the labels are public, and anyone may put them on objects of
     // any size in their namespace.

@@ -45,13 +45,18 @@ pub enum Places {
 }
 
 impl Places {
-    /// Where `parent` (cluster-scoped or not) places its children.
-    pub fn of(namespaced_parent: bool, parent: &DynamicObject) -> Places {
-        if namespaced_parent {
+    /// Where `parent` places its children; `confined`: in its own namespace only (a
+    /// namespaced parent of a rule without `targetNamespaces`). A namespaced parent that
+    /// may place children elsewhere holds its own namespace besides those it recorded.
+    pub fn of(confined: bool, parent: &DynamicObject) -> Places {
+        if confined {
             return Places::Anywhere;
         }
         match recorded_in(parent.annotations()) {
-            Some(set) => Places::Only(set),
+            Some(mut set) => {
+                set.extend(parent.namespace());
+                Places::Only(set)
+            }
             None => Places::Anywhere,
         }
     }
@@ -136,7 +141,7 @@ pub(in crate::reconcile) async fn record(
 ) -> Result<Recorded, ReconcileError> {
     // The finalizer may have come with this very reconcile (`keep_finalizer`), on a
     // parent read before it.
-    if ctx.parent.namespaced || !(has_finalizer(parent) || ctx.needs_finalizer()) {
+    if !ctx.spreads() || !(has_finalizer(parent) || ctx.needs_finalizer()) {
         return Ok(Recorded::Same);
     }
     let recorded = recorded_in(parent.annotations());
@@ -195,7 +200,7 @@ pub(super) async fn record_finalize_child(
     parent: &DynamicObject,
     namespace: Option<&str>,
 ) -> Result<bool, ReconcileError> {
-    let places = Places::of(ctx.parent.namespaced, parent);
+    let places = Places::of(!ctx.spreads(), parent);
     let (Places::Only(set), Some(ns)) = (&places, namespace) else {
         return Ok(true);
     };

@@ -126,8 +126,9 @@ pub struct OrphansOf<'a> {
     pub namespaced: bool,
     pub name: &'a str,
     pub namespace: Option<&'a str>,
-    /// A cluster-scoped parent's recorded namespaces ([`super::places`]): its namespaced
-    /// children are looked for there only. `None`: everywhere.
+    /// The namespaces a parent recorded ([`super::places`]; a namespaced parent's own
+    /// among them): its namespaced children are looked for there only. `None`:
+    /// everywhere (a namespaced parent: its own namespace).
     pub namespaces: Option<&'a BTreeSet<String>>,
     pub uid: &'a str,
     /// Children labelled with this rule are not looked at: they are the rule's own, which
@@ -192,7 +193,7 @@ pub(super) async fn let_go_of_kinds(
     uid: &str,
     kinds: &[Kind],
 ) -> Result<(Vec<(Kind, ReconcileError)>, Vec<Change>), ReconcileError> {
-    let places = Places::of(ctx.parent.namespaced, parent);
+    let places = Places::of(!ctx.spreads(), parent);
     let of = OrphansOf::of(ctx, parent, &places, uid);
     let mut left = Vec::new();
     let mut changes = Vec::new();
@@ -229,7 +230,7 @@ pub(super) async fn let_go_of_foreign(
 ) -> (Vec<Change>, Result<(), ReconcileError>) {
     let mut done = Vec::new();
     let mut result = Ok(());
-    let places = Places::of(ctx.parent.namespaced, parent);
+    let places = Places::of(!ctx.spreads(), parent);
     for kind in &ctx.kinds {
         // A child the rule still has (same name and kind) goes as the rule says now: one
         // it made `Delete` is not let go of here, and its apply relabels it.
@@ -294,11 +295,12 @@ async fn orphan_children_at(
     done: &mut Vec<Orphaned>,
 ) -> Result<(), ReconcileError> {
     let apis: Vec<Api<DynamicObject>> = match (of.namespaced, of.namespace, of.namespaces) {
-        // A namespaced parent owns nothing cluster-scoped, and nothing elsewhere.
+        // A namespaced parent owns nothing cluster-scoped, and nothing outside its own
+        // namespace but where it recorded placing children (`targetNamespaces`).
         (true, _, _) if !namespaced => return Ok(()),
-        (true, Some(ns), _) => vec![Api::namespaced_with(of.client.clone(), ns, ar)],
-        // A cluster-scoped parent: where it recorded placing children.
-        (false, _, Some(set)) if namespaced => set
+        (true, Some(ns), None) => vec![Api::namespaced_with(of.client.clone(), ns, ar)],
+        // A parent that may place children elsewhere: where it recorded placing them.
+        (_, _, Some(set)) if namespaced => set
             .iter()
             .map(|ns| Api::namespaced_with(of.client.clone(), ns, ar))
             .collect(),

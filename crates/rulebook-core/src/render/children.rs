@@ -327,7 +327,8 @@ impl CompiledRule {
         if let Some(n) = meta.get("namespace").and_then(Json::as_str) {
             check_object_name("metadata.namespace", n)?;
         }
-        place(meta, scope, parent.namespace, &c.kind.value)?;
+        let targets = self.rule.spec.target_namespaces.as_deref();
+        place(meta, scope, parent.namespace, targets, &c.kind.value)?;
         if parent.namespace.is_none() {
             self.check_target(meta, c)?;
         }
@@ -420,13 +421,16 @@ fn check_kind(map: &mut Map<String, Json>, c: &ChildRule) -> Result<(), String> 
     Ok(())
 }
 
-/// Where a child lives: a namespaced parent's children in its own namespace; a
-/// cluster-scoped parent's namespaced children where the template says (else `default`);
-/// a cluster-scoped child only under a cluster-scoped parent.
+/// Where a child lives: a namespaced parent's children in its own namespace, or in one
+/// of the rule's `targetNamespaces` when the template names it (the rule author's list:
+/// a parent's author chooses within it, never outside, issue 47); a cluster-scoped
+/// parent's namespaced children where the template says (else `default`); a
+/// cluster-scoped child only under a cluster-scoped parent.
 fn place(
     meta: &mut Map<String, Json>,
     scope: Scope,
     parent_namespace: Option<&str>,
+    targets: Option<&[crate::rules::Loc<String>]>,
     kind: &str,
 ) -> Result<(), String> {
     match (scope, parent_namespace) {
@@ -436,16 +440,26 @@ fn place(
                 meta.insert("namespace".into(), Json::String("default".into()));
             }
         }
-        (Scope::Namespaced, Some(ns)) => {
-            if let Some(got) = meta.get("namespace").and_then(Json::as_str)
-                && got != ns
-            {
-                return Err(format!(
-                    "the rendered object is in namespace '{got}'; children live in the parent's namespace '{ns}'"
-                ));
+        (Scope::Namespaced, Some(ns)) => match meta.get("namespace").and_then(Json::as_str) {
+            Some(got) if got != ns => match targets {
+                Some(t) if super::targets::allowed(Some(t), got) => {}
+                Some(t) => {
+                    return Err(super::targets::refusal(
+                        Some(t),
+                        got,
+                        "the child's namespace",
+                    ));
+                }
+                None => {
+                    return Err(format!(
+                        "the rendered object is in namespace '{got}'; children live in the parent's namespace '{ns}' (or in the rule's spec.targetNamespaces, which it has not)"
+                    ));
+                }
+            },
+            _ => {
+                meta.insert("namespace".into(), Json::String(ns.to_string()));
             }
-            meta.insert("namespace".into(), Json::String(ns.to_string()));
-        }
+        },
         (Scope::Cluster, Some(_)) => {
             return Err(format!(
                 "{} is cluster-scoped and the parent is namespaced: a cluster-scoped child cannot be owned by a namespaced parent",
@@ -466,9 +480,25 @@ fn set_ownership(
     c: &ChildRule,
     parent: &ParentInfo<'_>,
 ) -> Result<(), String> {
+    // A namespaced parent's child in another namespace (`targetNamespaces`) carries no
+    // ownerReference either: a namespaced owner must be in its dependent's namespace,
+    // and the garbage collector deletes a dependent whose owner it cannot find there.
+    let elsewhere = parent.namespace.filter(|ns| {
+        meta.get("namespace")
+            .and_then(Json::as_str)
+            .is_some_and(|got| got != *ns)
+    });
     let Some(ann) = meta.get_mut("annotations").and_then(Json::as_object_mut) else {
         return Err("metadata.annotations must be a mapping".into());
     };
+    match elsewhere {
+        Some(ns) => {
+            ann.insert(labels::PARENT_NAMESPACE.into(), ns.into());
+        }
+        None => {
+            ann.remove(labels::PARENT_NAMESPACE);
+        }
+    }
     // An `Orphan` child carries no ownerReference: the garbage collector follows
     // every one (foreground deletion deletes each dependent, whatever its policy and
     // `blockOwnerDeletion`), so it would not outlive every kind of deletion. Its
@@ -477,6 +507,11 @@ fn set_ownership(
     match c.deletion_policy.annotation() {
         Some(policy) => {
             ann.insert(labels::DELETION_POLICY.into(), policy.into());
+            ann.insert(labels::PARENT_NAME.into(), parent.name.into());
+            meta.remove("ownerReferences");
+        }
+        None if elsewhere.is_some() => {
+            ann.remove(labels::DELETION_POLICY);
             ann.insert(labels::PARENT_NAME.into(), parent.name.into());
             meta.remove("ownerReferences");
         }

@@ -1,7 +1,11 @@
-//! Where a cluster-scoped parent may put its children (issue 45): `spec.targetNamespaces`.
+//! Where a parent may put its children: `spec.targetNamespaces` (issue 45 for
+//! cluster-scoped parents, issue 47 for namespaced ones).
 //!
 //! A namespaced parent's children live in its own namespace (tenancy: `children.rs`
-//! `place`). A cluster-scoped parent's namespaced children go where the template says, so
+//! `place`), and only where the rule author lists more does a template place one
+//! elsewhere: in a namespace the list matches, chosen by the parent's author within the
+//! list, never outside it. Such a child carries no ownerReference (see `children.rs`
+//! `set_ownership`). A cluster-scoped parent's namespaced children go where the template says, so
 //! whoever writes the parent (a Tenant's author) may steer them into any namespace —
 //! `kube-system` included — unless the rule says where they may go. The list holds names
 //! and `*` patterns (`tenant-*`); a Namespace child's own name must match it too (the
@@ -163,5 +167,90 @@ mod tests {
         let tenants = list(&["tenant-*"]);
         assert!(allowed(Some(&tenants), "tenant-acme"));
         assert!(!allowed(Some(&tenants), "payments"));
+    }
+
+    /// A rule over namespaced parents whose ConfigMap goes where `spec.ns` says, with
+    /// `spec.targetNamespaces` when `targets` is given.
+    fn namespaced_rule(targets: Option<&str>) -> std::sync::Arc<crate::render::CompiledRule> {
+        let targets = targets.map_or(String::new(), |t| format!("  targetNamespaces: {t}\n"));
+        let rule = format!(
+            "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: p\nspec:\n  \
+             parent:\n    apiVersion: t.rulebook.dev/v1\n    kind: P\n{targets}  children:\n    \
+             - name: cm\n      apiVersion: v1\n      kind: ConfigMap\n      template: cm.yaml\n"
+        );
+        let template = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name }}\n  \
+                        {% if parent.spec.ns %}namespace: {{ parent.spec.ns }}{% endif %}\ndata: {}\n";
+        let sources = crate::rules::Sources {
+            default_rollout: None,
+            rule_files: vec![("rules/p.yaml".to_string(), rule)],
+            templates: [(
+                "cm.yaml".to_string(),
+                ("templates/cm.yaml".to_string(), template.to_string()),
+            )]
+            .into(),
+        };
+        match crate::render::compile(&sources, &crate::render::Limits::default()) {
+            Ok(mut set) => set.rules.remove("p").expect("rule p"),
+            Err(d) => panic!("{d:?}"),
+        }
+    }
+
+    fn render_in(
+        rule: &crate::render::CompiledRule,
+        ns: &str,
+    ) -> Result<serde_json::Value, String> {
+        let parent = serde_json::json!({"apiVersion": "t.rulebook.dev/v1", "kind": "P",
+            "metadata": {"name": "a", "namespace": "home", "uid": "u1"}, "spec": {"ns": ns}});
+        rule.render(&parent, &Default::default(), &|_| {
+            crate::render::Scope::Namespaced
+        })
+        .map(|mut d| d.remove(0).object)
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_namespaced_parent_places_a_child_in_a_listed_namespace_without_an_owner_reference() {
+        let rule = namespaced_rule(Some("[\"shared-*\", \"kube-public\"]"));
+        // Elsewhere, within the list: no ownerReference (the garbage collector would
+        // take a namespaced owner in another namespace for absent), the parent's name
+        // and namespace recorded instead, the owner label as on every child.
+        let away = render_in(&rule, "shared-a").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(away["metadata"]["namespace"], "shared-a");
+        assert!(away["metadata"].get("ownerReferences").is_none(), "{away}");
+        let ann = &away["metadata"]["annotations"];
+        assert_eq!(ann["rulebook.dev/parent-namespace"], "home");
+        assert_eq!(ann["rulebook.dev/parent-name"], "a");
+        assert_eq!(away["metadata"]["labels"]["rulebook.dev/owner"], "u1");
+        // At home: the controller reference, nothing recorded.
+        for ns in ["", "home"] {
+            let home = render_in(&rule, ns).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(home["metadata"]["namespace"], "home");
+            assert_eq!(home["metadata"]["ownerReferences"][0]["uid"], "u1");
+            let ann = &home["metadata"]["annotations"];
+            assert!(ann.get("rulebook.dev/parent-namespace").is_none(), "{home}");
+            assert!(ann.get("rulebook.dev/parent-name").is_none(), "{home}");
+        }
+        // A Kubernetes namespace by its exact name only.
+        assert!(render_in(&rule, "kube-public").is_ok());
+        let refused = render_in(&rule, "kube-system").expect_err("kube-system");
+        assert!(
+            refused.contains(
+                "'kube-system' is not among the rule's targetNamespaces (shared-*, kube-public)"
+            ),
+            "{refused}"
+        );
+        let refused = render_in(&rule, "payments").expect_err("outside the list");
+        assert!(refused.contains("'payments' is not among"), "{refused}");
+    }
+
+    #[test]
+    fn without_the_list_a_namespaced_parent_keeps_its_children_at_home() {
+        let rule = namespaced_rule(None);
+        let refused = render_in(&rule, "shared-a").expect_err("no list");
+        assert!(
+            refused.contains("children live in the parent's namespace 'home' (or in the rule's spec.targetNamespaces, which it has not)"),
+            "{refused}"
+        );
+        assert!(render_in(&rule, "home").is_ok());
     }
 }

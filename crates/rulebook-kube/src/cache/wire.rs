@@ -80,6 +80,23 @@ pub fn could_be_child(meta: &ObjectMeta) -> bool {
         .flatten()
         .any(|r| r.controller == Some(true) && &r.uid == owner)
         || orphan_owner(meta).is_some()
+        || remote_owner(meta).is_some()
+}
+
+/// The parent UID of a child a namespaced parent placed in another namespace (the
+/// rule's `targetNamespaces`), which carries no ownerReference (a namespaced owner must
+/// be in its dependent's namespace): its owner label, when it has no controller at all
+/// and names its parent's namespace ([`labels::PARENT_NAMESPACE`]), another than its
+/// own. As public as any label: whoever may write an object there can make it claim a
+/// parent this way; what Rulebook does to such an object is confined to the namespaces
+/// that parent records placing children in.
+pub fn remote_owner(meta: &ObjectMeta) -> Option<&str> {
+    let owner = meta.labels.as_ref()?.get(labels::OWNER)?;
+    let home = meta.annotations.as_ref()?.get(labels::PARENT_NAMESPACE)?;
+    let controlled = (meta.owner_references.iter().flatten()).any(|r| r.controller == Some(true));
+    let elsewhere = meta.namespace.as_deref().is_some_and(|ns| ns != home);
+    (elsewhere && !controlled && !owner.is_empty() && orphan_owner(meta).is_none())
+        .then_some(owner.as_str())
 }
 
 /// The parent UID of a child whose `deletionPolicy` is `Orphan`, which carries no
@@ -397,5 +414,42 @@ mod tests {
         assert_eq!(nesting_depth(r#"{"a":"{{{[[[","b":[1,{"c":2}]}"#), 3);
         assert_eq!(nesting_depth(r#"{"a":"\"{"}"#), 1);
         assert_eq!(nesting_depth(&deep(1000)), 1000);
+    }
+    /// A child's metadata: in `ns`, with the owner label, these annotations and, when
+    /// `controller` is given, a controller reference with that UID.
+    fn meta(ns: &str, annotations: &[(&str, &str)], controller: Option<&str>) -> ObjectMeta {
+        serde_json::from_value(json!({
+            "name": "c", "namespace": ns,
+            "labels": {labels::OWNER: "u1"},
+            "annotations": annotations.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+            "ownerReferences": controller.map(|uid| vec![json!({"apiVersion": "x.dev/v1", "kind": "P", "name": "p", "uid": uid, "controller": true})]).unwrap_or_default(),
+        }))
+        .expect("metadata")
+    }
+
+    #[test]
+    fn a_child_elsewhere_is_owned_by_its_labels_only_outside_its_parents_namespace() {
+        let home = [
+            (labels::PARENT_NAMESPACE, "home"),
+            (labels::PARENT_NAME, "p"),
+        ];
+        // Placed elsewhere: the owner label.
+        assert_eq!(remote_owner(&meta("shared", &home, None)), Some("u1"));
+        assert!(could_be_child(&meta("shared", &home, None)));
+        // In the namespace it names as its parent's: no such child (the parent's own
+        // children there carry its controller reference).
+        assert_eq!(remote_owner(&meta("home", &home, None)), None);
+        assert!(!could_be_child(&meta("home", &home, None)));
+        // With a controller, the controller decides; an `Orphan` one is an orphan.
+        assert_eq!(remote_owner(&meta("shared", &home, Some("u2"))), None);
+        let orphan = [
+            (labels::PARENT_NAMESPACE, "home"),
+            (labels::DELETION_POLICY, "Orphan"),
+        ];
+        assert_eq!(remote_owner(&meta("shared", &orphan, None)), None);
+        assert_eq!(orphan_owner(&meta("shared", &orphan, None)), Some("u1"));
+        // Without the annotation: nobody's.
+        assert_eq!(remote_owner(&meta("shared", &[], None)), None);
+        assert!(!could_be_child(&meta("shared", &[], None)));
     }
 }
