@@ -212,6 +212,35 @@ async fn a_namespaced_parent_places_a_child_in_a_listed_namespace_and_takes_it_a
     })
     .await;
 
+    // Lookalikes claiming the parent by labels and annotations (as its children
+    // elsewhere do): one in the parent's own namespace naming another namespace as the
+    // parent's, one in a namespace outside the list naming the right one. Neither is the
+    // parent's: a reconcile (the parent changed) and the teardown leave both alone.
+    let claim = |ns: &str, home: &str, name: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": ns,
+                "labels": {"app.kubernetes.io/managed-by": "rulebook", "rulebook.dev/rule": rule,
+                    "rulebook.dev/owner": uid_of(&p), "rulebook.dev/child": "cm"},
+                "annotations": {"rulebook.dev/parent-name": "away",
+                    "rulebook.dev/parent-namespace": home}},
+            "data": {"v": "lookalike"}})
+    };
+    apply(&cms(&home), claim(&home, "zzz", "fake-home")).await;
+    apply(&cms(&outside), claim(&outside, &home, "fake-out")).await;
+    merge(&parents, "away", json!({"spec": {"v": 3}})).await;
+    wait_for(T, "the parent's reconcile after the lookalikes", || async {
+        let o = get_json(&parents, "away").await?;
+        let cm = get_json(&cms(&shared), "away").await?;
+        (o.pointer("/status/observedGeneration") == o.pointer("/metadata/generation")
+            && cm["data"]["v"] == "3")
+            .then_some(())
+    })
+    .await;
+    assert!(
+        get_json(&cms(&home), "fake-home").await.is_some(),
+        "{test}: a lookalike at home naming another namespace was taken for a child elsewhere"
+    );
+
     // The parent's deletion deletes its child elsewhere (no garbage collector would),
     // then lets the parent go.
     parents
@@ -228,6 +257,13 @@ async fn a_namespaced_parent_places_a_child_in_a_listed_namespace_and_takes_it_a
         },
     )
     .await;
+    for (ns, name) in [(&*home, "fake-home"), (&*outside, "fake-out")] {
+        let o = get_json(&cms(ns), name).await;
+        assert!(
+            o.as_ref().is_some_and(|o| o["data"]["v"] == "lookalike"),
+            "{test}: the teardown touched the lookalike {ns}/{name}: {o:?}"
+        );
+    }
     drop(op);
     let _ = parents.delete("astray", &DeleteParams::default()).await;
 }

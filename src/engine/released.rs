@@ -288,14 +288,13 @@ async fn orphans_first(
     let (Some(uid), Some(name)) = (meta.uid.as_deref(), meta.name.as_deref()) else {
         return Ok(Vec::new());
     };
-    // Where the parent recorded placing children (a cluster-scoped one, or a namespaced
-    // one of a rule with `targetNamespaces`, its own namespace besides); a namespaced
-    // parent without a record: its own namespace.
-    let recorded = places::recorded_in(meta.annotations.as_ref().unwrap_or(&Default::default()))
-        .map(|mut set| {
-            set.extend(meta.namespace.clone().filter(|_| namespaced));
-            set
-        });
+    // A cluster-scoped parent's children: where it recorded placing them. A namespaced
+    // parent's: in its namespace only (its record is its author's to write, and the
+    // removed rule's list, which would bound it, is not at hand here): `Orphan` children
+    // it placed elsewhere (`targetNamespaces`) are left as they are, still labelled.
+    let recorded = (!namespaced)
+        .then(|| places::recorded_in(meta.annotations.as_ref().unwrap_or(&Default::default())))
+        .flatten();
     let parent = OrphansOf {
         client,
         writer,

@@ -179,6 +179,7 @@ pub(super) fn parent_changed(o: &DynamicObject) -> Option<u64> {
 pub(super) fn owners_of(
     parent: ApiResource,
     parent_namespaced: bool,
+    elsewhere: bool,
 ) -> impl Fn(DynamicObject) -> Vec<kube::runtime::reflector::ObjectRef<DynamicObject>>
 + Send
 + Sync
@@ -190,19 +191,21 @@ pub(super) fn owners_of(
             .as_deref()
             .filter(|_| parent_namespaced);
         let annotations = o.metadata.annotations.as_ref();
+        // A child a namespaced parent placed in another namespace (`elsewhere`: the rule
+        // has `targetNamespaces`) names the parent's namespace; an `Orphan` one too.
+        let home = annotations
+            .and_then(|a| a.get(labels::PARENT_NAMESPACE))
+            .filter(|_| parent_namespaced && elsewhere)
+            .map(String::as_str);
         let orphan = orphan_owner(&o.metadata)
             .and(annotations)
-            .and_then(|a| a.get(labels::PARENT_NAME));
-        // A child placed in another namespace than its parent's names the parent's.
+            .and_then(|a| a.get(labels::PARENT_NAME))
+            .map(|name| (name, home.or(ns)));
         let remote = remote_owner(&o.metadata)
             .and(annotations)
-            .filter(|_| parent_namespaced)
-            .and_then(|a| {
-                Some((
-                    a.get(labels::PARENT_NAME)?,
-                    a.get(labels::PARENT_NAMESPACE)?,
-                ))
-            });
+            .and_then(|a| a.get(labels::PARENT_NAME))
+            .zip(home)
+            .map(|(name, home)| (name, Some(home)));
         let at = |name: &String, ns: Option<&str>| {
             let p = kube::runtime::reflector::ObjectRef::new_with(name, parent.clone());
             match ns {
@@ -215,10 +218,9 @@ pub(super) fn owners_of(
             .iter()
             .flatten()
             .filter(|r| controlled_by(r, &parent))
-            .map(|r| &r.name)
-            .chain(orphan)
-            .map(|name| at(name, ns))
-            .chain(remote.map(|(name, home)| at(name, Some(home))))
+            .map(|r| at(&r.name, ns))
+            .chain(orphan.map(|(name, ns)| at(name, ns)))
+            .chain(remote.map(|(name, home)| at(name, home)))
             .collect()
     }
 }
@@ -385,14 +387,14 @@ mod tests {
             plural: "tenants".into(),
         };
         // Cluster-scoped parent: no namespace, so the store finds it.
-        let refs = owners_of(tenant.clone(), false)(child.clone());
+        let refs = owners_of(tenant.clone(), false, false)(child.clone());
         assert_eq!(refs.len(), 1);
         assert_eq!(
             (refs[0].name.as_str(), refs[0].namespace.as_deref()),
             ("t", None)
         );
         // Namespaced parent: the child's namespace, as kube-runtime does.
-        let refs = owners_of(tenant, true)(child);
+        let refs = owners_of(tenant, true, false)(child);
         assert_eq!(refs[0].namespace.as_deref(), Some("team"));
     }
 
@@ -416,20 +418,20 @@ mod tests {
             }))
             .unwrap()
         };
-        let refs = owners_of(tenant.clone(), false)(child("Orphan", json!([])));
+        let refs = owners_of(tenant.clone(), false, false)(child("Orphan", json!([])));
         assert_eq!(
             refs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
             ["t"]
         );
         // Not an `Orphan` child (its annotations are anyone's to write): no one.
-        assert!(owners_of(tenant.clone(), false)(child("Delete", json!([]))).is_empty());
+        assert!(owners_of(tenant.clone(), false, false)(child("Delete", json!([]))).is_empty());
         // With a controller, that one alone.
         let controlled = child(
             "Orphan",
             json!([{"apiVersion": "xyz.com/v1", "kind": "Tenant", "name": "t2", "uid": "u2",
                     "controller": true}]),
         );
-        let refs = owners_of(tenant, false)(controlled);
+        let refs = owners_of(tenant, false, false)(controlled);
         assert_eq!(
             refs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
             ["t2"]

@@ -545,7 +545,8 @@ impl<'a> Watches<'a> {
             awaited.clone(),
         ))
         .touched_objects();
-        let owners = owners_of(r.parent.clone(), r.parent_namespaced);
+        let elsewhere = runner.rule.rule.spec.target_namespaces.is_some();
+        let owners = owners_of(r.parent.clone(), r.parent_namespaced, elsewhere);
         let controller = controller.watches_stream_with(
             stream,
             turns.mapped(move |o| {

@@ -20,7 +20,7 @@ use super::drift::{Drift, fields_cover};
 use super::error::ReconcileError;
 use super::events::{Change, other_managers};
 use super::memory;
-use super::plan::{Adoption, ChildStep, Live, conflict_message, is_child_of, plan_child};
+use super::plan::{Adoption, ChildStep, Live, conflict_message, is_child_at, plan_child};
 use crate::cache;
 use crate::cache::wire::is_stub;
 use crate::meta::FIELD_MANAGER;
@@ -218,7 +218,7 @@ fn plan_found(
     // left (a renamed rule's children), as its kind's only rule or among several.
     if let Some(other) = found
         .object()
-        .filter(|o| is_child_of(o, uid))
+        .filter(|o| is_child_at(o, uid, super::plan::remote_home(d)))
         .and_then(|o| super::plan::other_rules_child(o, &ctx.rule.name))
         .filter(|other| ctx.rule.peers.iter().any(|p| p == other))
     {

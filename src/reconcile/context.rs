@@ -176,8 +176,6 @@ impl RuleContext {
         Some(o.labels().clone())
     }
 
-    /// Whether parents carry Rulebook's finalizer: the rule's deletion steps or `Orphan`
-    /// children say so, or children of a kind an earlier version had wait to be orphaned.
     /// Whether a parent's namespaced children may live outside one namespace: the
     /// parents are cluster-scoped, or namespaced with the rule's `targetNamespaces`
     /// (issue 47). Then only the namespaces a parent records (`teardown::places`), or its
@@ -186,8 +184,29 @@ impl RuleContext {
         !self.parent.namespaced || self.rule.rule.spec.target_namespaces.is_some()
     }
 
+    /// The namespaces a namespaced parent may place children in besides its own: the
+    /// rule's `targetNamespaces` (none without the list; every one for a cluster-scoped
+    /// parent, whose places are its record's, `teardown::places`).
+    pub fn may_place_in(&self, parent_ns: Option<&str>, ns: &str) -> bool {
+        if !self.parent.namespaced || parent_ns == Some(ns) {
+            return true;
+        }
+        let targets = self.rule.rule.spec.target_namespaces.as_deref();
+        targets.is_some() && crate::render::targets::allowed(targets, ns)
+    }
+
+    /// Whether the rule has a say in its parents' deletion (Rulebook's finalizer): its
+    /// deletion steps or `Orphan` children, or `targetNamespaces` over namespaced
+    /// parents, whose children elsewhere no garbage collector follows.
+    pub fn rule_needs_finalizer(&self) -> bool {
+        self.rule.rule.spec.needs_finalizer()
+            || (self.parent.namespaced && self.rule.rule.spec.target_namespaces.is_some())
+    }
+
+    /// Whether parents carry Rulebook's finalizer: [`rule_needs_finalizer`](Self::rule_needs_finalizer),
+    /// or children of a kind an earlier version had wait to be orphaned.
     pub fn needs_finalizer(&self) -> bool {
-        self.rule.rule.spec.needs_finalizer() || self.memory.orphans_pending()
+        self.rule_needs_finalizer() || self.memory.orphans_pending()
     }
 
     /// The API of the parent's kind, where `parent` lives.
@@ -224,7 +243,10 @@ impl RuleContext {
 
     /// This parent's children in the caches: labelled with its UID and controlled by it,
     /// and — for a namespaced parent — in its namespace. (An object elsewhere that claims
-    /// the parent's UID is someone else's: ownerReferences never cross namespaces.)
+    /// the parent's UID by an ownerReference is someone else's: ownerReferences never
+    /// cross namespaces.) A namespaced parent of a rule with `targetNamespaces` also has
+    /// children in the namespaces the list allows, by their claim alone: the owner label
+    /// and the parent's namespace ([`claims_from`]).
     pub fn owned_children(
         &self,
         uid: &str,
@@ -233,15 +255,18 @@ impl RuleContext {
         let mut out = Vec::new();
         for (k, kind) in self.kinds.iter().enumerate() {
             for o in kind.store.owned_by(uid) {
-                if !self.spreads()
-                    && kind.namespaced
-                    && o.metadata.namespace.as_deref() != parent_ns
-                {
+                if o.labels().get(labels::OWNER).map(String::as_str) != Some(uid) {
                     continue;
                 }
-                if o.labels().get(labels::OWNER).map(String::as_str) == Some(uid)
-                    && is_child_of(&o, uid)
-                {
+                let ns = o.metadata.namespace.as_deref();
+                let mine = match (self.parent.namespaced && kind.namespaced, parent_ns, ns) {
+                    (true, Some(home), Some(ns)) if ns != home => {
+                        self.may_place_in(parent_ns, ns) && claims_from(&o.metadata, uid, home)
+                    }
+                    (true, _, ns) if ns != parent_ns => false,
+                    _ => is_child_of(&o, uid),
+                };
+                if mine {
                     out.push((k, o));
                 }
             }
@@ -284,4 +309,15 @@ impl RuleContext {
 fn listed(s: &Store<DynamicObject>) -> bool {
     use futures::FutureExt;
     matches!(s.wait_until_ready().now_or_never(), Some(Ok(())))
+}
+
+/// Whether `o`, in another namespace than its namespaced parent's `home`, claims that
+/// parent (UID `uid`): a child placed there ([`crate::cache::wire::remote_claim`]), or an
+/// `Orphan` one naming `home` as its parent's namespace.
+pub fn claims_from(m: &kube::api::ObjectMeta, uid: &str, home: &str) -> bool {
+    let named = (m.annotations.as_ref())
+        .and_then(|a| a.get(labels::PARENT_NAMESPACE))
+        .map(String::as_str);
+    crate::cache::wire::remote_claim(m) == Some((uid, home))
+        || (crate::cache::wire::orphan_owner(m) == Some(uid) && named == Some(home))
 }

@@ -67,7 +67,7 @@ pub fn plan_child(
         Live::Fetched(o) => (Some(o), true),
     };
     let object = match object {
-        Some(o) if is_child_of(o, parent_uid) => Some(o),
+        Some(o) if is_child_at(o, parent_uid, remote_home(desired)) => Some(o),
         Some(o) if may_adopt(adopt, o, parent_uid) => {
             return ChildStep::Apply {
                 why: Drift::Missing,
@@ -415,13 +415,31 @@ pub fn other_rules_child<'a>(o: &'a DynamicObject, rule: &str) -> Option<&'a str
 }
 
 /// Whether `o` is a child of the parent with UID `uid`: its controller reference is the
-/// parent, or it is one of the parent's children that carry no ownerReference: an
-/// `Orphan` one ([`crate::cache::wire::orphan_owner`]), or one placed in another
-/// namespace than its namespaced parent's ([`crate::cache::wire::remote_owner`]).
+/// parent, or it is one of the parent's `Orphan` children, which carry no ownerReference
+/// ([`crate::cache::wire::orphan_owner`]).
 pub fn is_child_of(o: &DynamicObject, uid: &str) -> bool {
-    controlled_by(o, uid)
-        || crate::cache::wire::orphan_owner(&o.metadata) == Some(uid)
-        || crate::cache::wire::remote_owner(&o.metadata) == Some(uid)
+    controlled_by(o, uid) || crate::cache::wire::orphan_owner(&o.metadata) == Some(uid)
+}
+
+/// The parent's namespace a desired child placed in another namespace names
+/// (`rulebook.dev/parent-namespace`, set by the render): where an object found at its
+/// place may be the parent's by its claim alone.
+pub fn remote_home(desired: &DesiredChild) -> Option<&str> {
+    desired
+        .object
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(labels::PARENT_NAMESPACE))
+        .and_then(serde_json::Value::as_str)
+}
+
+/// [`is_child_of`], or, with `home` (the namespace of a namespaced parent whose rule
+/// places children elsewhere, `targetNamespaces`), a child of that parent there: its
+/// claim names the parent's UID and that namespace ([`crate::cache::wire::remote_claim`]).
+/// Where the claim is looked at is the caller's to confine (the namespaces the parent
+/// may place children in).
+pub fn is_child_at(o: &DynamicObject, uid: &str, home: Option<&str>) -> bool {
+    is_child_of(o, uid)
+        || home.is_some_and(|h| crate::cache::wire::remote_claim(&o.metadata) == Some((uid, h)))
 }
 
 /// Whether a child with `adopt: true` may take over `o`: only an object without any

@@ -37,6 +37,7 @@ use serde::Serialize;
 use serde_json::Value as Json;
 
 use super::{RuleDirs, load_or_report};
+use crate::cache::wire::remote_owner;
 use crate::engine::{kind_api, resolve_kind};
 use crate::meta::labels;
 use crate::metrics::Metrics;
@@ -510,7 +511,7 @@ async fn list_children(
         };
         for o in objects {
             if let Some(uid) = o.labels().get(labels::OWNER).cloned()
-                && is_child_of(&o, &uid)
+                && (is_child_of(&o, &uid) || remote_owner(&o.metadata) == Some(uid.as_str()))
             {
                 owned.entry(uid).or_default().push((k, o));
             }

@@ -18,7 +18,7 @@ use crate::engine::kind_api;
 use crate::meta::{FIELD_MANAGER, labels};
 use crate::reconcile::ReconcileError;
 use crate::reconcile::plan::{
-    Adoption, conflict_message, is_child_of, may_adopt, owner_description,
+    Adoption, conflict_message, is_child_at, may_adopt, owner_description, remote_home,
 };
 use crate::render::{CompiledRule, DesiredChild, Observed, RenderError, Rendered, Scope};
 use crate::rules::DeletionPolicy;
@@ -207,10 +207,26 @@ async fn observe_and_render<'a>(
     // Children outside one namespace: a cluster-scoped parent's, or a namespaced one's
     // with the rule's `targetNamespaces` (its own namespace besides).
     let spreads = !kinds.parent.1 || rule.rule.spec.target_namespaces.is_some();
-    let mut live: Vec<&Live> = live
-        .iter()
-        .filter(|(k, o)| spreads || !kinds.children[*k].1 || o.namespace() == ns)
-        .collect();
+    // Elsewhere than a namespaced parent's own namespace, only a child placed there by
+    // the parent counts: its claim names the parent's namespace, within the rule's list.
+    let targets = rule.rule.spec.target_namespaces.as_deref();
+    let uid = parent
+        .pointer("/metadata/uid")
+        .and_then(Json::as_str)
+        .unwrap_or_default();
+    let counts = |k: usize, o: &DynamicObject| match (kinds.parent.1, ns.as_deref()) {
+        _ if !kinds.children[k].1 => true,
+        (false, _) => true,
+        (true, home) if o.namespace().as_deref() == home => true,
+        (true, Some(home)) => {
+            targets.is_some()
+                && o.namespace()
+                    .is_some_and(|n| crate::render::targets::allowed(targets, &n))
+                && crate::reconcile::context::claims_from(&o.metadata, uid, home)
+        }
+        (true, None) => false,
+    };
+    let mut live: Vec<&Live> = live.iter().filter(|(k, o)| counts(*k, o)).collect();
     let scope = |i: usize| match kinds.of_child.get(i).map(|k| kinds.children[*k].1) {
         Some(false) => Scope::Cluster,
         _ => Scope::Namespaced,
@@ -351,7 +367,7 @@ async fn compare_child(
         None => match api.get_opt(&name).await {
             // Someone else's object: the operator leaves it alone (a conflict), unless
             // the child may adopt it.
-            Ok(Some(o)) if !is_child_of(&o, uid) => {
+            Ok(Some(o)) if !is_child_at(&o, uid, remote_home(child)) => {
                 let adoption = Adoption::of(&rule.children()[child.child], *namespaced);
                 if !may_adopt(adoption.allowed(), &o, uid) {
                     let owner = owner_description(&o);

@@ -15,7 +15,7 @@ use serde_json::Value as Json;
 
 use super::places::Places;
 use super::{ORPHAN_RECHECK, RECHECK, WAVE_TIMEOUT, deleting};
-use crate::cache::wire::{orphan_owner, remote_owner};
+use crate::cache::wire::orphan_owner;
 use crate::meta::{labels, split_api_version};
 use crate::reconcile::context::RuleContext;
 use crate::reconcile::error::ReconcileError;
@@ -34,7 +34,7 @@ pub(super) fn teardown_children(
     parent: &DynamicObject,
     uid: &str,
 ) -> Vec<(usize, Arc<DynamicObject>)> {
-    let places = Places::of(!ctx.spreads(), parent);
+    let places = Places::for_parent(ctx, parent);
     let mut owned = ctx.owned_children(uid, parent.namespace().as_deref());
     owned.retain(|(k, o)| !ctx.kinds[*k].namespaced || places.holds(o.namespace().as_deref()));
     let Some(deleted) = parent.meta().deletion_timestamp.as_ref().map(|t| t.0) else {
@@ -207,7 +207,7 @@ pub(super) async fn uncached_children(
         labels::child_selector(&ctx.rule.name),
         labels::OWNER
     );
-    let places = Places::of(!ctx.spreads(), parent);
+    let places = Places::for_parent(ctx, parent);
     for kind in &ctx.kinds {
         let apis: Vec<Api<DynamicObject>> = match (ctx.spreads(), places.namespaces()) {
             (false, _) => vec![kind.api(&ctx.client, parent.namespace().as_deref())],
@@ -238,20 +238,30 @@ async fn uncached_in(
     let deleted = parent.meta().deletion_timestamp.as_ref().map(|t| t.0);
     // The parent's controller reference, of a size the caches keep: one padded past
     // what a stub keeps would never be seen by the waves, and would hold the finalizer
-    // for ever. Or an `Orphan` child's owner label. Made before the deletion: one made
-    // since is not the parent's ([`teardown_children`]).
+    // for ever. Or an `Orphan` child's owner label. Outside a namespaced parent's own
+    // namespace (`targetNamespaces`), only a claim naming that namespace, as the caches
+    // count it (`RuleContext::owned_children`): short enough for a stub to keep. Made
+    // before the deletion: one made since is not the parent's ([`teardown_children`]).
+    let home = parent.namespace().filter(|_| ctx.parent.namespaced);
     let claims = |m: &kube::api::ObjectMeta| {
-        m.deletion_timestamp.is_none()
-            && (m.creation_timestamp.as_ref()).is_none_or(|c| deleted.is_none_or(|d| c.0 <= d))
-            && (m.owner_references.iter().flatten().any(|r| {
-                r.uid == uid
-                    && r.controller == Some(true)
-                    && r.kind == ctx.parent.ar.kind
-                    && r.name == parent_name
-                    && split_api_version(&r.api_version).0 == ctx.parent.ar.group
-                    && crate::cache::admission::kept_size(r)
-            }) || orphan_owner(m) == Some(uid)
-                || remote_owner(m) == Some(uid))
+        let fresh = m.deletion_timestamp.is_none()
+            && (m.creation_timestamp.as_ref()).is_none_or(|c| deleted.is_none_or(|d| c.0 <= d));
+        match home.as_deref() {
+            Some(h) if m.namespace.as_deref() != Some(h) => {
+                fresh && crate::reconcile::context::claims_from(m, uid, h)
+            }
+            _ => {
+                fresh
+                    && (m.owner_references.iter().flatten().any(|r| {
+                        r.uid == uid
+                            && r.controller == Some(true)
+                            && r.kind == ctx.parent.ar.kind
+                            && r.name == parent_name
+                            && split_api_version(&r.api_version).0 == ctx.parent.ar.group
+                            && crate::cache::admission::kept_size(r)
+                    }) || orphan_owner(m) == Some(uid))
+            }
+        }
     };
     // A page at a time: the labels are public, and anyone may put them on objects of
     // any size in their namespace.

@@ -101,7 +101,7 @@ pub(super) async fn keep_finalizer(
     // lets go of those).
     // A parent outside the rule's selector needs it only while it has `Orphan` children
     // of the rule, which the reconcile lets go of next (`select.rs`).
-    let needs = (taken && ctx.rule.rule.spec.needs_finalizer())
+    let needs = (taken && ctx.rule_needs_finalizer())
         || (has_finalizer(parent)
             && (ctx.memory.orphans_pending()
                 || !pending.is_empty()
@@ -197,7 +197,7 @@ pub(super) async fn teardown(
     if let Some(next) = let_go_of_recorded(ctx, parent, uid).await? {
         return Ok(next);
     }
-    if !ctx.rule.rule.spec.needs_finalizer() {
+    if !ctx.rule_needs_finalizer() {
         if ctx.memory.orphans_pending() {
             // Children of a kind the rule dropped wait to be orphaned (`engine::dropped`):
             // the garbage collector would delete them with the parent.

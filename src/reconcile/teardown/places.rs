@@ -46,19 +46,34 @@ pub enum Places {
 
 impl Places {
     /// Where `parent` places its children; `confined`: in its own namespace only (a
-    /// namespaced parent of a rule without `targetNamespaces`). A namespaced parent that
-    /// may place children elsewhere holds its own namespace besides those it recorded.
+    /// namespaced parent of a rule without `targetNamespaces`). A cluster-scoped parent:
+    /// the namespaces it recorded, or anywhere without a record.
     pub fn of(confined: bool, parent: &DynamicObject) -> Places {
         if confined {
             return Places::Anywhere;
         }
         match recorded_in(parent.annotations()) {
-            Some(mut set) => {
-                set.extend(parent.namespace());
-                Places::Only(set)
-            }
+            Some(set) => Places::Only(set),
             None => Places::Anywhere,
         }
+    }
+
+    /// Where the parent of `ctx`'s rule places its children: [`of`](Self::of), but a
+    /// namespaced parent of a rule with `targetNamespaces` holds its own namespace and
+    /// those of its record the rule's list allows — its author's annotation never
+    /// reaches further, and without a record it holds its own namespace alone.
+    pub fn for_parent(ctx: &RuleContext, parent: &DynamicObject) -> Places {
+        let home = parent.namespace();
+        if !ctx.parent.namespaced || !ctx.spreads() {
+            return Places::of(!ctx.spreads(), parent);
+        }
+        let mut set: BTreeSet<String> = recorded_in(parent.annotations())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|ns| ctx.may_place_in(home.as_deref(), ns))
+            .collect();
+        set.extend(home);
+        Places::Only(set)
     }
 
     /// Whether an object in `namespace` (`None`: cluster-scoped) may be one of the
@@ -149,12 +164,22 @@ pub(in crate::reconcile) async fn record(
         .iter()
         .filter(|d| ctx.kind_of(d.child).namespaced)
         .filter_map(|d| d.object.at(&["metadata", "namespace"])?.as_str());
-    let owned = ctx.owned_children(uid, None);
+    let home = parent.namespace();
+    let owned = ctx.owned_children(uid, home.as_deref());
     let owns = owned
         .iter()
         .filter(|(k, _)| ctx.kinds[*k].namespaced)
         .filter_map(|(_, o)| o.metadata.namespace.as_deref());
-    let want = wanted(recorded.as_ref(), placed, owns);
+    // A namespaced parent keeps where its children are, as far as the rule's list
+    // allows: its author cannot take a namespace out of the record while a child is
+    // still there (the children it owns there are within the list already).
+    let kept = ctx.parent.namespaced.then(|| {
+        owned
+            .iter()
+            .filter_map(|(_, o)| o.metadata.namespace.clone())
+            .collect::<BTreeSet<String>>()
+    });
+    let want = wanted(kept.as_ref().or(recorded.as_ref()), placed, owns);
     if recorded.as_ref() == Some(&want) {
         return Ok(Recorded::Same);
     }
@@ -200,7 +225,7 @@ pub(super) async fn record_finalize_child(
     parent: &DynamicObject,
     namespace: Option<&str>,
 ) -> Result<bool, ReconcileError> {
-    let places = Places::of(!ctx.spreads(), parent);
+    let places = Places::for_parent(ctx, parent);
     let (Places::Only(set), Some(ns)) = (&places, namespace) else {
         return Ok(true);
     };

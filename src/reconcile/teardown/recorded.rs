@@ -193,7 +193,7 @@ pub(super) async fn let_go_of_kinds(
     uid: &str,
     kinds: &[Kind],
 ) -> Result<(Vec<(Kind, ReconcileError)>, Vec<Change>), ReconcileError> {
-    let places = Places::of(!ctx.spreads(), parent);
+    let places = Places::for_parent(ctx, parent);
     let of = OrphansOf::of(ctx, parent, &places, uid);
     let mut left = Vec::new();
     let mut changes = Vec::new();
@@ -230,7 +230,7 @@ pub(super) async fn let_go_of_foreign(
 ) -> (Vec<Change>, Result<(), ReconcileError>) {
     let mut done = Vec::new();
     let mut result = Ok(());
-    let places = Places::of(!ctx.spreads(), parent);
+    let places = Places::for_parent(ctx, parent);
     for kind in &ctx.kinds {
         // A child the rule still has (same name and kind) goes as the rule says now: one
         // it made `Delete` is not let go of here, and its apply relabels it.

@@ -75,9 +75,13 @@ pub fn roles(rules: &[&Rule]) -> BTreeMap<String, KindRole> {
             .or_else(|| group.iter().find(|r| r.spec.parent.selector.is_none()))
             .or_else(|| group.first())
             .map(|r| r.metadata.name.value.as_str());
+        // A rule with `targetNamespaces` needs the finalizer too when its parents are
+        // namespaced (known from discovery only): it holds it unless another rule has a
+        // say in the deletion.
         let finalizer = group
             .iter()
             .find(|r| r.spec.needs_finalizer())
+            .or_else(|| group.iter().find(|r| r.spec.target_namespaces.is_some()))
             .map(|r| r.metadata.name.value.as_str())
             .or(main);
         for r in &group {

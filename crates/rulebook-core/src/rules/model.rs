@@ -728,36 +728,15 @@ pub struct PrinterColumn {
 }
 
 impl RuleSpec {
-    /// Whether parents carry Rulebook's finalizer: the rule has a say in their deletion,
-    /// or it may place a namespaced parent's children in other namespaces
-    /// ([`places_elsewhere`](Self::places_elsewhere)), where no garbage collector follows
-    /// them.
+    /// Whether parents carry Rulebook's finalizer: the rule has a say in their deletion.
+    /// (So does `targetNamespaces` on a rule whose parents discovery finds namespaced:
+    /// `reconcile::context::RuleContext::rule_needs_finalizer`.)
     pub fn needs_finalizer(&self) -> bool {
         self.deletion.is_some()
-            || self.places_elsewhere()
             || self
                 .children
                 .iter()
                 .any(|c| c.deletion_policy == DeletionPolicy::Orphan)
-    }
-
-    /// Whether the rule lists `targetNamespaces` and its parents may be namespaced (its
-    /// CRD does not say `scope: Cluster`, and the kind is no built-in cluster-scoped
-    /// one): a parent's child may then live outside the parent's namespace, with no
-    /// ownerReference (issue 47). A foreign CRD's scope is known only from discovery:
-    /// a cluster-scoped one is taken for namespaced here, which costs its parents a
-    /// finalizer and a teardown that deletes what the garbage collector would have.
-    pub fn places_elsewhere(&self) -> bool {
-        let cluster_scoped = self
-            .crd
-            .as_ref()
-            .and_then(|c| c.scope.as_ref())
-            .is_some_and(|s| s.value == "Cluster")
-            || crate::meta::is_cluster_scoped_builtin(
-                &self.parent.api_version.value,
-                &self.parent.kind.value,
-            );
-        self.target_namespaces.is_some() && !cluster_scoped
     }
 
     /// The index in `children` of the finalize child, if any.

@@ -90,13 +90,27 @@ pub fn could_be_child(meta: &ObjectMeta) -> bool {
 /// own. As public as any label: whoever may write an object there can make it claim a
 /// parent this way; what Rulebook does to such an object is confined to the namespaces
 /// that parent records placing children in.
+///
+/// A claim alone is no child: [`remote_claim`] gives the parent's namespace with it, and
+/// a child counts only for a parent of a rule that places children elsewhere, in that
+/// very namespace, and only where the parent may place children.
 pub fn remote_owner(meta: &ObjectMeta) -> Option<&str> {
+    remote_claim(meta).map(|(owner, _)| owner)
+}
+
+/// [`remote_owner`], and the parent's namespace the child names.
+pub fn remote_claim(meta: &ObjectMeta) -> Option<(&str, &str)> {
     let owner = meta.labels.as_ref()?.get(labels::OWNER)?;
     let home = meta.annotations.as_ref()?.get(labels::PARENT_NAMESPACE)?;
     let controlled = (meta.owner_references.iter().flatten()).any(|r| r.controller == Some(true));
     let elsewhere = meta.namespace.as_deref().is_some_and(|ns| ns != home);
-    (elsewhere && !controlled && !owner.is_empty() && orphan_owner(meta).is_none())
-        .then_some(owner.as_str())
+    let recorded = DeletionPolicy::recorded(
+        (meta.annotations.as_ref())
+            .and_then(|a| a.get(labels::DELETION_POLICY))
+            .map(String::as_str),
+    );
+    (elsewhere && !controlled && !owner.is_empty() && recorded != DeletionPolicy::Orphan)
+        .then_some((owner.as_str(), home.as_str()))
 }
 
 /// The parent UID of a child whose `deletionPolicy` is `Orphan`, which carries no
