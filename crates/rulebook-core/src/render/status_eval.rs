@@ -50,45 +50,8 @@ impl CompiledRule {
         let mut fields = Map::new();
         for (field, program) in &programs.status {
             let value = match program {
-                StatusProgram::JsonPath {
-                    all_of: Some(all_of),
-                    default,
-                    ..
-                } => all_of_list(all_of, &root, observed, desired, &self.rule.spec.children)
-                    .or_else(|| default.clone()),
-                StatusProgram::JsonPath {
-                    query,
-                    singular,
-                    default,
-                    descends,
-                    ..
-                } => {
-                    if *descends
-                        && descendant_path_bytes(&root, DESCENDANT_PATH_BYTES)
-                            > DESCENDANT_PATH_BYTES
-                    {
-                        return Err(RenderError::budget(
-                            self.file.clone(),
-                            None,
-                            format!(
-                                "rule '{}': spec.status.{field}: the JSONPath's `..` would walk more than {} MiB of paths over this parent (its depth times its keys' lengths)",
-                                self.name,
-                                DESCENDANT_PATH_BYTES >> 20
-                            ),
-                        ));
-                    }
-                    let found = jsonpath_rust::query::js_path_process(query, &root)
-                        .map(|refs| {
-                            refs.into_iter()
-                                .map(|r| r.val().clone())
-                                .collect::<Vec<_>>()
-                        })
-                        .unwrap_or_default();
-                    match (found.len(), singular) {
-                        (0, _) => default.clone(),
-                        (1, true) => found.into_iter().next(),
-                        _ => Some(Json::Array(found)),
-                    }
+                StatusProgram::JsonPath { .. } => {
+                    self.jsonpath_value(field, program, &root, observed, desired)?
                 }
                 StatusProgram::Expr(e) => to_json(self.eval(e, &ctx)?),
                 StatusProgram::Value(v) => Some(v.clone()),
@@ -131,6 +94,58 @@ impl CompiledRule {
             })
             .collect();
         Ok(StatusReport { fields, readiness })
+    }
+
+    /// The value of a status JSONPath over `root` (`allOf`: only the complete list).
+    fn jsonpath_value(
+        &self,
+        field: &str,
+        program: &StatusProgram<'_>,
+        root: &Json,
+        observed: &Observed,
+        desired: &[DesiredChild],
+    ) -> Result<Option<Json>, RenderError> {
+        let StatusProgram::JsonPath {
+            query,
+            singular,
+            default,
+            descends,
+            all_of,
+            ..
+        } = program
+        else {
+            return Ok(None);
+        };
+        if let Some(all_of) = all_of {
+            let children = &self.rule.spec.children;
+            return Ok(all_of_list(all_of, root, observed, desired, children)
+                .or_else(|| default.clone()));
+        }
+        if *descends
+            && descendant_path_bytes(root, DESCENDANT_PATH_BYTES) > DESCENDANT_PATH_BYTES
+        {
+            return Err(RenderError::budget(
+                self.file.clone(),
+                None,
+                format!(
+                    "rule '{}': spec.status.{field}: the JSONPath's `..` would walk more than {} MiB of paths over this parent (its depth times its keys' lengths)",
+                    self.name,
+                    DESCENDANT_PATH_BYTES >> 20
+                ),
+            ));
+        }
+        let found = jsonpath_rust::query::js_path_process(query, root)
+            .map(|refs| {
+                refs.into_iter()
+                    .map(|r| r.val().clone())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        Ok(match (found.len(), singular) {
+            (0, _) => default.clone(),
+            (1, true) => found.into_iter().next(),
+            _ => Some(Json::Array(found)),
+        })
     }
 
     /// Whether anything the rule evaluates may read more of the live child `child` (its
@@ -551,3 +566,7 @@ spec:
         assert!(r.reads_child_content(7));
     }
 }
+
+#[cfg(test)]
+#[path = "status_all_of_tests.rs"]
+mod all_of_tests;

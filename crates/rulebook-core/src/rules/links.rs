@@ -53,8 +53,16 @@ pub(super) fn check_wait_for(r: &Rule, err: &mut impl FnMut((u64, u64), &str, St
             }
         }
     }
-    // A cycle: depth-first search over waitFor edges, reported once at the child where
-    // the walk closes it.
+    wait_for_cycle(children, &index, err);
+}
+
+/// A cycle among the children's `waitFor` entries: depth-first search over them,
+/// reported once at the child where the walk closes it.
+fn wait_for_cycle(
+    children: &[ChildRule],
+    index: &BTreeMap<&str, usize>,
+    err: &mut impl FnMut((u64, u64), &str, String),
+) {
     let mut state = vec![0u8; children.len()]; // 0 new, 1 on the path, 2 done
     fn visit(
         i: usize,
@@ -88,7 +96,7 @@ pub(super) fn check_wait_for(r: &Rule, err: &mut impl FnMut((u64, u64), &str, St
     for i in 0..children.len() {
         if state[i] == 0 {
             let mut found = None;
-            visit(i, children, &index, &mut state, &mut Vec::new(), &mut found);
+            visit(i, children, index, &mut state, &mut Vec::new(), &mut found);
             if let Some(cycle) = found {
                 let names: Vec<&str> = cycle
                     .iter()
