@@ -1131,9 +1131,15 @@ async fn a_child_waiting_for_a_reference_is_held_never_pruned() {
     let d = RuleDir::new();
     d.template(
         "bucket.yaml",
-        &configmap_template("bucket", "  number: {{ refs.project.data.number | string }}\n"),
+        &configmap_template(
+            "bucket",
+            "  number: {{ refs.project.data.number | string }}\n",
+        ),
     );
-    d.template("other.yaml", &configmap_template("other", "  role: other\n"));
+    d.template(
+        "other.yaml",
+        &configmap_template("other", "  role: other\n"),
+    );
     let rule = rule_text(
         "refwaitapp",
         kind,
@@ -1194,7 +1200,10 @@ async fn a_child_waiting_for_a_reference_is_held_never_pruned() {
     // The reference missing: the other child is created, the bucket waits.
     waiting("waiting: bucket (for refs.project)").await;
     assert!(get_json(&cms, "r1-other").await.is_some(), "{test}: other");
-    assert!(get_json(&cms, "r1-bucket").await.is_none(), "{test}: bucket before its reference");
+    assert!(
+        get_json(&cms, "r1-bucket").await.is_none(),
+        "{test}: bucket before its reference"
+    );
 
     // There but not ready, then ready: created from it.
     let project = |data: Json| {
@@ -1213,7 +1222,9 @@ async fn a_child_waiting_for_a_reference_is_held_never_pruned() {
     let audit = Audit::mark();
     put(&cms, &project(json!({"zone": "a"}))).await;
     waiting("waiting: bucket (for refs.project)").await;
-    let held = get_json(&cms, "r1-bucket").await.expect("the bucket was pruned");
+    let held = get_json(&cms, "r1-bucket")
+        .await
+        .expect("the bucket was pruned");
     assert_eq!(held["data"]["number"], "42", "{test}");
     assert_eq!(held["metadata"]["uid"], bucket["metadata"]["uid"], "{test}");
     // A new number: the bucket follows.
@@ -1265,7 +1276,11 @@ async fn an_all_of_status_list_is_absent_until_complete() {
     let _op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
-    put(&parents, &parent(kind, &ns, "n1", json!({"zones": ["a", "b", "c"]}))).await;
+    put(
+        &parents,
+        &parent(kind, &ns, "n1", json!({"zones": ["a", "b", "c"]})),
+    )
+    .await;
     wait_all_ready(&parents, &["n1".to_string()].into(), T).await;
     for (zone, id) in [("a", "s-a"), ("b", "s-b")] {
         merge(
@@ -1281,7 +1296,10 @@ async fn an_all_of_status_list_is_absent_until_complete() {
         (p["status"]["partial"] == json!(["s-a", "s-b"])).then_some(p["status"].clone())
     })
     .await;
-    assert!(status.get("ids").is_none(), "{test}: a partial allOf list: {status}");
+    assert!(
+        status.get("ids").is_none(),
+        "{test}: a partial allOf list: {status}"
+    );
     merge(
         &cms,
         "n1-c",
@@ -1290,16 +1308,27 @@ async fn an_all_of_status_list_is_absent_until_complete() {
     .await;
     let status = wait_for(T, "the whole allOf list", || async {
         let p = get_json(&parents, "n1").await?;
-        p["status"].get("ids").is_some().then(|| p["status"].clone())
+        p["status"]
+            .get("ids")
+            .is_some()
+            .then(|| p["status"].clone())
     })
     .await;
     assert_eq!(status["ids"], json!(["s-a", "s-b", "s-c"]), "{test}");
     assert_eq!(status["partial"], json!(["s-a", "s-b", "s-c"]), "{test}");
     // One more zone: absent again until it has its id (never a list missing one).
-    merge(&parents, "n1", json!({"spec": {"zones": ["a", "b", "c", "d"]}})).await;
+    merge(
+        &parents,
+        "n1",
+        json!({"spec": {"zones": ["a", "b", "c", "d"]}}),
+    )
+    .await;
     let status = wait_for(T, "the allOf list to be withdrawn", || async {
         let p = get_json(&parents, "n1").await?;
-        p["status"].get("ids").is_none().then(|| p["status"].clone())
+        p["status"]
+            .get("ids")
+            .is_none()
+            .then(|| p["status"].clone())
     })
     .await;
     assert_eq!(status["partial"], json!(["s-a", "s-b", "s-c"]), "{test}");

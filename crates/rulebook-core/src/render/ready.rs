@@ -212,7 +212,13 @@ impl CompiledRule {
                 Some(Json::Array(list)) if list.is_empty() => None,
                 Some(v) => Some(v),
             };
-            let ready = match (found, programs.references.get(j).and_then(|p| p.ready_when.as_ref())) {
+            let ready = match (
+                found,
+                programs
+                    .references
+                    .get(j)
+                    .and_then(|p| p.ready_when.as_ref()),
+            ) {
                 (None, _) => false,
                 (Some(_), None) => true,
                 (Some(v), Some(rw)) => {

@@ -10,7 +10,8 @@ use serde_json::json;
 use super::super::{CompiledRule, Limits, Observed, Rendered, Scope};
 
 const BUCKET: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ '-bucket' }}\ndata:\n  number: {{ refs.project.status.number | default('none') | string }}\n";
-const DB: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ '-db' }}\n";
+const DB: &str =
+    "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ '-db' }}\n";
 
 /// A rule with one reference (`project`, its keys `reference`) and `children`.
 fn compile(reference: &str, children: &str) -> Result<std::sync::Arc<CompiledRule>, Vec<String>> {
@@ -139,7 +140,10 @@ fn without_ready_when_a_reference_is_ready_once_found_and_a_selector_once_it_mat
     assert!(names(&render(&rule, &observed(vec![], Some(json!([])))).0).is_empty());
     assert!(names(&render(&rule, &observed(vec![], Some(one))).0).is_empty());
     let two = json!([project(json!({})), project(json!({}))]);
-    assert_eq!(names(&render(&rule, &observed(vec![], Some(two))).0), vec!["bucket"]);
+    assert_eq!(
+        names(&render(&rule, &observed(vec![], Some(two))).0),
+        vec!["bucket"]
+    );
 }
 
 #[test]

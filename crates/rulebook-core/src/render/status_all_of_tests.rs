@@ -9,7 +9,8 @@ use serde_json::{Value as Json, json};
 
 use super::super::{CompiledRule, Limits, Observed, Scope};
 
-const SUBNET: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ '-' ~ item }}\n";
+const SUBNET: &str =
+    "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ '-' ~ item }}\n";
 
 fn compile(status: &str) -> Result<std::sync::Arc<CompiledRule>, Vec<String>> {
     let rule = format!(
@@ -68,7 +69,10 @@ fn an_all_of_list_is_absent_until_every_element_resolves() {
     let zones = ["a", "b", "c"];
     // Nothing live: absent (or the default).
     let f = fields(&rule, &zones, vec![]);
-    assert!(!f.contains_key("ids") && !f.contains_key("partial"), "{f:?}");
+    assert!(
+        !f.contains_key("ids") && !f.contains_key("partial"),
+        "{f:?}"
+    );
     assert_eq!(f["idsOrNone"], json!([]));
     // Two of three live, both with their ID: without allOf a partial list; with it, absent
     // (the third subnet the render wants is not there yet).
@@ -89,7 +93,11 @@ fn an_all_of_list_is_absent_until_every_element_resolves() {
     // A null counts as unresolved.
     let mut null = subnet("b", 1, None);
     null["status"] = json!({"subnetID": null});
-    let with_null = vec![subnet("a", 0, Some("s-a")), null, subnet("c", 2, Some("s-c"))];
+    let with_null = vec![
+        subnet("a", 0, Some("s-a")),
+        null,
+        subnet("c", 2, Some("s-c")),
+    ];
     assert!(!fields(&rule, &zones, with_null).contains_key("ids"));
     // Every one: the whole list, in index order.
     let all = vec![

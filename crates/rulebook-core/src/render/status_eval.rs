@@ -118,12 +118,11 @@ impl CompiledRule {
         };
         if let Some(all_of) = all_of {
             let children = &self.rule.spec.children;
-            return Ok(all_of_list(all_of, root, observed, desired, children)
-                .or_else(|| default.clone()));
+            return Ok(
+                all_of_list(all_of, root, observed, desired, children).or_else(|| default.clone())
+            );
         }
-        if *descends
-            && descendant_path_bytes(root, DESCENDANT_PATH_BYTES) > DESCENDANT_PATH_BYTES
-        {
+        if *descends && descendant_path_bytes(root, DESCENDANT_PATH_BYTES) > DESCENDANT_PATH_BYTES {
             return Err(RenderError::budget(
                 self.file.clone(),
                 None,
@@ -312,8 +311,9 @@ fn all_of_list(
             .map(Vec::as_slice)
             .unwrap_or_default();
         let all_live = desired.iter().filter(|d| d.child == i).all(|d| {
-            live.iter()
-                .any(|o| o.at(&["metadata", "name"]).and_then(Json::as_str) == Some(d.object_name()))
+            live.iter().any(|o| {
+                o.at(&["metadata", "name"]).and_then(Json::as_str) == Some(d.object_name())
+            })
         });
         if !all_live {
             return None;
