@@ -13,7 +13,12 @@
 //!    one becomes unready;
 //! 4. pause: `rulebook.dev/paused: "true"` stops every write but one `Paused` condition;
 //! 5. Tenant (cluster-scoped, the shipped rule): its namespace and the namespaced
-//!    children in it, Ready; deleting the Tenant collects everything.
+//!    children in it, Ready; deleting the Tenant collects everything;
+//! 6. `waitFor: [refs.x]` (issue 47 part 3): a child waits for a reference's own
+//!    `readyWhen`, is held (never pruned) while the referenced field flaps, and follows
+//!    it back;
+//! 7. `allOf: true` (issue 47 part 7): a status list over a `forEach` child is absent
+//!    until every object has the field, then whole.
 // A scenario test (or the benchmark driver) reads top to bottom as one story: set up,
 // act, wait, assert. The function size limit (clippy.toml, issue 42) is for the product
 // code in src/ and crates/; here a long function is allowed, with helpers in common/.
@@ -1110,4 +1115,221 @@ async fn diff_reads_references_from_the_cluster() {
         out.contains("ReferenceMissing: refs.credentials: Secret db"),
         "{test}:\n{out}"
     );
+}
+
+/// Issue 47 part 3: `waitFor: [refs.project]` with the reference's `readyWhen`. The
+/// child is not created while the referenced ConfigMap is missing or lacks its number
+/// (the other child is), is created once it has one, is held as it is — not updated,
+/// not pruned — while the number is taken away, and follows a new number. `check`
+/// refuses a `refs.x` that names no reference, at its line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_waiting_for_a_reference_is_held_never_pruned() {
+    let test = "a_child_waiting_for_a_reference_is_held_never_pruned";
+    let client = client().await;
+    let ns = namespace(&client, "refwait").await;
+    let kind = "RefWaitApp";
+    let d = RuleDir::new();
+    d.template(
+        "bucket.yaml",
+        &configmap_template(
+            "bucket",
+            "  number: {{ refs.project.data.number | string }}\n",
+        ),
+    );
+    d.template(
+        "other.yaml",
+        &configmap_template("other", "  role: other\n"),
+    );
+    let rule = rule_text(
+        "refwaitapp",
+        kind,
+        &[
+            child(
+                "bucket",
+                "v1",
+                "ConfigMap",
+                "bucket.yaml",
+                &["waitFor: [other, refs.project]"],
+            ),
+            child("other", "v1", "ConfigMap", "other.yaml", &[]),
+        ],
+    )
+    .replace(
+        "  children:\n",
+        "  references:\n    - name: project\n      apiVersion: v1\n      kind: ConfigMap\n      \
+         objectName: \"parent.metadata.name ~ '-project'\"\n      optional: true\n      \
+         watchSelector: test/refwait\n      readyWhen: \"ref.data.number is defined\"\n  children:\n",
+    );
+    // A name that is no reference: refused at its line.
+    let bad = RuleDir::new();
+    bad.template("bucket.yaml", &configmap_template("bucket", "  a: b\n"));
+    bad.template("other.yaml", &configmap_template("other", "  a: b\n"));
+    bad.rule("r.yaml", &rule.replace("refs.project]", "refs.projekt]"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rulebook"))
+        .args(["check", "--rules"])
+        .arg(&bad.rules)
+        .arg("--templates")
+        .arg(&bad.templates)
+        .output()
+        .expect("run rulebook check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{test}: check passed: {err}");
+    assert!(
+        err.contains("r.yaml:22:")
+            && err.contains(
+                "'refs.projekt' names no reference of this rule (spec.references: project)"
+            ),
+        "{test}: {err}"
+    );
+    d.rule("refwait.yaml", &rule);
+    let _op = d.start_in(&ns).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    put(&parents, &parent(kind, &ns, "r1", json!({}))).await;
+    let waiting = |want: &'static str| {
+        let parents = parents.clone();
+        async move {
+            wait_for(T, want, || async {
+                let p = get_json(&parents, "r1").await?;
+                let c = condition(&p, "Ready")?;
+                (c["status"] == "False" && c["message"].as_str()?.contains(want)).then_some(())
+            })
+            .await
+        }
+    };
+    // The reference missing: the other child is created, the bucket waits.
+    waiting("waiting: bucket (for refs.project)").await;
+    assert!(get_json(&cms, "r1-other").await.is_some(), "{test}: other");
+    assert!(
+        get_json(&cms, "r1-bucket").await.is_none(),
+        "{test}: bucket before its reference"
+    );
+
+    // There but not ready, then ready: created from it.
+    let project = |data: Json| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": "r1-project", "namespace": ns, "labels": {"test/refwait": "x"}},
+               "data": data})
+    };
+    put(&cms, &project(json!({"zone": "a"}))).await;
+    put(&cms, &project(json!({"zone": "a", "number": "42"}))).await;
+    wait_all_ready(&parents, &["r1".to_string()].into(), T).await;
+    let bucket = get_json(&cms, "r1-bucket").await.expect("bucket");
+    assert_eq!(bucket["data"]["number"], "42", "{test}");
+
+    // The number taken away: the bucket is held as it is (not rendered from the unready
+    // reference, not pruned), and Ready says what it waits for.
+    let audit = Audit::mark();
+    put(&cms, &project(json!({"zone": "a"}))).await;
+    waiting("waiting: bucket (for refs.project)").await;
+    let held = get_json(&cms, "r1-bucket")
+        .await
+        .expect("the bucket was pruned");
+    assert_eq!(held["data"]["number"], "42", "{test}");
+    assert_eq!(held["metadata"]["uid"], bucket["metadata"]["uid"], "{test}");
+    // A new number: the bucket follows.
+    put(&cms, &project(json!({"zone": "a", "number": "43"}))).await;
+    wait_for(T, "the bucket to follow the new number", || async {
+        (get_json(&cms, "r1-bucket").await?["data"]["number"] == "43").then_some(())
+    })
+    .await;
+    wait_all_ready(&parents, &["r1".to_string()].into(), T).await;
+    let deletes: Vec<Json> = rulebook_writes(&audit, &ns)
+        .into_iter()
+        .filter(|e| e["verb"] == "delete")
+        .collect();
+    assert!(deletes.is_empty(), "{test}:\n{}", describe_all(&deletes));
+}
+
+/// Issue 47 part 7: `allOf: true` over a `forEach` child. While one of the three
+/// ConfigMaps lacks its `test/id` annotation the field is absent (the list without
+/// `allOf` is partial meanwhile); with all three it is the whole list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_all_of_status_list_is_absent_until_complete() {
+    let test = "an_all_of_status_list_is_absent_until_complete";
+    let client = client().await;
+    let ns = namespace(&client, "allof").await;
+    let kind = "AllOfNet";
+    let d = RuleDir::new();
+    d.template(
+        "subnet.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ '-' ~ item }}\ndata:\n  zone: {{ item }}\n",
+    );
+    let rule = rule_text(
+        "allofnet",
+        kind,
+        &[child(
+            "subnets",
+            "v1",
+            "ConfigMap",
+            "subnet.yaml",
+            &["forEach: \"parent.spec.zones\""],
+        )],
+    )
+    .replace(
+        "  crd:\n",
+        "  status:\n    partial: \"$.children.subnets[*].metadata.annotations['test/id']\"\n    \
+         ids:\n      jsonPath: \"$.children.subnets[*].metadata.annotations['test/id']\"\n      \
+         allOf: true\n  crd:\n",
+    );
+    d.rule("allof.yaml", &rule);
+    let _op = d.start_in(&ns).await;
+    let parents = kind_api(&client, &ns, kind, T).await;
+    let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
+    put(
+        &parents,
+        &parent(kind, &ns, "n1", json!({"zones": ["a", "b", "c"]})),
+    )
+    .await;
+    wait_all_ready(&parents, &["n1".to_string()].into(), T).await;
+    for (zone, id) in [("a", "s-a"), ("b", "s-b")] {
+        merge(
+            &cms,
+            &format!("n1-{zone}"),
+            json!({"metadata": {"annotations": {"test/id": id}}}),
+        )
+        .await;
+    }
+    // The partial list shows both: the status was written after both annotations.
+    let status = wait_for(T, "the partial list of two", || async {
+        let p = get_json(&parents, "n1").await?;
+        (p["status"]["partial"] == json!(["s-a", "s-b"])).then_some(p["status"].clone())
+    })
+    .await;
+    assert!(
+        status.get("ids").is_none(),
+        "{test}: a partial allOf list: {status}"
+    );
+    merge(
+        &cms,
+        "n1-c",
+        json!({"metadata": {"annotations": {"test/id": "s-c"}}}),
+    )
+    .await;
+    let status = wait_for(T, "the whole allOf list", || async {
+        let p = get_json(&parents, "n1").await?;
+        p["status"]
+            .get("ids")
+            .is_some()
+            .then(|| p["status"].clone())
+    })
+    .await;
+    assert_eq!(status["ids"], json!(["s-a", "s-b", "s-c"]), "{test}");
+    assert_eq!(status["partial"], json!(["s-a", "s-b", "s-c"]), "{test}");
+    // One more zone: absent again until it has its id (never a list missing one).
+    merge(
+        &parents,
+        "n1",
+        json!({"spec": {"zones": ["a", "b", "c", "d"]}}),
+    )
+    .await;
+    let status = wait_for(T, "the allOf list to be withdrawn", || async {
+        let p = get_json(&parents, "n1").await?;
+        p["status"]
+            .get("ids")
+            .is_none()
+            .then(|| p["status"].clone())
+    })
+    .await;
+    assert_eq!(status["partial"], json!(["s-a", "s-b", "s-c"]), "{test}");
 }

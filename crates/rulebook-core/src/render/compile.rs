@@ -92,6 +92,7 @@ impl CompiledRule {
                     || in_exprs.ready.get()
                     || depends_on.iter().any(|d| !d.is_empty()),
                 depends_on,
+                ref_waits: super::deps::ref_waits(rule),
                 reads_children: reads.children || in_exprs.children.get(),
                 reads_parent_status: reads.parent_status || in_exprs.parent_status.get(),
                 messages: super::admission::message_templates(rule, limits),

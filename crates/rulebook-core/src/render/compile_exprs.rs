@@ -1,5 +1,5 @@
 //! Compiling a rule's expressions — `includeWhen`, `forEach`, `readyWhen`, the reference
-//! targets, the status fields and `doneWhen` — in the rule's own environment, with the
+//! targets and `readyWhen`, the status fields and `doneWhen` — in the rule's own environment, with the
 //! checks its templates get (`compile.rs`): unknown variables, children and references
 //! the rule does not have, `ready()` inside the `readyWhen` that defines it. Each problem
 //! is a diagnostic at the expression's `file:line`; every expression is compiled, so one
@@ -258,10 +258,25 @@ impl<'env> ExprCompiler<'env, '_> {
                 Some(Err(e)) if no_refs(e, "namespace") => self.compile(e, key("namespace"), &[]),
                 _ => None,
             };
+            let ready_when = r.ready_when.as_ref().and_then(|e| {
+                let reads_children = self
+                    .env
+                    .compile_expression(&e.value)
+                    .is_ok_and(|x| x.undeclared_variables(false).contains("children"));
+                if reads_children {
+                    let msg = "a reference's readyWhen sees ref (the object), refs, parent \
+                               and rule, not children"
+                        .into();
+                    self.push(e.line, e.col, &key("readyWhen"), msg);
+                    return None;
+                }
+                self.compile(e, key("readyWhen"), &["ref"])
+            });
             references.push(refs::RefProgram {
                 object_name,
                 selector,
                 namespace,
+                ready_when,
             });
         }
         references
@@ -277,9 +292,11 @@ impl<'env> ExprCompiler<'env, '_> {
                 col: v.col,
             };
             let program = match &v.value {
-                StatusValue::JsonPath { path, default } => {
-                    self.jsonpath_program(&key, v, path, default)
-                }
+                StatusValue::JsonPath {
+                    path,
+                    default,
+                    all_of,
+                } => self.jsonpath_program(&key, v, path, default, *all_of),
                 StatusValue::Expr { expr } => self
                     .compile(&at(expr), key.clone(), &[])
                     .map(StatusProgram::Expr),
@@ -299,6 +316,7 @@ impl<'env> ExprCompiler<'env, '_> {
         v: &Loc<StatusValue>,
         path: &str,
         default: &Option<Json>,
+        all_of: bool,
     ) -> Option<StatusProgram<'env>> {
         let query = match jsonpath_rust::parser::parse_json_path(path) {
             Ok(query) => query,
@@ -325,7 +343,33 @@ impl<'env> ExprCompiler<'env, '_> {
         if path.contains("..") || path.contains('?') {
             self.reads.straight.set(false);
         }
+        let all_of = if all_of {
+            match super::status_eval::split_all_of(&query) {
+                Ok((elements, each)) => Some(super::AllOf {
+                    elements,
+                    each,
+                    child: JSONPATH_CHILD_REF
+                        .captures(path)
+                        .and_then(|m| m.get(1))
+                        .and_then(|n| {
+                            let name = n.as_str();
+                            self.rule
+                                .spec
+                                .children
+                                .iter()
+                                .position(|c| c.name.value == name)
+                        }),
+                }),
+                Err(why) => {
+                    self.push(v.line, v.col, &format!("{key}.allOf"), why);
+                    return None;
+                }
+            }
+        } else {
+            None
+        };
         Some(StatusProgram::JsonPath {
+            all_of,
             singular: super::is_singular(&query),
             query,
             default: default.clone(),

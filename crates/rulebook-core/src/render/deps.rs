@@ -12,6 +12,10 @@
 //! subscripts by a pattern over the source with its comments dropped. A child reading
 //! itself (to keep a value it generated) is no dependency. A cycle is a `check` error at
 //! the read (or `waitFor` entry) that closes it.
+//!
+//! A `waitFor` entry `refs.<name>` waits for a reference instead ([`ref_waits`]): the
+//! child is rendered only while the reference passes its own `readyWhen`, and held as
+//! it is meanwhile (`ready.rs`). References take no part in the order or in cycles.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
@@ -170,6 +174,32 @@ pub(super) fn depends_on(
         }
     }
     out
+}
+
+/// The references each child waits for (`waitFor: [refs.<name>]`), as positions in
+/// `spec.references`, in the order written. Only spelled: a child that reads `refs.x`
+/// without naming it in `waitFor` renders with whatever the reference holds.
+pub(super) fn ref_waits(rule: &Rule) -> Vec<Vec<usize>> {
+    rule.spec
+        .children
+        .iter()
+        .map(|c| {
+            let mut out = Vec::new();
+            for w in &c.wait_for {
+                if let Some(name) = w.value.strip_prefix("refs.")
+                    && let Some(j) = rule
+                        .spec
+                        .references
+                        .iter()
+                        .position(|r| r.name.value == name)
+                    && !out.contains(&j)
+                {
+                    out.push(j);
+                }
+            }
+            out
+        })
+        .collect()
 }
 
 /// Stands for the rule file in a [`Why::Reads`] found in the rule itself; replaced by

@@ -88,10 +88,24 @@ enum StatusProgram<'env> {
         /// It has a descendant segment (`..`): its cost grows with the document's depth
         /// times its keys' lengths ([`status_eval::descendant_path_bytes`]).
         descends: bool,
+        /// `allOf: true`: the list only when every element resolves.
+        all_of: Option<AllOf>,
     },
     Expr(Expr<'env>),
     Value(Json),
     Cases(Vec<(Option<Expr<'env>>, CaseResult<'env>)>),
+}
+
+/// A status JSONPath with `allOf: true`, split at its one list segment
+/// (`status_eval::split_all_of`).
+struct AllOf {
+    /// The path up to and including its list segment: the elements.
+    elements: JpQuery,
+    /// The rest of the path, from each element: singular.
+    each: JpQuery,
+    /// The child the path starts in (`$.children.<name>...`): every object the render
+    /// wants of it must be live, or the list is not complete.
+    child: Option<usize>,
 }
 
 enum CaseResult<'env> {
@@ -147,6 +161,9 @@ pub struct CompiledRule {
     reads_children: bool,
     /// What each child waits for: its `waitFor` and the siblings it reads (`deps.rs`).
     depends_on: deps::DependsOn,
+    /// The references each child waits for (`waitFor: [refs.<name>]`, `deps::ref_waits`),
+    /// as positions in `spec.references`.
+    ref_waits: Vec<Vec<usize>>,
     /// Whether a template or expression may read the parent's `status`.
     reads_parent_status: bool,
     /// `rule` in templates and expressions: its name and version.

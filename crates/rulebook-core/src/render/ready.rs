@@ -1,7 +1,10 @@
 //! Readiness of the live children before rendering: what `waitFor` and the `ready(...)`
 //! helper need. A child is ready when it exists and every one of its live objects passes
 //! its `readyWhen` (no `readyWhen`: it exists) — the same meaning the parent's `Ready`
-//! condition gives it.
+//! condition gives it. A reference a child waits for (`waitFor: [refs.<name>]`) is ready
+//! when it was found and passes its own `readyWhen`; unlike a sibling, a reference that
+//! is not ready holds a live child (not updated, never pruned), so a flapping field
+//! cannot prune what was built from it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -143,6 +146,7 @@ impl CompiledRule {
                 .get(children[j].name.as_str())
                 .is_some_and(|l| !l.is_empty())
         };
+        let refs_pending = self.refs_not_ready(ctx, observed)?;
         let mut states = vec![ChildState::Render; children.len()];
         for i in super::deps::order(&deps) {
             if finalize == Some(i) {
@@ -163,6 +167,12 @@ impl CompiledRule {
                     }
                 })
                 .map(|&j| children[j].name.value.clone())
+                .chain(
+                    self.ref_waits[i]
+                        .iter()
+                        .filter(|&&j| refs_pending.get(j).copied().unwrap_or(true))
+                        .map(|&j| format!("refs.{}", self.rule.spec.references[j].name.value)),
+                )
                 .collect();
             let included = match &programs.children[i].include_when {
                 None => true,
@@ -180,6 +190,46 @@ impl CompiledRule {
             };
         }
         Ok(states)
+    }
+
+    /// For each reference, whether a child waits for it (`waitFor: [refs.<name>]`) and it
+    /// is not ready: absent (an optional one missing), a `selector` that matches nothing,
+    /// or its `readyWhen` (over `ref`, the object or list found) not true.
+    fn refs_not_ready(
+        &self,
+        ctx: &BTreeMap<&'static str, Value>,
+        observed: &Observed,
+    ) -> Result<Vec<bool>, RenderError> {
+        let programs = self.running().borrow_dependent();
+        let references = &self.rule.spec.references;
+        let mut out = vec![false; references.len()];
+        for (j, r) in references.iter().enumerate() {
+            if !self.ref_waits.iter().any(|w| w.contains(&j)) {
+                continue;
+            }
+            let found = match observed.refs.get(r.name.as_str()) {
+                None | Some(Json::Null) => None,
+                Some(Json::Array(list)) if list.is_empty() => None,
+                Some(v) => Some(v),
+            };
+            let ready = match (
+                found,
+                programs
+                    .references
+                    .get(j)
+                    .and_then(|p| p.ready_when.as_ref()),
+            ) {
+                (None, _) => false,
+                (Some(_), None) => true,
+                (Some(v), Some(rw)) => {
+                    let mut local = ctx.clone();
+                    local.insert("ref", val(v));
+                    self.eval(rw, &local)?.is_true()
+                }
+            };
+            out[j] = !ready;
+        }
+        Ok(out)
     }
 
     /// The children that wait or are held ([`child_states`](Self::child_states)), each
@@ -238,9 +288,14 @@ pub(super) enum ChildState {
     /// Left out: its `includeWhen` is false, or a child it waits for is left out. A live
     /// one is pruned.
     LeftOut,
-    /// Not live, and what it waits for (these) is not live and ready yet: not created.
+    /// Not live, and what it waits for (these: child names, `refs.<name>`) is not live
+    /// and ready yet: not created.
     Waits(Vec<String>),
-    /// Live, but a child it waits for (these) is gone: held as it is, neither rendered
-    /// nor pruned, until that child is back.
+    /// Live, but a child it waits for is gone or a reference it waits for is not ready
+    /// (these): held as it is, neither rendered nor pruned, until that is over.
     Held(Vec<String>),
 }
+
+#[cfg(test)]
+#[path = "ready_refs_tests.rs"]
+mod refs_tests;

@@ -74,6 +74,8 @@ pub(super) struct RefProgram<'env> {
     pub(super) selector: Option<Expr<'env>>,
     /// `namespace` when it is an expression (cluster-scoped parents only).
     pub(super) namespace: Option<Expr<'env>>,
+    /// `readyWhen`, over `ref` (what was found): what `waitFor: [refs.<name>]` waits for.
+    pub(super) ready_when: Option<Expr<'env>>,
 }
 
 /// What Rulebook caches of a referenced kind: the server-side filters of its watch.

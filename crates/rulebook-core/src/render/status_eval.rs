@@ -9,7 +9,7 @@ use serde_json::{Map, Value as Json};
 
 use super::budget::ParentBudget;
 use super::{
-    CaseResult, CompiledRule, DesiredChild, Observed, Programs, Readiness, RenderError,
+    AllOf, CaseResult, CompiledRule, DesiredChild, Observed, Programs, Readiness, RenderError,
     StatusProgram, StatusReport, val,
 };
 use crate::meta::JsonAt;
@@ -50,39 +50,8 @@ impl CompiledRule {
         let mut fields = Map::new();
         for (field, program) in &programs.status {
             let value = match program {
-                StatusProgram::JsonPath {
-                    query,
-                    singular,
-                    default,
-                    descends,
-                    ..
-                } => {
-                    if *descends
-                        && descendant_path_bytes(&root, DESCENDANT_PATH_BYTES)
-                            > DESCENDANT_PATH_BYTES
-                    {
-                        return Err(RenderError::budget(
-                            self.file.clone(),
-                            None,
-                            format!(
-                                "rule '{}': spec.status.{field}: the JSONPath's `..` would walk more than {} MiB of paths over this parent (its depth times its keys' lengths)",
-                                self.name,
-                                DESCENDANT_PATH_BYTES >> 20
-                            ),
-                        ));
-                    }
-                    let found = jsonpath_rust::query::js_path_process(query, &root)
-                        .map(|refs| {
-                            refs.into_iter()
-                                .map(|r| r.val().clone())
-                                .collect::<Vec<_>>()
-                        })
-                        .unwrap_or_default();
-                    match (found.len(), singular) {
-                        (0, _) => default.clone(),
-                        (1, true) => found.into_iter().next(),
-                        _ => Some(Json::Array(found)),
-                    }
+                StatusProgram::JsonPath { .. } => {
+                    self.jsonpath_value(field, program, &root, observed, desired)?
                 }
                 StatusProgram::Expr(e) => to_json(self.eval(e, &ctx)?),
                 StatusProgram::Value(v) => Some(v.clone()),
@@ -125,6 +94,57 @@ impl CompiledRule {
             })
             .collect();
         Ok(StatusReport { fields, readiness })
+    }
+
+    /// The value of a status JSONPath over `root` (`allOf`: only the complete list).
+    fn jsonpath_value(
+        &self,
+        field: &str,
+        program: &StatusProgram<'_>,
+        root: &Json,
+        observed: &Observed,
+        desired: &[DesiredChild],
+    ) -> Result<Option<Json>, RenderError> {
+        let StatusProgram::JsonPath {
+            query,
+            singular,
+            default,
+            descends,
+            all_of,
+            ..
+        } = program
+        else {
+            return Ok(None);
+        };
+        if let Some(all_of) = all_of {
+            let children = &self.rule.spec.children;
+            return Ok(
+                all_of_list(all_of, root, observed, desired, children).or_else(|| default.clone())
+            );
+        }
+        if *descends && descendant_path_bytes(root, DESCENDANT_PATH_BYTES) > DESCENDANT_PATH_BYTES {
+            return Err(RenderError::budget(
+                self.file.clone(),
+                None,
+                format!(
+                    "rule '{}': spec.status.{field}: the JSONPath's `..` would walk more than {} MiB of paths over this parent (its depth times its keys' lengths)",
+                    self.name,
+                    DESCENDANT_PATH_BYTES >> 20
+                ),
+            ));
+        }
+        let found = jsonpath_rust::query::js_path_process(query, root)
+            .map(|refs| {
+                refs.into_iter()
+                    .map(|r| r.val().clone())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        Ok(match (found.len(), singular) {
+            (0, _) => default.clone(),
+            (1, true) => found.into_iter().next(),
+            _ => Some(Json::Array(found)),
+        })
     }
 
     /// Whether anything the rule evaluates may read more of the live child `child` (its
@@ -272,6 +292,86 @@ fn observed_json(children: &[ChildRule], programs: &Programs<'_>, observed: &Obs
         }
     }
     Json::Object(out)
+}
+
+/// The list an `allOf` path gives, or `None` until it is complete: every object the
+/// render wants of the child the path starts in is live, there is at least one element,
+/// and every element gives exactly one value (not `null`) for the rest of the path.
+fn all_of_list(
+    a: &AllOf,
+    root: &Json,
+    observed: &Observed,
+    desired: &[DesiredChild],
+    children: &[ChildRule],
+) -> Option<Json> {
+    if let Some(i) = a.child {
+        let live = observed
+            .children
+            .get(children.get(i)?.name.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let all_live = desired.iter().filter(|d| d.child == i).all(|d| {
+            live.iter().any(|o| {
+                o.at(&["metadata", "name"]).and_then(Json::as_str) == Some(d.object_name())
+            })
+        });
+        if !all_live {
+            return None;
+        }
+    }
+    let elements = jsonpath_rust::query::js_path_process(&a.elements, root).ok()?;
+    if elements.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(elements.len());
+    for e in elements {
+        let mut found = jsonpath_rust::query::js_path_process(&a.each, e.val()).ok()?;
+        let one = found.pop().map(|r| r.val())?;
+        if !found.is_empty() || one.is_null() {
+            return None;
+        }
+        out.push(one.clone());
+    }
+    Some(Json::Array(out))
+}
+
+/// `allOf: true` needs a path whose elements are decidable: exactly one list segment
+/// (`[*]`, a slice, a filter, several selectors) and no descendant segment (`..`). Gives
+/// the path up to and including that segment (the elements) and the rest, from each
+/// element (singular).
+pub(super) fn split_all_of(q: &JpQuery) -> Result<(JpQuery, JpQuery), String> {
+    use jsonpath_rust::parser::model::{Segment, Selector};
+    let single = |sel: &Selector| matches!(sel, Selector::Name(_) | Selector::Index(_));
+    let mut list = None;
+    for (at, s) in q.segments.iter().enumerate() {
+        let is_list = match s {
+            Segment::Descendant(_) => {
+                return Err("allOf cannot go with a descendant segment (`..`): \
+                            its elements are not one list"
+                    .into());
+            }
+            Segment::Selector(sel) => !single(sel),
+            Segment::Selectors(sels) => !(sels.len() == 1 && single(&sels[0])),
+        };
+        if is_list {
+            if list.is_some() {
+                return Err(format!(
+                    "allOf needs a path with one list segment; '{q}' has more, so which \
+                     elements must all resolve is ambiguous"
+                ));
+            }
+            list = Some(at);
+        }
+    }
+    let Some(at) = list else {
+        return Err(format!(
+            "allOf needs a path that gives a list ([*], a slice or a filter where the \
+             elements are); '{q}' gives one value"
+        ));
+    };
+    let elements = JpQuery::new(q.segments[..=at].to_vec());
+    let each = JpQuery::new(q.segments[at + 1..].to_vec());
+    Ok((elements, each))
 }
 
 fn to_json(v: Value) -> Option<Json> {
@@ -466,3 +566,7 @@ spec:
         assert!(r.reads_child_content(7));
     }
 }
+
+#[cfg(test)]
+#[path = "status_all_of_tests.rs"]
+mod all_of_tests;

@@ -1,12 +1,13 @@
 //! Validation of what reaches past one child: `waitFor` between children (known names,
-//! no cycles) and `spec.references` (names, one way of finding the object, a namespace
+//! no cycles) or on references (`refs.<name>`, a reference of the rule), and `spec.references` (names, one way of finding the object, a namespace
 //! only a cluster-scoped parent may compute), and the label-selector syntax they use.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{ChildRule, KindRef, Rule, check_kind_ref, is_dns_label, is_identifier};
 
-/// `waitFor`: names of other children of the rule, without cycles.
+/// `waitFor`: names of other children of the rule, without cycles, or `refs.<name>` of a
+/// reference of the rule.
 pub(super) fn check_wait_for(r: &Rule, err: &mut impl FnMut((u64, u64), &str, String)) {
     let children = &r.spec.children;
     let index: BTreeMap<&str, usize> = children
@@ -14,10 +15,27 @@ pub(super) fn check_wait_for(r: &Rule, err: &mut impl FnMut((u64, u64), &str, St
         .enumerate()
         .map(|(i, c)| (c.name.as_str(), i))
         .collect();
+    let refs: BTreeSet<&str> = r.spec.references.iter().map(|r| r.name.as_str()).collect();
     for (i, c) in children.iter().enumerate() {
         for (j, w) in c.wait_for.iter().enumerate() {
             let key = format!("spec.children[{i}].waitFor[{j}]");
-            if w.value == c.name.value {
+            if let Some(reference) = w.value.strip_prefix("refs.") {
+                if !refs.contains(reference) {
+                    err(
+                        (w.line, w.col),
+                        &key,
+                        format!(
+                            "'{}' names no reference of this rule (spec.references: {})",
+                            w.value,
+                            if refs.is_empty() {
+                                "none".to_string()
+                            } else {
+                                refs.iter().copied().collect::<Vec<_>>().join(", ")
+                            }
+                        ),
+                    );
+                }
+            } else if w.value == c.name.value {
                 err(
                     (w.line, w.col),
                     &key,
@@ -35,8 +53,16 @@ pub(super) fn check_wait_for(r: &Rule, err: &mut impl FnMut((u64, u64), &str, St
             }
         }
     }
-    // A cycle: depth-first search over waitFor edges, reported once at the child where
-    // the walk closes it.
+    wait_for_cycle(children, &index, err);
+}
+
+/// A cycle among the children's `waitFor` entries: depth-first search over them,
+/// reported once at the child where the walk closes it.
+fn wait_for_cycle(
+    children: &[ChildRule],
+    index: &BTreeMap<&str, usize>,
+    err: &mut impl FnMut((u64, u64), &str, String),
+) {
     let mut state = vec![0u8; children.len()]; // 0 new, 1 on the path, 2 done
     fn visit(
         i: usize,
@@ -70,7 +96,7 @@ pub(super) fn check_wait_for(r: &Rule, err: &mut impl FnMut((u64, u64), &str, St
     for i in 0..children.len() {
         if state[i] == 0 {
             let mut found = None;
-            visit(i, children, &index, &mut state, &mut Vec::new(), &mut found);
+            visit(i, children, index, &mut state, &mut Vec::new(), &mut found);
             if let Some(cycle) = found {
                 let names: Vec<&str> = cycle
                     .iter()

@@ -272,6 +272,11 @@ pub struct Reference {
     /// `selector` alone cannot (a name computed from the parent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watch_selector: Option<Loc<String>>,
+    /// When the referenced object counts as ready for a child's `waitFor: [refs.<name>]`:
+    /// an expression over `ref` (the object; the list for a `selector`), `parent`,
+    /// `refs` and `rule`. Default: the object exists (a `selector` matches one or more).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_when: Option<Loc<String>>,
 }
 
 impl Reference {
@@ -458,7 +463,9 @@ pub struct ChildRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_when: Option<Loc<String>>,
     /// Children of this rule that must exist and be ready (their `readyWhen`) before this
-    /// one is first applied. Once applied, it stays when they become unready.
+    /// one is first applied. Once applied, it stays when they become unready. An entry
+    /// `refs.<name>` names a reference: the child is rendered only while the reference is
+    /// ready (its `readyWhen`), and held as it is (never pruned) while it is not.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub wait_for: Vec<Loc<String>>,
     /// An expression over `child` (the live object); default: the child exists.
@@ -509,6 +516,9 @@ pub enum StatusValue {
         path: String,
         #[serde(skip_serializing_if = "Option::is_none")]
         default: Option<serde_json::Value>,
+        /// The list is published only when every element resolves (`allOf: true`).
+        #[serde(rename = "allOf", skip_serializing_if = "std::ops::Not::not")]
+        all_of: bool,
     },
     /// A minijinja expression.
     Expr { expr: String },
@@ -538,6 +548,9 @@ struct StatusObject {
     json_path: Option<String>,
     #[serde(default, deserialize_with = "present")]
     default: Option<serde_json::Value>,
+    /// With `jsonPath` giving a list: publish it only when every element resolves.
+    #[serde(default)]
+    all_of: Option<bool>,
     #[serde(default)]
     expr: Option<String>,
     #[serde(default, deserialize_with = "present")]
@@ -552,7 +565,7 @@ struct StatusObject {
 enum StatusValueSchema {
     /// A JSONPath over `{parent, children}`.
     JsonPath(String),
-    /// Exactly one of `jsonPath` (with optional `default`), `expr`, `value`, `cases`.
+    /// Exactly one of `jsonPath` (with optional `default` and `allOf`), `expr`, `value`, `cases`.
     Object(StatusObject),
 }
 
@@ -582,6 +595,7 @@ impl<'de> Deserialize<'de> for StatusValue {
                 Ok(StatusValue::JsonPath {
                     path: v.to_string(),
                     default: None,
+                    all_of: false,
                 })
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<StatusValue, A::Error> {
@@ -603,10 +617,14 @@ impl<'de> Deserialize<'de> for StatusValue {
                 if o.default.is_some() && o.json_path.is_none() {
                     return Err(de::Error::custom("`default` goes only with `jsonPath`"));
                 }
+                if o.all_of.is_some() && o.json_path.is_none() {
+                    return Err(de::Error::custom("`allOf` goes only with `jsonPath`"));
+                }
                 Ok(match (o.json_path, o.expr, o.value, o.cases) {
                     (Some(path), ..) => StatusValue::JsonPath {
                         path,
                         default: o.default,
+                        all_of: o.all_of.unwrap_or(false),
                     },
                     (_, Some(expr), ..) => StatusValue::Expr { expr },
                     (_, _, Some(value), _) => StatusValue::Value { value },
