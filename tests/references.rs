@@ -1182,6 +1182,18 @@ async fn a_child_waiting_for_a_reference_is_held_never_pruned() {
         "{test}: {err}"
     );
     d.rule("refwait.yaml", &rule);
+    // `check` prints the order with the wait for the reference.
+    let checked = rulebook(&[
+        "check",
+        "--rules",
+        &d.rules.to_string_lossy(),
+        "--templates",
+        &d.templates.to_string_lossy(),
+    ]);
+    assert!(
+        checked.contains("order  refwaitapp  other, bucket  (bucket waits for other: waitFor; bucket waits for refs.project: waitFor)"),
+        "{test}: {checked}"
+    );
     let _op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, T).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");

@@ -675,11 +675,13 @@ fn check_loaded(
 
 /// `order  <rule>  a, b, c  (b waits for a: waitFor; c waits for b: reads children.b at
 /// t.yaml:4)`: the order a rule's children are created in, for a rule where one waits for
-/// another (spelled or inferred, `render::deps`).
+/// another (spelled or inferred, `render::deps`) or for a reference (`waitFor:
+/// [refs.x]`: `c waits for refs.x: waitFor`).
 fn order_line(name: &str, rule: &crate::render::CompiledRule) -> Option<String> {
     let children = rule.children();
     let deps = rule.dependencies();
-    if deps.iter().all(|d| d.is_empty()) {
+    let ref_waits = rule.reference_waits();
+    if deps.iter().all(|d| d.is_empty()) && ref_waits.iter().all(|w| w.is_empty()) {
         return None;
     }
     let order: Vec<&str> = rule
@@ -700,6 +702,10 @@ fn order_line(name: &str, rule: &crate::render::CompiledRule) -> Option<String> 
                 )
             })
         })
+        .chain(ref_waits.iter().enumerate().flat_map(|(i, w)| {
+            w.iter()
+                .map(move |r| format!("{} waits for refs.{r}: waitFor", children[i].name.as_str()))
+        }))
         .collect();
     Some(format!(
         "order  {name}  {}  ({})",

@@ -498,6 +498,20 @@ impl CompiledRule {
         &self.depends_on
     }
 
+    /// For each child, the references it waits for (`waitFor: [refs.<name>]`), by name.
+    pub fn reference_waits(&self) -> Vec<Vec<&str>> {
+        let refs = &self.rule.spec.references;
+        self.ref_waits
+            .iter()
+            .map(|w| {
+                w.iter()
+                    .filter_map(|&j| refs.get(j))
+                    .map(|r| r.name.as_str())
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The order children are created in ([`deps::order`]), as positions.
     pub fn creation_order(&self) -> Vec<usize> {
         deps::order(&self.wait_for_positions())
