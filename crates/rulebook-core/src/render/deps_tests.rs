@@ -2,11 +2,9 @@
 //! at its `file:line`; and what a render does with a child whose dependency is absent,
 //! left out or back.
 
-use std::collections::BTreeMap;
-
 use serde_json::json;
 
-use super::super::{CompiledRule, Limits, Observed, Scope};
+use super::super::{CompiledRule, Observed, Scope};
 use super::Why;
 
 const SERVICE: &str = "apiVersion: v1\nkind: Service\nmetadata:\n  name: {{ parent.metadata.name }}\nspec:\n  selector:\n    app: {{ children.deployment.metadata.name }}\n";
@@ -21,19 +19,7 @@ fn compile(
         "apiVersion: rulebook.dev/v1alpha1\nkind: Rule\nmetadata:\n  name: p\nspec:\n  \
          parent:\n    apiVersion: t.rulebook.dev/v1\n    kind: P\n  children:\n{children}"
     );
-    let templates: BTreeMap<String, (String, String)> = templates
-        .iter()
-        .map(|(n, s)| (n.to_string(), (format!("templates/{n}"), s.to_string())))
-        .collect();
-    let sources = crate::rules::Sources {
-        default_rollout: None,
-        rule_files: vec![("rules/p.yaml".to_string(), rule)],
-        templates,
-    };
-    match crate::render::compile(&sources, &Limits::default()) {
-        Ok(mut set) => Ok(set.rules.remove("p").expect("rule p")),
-        Err(d) => Err(d.0.iter().map(|d| d.to_string()).collect()),
-    }
+    super::super::testkit::compile_rule("p", &rule, templates)
 }
 
 fn child(name: &str, api: &str, kind: &str, template: &str, extra: &str) -> String {

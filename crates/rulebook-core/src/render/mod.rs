@@ -35,6 +35,8 @@ mod slice;
 pub mod status;
 mod status_eval;
 pub mod targets;
+#[cfg(test)]
+mod testkit;
 pub mod unwaited;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -3,11 +3,9 @@
 //! pruned), and the status says what it waits for; `check` refuses a name that is no
 //! reference, and a reference's `readyWhen` that reads `children`.
 
-use std::collections::BTreeMap;
-
 use serde_json::json;
 
-use super::super::{CompiledRule, Limits, Observed, Rendered, Scope};
+use super::super::{CompiledRule, Observed, Rendered, Scope};
 
 const BUCKET: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ '-bucket' }}\ndata:\n  number: {{ refs.project.status.number | default('none') | string }}\n";
 const DB: &str =
@@ -21,19 +19,7 @@ fn compile(reference: &str, children: &str) -> Result<std::sync::Arc<CompiledRul
          - name: project\n      apiVersion: v1\n      kind: ConfigMap\n{reference}  \
          children:\n{children}"
     );
-    let templates: BTreeMap<String, (String, String)> = [("bucket.yaml", BUCKET), ("db.yaml", DB)]
-        .iter()
-        .map(|(n, s)| (n.to_string(), (format!("templates/{n}"), s.to_string())))
-        .collect();
-    let sources = crate::rules::Sources {
-        default_rollout: None,
-        rule_files: vec![("rules/p.yaml".to_string(), rule)],
-        templates,
-    };
-    match crate::render::compile(&sources, &Limits::default()) {
-        Ok(mut set) => Ok(set.rules.remove("p").expect("rule p")),
-        Err(d) => Err(d.0.iter().map(|d| d.to_string()).collect()),
-    }
+    super::super::testkit::compile_rule("p", &rule, &[("bucket.yaml", BUCKET), ("db.yaml", DB)])
 }
 
 const OPTIONAL: &str = "      objectName: \"'project'\"\n      optional: true\n      readyWhen: \"ref.status.number is defined\"\n";

@@ -3,11 +3,9 @@
 //! the field — never a partial one; `check` refuses `allOf` where the elements are not
 //! decidable (a singular path, `..`, two list segments).
 
-use std::collections::BTreeMap;
-
 use serde_json::{Value as Json, json};
 
-use super::super::{CompiledRule, Limits, Observed, Scope};
+use super::super::{CompiledRule, Observed, Scope};
 
 const SUBNET: &str =
     "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name ~ '-' ~ item }}\n";
@@ -19,20 +17,7 @@ fn compile(status: &str) -> Result<std::sync::Arc<CompiledRule>, Vec<String>> {
          - name: subnets\n      apiVersion: v1\n      kind: ConfigMap\n      \
          template: subnet.yaml\n      forEach: \"parent.spec.zones\"\n  status:\n{status}"
     );
-    let templates: BTreeMap<String, (String, String)> = [(
-        "subnet.yaml".to_string(),
-        ("templates/subnet.yaml".to_string(), SUBNET.to_string()),
-    )]
-    .into();
-    let sources = crate::rules::Sources {
-        default_rollout: None,
-        rule_files: vec![("rules/net.yaml".to_string(), rule)],
-        templates,
-    };
-    match crate::render::compile(&sources, &Limits::default()) {
-        Ok(mut set) => Ok(set.rules.remove("net").expect("rule net")),
-        Err(d) => Err(d.0.iter().map(|d| d.to_string()).collect()),
-    }
+    super::super::testkit::compile_rule("net", &rule, &[("subnet.yaml", SUBNET)])
 }
 
 fn subnet(zone: &str, index: usize, id: Option<&str>) -> Json {

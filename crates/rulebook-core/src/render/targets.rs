@@ -180,19 +180,8 @@ mod tests {
         );
         let template = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ parent.metadata.name }}\n  \
                         {% if parent.spec.ns %}namespace: {{ parent.spec.ns }}{% endif %}\ndata: {}\n";
-        let sources = crate::rules::Sources {
-            default_rollout: None,
-            rule_files: vec![("rules/p.yaml".to_string(), rule)],
-            templates: [(
-                "cm.yaml".to_string(),
-                ("templates/cm.yaml".to_string(), template.to_string()),
-            )]
-            .into(),
-        };
-        match crate::render::compile(&sources, &crate::render::Limits::default()) {
-            Ok(mut set) => set.rules.remove("p").expect("rule p"),
-            Err(d) => panic!("{d:?}"),
-        }
+        crate::render::testkit::compile_rule("p", &rule, &[("cm.yaml", template)])
+            .unwrap_or_else(|d| panic!("{d:?}"))
     }
 
     fn render_in(
