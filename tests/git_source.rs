@@ -678,8 +678,14 @@ impl HttpGit {
             .expect("python3 runs");
         let mut line = String::new();
         let stdout = child.stdout.take().unwrap();
-        std::io::BufReader::new(stdout).read_line(&mut line).unwrap();
-        assert_eq!(line.trim(), "listening", "tests/git_http/serve.py did not start");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(
+            line.trim(),
+            "listening",
+            "tests/git_http/serve.py did not start"
+        );
         HttpGit(child)
     }
 }
@@ -778,7 +784,11 @@ async fn the_last_good_commit_serves_after_a_restart() {
     // The head becomes invalid while no operator runs.
     let rule_file = s.rules().join(format!("{}.yaml", KIND.to_lowercase()));
     let rule = std::fs::read_to_string(&rule_file).unwrap();
-    std::fs::write(&rule_file, rule.replace(&format!("kind: {KIND}"), "kind: lowercase")).unwrap();
+    std::fs::write(
+        &rule_file,
+        rule.replace(&format!("kind: {KIND}"), "kind: lowercase"),
+    )
+    .unwrap();
     write_template(&s.templates(), KIND, "bad");
     let bad = s.repo.commit("an invalid rule", None);
 

@@ -130,19 +130,46 @@ fn template(sets: &[&str]) -> Vec<Json> {
 #[test]
 fn the_charts_git_values_are_flags_rulebook_run_takes() {
     let sets = [
-        ("git.url", "ssh://git@git.example.com/platform/rules.git", "--rules-git"),
+        (
+            "git.url",
+            "ssh://git@git.example.com/platform/rules.git",
+            "--rules-git",
+        ),
         ("git.ref", "release", "--git-ref"),
         ("git.path", "policy/rules", "--git-path"),
-        ("git.templatesPath", "policy/templates", "--git-templates-path"),
+        (
+            "git.templatesPath",
+            "policy/templates",
+            "--git-templates-path",
+        ),
         ("git.interval", "45s", "--git-interval"),
-        ("git.tokenFile", "/etc/rulebook/git-auth/token", "--git-token-file"),
+        (
+            "git.tokenFile",
+            "/etc/rulebook/git-auth/token",
+            "--git-token-file",
+        ),
         ("git.tokenUser", "oauth2", "--git-token-user"),
-        ("git.sshKeyFile", "/etc/rulebook/git-auth/ssh-privatekey", "--git-ssh-key"),
-        ("git.sshKnownHostsFile", "/etc/rulebook/git-auth/known_hosts", "--git-ssh-known-hosts"),
-        ("git.hookSecretFile", "/etc/rulebook/git-auth/hook-secret", "--git-hook-secret-file"),
+        (
+            "git.sshKeyFile",
+            "/etc/rulebook/git-auth/ssh-privatekey",
+            "--git-ssh-key",
+        ),
+        (
+            "git.sshKnownHostsFile",
+            "/etc/rulebook/git-auth/known_hosts",
+            "--git-ssh-known-hosts",
+        ),
+        (
+            "git.hookSecretFile",
+            "/etc/rulebook/git-auth/hook-secret",
+            "--git-hook-secret-file",
+        ),
     ];
-    let mut args: Vec<String> = vec!["rulesSource=git".into(), "git.authSecret=rules-auth".into(),
-        "git.allowedSignersConfigMap=rules-signers".into()];
+    let mut args: Vec<String> = vec![
+        "rulesSource=git".into(),
+        "git.authSecret=rules-auth".into(),
+        "git.allowedSignersConfigMap=rules-signers".into(),
+    ];
     args.extend(sets.iter().map(|(k, v, _)| format!("{k}={v}")));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let objects = template(&args);
@@ -165,7 +192,10 @@ fn the_charts_git_values_are_flags_rulebook_run_takes() {
         "--git-verify=/etc/rulebook/git-verify/allowed_signers",
         "--git-cache-dir=/var/lib/rulebook/git",
     ] {
-        assert!(run_args.iter().any(|a| a == want), "{want} not in {run_args:?}");
+        assert!(
+            run_args.iter().any(|a| a == want),
+            "{want} not in {run_args:?}"
+        );
     }
     // The cache directory is a writable volume (the root filesystem is read-only).
     let mounts = &pod["containers"][0]["volumeMounts"];
@@ -209,7 +239,10 @@ fn the_chart_renders_the_prometheusrule_of_deploy() {
     let link = std::fs::read_link(repo().join("deploy/helm/rulebook/files/prometheusrule.yaml"))
         .expect("files/prometheusrule.yaml is a symbolic link");
     assert_eq!(link, Path::new("../../../prometheus/prometheusrule.yaml"));
-    let objects = template(&["prometheusRule.enabled=true", "prometheusRule.labels.release=prom"]);
+    let objects = template(&[
+        "prometheusRule.enabled=true",
+        "prometheusRule.labels.release=prom",
+    ]);
     let rules: Vec<&Json> = objects
         .iter()
         .filter(|o| o["kind"] == "PrometheusRule")

@@ -163,7 +163,11 @@ impl Fetcher {
     }
 
     /// Verifies commit `id` (`--git-verify`) and writes its rules and templates out.
-    fn checkout(&mut self, repo: &gix::Repository, id: gix::ObjectId) -> Result<Fetched, FetchError> {
+    fn checkout(
+        &mut self,
+        repo: &gix::Repository,
+        id: gix::ObjectId,
+    ) -> Result<Fetched, FetchError> {
         let hex = id.to_string();
         let read = |e: &dyn std::fmt::Display| FetchError::Read {
             commit: hex.clone(),
