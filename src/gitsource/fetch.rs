@@ -28,6 +28,8 @@ pub const MAX_DEPTH: usize = 32;
 
 /// The local ref the fetched commit is kept under.
 const LOCAL_REF: &str = "refs/rulebook/fetched";
+/// The local ref naming the commit whose rules serve ([`remember_live`]).
+pub const LIVE_REF: &str = "refs/rulebook/live";
 
 /// Why a fetch failed (the last good commit keeps serving).
 #[derive(Debug, thiserror::Error)]
@@ -99,28 +101,55 @@ impl Fetcher {
         self.settings.cache_dir.join("checkouts")
     }
 
-    /// The local bare repository, made on first use (with the SSH command of
-    /// `--git-ssh-key` in its config).
+    /// The local bare repository, made on first use, with the SSH command of
+    /// `--git-ssh-key` in its configuration (in memory: a restart with another key or
+    /// known_hosts file uses those).
     fn open(&self) -> Result<gix::Repository, FetchError> {
         let dir = self.repo_dir();
         let local = |e: &dyn std::fmt::Display| FetchError::Local {
             path: dir.display().to_string(),
             message: e.to_string(),
         };
-        if dir.join("HEAD").exists() {
-            return gix::open(&dir).map_err(|e| local(&e));
+        if !dir.join("HEAD").exists() {
+            std::fs::create_dir_all(&self.settings.cache_dir)?;
+            gix::init_bare(&dir).map_err(|e| local(&e))?;
         }
-        std::fs::create_dir_all(&self.settings.cache_dir)?;
-        gix::init_bare(&dir).map_err(|e| local(&e))?;
+        let mut repo = gix::open(&dir).map_err(|e| local(&e))?;
         if let Some(cmd) = self.settings.ssh_command() {
-            use std::io::Write;
-            let mut config = std::fs::OpenOptions::new()
-                .append(true)
-                .open(dir.join("config"))?;
-            let quoted = cmd.replace('\\', "\\\\").replace('"', "\\\"");
-            writeln!(config, "[core]\n\tsshCommand = \"{quoted}\"")?;
+            let mut config = repo.config_snapshot_mut();
+            config
+                .set_value(&gix::config::tree::Core::SSH_COMMAND, cmd.as_str())
+                .map_err(|e| local(&e))?;
+            config.commit().map_err(|e| local(&e))?;
         }
-        gix::open(&dir).map_err(|e| local(&e))
+        Ok(repo)
+    }
+
+    /// The commit that was live when the process last ran ([`remember_live`]), written
+    /// out again from the local repository (no network): the operator serves it before
+    /// the first fetch, so a restart while the ref's head is invalid (or the server is
+    /// down) keeps the last good commit. `None` when there is none; a commit that no
+    /// longer passes `--git-verify` is `Refused` and not served.
+    pub fn resume(&mut self) -> Option<Result<Fetched, FetchError>> {
+        if !self.repo_dir().join("HEAD").exists() {
+            return None;
+        }
+        let repo = match self.open() {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        let id = repo
+            .try_find_reference(LIVE_REF)
+            .ok()
+            .flatten()?
+            .try_id()?
+            .detach();
+        let out = self.checkout(&repo, id);
+        if !matches!(out, Ok(Fetched::New(_))) {
+            // Not served: the first fetch must look at the ref's head afresh.
+            self.last = None;
+        }
+        Some(out)
     }
 
     /// Fetches the ref and, if it names a new commit, verifies and writes it out.
@@ -130,6 +159,15 @@ impl Fetcher {
         if self.last == Some(id) {
             return Ok(Fetched::Unchanged);
         }
+        self.checkout(&repo, id)
+    }
+
+    /// Verifies commit `id` (`--git-verify`) and writes its rules and templates out.
+    fn checkout(
+        &mut self,
+        repo: &gix::Repository,
+        id: gix::ObjectId,
+    ) -> Result<Fetched, FetchError> {
         let hex = id.to_string();
         let read = |e: &dyn std::fmt::Display| FetchError::Read {
             commit: hex.clone(),
@@ -203,9 +241,9 @@ impl Fetcher {
         interrupt: &AtomicBool,
     ) -> Result<gix::ObjectId, FetchError> {
         let reference = self.settings.full_ref();
-        let fetch_error = |e: &dyn std::fmt::Display| FetchError::Fetch {
+        let fetch_error = |e: &dyn std::error::Error| FetchError::Fetch {
             reference: reference.clone(),
-            message: e.to_string(),
+            message: with_causes(e),
         };
         let url = gix::url::parse(self.settings.url.as_str()).map_err(|e| fetch_error(&e))?;
         let remote = repo
@@ -240,6 +278,48 @@ impl Fetcher {
             .find_map(|m| m.remote.as_id().map(ToOwned::to_owned))
             .ok_or(FetchError::NoRef(reference))
     }
+}
+
+/// An error with its causes, `outer: inner: ...`: gitoxide's outer errors alone say
+/// "Transport handshake failed" where the cause says why (the host key, a 401). The
+/// URL in them carries no credentials ([`GitSettings::check`] refuses a password).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    let mut depth = 0;
+    while let Some(c) = cause
+        && depth < 8
+    {
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        cause = c.source();
+        depth += 1;
+    }
+    out
+}
+
+/// Points [`LIVE_REF`] of the local repository in `cache_dir` at `commit`, the commit
+/// that just went live, for [`Fetcher::resume`] after a restart. The ref also keeps the
+/// commit's objects reachable in the local repository.
+pub fn remember_live(cache_dir: &Path, commit: &str) -> Result<(), FetchError> {
+    let dir = cache_dir.join("repo.git");
+    let local = |e: &dyn std::fmt::Display| FetchError::Local {
+        path: dir.display().to_string(),
+        message: e.to_string(),
+    };
+    let repo = gix::open(&dir).map_err(|e| local(&e))?;
+    let id = gix::ObjectId::from_hex(commit.as_bytes()).map_err(|e| local(&e))?;
+    repo.reference(
+        LIVE_REF,
+        id,
+        gix::refs::transaction::PreviousValue::Any,
+        "rulebook: live",
+    )
+    .map_err(|e| local(&e))?;
+    Ok(())
 }
 
 /// Answers gitoxide's credential requests with the token (HTTPS); stores and erases

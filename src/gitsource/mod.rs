@@ -98,18 +98,21 @@ impl GitSettings {
         }))
     }
 
-    /// `core.sshCommand` for a deploy key.
+    /// `core.sshCommand` for a deploy key: only this key, no prompt, no ssh_config of
+    /// the process's user (`-F /dev/null`), and the known_hosts file as the only one
+    /// (the system's is not consulted either). [`GitSettings::check`] refuses paths
+    /// with a `'`, which would break the shell quoting.
     pub fn ssh_command(&self) -> Option<String> {
         let key = self.ssh_key.as_ref()?;
         let hosts = match &self.ssh_known_hosts {
             Some(k) => format!(
-                "-o UserKnownHostsFile='{}' -o StrictHostKeyChecking=yes",
+                "-o UserKnownHostsFile='{}' -o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes",
                 k.display()
             ),
             None => "-o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no".into(),
         };
         Some(format!(
-            "ssh -i '{}' -o IdentitiesOnly=yes -o BatchMode=yes {hosts}",
+            "ssh -F /dev/null -i '{}' -o IdentitiesOnly=yes -o BatchMode=yes {hosts}",
             key.display()
         ))
     }
@@ -123,6 +126,16 @@ impl GitSettings {
                 "--rules-git: a password in the URL would show in logs; use --git-token-file"
                     .into(),
             );
+        }
+        for (flag, path) in [
+            ("--git-ssh-key", &self.ssh_key),
+            ("--git-ssh-known-hosts", &self.ssh_known_hosts),
+        ] {
+            if let Some(p) = path
+                && p.to_string_lossy().contains('\'')
+            {
+                return Err(format!("{flag}: a path with ' cannot be passed to ssh"));
+            }
         }
         if self.interval < Duration::from_secs(1) {
             return Err("--git-interval must be at least 1s".into());
@@ -193,6 +206,8 @@ pub struct GitSource {
     pub hook: Option<hook::Hook>,
     metrics: Arc<crate::metrics::Metrics>,
     checkouts: PathBuf,
+    /// `--git-cache-dir`: where the live commit is remembered across restarts.
+    cache_dir: PathBuf,
 }
 
 impl std::fmt::Debug for GitSource {
@@ -247,6 +262,7 @@ impl GitSource {
             hook,
             metrics,
             checkouts: fetcher.checkouts(),
+            cache_dir: settings.cache_dir.clone(),
         });
         let (tx, rx) = mpsc::channel(1);
         tokio::spawn(fetch_loop(source.clone(), fetcher, settings.interval, tx));
@@ -293,7 +309,13 @@ impl GitSource {
             });
         }
         let keep = [s.live_commit.clone(), Some(checkout.commit.clone())];
+        let live = s.live_commit.clone();
         drop(s);
+        if let Some(live) = live.filter(|c| *c == checkout.commit)
+            && let Err(e) = fetch::remember_live(&self.cache_dir, &live)
+        {
+            warn!(error = %e, "rules from git: cannot remember the live commit for a restart");
+        }
         prune_checkouts(&self.checkouts, &keep);
     }
 
@@ -375,6 +397,11 @@ async fn fetch_loop(
     tx: mpsc::Sender<Checkout>,
 ) {
     let fetcher = Arc::new(Mutex::new(fetcher));
+    if let Some(c) = resume(&fetcher).await
+        && tx.send(c).await.is_err()
+    {
+        return;
+    }
     loop {
         let outcome = fetch_once(&fetcher).await;
         source.fetched(&outcome);
@@ -386,6 +413,31 @@ async fn fetch_loop(
         tokio::select! {
             () = tokio::time::sleep(interval) => {}
             () = source.trigger.notified() => {}
+        }
+    }
+}
+
+/// The commit that was live before a restart ([`Fetcher::resume`]), to serve before the
+/// first fetch.
+async fn resume(fetcher: &Arc<Mutex<Fetcher>>) -> Option<Checkout> {
+    let f = fetcher.clone();
+    let out = tokio::task::spawn_blocking(move || f.lock().resume())
+        .await
+        .ok()
+        .flatten()?;
+    match out {
+        Ok(Fetched::New(c)) => {
+            info!(commit = %c.commit, "rules from git: resuming with the last good commit {} of the cache", short(&c.commit));
+            Some(c)
+        }
+        Ok(Fetched::Refused { commit, reason }) => {
+            warn!(%commit, %reason, "rules from git: the last good commit of the cache is refused by --git-verify; not serving it");
+            None
+        }
+        Ok(Fetched::Unchanged) => None,
+        Err(e) => {
+            warn!(error = %e, "rules from git: cannot read the last good commit of the cache");
+            None
         }
     }
 }

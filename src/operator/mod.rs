@@ -314,6 +314,13 @@ async fn start_shards(
     identity: &str,
 ) -> Result<Option<shards::Shards>> {
     if !args.sharding {
+        // `rulebook_shard_mode{mode="off"}`: the alerts tell unsharded replicas by it.
+        for (m, on) in [("off", 1), ("server", 0), ("client", 0)] {
+            metrics
+                .shard_mode
+                .get_or_create(&crate::metrics::ModeLabel { mode: m.into() })
+                .set(on);
+        }
         return Ok(None);
     }
     let shards = shards::Shards::start(

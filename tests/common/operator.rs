@@ -46,6 +46,7 @@ pub struct OperatorBuilder {
     kubeconfig: PathBuf,
     rust_log: String,
     cgroup_procs: Option<PathBuf>,
+    env: Vec<(String, String)>,
 }
 
 impl OperatorBuilder {
@@ -78,6 +79,12 @@ impl OperatorBuilder {
     /// `RULEBOOK_TEST_LOG`.
     pub fn logging(mut self, rust_log: &str) -> OperatorBuilder {
         self.rust_log = rust_log.to_string();
+        self
+    }
+
+    /// Sets an environment variable of the process (e.g. `SSL_CERT_FILE`).
+    pub fn env(mut self, name: &str, value: &str) -> OperatorBuilder {
+        self.env.push((name.to_string(), value.to_string()));
         self
     }
 
@@ -118,6 +125,7 @@ impl OperatorBuilder {
             cmd.arg("--namespace").arg(ns);
         }
         cmd.args(&self.flags)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env("RUST_LOG", &self.rust_log)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("log"))
@@ -152,6 +160,7 @@ impl Operator {
             kubeconfig: kubeconfig_path(),
             rust_log: std::env::var("RULEBOOK_TEST_LOG").unwrap_or_else(|_| DEFAULT_LOG.into()),
             cgroup_procs: None,
+            env: Vec::new(),
         }
     }
 

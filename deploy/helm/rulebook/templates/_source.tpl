@@ -10,6 +10,8 @@
 {{- else -}}
 {{- with .Values.git -}}
 - --rules-git={{ .url }}
+{{- /* the emptyDir "git" below: the root filesystem is read-only */}}
+- --git-cache-dir=/var/lib/rulebook/git
 {{- with .ref }}
 - --git-ref={{ . }}
 {{- end }}
@@ -25,8 +27,17 @@
 {{- with .tokenFile }}
 - --git-token-file={{ . }}
 {{- end }}
+{{- with .tokenUser }}
+- --git-token-user={{ . }}
+{{- end }}
 {{- with .sshKeyFile }}
 - --git-ssh-key={{ . }}
+{{- end }}
+{{- with .sshKnownHostsFile }}
+- --git-ssh-known-hosts={{ . }}
+{{- end }}
+{{- with .hookSecretFile }}
+- --git-hook-secret-file={{ . }}
 {{- end }}
 {{- if .allowedSignersConfigMap }}
 - --git-verify=/etc/rulebook/git-verify/allowed_signers
