@@ -148,6 +148,9 @@ pub struct Metrics {
     pub in_flight: Family<RuleLabel, Gauge>,
     /// Reconciles waiting for their namespace's turn (`engine::turns`).
     pub waiting: Family<RuleLabel, Gauge>,
+    /// The deletion time (Unix seconds) of the parent whose teardown this process has
+    /// run longest without finishing, by rule; 0 when none runs.
+    pub teardown_oldest: Family<RuleLabel, Gauge>,
     pub children_applied: Family<RuleLabel, Counter>,
     pub children_pruned: Family<RuleLabel, Counter>,
     pub api_writes: Family<VerbLabels, Counter>,
@@ -212,6 +215,7 @@ impl Metrics {
             reconcile_duration: Family::new_with_constructor(duration_histogram),
             in_flight: Family::default(),
             waiting: Family::default(),
+            teardown_oldest: Family::default(),
             children_applied: Family::default(),
             children_pruned: Family::default(),
             api_writes: Family::default(),
@@ -273,6 +277,11 @@ impl Metrics {
             "reconciles_in_flight",
             "Reconciles running now, by rule",
             self.in_flight.clone(),
+        );
+        self.registry.register(
+            "teardown_oldest_deletion_seconds",
+            "The deletion time (Unix seconds) of the oldest parent whose teardown (Rulebook's finalizer) has not finished, by rule; 0 when none",
+            self.teardown_oldest.clone(),
         );
         self.registry.register(
             "reconciles_waiting",

@@ -118,6 +118,24 @@ async fn finalize_job_then_reverse_waves_and_orphan() {
         pvc["metadata"]["ownerReferences"].is_null(),
         "{test}: an Orphan child carries no ownerReference for the garbage collector to follow"
     );
+    // While the teardown waits, the metric of the oldest one is the parent's deletion
+    // time (the alert RulebookTeardownStuck reads it); once done, 0.
+    let deletion = get_json(&parents, "db1").await.expect("db1")["metadata"]["deletionTimestamp"]
+        .as_str()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .expect("the parent's deletionTimestamp")
+        .as_second();
+    let series = format!("rulebook_teardown_oldest_deletion_seconds{{rule=\"{rule}\"}} ");
+    let teardown_metric = |text: String| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|v| v.trim().parse::<i64>().ok())
+    };
+    assert_eq!(
+        teardown_metric(op.get("/metrics").await),
+        Some(deletion),
+        "{test}: the oldest teardown's deletion time"
+    );
     let released = Instant::now();
     merge(&cms, "db1-svc", json!({"metadata": {"finalizers": null}})).await;
 
@@ -126,6 +144,10 @@ async fn finalize_job_then_reverse_waves_and_orphan() {
     })
     .await;
     let took = deleted_at.elapsed();
+    wait_for(T, "the teardown metric back to 0", || async {
+        (teardown_metric(op.get("/metrics").await) == Some(0)).then_some(())
+    })
+    .await;
     assert!(
         get_json(&cms, "db1-config").await.is_none(),
         "{test}: config left"

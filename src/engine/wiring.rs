@@ -239,7 +239,7 @@ impl RuleRunner {
     ) -> RuleContext {
         let name = &self.rule.name;
         let split = self.split(&r);
-        RuleContext::new(ContextParts {
+        let ctx = RuleContext::new(ContextParts {
             rule: self.rule.clone(),
             client: self.client.clone(),
             parent: ParentKind {
@@ -264,7 +264,10 @@ impl RuleRunner {
             memory,
             inputs: self.inputs.clone(),
             namespaces: caches.namespaces,
-        })
+        });
+        // The teardown metric has its series from the start: 0 until one runs.
+        ctx.report_teardowns(ctx.memory.oldest_teardown());
+        ctx
     }
 
     /// Runs the controller until `stopped`, reporting watch errors in the rule's status.

@@ -293,9 +293,21 @@ impl RuleContext {
         }
     }
 
+    /// Sets `rulebook_teardown_oldest_deletion_seconds` for this rule.
+    pub fn report_teardowns(&self, oldest: i64) {
+        self.metrics
+            .teardown_oldest
+            .get_or_create(&crate::metrics::RuleLabel {
+                rule: self.rule.name.clone(),
+            })
+            .set(oldest);
+    }
+
     /// Forgets what is remembered of parents that were deleted
-    /// ([`ParentMemory::forget_gone`]), reading the parent cache only after a new listing.
+    /// ([`ParentMemory::forget_gone`]), reading the parent cache only after a new listing;
+    /// a teardown that ended so leaves the metric of the oldest one.
     pub fn forget_gone(&self) {
+        let before = self.memory.oldest_teardown();
         self.memory.forget_gone(|| {
             self.parent_store
                 .state()
@@ -303,6 +315,10 @@ impl RuleContext {
                 .filter_map(|o| o.uid())
                 .collect()
         });
+        let after = self.memory.oldest_teardown();
+        if after != before {
+            self.report_teardowns(after);
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 //! | failures | parent UID | reconciles in a row that failed (the error backoff's exponent) | `notes.rs` |
 //! | last warning | parent UID | a digest of the last Warning event's text, so a repeated one is not sent again | `notes.rs` |
 //! | teardown | parent UID | children let go of, and since when children in deletion are waited for | `notes.rs` |
+//! | teardowns | parent UID | the deletion time of each parent whose teardown runs (the oldest is a metric) | here |
 //! | steady | parent UID | the fingerprint of the last reconcile with nothing to do; the watch events of own writes awaited | `steady.rs` |
 //! | status writes | parent UID | the status this process last wrote, until the watch delivers it | `status_writes.rs` |
 //! | paused | parent UID | parents held by `rulebook.dev/paused` (counted on `/status`) | `paused.rs` |
@@ -122,6 +123,8 @@ pub struct ParentMemory {
     status_writes: status_writes::StatusWrites,
     orphans_pending: Arc<OrphansPending>,
     records_version: AtomicBool,
+    /// Parents in teardown: their deletion time (Unix seconds).
+    teardowns: Mutex<BTreeMap<String, i64>>,
 }
 
 impl ParentMemory {
@@ -136,6 +139,7 @@ impl ParentMemory {
             backoffs: Arc::default(),
             paused: Arc::default(),
             status_writes: status_writes::StatusWrites::default(),
+            teardowns: Mutex::default(),
             orphans_pending: parts.orphans_pending,
             records_version: AtomicBool::new(parts.records_version),
         }
@@ -187,6 +191,7 @@ impl ParentMemory {
     /// stopped. Bounds what is remembered of children.
     pub fn forget_gone(&self, live: impl FnOnce() -> HashSet<String>) {
         for uid in self.status_writes.take_gone() {
+            self.teardowns.lock().remove(&uid);
             self.paused.set(&uid, false);
             self.steady.forget(&uid);
             self.notes.forget(&uid);
@@ -195,6 +200,7 @@ impl ParentMemory {
             let live = live();
             let keep = |uid: &str| live.contains(uid);
             self.notes.retain(keep);
+            self.teardowns.lock().retain(|uid, _| keep(uid));
             self.paused.retain(keep);
             self.steady.retain_uids(keep);
         }
@@ -396,8 +402,22 @@ impl ParentMemory {
         self.notes.let_go(uid, child);
     }
 
+    /// Parent `uid`, deleted at `deleted` (Unix seconds), is being torn down; the
+    /// deletion time of the oldest teardown that runs.
+    pub fn teardown_runs(&self, uid: &str, deleted: i64) -> i64 {
+        let mut t = self.teardowns.lock();
+        t.entry(uid.to_string()).or_insert(deleted);
+        t.values().copied().min().unwrap_or(0)
+    }
+
+    /// The deletion time of the oldest teardown that runs (0: none).
+    pub fn oldest_teardown(&self) -> i64 {
+        self.teardowns.lock().values().copied().min().unwrap_or(0)
+    }
+
     /// Parent `uid`'s teardown is done.
     pub fn teardown_done(&self, uid: &str) {
+        self.teardowns.lock().remove(uid);
         self.notes.teardown_done(uid);
     }
 

@@ -192,6 +192,9 @@ pub(super) async fn teardown(
     if !has_finalizer(parent) {
         return Ok(Action::await_change()); // the garbage collector removes the children
     }
+    if let Some(deleted) = parent.metadata.deletion_timestamp.as_ref() {
+        ctx.report_teardowns(ctx.memory.teardown_runs(uid, deleted.0.as_second()));
+    }
     // Children of kinds the rule no longer has, recorded `Orphan`: no cache shows them,
     // and the garbage collector would delete them with the parent.
     if let Some(next) = let_go_of_recorded(ctx, parent, uid).await? {
@@ -427,6 +430,7 @@ async fn finish(
     {
         Patched::Patched => {
             ctx.memory.teardown_done(uid);
+            ctx.report_teardowns(ctx.memory.oldest_teardown());
             info!(rule = %ctx.rule.name, parent = %parent.name_any(), why, "teardown done: finalizer removed");
             Ok(Action::await_change())
         }
