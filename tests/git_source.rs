@@ -206,10 +206,14 @@ async fn wait_failed(op: &Operator, commit: &str) -> Json {
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rules_from_a_git_server() {
-    let client = client().await;
-    let ns = namespace(&client, "gitsrc").await;
+/// A temporary directory with `home` (git's HOME), `srv` (holding the bare repository
+/// `rules.git`) and `work`, as every test here starts.
+fn bare_repo() -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    std::path::PathBuf,
+) {
     let dir = tempfile::tempdir().unwrap();
     let (home, base, work) = (
         dir.path().join("home"),
@@ -220,6 +224,14 @@ async fn rules_from_a_git_server() {
         std::fs::create_dir_all(d).unwrap();
     }
     git(&home, &base, &["init", "-q", "--bare", "rules.git"]);
+    (dir, home, base, work)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_from_a_git_server() {
+    let client = client().await;
+    let ns = namespace(&client, "gitsrc").await;
+    let (dir, home, base, work) = bare_repo();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -411,16 +423,7 @@ struct Scratch {
 
 impl Scratch {
     fn new() -> Scratch {
-        let dir = tempfile::tempdir().unwrap();
-        let (home, base, work) = (
-            dir.path().join("home"),
-            dir.path().join("srv"),
-            dir.path().join("work"),
-        );
-        for d in [&home, &base, &work] {
-            std::fs::create_dir_all(d).unwrap();
-        }
-        git(&home, &base, &["init", "-q", "--bare", "rules.git"]);
+        let (dir, home, base, work) = bare_repo();
         git(&home, &work, &["init", "-q", "-b", "main"]);
         let url = base.join("rules.git").display().to_string();
         Scratch {
