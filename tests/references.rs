@@ -134,6 +134,14 @@ async fn teamapp_with(
     (d, op, apps, secrets)
 }
 
+/// The audit log since `audit` shows no delete by Rulebook in namespace `ns`.
+fn assert_no_rulebook_deletes(audit: &Audit, ns: &str, test: &str) {
+    let deletes: Vec<Json> = rulebook_writes(audit, ns)
+        .into_iter()
+        .filter(|e| e["verb"] == "delete")
+        .collect();
+    assert!(deletes.is_empty(), "{test}:\n{}", describe_all(&deletes));
+}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn references_are_watched_and_a_missing_one_prunes_nothing() {
     let test = "references_are_watched_and_a_missing_one_prunes_nothing";
@@ -711,11 +719,7 @@ async fn wait_for_orders_children_and_never_prunes_a_started_one() {
     })
     .await;
     assert!(get_json(&cms, "w1-app").await.is_some(), "{test}: pruned");
-    let deletes: Vec<Json> = rulebook_writes(&audit, &ns)
-        .into_iter()
-        .filter(|e| e["verb"] == "delete")
-        .collect();
-    assert!(deletes.is_empty(), "{test}:\n{}", describe_all(&deletes));
+    assert_no_rulebook_deletes(&audit, &ns, test);
 }
 
 /// Issue 47's deadlock, as a regression test: the Service's template reads
@@ -797,11 +801,7 @@ async fn a_child_reading_a_sibling_waits_for_it_and_never_deadlocks() {
         "{test}: the Service was deleted and created again"
     );
     wait_all_ready(&parents, &["i1".to_string()].into(), T).await;
-    let deletes: Vec<Json> = rulebook_writes(&audit, &ns)
-        .into_iter()
-        .filter(|e| e["verb"] == "delete")
-        .collect();
-    assert!(deletes.is_empty(), "{test}:\n{}", describe_all(&deletes));
+    assert_no_rulebook_deletes(&audit, &ns, test);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1246,11 +1246,7 @@ async fn a_child_waiting_for_a_reference_is_held_never_pruned() {
     })
     .await;
     wait_all_ready(&parents, &["r1".to_string()].into(), T).await;
-    let deletes: Vec<Json> = rulebook_writes(&audit, &ns)
-        .into_iter()
-        .filter(|e| e["verb"] == "delete")
-        .collect();
-    assert!(deletes.is_empty(), "{test}:\n{}", describe_all(&deletes));
+    assert_no_rulebook_deletes(&audit, &ns, test);
 }
 
 /// Issue 47 part 7: `allOf: true` over a `forEach` child. While one of the three
