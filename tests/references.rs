@@ -562,7 +562,14 @@ async fn a_failing_parent_keeps_its_backoff_on_reference_edits() {
     })
     .await;
     let failed = format!("rulebook_reconciles_total{{rule=\"{rule}\",result=\"render_failed\"}}");
-    let before = op.metric(&failed).await;
+    // The status is written inside the reconcile and counted after it: the baseline is
+    // taken once the failure is counted and no reconcile of the rule is running.
+    let in_flight = format!("rulebook_reconciles_in_flight{{rule=\"{rule}\"}}");
+    let before = wait_for(T, "the failure counted, nothing in flight", || async {
+        let counted = op.metric_opt(&failed).await?;
+        (counted >= 1.0 && op.metric_opt(&in_flight).await? == 0.0).then_some(counted)
+    })
+    .await;
     let start = tokio::time::Instant::now();
     for n in 1..=40u32 {
         merge(&cms, "conf", json!({"data": {"n": n.to_string()}})).await;
