@@ -62,9 +62,11 @@ pub(super) type DependsOn = Vec<BTreeMap<usize, Why>>;
 /// offset of each.
 fn subscripts(text: &str) -> Vec<(usize, String)> {
     let text = COMMENT.replace_all(text, |c: &regex::Captures<'_>| {
-        // Keep offsets (and so lines) where they were.
-        c[0].chars()
-            .map(|ch| if ch == '\n' { '\n' } else { ' ' })
+        // Keep offsets (and so lines) where they were: one space per byte, not per
+        // character, or a comment with `é` or `—` would shift every later offset off the
+        // original text (into the middle of a character, once).
+        c[0].bytes()
+            .map(|b| if b == b'\n' { '\n' } else { ' ' })
             .collect::<String>()
     });
     SUBSCRIPT

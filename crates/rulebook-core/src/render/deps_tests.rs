@@ -87,6 +87,25 @@ fn a_read_of_a_sibling_is_a_dependency_with_its_place() {
     assert_eq!(rule.wait_for_positions(), vec![vec![1], vec![]]);
 }
 
+/// A comment with characters of more than one byte before a subscript read: the read is
+/// found at its own line, and compiling never panics (the comment was once blanked one
+/// space per character, which put the read's offset inside `→`).
+#[test]
+fn a_read_after_a_comment_with_wide_characters_keeps_its_line() {
+    let svc = "{# Config — for the café #}\napiVersion: v1\nkind: Service\nmetadata:\n  name: x\n  annotations:\n    db: \"→{{ children['deployment'].metadata.name }}\"\n";
+    let children = child("service", "v1", "Service", "svc.yaml", "")
+        + &child("deployment", "apps/v1", "Deployment", "deploy.yaml", "");
+    let rule = compile(&children, &[("svc.yaml", svc), ("deploy.yaml", DEPLOYMENT)])
+        .unwrap_or_else(|d| panic!("{d:?}"));
+    assert_eq!(
+        rule.dependencies()[0].get(&1),
+        Some(&Why::Reads {
+            file: "templates/svc.yaml".into(),
+            line: 7
+        })
+    );
+}
+
 #[test]
 fn subscripts_includes_and_expressions_are_reads_too_but_comments_and_itself_are_not() {
     let tpl = "{# children.deployment in a comment #}\nkind: Service\napiVersion: v1\nmetadata:\n  name: x\n  labels:\n    a: {{ children['cm'].metadata.name }}\n{% include 'inc.yaml' %}\n";

@@ -22,7 +22,12 @@ impl Diags<'_> {
     }
 }
 
-/// The 1-based line of byte `offset` in `text`.
+/// The 1-based line of byte `offset` in `text` (an offset inside a character counts from
+/// that character's start: never a panic on a rule file's text).
 pub(super) fn line_of(text: &str, offset: usize) -> u64 {
-    text[..offset.min(text.len())].matches('\n').count() as u64 + 1
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].matches('\n').count() as u64 + 1
 }
