@@ -462,11 +462,24 @@ pub enum DurationError {
     Malformed(String),
     #[error("'{0}' is shorter than the minimum of 1s")]
     TooShort(String),
+    #[error("'{0}' is longer than the maximum of 87600h (ten years)")]
+    TooLong(String),
 }
 
-/// `30s`, `10m`, `1h30m`, `2h`, `500ms`; at least one second.
+/// The longest duration a rule or flag may give: ten years (a webhook CA lives three by
+/// default). Deadlines are computed as `Instant + duration`, which panics past the
+/// clock's range; a duration of terms summed up to `Duration::MAX`
+/// (`4000000000h4000000000h…`) would get there.
+pub const MAX_DURATION: Duration = Duration::from_secs(87600 * 3600);
+
+/// `30s`, `10m`, `1h30m`, `2h`, `500ms`; at least one second, at most ten years
+/// ([`MAX_DURATION`]).
 pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
-    let bad = || DurationError::Malformed(s.to_string());
+    let shown = || match s.char_indices().nth(40) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s.to_string(),
+    };
+    let bad = || DurationError::Malformed(shown());
     let mut total = Duration::ZERO;
     let mut num = String::new();
     let mut chars = s.trim().chars().peekable();
@@ -498,7 +511,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
         return Err(bad());
     }
     if total < Duration::from_secs(1) {
-        return Err(DurationError::TooShort(s.to_string()));
+        return Err(DurationError::TooShort(shown()));
+    }
+    if total > MAX_DURATION {
+        return Err(DurationError::TooLong(shown()));
     }
     Ok(total)
 }
@@ -516,6 +532,18 @@ mod tests {
         assert!(parse_duration("5x").is_err());
         assert!(parse_duration("").is_err());
         assert!(parse_duration("100ms").is_err());
+        assert_eq!(parse_duration("87600h"), Ok(MAX_DURATION));
+        assert!(matches!(
+            parse_duration("87601h"),
+            Err(DurationError::TooLong(_))
+        ));
+        // Terms summed past ten years (once up to `Duration::MAX`, which overflowed the
+        // deadlines computed from it), and the message shows 40 characters of it.
+        let huge = "4000000000h".repeat(1000);
+        match parse_duration(&huge) {
+            Err(DurationError::TooLong(shown)) => assert!(shown.chars().count() <= 41, "{shown}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// `spec.serviceAccount` must be a ServiceAccount name: the error names the file and
