@@ -252,11 +252,15 @@ fn lookup<'a>(o: &'a Json, path: &[&str]) -> Option<&'a Json> {
     path.iter().try_fold(o, |node, key| node.get(*key))
 }
 
-/// Sets `path` in `o`, creating the objects on the way.
+/// Sets `path` in `o`, creating the objects on the way; nothing when `o` is no object (a
+/// test step's patch may have made the parent a number: indexing it would panic).
 fn set(o: &mut Json, path: &[&str], value: Json) {
     let Some((last, parents)) = path.split_last() else {
         return;
     };
+    if !o.is_object() {
+        return;
+    }
     let mut node = o;
     for key in parents {
         if !node.get(*key).is_some_and(Json::is_object) {
