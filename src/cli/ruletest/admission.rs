@@ -310,4 +310,14 @@ mod tests {
         assert_eq!(o["spec"]["image"], "x");
         assert!(apply_patch(&mut o, &[json!({"op": "remove", "path": "/spec/a"})]).is_err());
     }
+
+    #[test]
+    fn a_parent_that_is_no_object_is_left_as_it_is() {
+        for mut o in [json!(5), json!("x"), json!([1])] {
+            let before = o.clone();
+            set(&mut o, &["spec", "a"], json!(1));
+            set(&mut o, &["a"], json!(1));
+            assert_eq!(o, before);
+        }
+    }
 }
