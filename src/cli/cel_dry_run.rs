@@ -180,14 +180,7 @@ pub async fn dry_run(
 pub fn admission_objects(set: &RuleSet, rule: &crate::render::CompiledRule) -> Result<Vec<Json>> {
     let r = &rule.rule;
     let mut objects = policy::policies(r, &Resource::of(r), &Scope::default());
-    let endpoint = crate::webhook::Endpoint {
-        base: crate::webhook::Base::Service {
-            namespace: "rulebook-system".into(),
-            name: "rulebook-webhook".into(),
-            port: 443,
-        },
-        ca_bundle_pem: Vec::new(),
-    };
+    let endpoint = crate::webhook::Endpoint::deploy_service();
     let scope = crate::webhook::configs::Scope {
         name: "rulebook".into(),
         ..Default::default()

@@ -63,14 +63,7 @@ fn webhook_configurations(
     set: &RuleSet,
     endpoint: Option<crate::webhook::Endpoint>,
 ) -> Result<Vec<Json>> {
-    let endpoint = endpoint.unwrap_or_else(|| crate::webhook::Endpoint {
-        base: crate::webhook::Base::Service {
-            namespace: "rulebook-system".into(),
-            name: "rulebook-webhook".into(),
-            port: 443,
-        },
-        ca_bundle_pem: Vec::new(),
-    });
+    let endpoint = endpoint.unwrap_or_else(crate::webhook::Endpoint::deploy_service);
     let scope = crate::webhook::configs::Scope {
         name: args.webhook_configuration.clone(),
         own_namespace: Some(args.webhook_namespace.clone()),

@@ -75,6 +75,19 @@ pub enum Base {
 }
 
 impl Endpoint {
+    /// The Service of deploy/ (`rulebook-system/rulebook-webhook:443`), without a CA yet:
+    /// what the offline commands print when given no endpoint.
+    pub fn deploy_service() -> Self {
+        Endpoint {
+            base: Base::Service {
+                namespace: "rulebook-system".into(),
+                name: "rulebook-webhook".into(),
+                port: 443,
+            },
+            ca_bundle_pem: Vec::new(),
+        }
+    }
+
     /// The `clientConfig` of a webhook served at `path` (e.g. `/convert/myapp`).
     pub fn client_config(&self, path: &str) -> Json {
         let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_bundle_pem);
