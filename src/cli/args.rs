@@ -89,8 +89,9 @@ pub struct RunArgs {
     /// Namespace of the Lease (default: the pod's namespace, else `default`).
     #[arg(long, env = "POD_NAMESPACE")]
     pub lease_namespace: Option<String>,
-    /// Seconds a lease stays valid without renewal.
-    #[arg(long, default_value_t = 15)]
+    /// Seconds a lease stays valid without renewal (at most an hour: a Lease holds an
+    /// int32, and the renewal deadlines are computed from it).
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(..=3600))]
     pub lease_duration: u64,
     /// This instance's identity (default: the pod name, else the host name and pid).
     #[arg(long, env = "POD_NAME")]
@@ -111,8 +112,9 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 64)]
     pub inputs_in_flight_mib: usize,
     /// Objects per second at most that a storage migration rewrites (when a rule's CRD
-    /// changes its storage version); 0: as fast as the API server answers.
-    #[arg(long, default_value_t = 100)]
+    /// changes its storage version); 0: as fast as the API server answers. At most
+    /// 1,000,000 (a pace of a microsecond: beyond, the pace's period would be 0).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(..=1_000_000))]
     pub migration_rate: u32,
     /// `namespace`: replicas share the parents by the hash of their namespace, each
     /// announcing itself with a Lease (`--lease-name` names the group); replaces
@@ -319,4 +321,37 @@ pub struct RenderArgs {
     pub now: Option<String>,
     #[command(flatten)]
     pub schema: schemas::SchemaArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Cli, Command};
+
+    fn run(extra: &[&str]) -> Result<Cli, clap::Error> {
+        let mut argv = vec!["rulebook", "run", "--rules", "r", "--templates", "t"];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv)
+    }
+
+    /// Flags whose values become deadlines or paces are bounded where they are read: a
+    /// lease of more than an hour, or a migration pace under a microsecond, would
+    /// overflow or panic later.
+    #[test]
+    fn lease_duration_and_migration_rate_are_bounded() {
+        let ok = run(&["--lease-duration", "3600", "--migration-rate", "1000000"]);
+        let Ok(Cli {
+            command: Command::Run(args),
+        }) = ok
+        else {
+            panic!("{ok:?}");
+        };
+        assert_eq!(
+            (args.lease_duration, args.migration_rate),
+            (3600, 1_000_000)
+        );
+        assert!(run(&["--lease-duration", "3601"]).is_err());
+        assert!(run(&["--migration-rate", "1000001"]).is_err());
+    }
 }
