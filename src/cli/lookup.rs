@@ -13,7 +13,7 @@ use crate::render::{RuleSet, Scope};
 /// A parent read from a file has no UID or namespace yet; render as the API server would
 /// see it (a parent of a cluster-scoped kind of the rule's CRD has no namespace).
 pub fn with_render_defaults(rule: &crate::render::CompiledRule, mut parent: Json) -> Json {
-    let cluster_scoped = crd_cluster_scoped(rule);
+    let cluster_scoped = rule.rule.crd_cluster_scoped();
     if let Some(meta) = parent.get_mut("metadata").and_then(Json::as_object_mut) {
         if cluster_scoped {
             // The API server drops the namespace of a cluster-scoped object.
@@ -67,20 +67,11 @@ pub fn offline_scope<'a>(
     move |i: usize| match rule.children().get(i) {
         Some(c) if is_cluster_scoped_builtin(&c.api_version, &c.kind) => Scope::Cluster,
         Some(c)
-            if rule_for(set, &c.api_version, &c.kind).is_some_and(|r| crd_cluster_scoped(r)) =>
+            if rule_for(set, &c.api_version, &c.kind)
+                .is_some_and(|r| r.rule.crd_cluster_scoped()) =>
         {
             Scope::Cluster
         }
         _ => Scope::Namespaced,
     }
-}
-
-/// Whether the rule's own CRD makes its parents cluster-scoped (`spec.crd.scope: Cluster`).
-fn crd_cluster_scoped(rule: &crate::render::CompiledRule) -> bool {
-    rule.rule
-        .spec
-        .crd
-        .as_ref()
-        .and_then(|c| c.scope.as_ref())
-        .is_some_and(|s| s.value == "Cluster")
 }

@@ -103,12 +103,7 @@ pub fn diagnostics(rule: &Rule, file: &str) -> Vec<Diagnostic> {
 pub fn warnings(rule: &super::CompiledRule) -> Vec<Diagnostic> {
     let (file, rule) = (&rule.file, &rule.rule);
     let p = &rule.spec.parent;
-    let cluster_scoped = rule
-        .spec
-        .crd
-        .as_ref()
-        .and_then(|c| c.scope.as_ref())
-        .is_some_and(|s| s.value == "Cluster")
+    let cluster_scoped = rule.crd_cluster_scoped()
         || crate::meta::is_cluster_scoped_builtin(&p.api_version.value, &p.kind.value);
     if !cluster_scoped || rule.spec.target_namespaces.is_some() {
         return Vec::new();

@@ -242,11 +242,7 @@ pub(super) fn check_selector(r: &Rule, err: &mut impl FnMut((u64, u64), &str, St
         check_label_selector(ns, &format!("{key}.namespaceSelector"), err);
         let p = &r.spec.parent;
         let cluster = crate::meta::is_cluster_scoped_builtin(&p.api_version, &p.kind)
-            || r.spec
-                .crd
-                .as_ref()
-                .and_then(|c| c.scope.as_ref())
-                .is_some_and(|s| s.value == "Cluster");
+            || r.crd_cluster_scoped();
         if cluster {
             err(
                 (p.kind.line, p.kind.col),

@@ -83,6 +83,18 @@ pub struct Rule {
     pub spec: RuleSpec,
 }
 
+impl Rule {
+    /// Whether the rule's own CRD makes its parents cluster-scoped (`spec.crd.scope:
+    /// Cluster`); a built-in parent kind's scope is `meta::is_cluster_scoped_builtin`'s.
+    pub fn crd_cluster_scoped(&self) -> bool {
+        self.spec
+            .crd
+            .as_ref()
+            .and_then(|c| c.scope.as_ref())
+            .is_some_and(|s| s.value == "Cluster")
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RuleMetadata {
