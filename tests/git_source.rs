@@ -504,6 +504,17 @@ async fn wait_fetch_error(op: &Operator) -> Json {
     .await
 }
 
+/// Waits until a fetch after the one `g` reported has ended (fetches run one at a time,
+/// so it started after that one ended); the git object.
+async fn wait_next_fetch(op: &Operator, g: &Json) -> Json {
+    let before = g["lastFetch"].clone();
+    wait_for(T, "the next fetch", || async {
+        let g = git_status(op).await;
+        (g["lastFetch"] != before).then_some(g)
+    })
+    .await
+}
+
 /// Debian's `sshd` on 127.0.0.1:`port` with a config of its own (host key, authorized
 /// keys and log in `dir`); killed when dropped.
 struct Sshd {
@@ -642,9 +653,9 @@ async fn rules_over_ssh_with_a_deploy_key() {
     let stranger = s.path("stranger_host");
     let stranger_pub = keygen(&stranger);
     std::fs::write(&known_hosts, sshd.known_host(&stranger_pub)).unwrap();
-    write_template(&s.templates(), KIND, "v3");
-    let third = s.repo.commit("v3", None);
     // (gitoxide does not pass on ssh's own message: the error names the handshake.)
+    // The refusal is awaited before v3 is pushed: a fetch whose handshake ran before the
+    // pin changed could still list a ref pushed during it (seen in CI).
     let g = wait_fetch_error(&op).await;
     assert!(
         g["lastFetchError"]
@@ -652,6 +663,10 @@ async fn rules_over_ssh_with_a_deploy_key() {
             .is_some_and(|e| e.contains("handshake")),
         "{g}"
     );
+    write_template(&s.templates(), KIND, "v3");
+    let third = s.repo.commit("v3", None);
+    let g = wait_next_fetch(&op, &g).await;
+    assert!(g["lastFetchError"].is_string(), "{g}");
     assert_eq!(g["liveCommit"], second.as_str(), "{g}");
     assert_eq!(marker(&cms, "app").await.as_deref(), Some("v2"));
     std::fs::write(&known_hosts, sshd.known_host(&host_pub)).unwrap();
@@ -741,9 +756,13 @@ async fn rules_over_http_with_a_token_file() {
     assert_eq!(git_status(&op).await["liveCommit"], first.as_str());
 
     std::fs::write(&token_file, WRONG).unwrap();
+    // The refusal is awaited before v2 is pushed (a fetch that read the token before the
+    // change could list a ref pushed during it); then a fetch after the push fails too.
+    let g = wait_fetch_error(&op).await;
     write_template(&s.templates(), KIND, "v2");
     let second = s.repo.commit("v2", None);
-    let g = wait_fetch_error(&op).await;
+    let g = wait_next_fetch(&op, &g).await;
+    assert!(g["lastFetchError"].is_string(), "{g}");
     assert_eq!(g["liveCommit"], first.as_str(), "{g}");
     assert_eq!(marker(&cms, "app").await.as_deref(), Some("v1"));
     assert_eq!(op.metric("rulebook_git_fetch_ok").await, 0.0);
