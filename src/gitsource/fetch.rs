@@ -246,8 +246,20 @@ impl Fetcher {
             message: with_causes(e),
         };
         let url = gix::url::parse(self.settings.url.as_str()).map_err(|e| fetch_error(&e))?;
+        // A failed SSH handshake says why in ssh's words, not only gitoxide's.
+        let handshake_error = |e: &dyn std::error::Error| {
+            let mut err = fetch_error(e);
+            if let FetchError::Fetch { message, .. } = &mut err
+                && let Some(said) =
+                    super::ssh_probe::diagnose(&url, self.settings.ssh_command().as_deref())
+            {
+                message.push_str("; ssh: ");
+                message.push_str(&said);
+            }
+            err
+        };
         let remote = repo
-            .remote_at(url)
+            .remote_at(url.clone())
             .and_then(|r| {
                 r.with_fetch_tags(gix::remote::fetch::Tags::None)
                     .with_refspecs(
@@ -267,7 +279,7 @@ impl Fetcher {
         let depth = NonZeroU32::MIN;
         let outcome = connection
             .prepare_fetch(gix::progress::Discard, Default::default())
-            .map_err(|e| fetch_error(&e))?
+            .map_err(|e| handshake_error(&e))?
             .with_shallow(gix::remote::fetch::Shallow::DepthAtRemote(depth))
             .receive(gix::progress::Discard, interrupt)
             .map_err(|e| fetch_error(&e))?;

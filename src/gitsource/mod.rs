@@ -22,6 +22,7 @@
 
 pub mod fetch;
 pub mod hook;
+pub mod ssh_probe;
 pub mod verify;
 
 use std::path::{Path, PathBuf};
