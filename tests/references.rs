@@ -329,10 +329,10 @@ async fn references_are_watched_and_a_missing_one_prunes_nothing() {
     .await;
     wait_all_ready(&apps, &["shop".to_string()].into(), T).await;
     // A rule change may apply a child twice while the caches catch up with the first
-    // apply (issue 18); one resync later that is over.
-    let settled = op
-        .metric("rulebook_reconciles_total{rule=\"teamapp\",result=\"ok\"}")
-        .await;
+    // apply (issue 18); one resync later that is over. A reconcile is counted after its
+    // status write, so the baseline is taken with none in flight (else the rule change's
+    // own reconcile, counted late, would pass for the resync).
+    let settled = quiet_count(&op, "teamapp").await;
     wait_for(T, "one resync after the rule change", || async {
         let now = op
             .metric("rulebook_reconciles_total{rule=\"teamapp\",result=\"ok\"}")
@@ -343,10 +343,8 @@ async fn references_are_watched_and_a_missing_one_prunes_nothing() {
     let audit = Audit::mark();
     // The API server writes its audit log in batches: a write from before the mark may
     // land after it in the file; its own timestamp tells.
+    let before = quiet_count(&op, "teamapp").await;
     let from = jiff::Timestamp::now();
-    let before = op
-        .metric("rulebook_reconciles_total{rule=\"teamapp\",result=\"ok\"}")
-        .await;
     wait_for(T, "two resyncs of the parent", || async {
         let now = op
             .metric("rulebook_reconciles_total{rule=\"teamapp\",result=\"ok\"}")
@@ -1347,4 +1345,16 @@ async fn an_all_of_status_list_is_absent_until_complete() {
     })
     .await;
     assert_eq!(status["partial"], json!(["s-a", "s-b", "s-c"]), "{test}");
+}
+
+/// `rule`'s count of successful reconciles, read once none of its reconciles is in
+/// flight (each is counted after its status write).
+async fn quiet_count(op: &Operator, rule: &str) -> f64 {
+    let ok = format!("rulebook_reconciles_total{{rule=\"{rule}\",result=\"ok\"}}");
+    let in_flight = format!("rulebook_reconciles_in_flight{{rule=\"{rule}\"}}");
+    wait_for(T, "no reconcile in flight", || async {
+        (op.metric_opt(&in_flight).await? == 0.0).then_some(())
+    })
+    .await;
+    op.metric(&ok).await
 }

@@ -143,7 +143,7 @@ async fn a_stalled_replica_never_writes_what_another_took_over() {
     let by_a = writes_by(&audit, &spaces, &a_id);
     let stale: Vec<&Json> = by_a
         .iter()
-        .filter(|e| audit_time(e).is_some_and(|t| t > cutoff && t < rejoined))
+        .filter(|e| audit_received(e).is_some_and(|t| t > cutoff && t < rejoined))
         .collect();
     eprintln!(
         "{test}: A stopped with {ready_at_stop} of its {} parents Ready; B held everything {:.1} s later \

@@ -943,7 +943,7 @@ async fn stalled_leader_never_writes() {
         .collect();
     let late: Vec<&Json> = by_a
         .iter()
-        .filter(|e| audit_time(e).is_some_and(|t| t > cutoff))
+        .filter(|e| audit_received(e).is_some_and(|t| t > cutoff))
         .collect();
     let (late_leases, late_writes): (Vec<&Json>, Vec<&Json>) = late
         .iter()

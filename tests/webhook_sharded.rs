@@ -279,8 +279,18 @@ async fn sharded_replicas_serve_webhooks_for_every_share_and_migrate_once_throug
         .unwrap_or_else(|| panic!("the Lease holder {holder} is neither replica"));
     let survivor = 1 - killed;
     ops[killed].as_mut().unwrap().signal_and_wait("KILL");
-    println!("killed {holder} at {marker} after {:?}", started.elapsed());
+    // The holder kept migrating until the KILL landed: the marker the survivor resumes
+    // from is the one on the CRD now, not the one the wait above saw.
     let crd = to_json(&crds.get(&v.crd_name()).await.unwrap());
+    let marker: Json = crd["metadata"]["annotations"]["rulebook.dev/storage-migration"]
+        .as_str()
+        .and_then(|m| serde_json::from_str(m).ok())
+        .unwrap_or_else(|| panic!("no migration marker after the kill (seen {marker}): {crd}"));
+    assert!(
+        marker["rewritten"].as_u64().is_some_and(|n| n < total),
+        "the migration reached its last page before the kill landed: {marker}"
+    );
+    println!("killed {holder} at {marker} after {:?}", started.elapsed());
     assert_eq!(
         crd["status"]["storedVersions"],
         json!(["v1alpha1", "v1"]),

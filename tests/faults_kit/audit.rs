@@ -95,6 +95,13 @@ pub fn audit_time(e: &Json) -> Option<jiff::Timestamp> {
     e["stageTimestamp"].as_str()?.parse().ok()
 }
 
+/// When the API server received the request of an audit event: what a "sent after the
+/// process was stopped" check compares (a stopped process sends nothing new, but a write
+/// it sent just before can complete, and be stamped by [`audit_time`], later).
+pub fn audit_received(e: &Json) -> Option<jiff::Timestamp> {
+    e["requestReceivedTimestamp"].as_str()?.parse().ok()
+}
+
 /// Rulebook's writes (user agent `rulebook/…`) in `ns` since `audit`, without events.
 pub fn rulebook_writes(audit: &Audit, ns: &str) -> Vec<Json> {
     audit
