@@ -368,16 +368,22 @@ async fn a_burst_of_writes_is_one_reload() {
     let before = op.metric(series).await;
 
     let start = Instant::now();
+    let mut last = start;
+    let mut widest = Duration::ZERO;
     for i in 1..=100 {
         write_template(&templates, "Bursty", &format!("b{i}"));
+        widest = widest.max(last.elapsed());
+        last = Instant::now();
     }
-    // The test's premise, not a speed claim: a burst shorter than the reload debounce.
-    // Printed, and checked, since a longer one may rightly reload more than once.
+    // The test's premise, not a speed claim: no pause between two writes as long as the
+    // quiet time that ends a burst (500 ms, src/reload.rs DEBOUNCE; a stalled writer on a
+    // loaded machine could make one), and the whole burst within the 5 s a burst may
+    // delay a reload. Printed, and checked, since without it two reloads would be right.
     let burst = start.elapsed();
-    println!("the burst of 100 writes took {burst:?}");
+    println!("the burst of 100 writes took {burst:?}, the widest pause {widest:?}");
     assert!(
-        burst < Duration::from_secs(1),
-        "the burst took {burst:?}: the premise (within the debounce) does not hold"
+        widest < Duration::from_millis(400) && burst < Duration::from_secs(4),
+        "the burst took {burst:?} with a pause of {widest:?}: the premise (one burst) does not hold"
     );
     wait_for(T, "the last write to roll out", || async {
         let p = to_json(&bursties.get_opt("b").await.ok()??);
@@ -388,7 +394,7 @@ async fn a_burst_of_writes_is_one_reload() {
     // in which an event must not happen, which no condition can wait for.
     tokio::time::sleep(common_quiet()).await;
     let reloads = op.metric(series).await - before;
-    println!("100 writes within a second → {reloads} reload(s)");
+    println!("100 writes in one burst → {reloads} reload(s)");
     assert_eq!(reloads, 1.0, "one reload for the whole burst");
 }
 

@@ -1351,10 +1351,6 @@ async fn an_all_of_status_list_is_absent_until_complete() {
 /// flight (each is counted after its status write).
 async fn quiet_count(op: &Operator, rule: &str) -> f64 {
     let ok = format!("rulebook_reconciles_total{{rule=\"{rule}\",result=\"ok\"}}");
-    let in_flight = format!("rulebook_reconciles_in_flight{{rule=\"{rule}\"}}");
-    wait_for(T, "no reconcile in flight", || async {
-        (op.metric_opt(&in_flight).await? == 0.0).then_some(())
-    })
-    .await;
-    op.metric(&ok).await
+    let [n] = op.metrics_when_idle(rule, [ok.as_str()]).await;
+    n
 }

@@ -198,6 +198,33 @@ impl Operator {
         parse_metric(&self.get("/metrics").await, series)
     }
 
+    /// The values of `series`, read from one scrape of `/metrics` in which no reconcile of
+    /// `rule` is in flight: a baseline that work under way cannot move later (a reconcile
+    /// is counted after its status write, so one in flight when a bare [`Operator::metric`]
+    /// reads would land in the window measured next). Fails the test when a series is
+    /// absent.
+    pub async fn metrics_when_idle<const N: usize>(
+        &self,
+        rule: &str,
+        series: [&str; N],
+    ) -> [f64; N] {
+        let in_flight = format!("rulebook_reconciles_in_flight{{rule=\"{rule}\"}}");
+        let text = wait_for(
+            Duration::from_secs(60),
+            &format!("no reconcile of {rule} in flight"),
+            || async {
+                let text = self.get("/metrics").await;
+                (parse_metric(&text, &in_flight) == Some(0.0)).then_some(text)
+            },
+        )
+        .await;
+        series.map(|s| {
+            parse_metric(&text, s).unwrap_or_else(|| {
+                panic!("/metrics has no series {s} (a renamed metric or label?):\n{text}")
+            })
+        })
+    }
+
     /// Waits until this operator, started with `--leader-elect`, has found the Lease held
     /// by another and stood by (its log says so; [`DEFAULT_LOG`] logs it) — instead of
     /// sleeping a while before checking that a standby does not lead.

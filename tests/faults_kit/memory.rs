@@ -370,7 +370,7 @@ pub async fn reference_flood(kind: &str, f: Flood) -> FloodReport {
 
     // 2. Edits every 0.5 s; meanwhile a parent of another namespace converges.
     let failed = format!("rulebook_reconciles_total{{rule=\"{rule}\",result=\"render_failed\"}}");
-    let f0 = op.metric(&failed).await;
+    let [f0] = op.metrics_when_idle(&rule, [failed.as_str()]).await;
     let ready = std::sync::atomic::AtomicBool::new(false);
     let editing = edit_every_half_second(&cms, f.configmaps, f.edits_for, &ready);
     let converging = async {

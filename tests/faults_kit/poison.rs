@@ -96,14 +96,20 @@ pub async fn poison(kind: &str, poisoned: usize, healthy: usize) -> PoisonReport
     let series = format!("rulebook_reconciles_total{{rule=\"{rule}\",result=\"render_failed\"}}");
     let writes =
         |verb: &str| format!("rulebook_api_writes_total{{rule=\"{rule}\",verb=\"{verb}\"}}");
-    let r0 = op.metric(&series).await;
+    let (apply_status, event) = (writes("apply_status"), writes("event"));
+    let [r0, a0, e0] = op
+        .metrics_when_idle(
+            &rule,
+            [series.as_str(), apply_status.as_str(), event.as_str()],
+        )
+        .await;
     // The series counts what the per-parent figure below divides: every poison parent has
     // reported RenderFailed, so each failed a reconcile at least once.
     assert!(
         r0 >= poisoned as f64,
         "{series} is {r0} although {poisoned} parents report RenderFailed"
     );
-    let w0 = op.metric(&writes("apply_status")).await + op.metric(&writes("event")).await;
+    let w0 = a0 + e0;
     let window = Instant::now();
     tokio::time::sleep(Duration::from_secs(30)).await; // the measuring window
     let r1 = op.metric(&series).await;
