@@ -853,15 +853,29 @@ async fn a_paused_parent_gets_nothing_but_its_paused_condition() {
     let ready = condition(&get_json(&parents, "p1").await.unwrap(), "Ready").unwrap();
     assert_eq!(ready["status"], "True", "{test}: Ready is left as it was");
     // A spec change and a deleted child: nothing is written while paused.
+    let cached = "rulebook_cached_objects{rule=\"pauseapp\",cache=\"children\"}";
+    // (The gauge is refreshed every 2 s: it may not count the child yet.)
+    let children = wait_for(T, "the child in the cache", || async {
+        let n = op.metric_opt(cached).await?;
+        (n >= 1.0).then_some(n)
+    })
+    .await;
     merge(&parents, "p1", json!({"spec": {"size": 2}})).await;
     remove(&cms, "p1-cm").await;
     wait_for(T, "/status to count the paused parent", || async {
         (status(&op).await["rules"]["pauseapp"]["paused"] == 1).then_some(())
     })
     .await;
-    // The reconcile of the spec change has run (the parent's generation is 2 and the
-    // operator reconciled it: its reconcile count moved past the pause's).
-    let before = op.metric("rulebook_reconciles_total").await;
+    // The operator has seen the deletion (its children's cache shrank), and whatever
+    // that and the spec change started has ended; then one more reconcile of the parent
+    // runs after all of it (a poke), so the checks below follow a reconcile that saw both.
+    wait_for(T, "the deleted child to leave the cache", || async {
+        (op.metric(cached).await < children).then_some(())
+    })
+    .await;
+    let [before] = op
+        .metrics_when_idle("pauseapp", ["rulebook_reconciles_total"])
+        .await;
     merge(
         &parents,
         "p1",
@@ -872,6 +886,8 @@ async fn a_paused_parent_gets_nothing_but_its_paused_condition() {
         (op.metric("rulebook_reconciles_total").await > before).then_some(())
     })
     .await;
+    op.metrics_when_idle("pauseapp", ["rulebook_reconciles_total"])
+        .await;
     assert!(get_json(&cms, "p1-cm").await.is_none(), "{test}: recreated");
     let writes = rulebook_writes(&audit, &ns);
     assert!(
