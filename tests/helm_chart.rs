@@ -475,12 +475,10 @@ async fn every_dashboard_and_alert_query_names_an_exported_metric() {
         .await;
     wait_established(&client, &h.crd_name()).await;
     h.wait_configuration(&client).await;
-    // One review refused by the webhook, so that the webhook families have series: sent
-    // to the webhook directly over TLS (trusting the CA of its Secret). (The first version
-    // waited for the API server to call it; with this rule it never did within 120 s,
-    // cause not found: tests/webhook_admission*.rs cover the API server's calls.)
-    let refused = review(&client, &h, ns.name(), port).await;
-    assert!(refused.contains("\"allowed\":false"), "{refused}");
+    // One create refused by the webhook, as the API server calls it, so that the webhook
+    // families have series.
+    let refused = h.wait_enforced(&client, ns.name()).await;
+    assert!(is_refusal(&refused), "{refused}");
     let configmaps = api(&client, Some(ns.name()), "v1", "ConfigMap", "configmaps");
     for name in ["one", "two"] {
         apply(&h.parents(&client, ns.name()), to_json(&h.parent(name, 1))).await;
@@ -514,64 +512,4 @@ async fn every_dashboard_and_alert_query_names_an_exported_metric() {
         missing.is_empty(),
         "queried but not exported: {missing:?}\nexported: {exported:?}"
     );
-}
-
-/// POSTs an AdmissionReview of a parent with 5 replicas (over the rule's limit of 3) to
-/// the operator's webhook on `port`, trusting only the CA of its certificates' Secret;
-/// the answer's body.
-async fn review(client: &kube::Client, h: &Hooked, ns: &str, port: u16) -> String {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, ServerName};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let data = wait_for(T, "the webhook's certificates", || async {
-        secret_data(client, ns, &h.name).await
-    })
-    .await;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(data["ca-bundle.crt"].as_bytes()) {
-        roots.add(c.expect("pem")).expect("a CA");
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("tls")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connect to the webhook");
-    let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
-    let mut tls = connector.connect(name, tcp).await.expect("TLS");
-    let body = json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "00000000-0000-0000-0000-000000000001",
-            "kind": {"group": GROUP, "version": "v1", "kind": h.kind},
-            "resource": {"group": GROUP, "version": "v1", "resource": h.plural},
-            "requestKind": {"group": GROUP, "version": "v1", "kind": h.kind},
-            "requestResource": {"group": GROUP, "version": "v1", "resource": h.plural},
-            "name": "probe",
-            "namespace": ns,
-            "operation": "CREATE",
-            "userInfo": {"username": "test"},
-            "object": {
-                "apiVersion": API_VERSION, "kind": h.kind,
-                "metadata": {"name": "probe", "namespace": ns},
-                "spec": {"replicas": 5},
-            },
-            "dryRun": true,
-        },
-    })
-    .to_string();
-    let request = format!(
-        "POST /validate/{} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        h.rule,
-        body.len()
-    );
-    tls.write_all(request.as_bytes()).await.expect("send");
-    let mut answer = Vec::new();
-    let _ = tls.read_to_end(&mut answer).await;
-    String::from_utf8_lossy(&answer).into_owned()
 }

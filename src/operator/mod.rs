@@ -286,6 +286,12 @@ async fn start_webhooks(
     if let Some(sel) = &scope.selector {
         crate::webhook::configs::label_selector(sel)?;
     }
+    if scope.judges_own_namespace() {
+        tracing::warn!(
+            namespace = ?scope.namespace,
+            "--namespace is Rulebook's own namespace: its webhooks judge the parents there, and a webhook that does not answer can block changes to them (a rule on a built-in kind: to Rulebook's own objects too)"
+        );
+    }
     Ok(Some(
         crate::webhook::run::Webhooks::start(w, config, scope, metrics.webhook.clone()).await?,
     ))

@@ -19,7 +19,11 @@
 //! `Fail`), and a `namespaceSelector` that excludes `kube-system` and Rulebook's own
 //! namespace (so that neither can be locked out by a webhook that does not answer) and,
 //! with `run --namespace`, keeps to that namespace; `run --selector` becomes its
-//! `objectSelector`.
+//! `objectSelector`. When `run --namespace` names Rulebook's own namespace (an install
+//! beside its parents), that namespace is judged: excluding it as well would make a
+//! selector nothing matches, and every check silently off (found by the metric-names
+//! test, whose API server never called the webhook). [`Scope::judges_own_namespace`]
+//! says so for the warning at start.
 
 use serde_json::{Value as Json, json};
 
@@ -42,6 +46,14 @@ pub struct Scope {
     pub namespace: Option<String>,
     /// `run --selector`: only parents with these labels.
     pub selector: Option<String>,
+}
+
+impl Scope {
+    /// `run --namespace` is Rulebook's own namespace, which is then judged (see the
+    /// module's header).
+    pub fn judges_own_namespace(&self) -> bool {
+        self.own_namespace.is_some() && self.own_namespace == self.namespace
+    }
 }
 
 /// A `--selector` that is not a label selector.
@@ -259,6 +271,7 @@ fn namespace_selector(scope: &Scope) -> Json {
     let mut excluded = vec!["kube-system".to_string()];
     if let Some(own) = &scope.own_namespace
         && !excluded.contains(own)
+        && !scope.judges_own_namespace()
     {
         excluded.push(own.clone());
     }
@@ -483,5 +496,30 @@ mod tests {
             s["matchExpressions"][1],
             json!({"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]})
         );
+    }
+
+    #[test]
+    fn our_namespace_is_judged_when_it_is_the_one_watched() {
+        let scope = Scope {
+            own_namespace: Some("team-a".into()),
+            namespace: Some("team-a".into()),
+            ..Scope::default()
+        };
+        assert!(scope.judges_own_namespace());
+        let s = namespace_selector(&scope);
+        assert_eq!(s["matchExpressions"][0]["values"], json!(["kube-system"]));
+        assert_eq!(s["matchExpressions"][1]["values"], json!(["team-a"]));
+        for (own, namespace) in [
+            (Some("rulebook-system"), Some("team-a")),
+            (Some("x"), None),
+            (None, None),
+        ] {
+            let scope = Scope {
+                own_namespace: own.map(Into::into),
+                namespace: namespace.map(Into::into),
+                ..Scope::default()
+            };
+            assert!(!scope.judges_own_namespace(), "{scope:?}");
+        }
     }
 }
