@@ -40,7 +40,9 @@ heavy=faults_heavy
 # step); the others run in the first. A new heavy test that restarts either belongs here.
 heavy_alone=(heavy_apiserver_restart_mid_convergence heavy_etcd_restart_mid_convergence
 	heavy_watch_expired_while_paused)
-# The first step's name for the heavy tests that restart nothing.
+# The first step's name for the heavy tests that restart nothing. Started second, it
+# also installs the CRD of heavy_watch_expired_while_paused early (its first test, by
+# name), so the garbage collector knows the kind long before that test runs alone.
 heavy_shared=faults_heavy_shared
 
 # Started first, longest first (their last durations), so the tail of the first step is

@@ -18,12 +18,9 @@ pub enum Gap {
     Expired,
 }
 
-/// Pause/resume: changes made while the operator is stopped must all be reconciled.
-pub async fn pause_resume(kind: &str, gap: Gap) {
-    const N: usize = 25;
-    let test = format!("pause_resume({kind}, {gap:?})");
-    let client = client().await;
-    let ns = namespace(&client, "faults-pause").await;
+/// The rules of [`pause_resume`] for `kind` (also what installs its CRD early,
+/// tests/faults_heavy.rs `heavy_kinds_of_the_tests_run_alone_installed_early`).
+pub fn pause_rules(kind: &str) -> RuleDir {
     let rule = kind.to_lowercase();
     let d = RuleDir::new();
     d.rule(
@@ -38,6 +35,17 @@ pub async fn pause_resume(kind: &str, gap: Gap) {
         "pause/config.yaml",
         &configmap_template("config", "  rev: {{ parent.spec.rev | string }}\n"),
     );
+    d
+}
+
+/// Pause/resume: changes made while the operator is stopped must all be reconciled.
+pub async fn pause_resume(kind: &str, gap: Gap) {
+    const N: usize = 25;
+    let test = format!("pause_resume({kind}, {gap:?})");
+    let client = client().await;
+    let ns = namespace(&client, "faults-pause").await;
+    let rule = kind.to_lowercase();
+    let d = pause_rules(kind);
     let op = d.start_in(&ns).await;
     let parents = kind_api(&client, &ns, kind, Duration::from_secs(120)).await;
     let cms = api(&client, Some(&ns), "v1", "ConfigMap", "configmaps");
