@@ -289,7 +289,13 @@ async fn start_webhooks(
     if scope.judges_own_namespace() {
         tracing::warn!(
             namespace = ?scope.namespace,
-            "--namespace is Rulebook's own namespace: its webhooks judge the parents there, and a webhook that does not answer can block changes to them (a rule on a built-in kind: to Rulebook's own objects too)"
+            "--namespace is Rulebook's own namespace: the webhooks of rules on kinds they define (spec.crd) judge it; rules on other kinds keep it excluded, so their expr: checks and defaults are off there (a webhook that does not answer must not lock Rulebook's own objects out)"
+        );
+    }
+    if let Some(ns) = scope.excluded_namespace() {
+        tracing::warn!(
+            namespace = ns,
+            "--namespace names a namespace Rulebook's webhooks never judge: every expr: check and default is off there (cel: policies still apply)"
         );
     }
     Ok(Some(

@@ -20,10 +20,14 @@
 //! namespace (so that neither can be locked out by a webhook that does not answer) and,
 //! with `run --namespace`, keeps to that namespace; `run --selector` becomes its
 //! `objectSelector`. When `run --namespace` names Rulebook's own namespace (an install
-//! beside its parents), that namespace is judged: excluding it as well would make a
-//! selector nothing matches, and every check silently off (found by the metric-names
-//! test, whose API server never called the webhook). [`Scope::judges_own_namespace`]
-//! says so for the warning at start.
+//! beside its parents), excluding it as well would make a selector nothing matches, and
+//! every check silently off (found by the metric-names test, whose API server never
+//! called the webhook). So the webhooks of rules whose parent is a kind the rule defines
+//! (`spec.crd`) judge it: Rulebook's own objects (its Deployment, Lease, certificate
+//! Secret) are never of such a kind, so a webhook that does not answer cannot lock
+//! Rulebook out. A rule on a built-in or foreign kind keeps the exclusion (its checks are
+//! off there), and so does `kube-system`, always; [`Scope::judges_own_namespace`] and
+//! [`Scope::excluded_namespace`] are what the warnings at start say.
 
 use serde_json::{Value as Json, json};
 
@@ -49,10 +53,18 @@ pub struct Scope {
 }
 
 impl Scope {
-    /// `run --namespace` is Rulebook's own namespace, which is then judged (see the
-    /// module's header).
+    /// `run --namespace` is Rulebook's own namespace (not `kube-system`), which the
+    /// webhooks of rules on kinds they define then judge (see the module's header).
     pub fn judges_own_namespace(&self) -> bool {
-        self.own_namespace.is_some() && self.own_namespace == self.namespace
+        self.own_namespace.is_some()
+            && self.own_namespace == self.namespace
+            && self.namespace.as_deref() != Some("kube-system")
+    }
+
+    /// `run --namespace` names a namespace no webhook judges (`kube-system`): every
+    /// `expr:` check and default is off there.
+    pub fn excluded_namespace(&self) -> Option<&str> {
+        self.namespace.as_deref().filter(|ns| *ns == "kube-system")
     }
 }
 
@@ -226,7 +238,10 @@ fn webhook(
             "operations": operations(rule, kind),
             "scope": resource_scope,
         }],
-        "namespaceSelector": namespace_selector(scope),
+        "namespaceSelector": namespace_selector(
+            scope,
+            scope.judges_own_namespace() && rule.rule.spec.crd.is_some(),
+        ),
         "failurePolicy": failure_policy,
         "matchPolicy": "Equivalent",
         "sideEffects": "None",
@@ -267,11 +282,13 @@ fn operations(rule: &CompiledRule, kind: Kind) -> Vec<String> {
     if ops.is_empty() { all() } else { ops }
 }
 
-fn namespace_selector(scope: &Scope) -> Json {
+/// `kube-system` and, unless `judge_own`, Rulebook's own namespace left out; with `run
+/// --namespace`, only that namespace.
+fn namespace_selector(scope: &Scope, judge_own: bool) -> Json {
     let mut excluded = vec!["kube-system".to_string()];
     if let Some(own) = &scope.own_namespace
         && !excluded.contains(own)
-        && !scope.judges_own_namespace()
+        && !judge_own
     {
         excluded.push(own.clone());
     }
@@ -483,11 +500,14 @@ mod tests {
 
     #[test]
     fn kube_system_and_our_namespace_are_excluded() {
-        let s = namespace_selector(&Scope {
-            own_namespace: Some("rulebook-system".into()),
-            namespace: Some("team-a".into()),
-            ..Scope::default()
-        });
+        let s = namespace_selector(
+            &Scope {
+                own_namespace: Some("rulebook-system".into()),
+                namespace: Some("team-a".into()),
+                ..Scope::default()
+            },
+            false,
+        );
         assert_eq!(
             s["matchExpressions"][0]["values"],
             json!(["kube-system", "rulebook-system"])
@@ -506,13 +526,20 @@ mod tests {
             ..Scope::default()
         };
         assert!(scope.judges_own_namespace());
-        let s = namespace_selector(&scope);
+        let s = namespace_selector(&scope, true);
         assert_eq!(s["matchExpressions"][0]["values"], json!(["kube-system"]));
         assert_eq!(s["matchExpressions"][1]["values"], json!(["team-a"]));
+        // A rule on a kind it does not define keeps the exclusion.
+        let s = namespace_selector(&scope, false);
+        assert_eq!(
+            s["matchExpressions"][0]["values"],
+            json!(["kube-system", "team-a"])
+        );
         for (own, namespace) in [
             (Some("rulebook-system"), Some("team-a")),
             (Some("x"), None),
             (None, None),
+            (Some("kube-system"), Some("kube-system")),
         ] {
             let scope = Scope {
                 own_namespace: own.map(Into::into),
