@@ -250,6 +250,7 @@ impl Fetcher {
         let handshake_error = |e: &dyn std::error::Error| {
             let mut err = fetch_error(e);
             if let FetchError::Fetch { message, .. } = &mut err
+                && !interrupt.load(std::sync::atomic::Ordering::SeqCst)
                 && let Some(said) =
                     super::ssh_probe::diagnose(&url, self.settings.ssh_command().as_deref())
             {

@@ -7,10 +7,14 @@
 //! read-only `git-upload-pack`, stdin closed), captures its stderr and appends ssh's
 //! last words to the error on `/status` (`...; ssh: Host key verification failed.`).
 //!
-//! Bounds: one probe per failed fetch (so at most one per `--git-interval`), killed after
-//! [`PROBE_TIMEOUT`]; at most [`MAX_STDERR`] bytes read, the rest drained; the text kept
-//! is [`MAX_SAID`] characters of printable text. ssh prints no key material on stderr,
-//! and HTTPS tokens never reach this path.
+//! Bounds: one probe per failed fetch (so at most one per `--git-interval`), none once
+//! the fetch was abandoned, killed after [`PROBE_TIMEOUT`] (and not waited for longer,
+//! whatever a `ProxyCommand` it started does); the last [`MAX_STDERR`] bytes kept (what a
+//! server printed first cannot crowd out ssh's own last words); the text kept is
+//! [`MAX_SAID`] characters of printable ASCII (no control, bidi or zero-width characters
+//! reach `/status`). ssh prints no key material on stderr (`BatchMode`: no prompt), and
+//! HTTPS tokens never reach this path. A path with `'` or `~` is not probed (git's own
+//! quoting and home expansion are not repeated here).
 
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -31,7 +35,7 @@ pub fn diagnose(url: &gix::url::Url, ssh_command: Option<&str>) -> Option<String
     }
     let host = url.host()?;
     let path = url.path.to_string();
-    if host.starts_with('-') || path.contains('\'') {
+    if host.starts_with('-') || path.contains(['\'', '~']) {
         return None;
     }
     let target = match url.user() {
@@ -39,11 +43,19 @@ pub fn diagnose(url: &gix::url::Url, ssh_command: Option<&str>) -> Option<String
         Some(_) => return None,
         None => host.to_string(),
     };
-    // BatchMode: never a prompt on a terminal (the first value of an option wins, so a
-    // `--git-ssh-key` command's own options stand).
-    let mut args = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
-        .map(String::from)
-        .to_vec();
+    // BatchMode: never a prompt on a terminal; LogLevel=ERROR: no "Permanently added"
+    // noise (the first value of an option wins, so a `--git-ssh-key` command's own
+    // options stand).
+    let mut args = [
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "LogLevel=ERROR",
+        "-o",
+        "ConnectTimeout=10",
+    ]
+    .map(String::from)
+    .to_vec();
     if let Some(port) = url.port {
         args.extend(["-p".to_string(), port.to_string()]);
     }
@@ -61,19 +73,17 @@ pub fn diagnose(url: &gix::url::Url, ssh_command: Option<&str>) -> Option<String
     last_words(&run(cmd)?)
 }
 
-/// Runs `cmd` for at most [`PROBE_TIMEOUT`]; what it wrote on stderr (capped).
+/// Runs `cmd` for at most [`PROBE_TIMEOUT`]; the end of what it wrote on stderr.
 fn run(mut cmd: Command) -> Option<Vec<u8>> {
     let mut child = cmd.spawn().ok()?;
-    let mut stderr = child.stderr.take()?;
-    let reader = std::thread::Builder::new()
+    let stderr = child.stderr.take()?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
         .name("ssh probe stderr".into())
         .spawn(move || {
-            let mut buf = Vec::new();
-            let _ = (&mut stderr).take(MAX_STDERR).read_to_end(&mut buf);
-            let _ = std::io::copy(&mut stderr, &mut std::io::sink());
-            buf
+            let _ = tx.send(tail(stderr));
         })
-        .ok();
+        .ok()?;
     let deadline = Instant::now() + PROBE_TIMEOUT;
     loop {
         match child.try_wait() {
@@ -86,7 +96,26 @@ fn run(mut cmd: Command) -> Option<Vec<u8>> {
             }
         }
     }
-    reader?.join().ok()
+    // A grandchild (a ProxyCommand) may hold the pipe open after the kill: not waited for.
+    rx.recv_timeout(Duration::from_secs(1)).ok()
+}
+
+/// The last [`MAX_STDERR`] bytes `r` gives until it ends.
+fn tail(mut r: impl Read) -> Vec<u8> {
+    let cap = usize::try_from(MAX_STDERR).unwrap_or(usize::MAX);
+    let mut kept: Vec<u8> = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match r.read(&mut chunk) {
+            Ok(0) | Err(_) => return kept,
+            Ok(n) => {
+                kept.extend_from_slice(&chunk[..n]);
+                if kept.len() > cap {
+                    kept.drain(..kept.len() - cap);
+                }
+            }
+        }
+    }
 }
 
 /// The last two lines of `stderr` that say something (not ssh's `@@@` banner), printable
@@ -101,7 +130,7 @@ pub fn last_words(stderr: &[u8]) -> Option<String> {
     let said = lines[lines.len().saturating_sub(2)..].join(" ");
     let said: String = said
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| if c.is_ascii_graphic() { c } else { ' ' })
         .take(MAX_SAID)
         .collect();
     (!said.is_empty()).then_some(said)
@@ -148,8 +177,33 @@ Host key verification failed.\n";
             let url = gix::url::parse(url).unwrap();
             assert_eq!(diagnose(&url, None), None, "{url:?}");
         }
-        let url = gix::url::parse("ssh://h/it's.git").unwrap();
-        assert_eq!(diagnose(&url, Some("false")), None);
+        // A command that prints its arguments: what would be probed is probed...
+        let echo = Some("printf '%s|' >&2");
+        let url = gix::url::parse("ssh://git@h:2222/srv/r.git").unwrap();
+        assert_eq!(
+            diagnose(&url, echo).as_deref(),
+            Some(
+                "-o|BatchMode=yes|-o|LogLevel=ERROR|-o|ConnectTimeout=10|-p|2222|--|git@h|git-upload-pack '/srv/r.git'|"
+            )
+        );
+        // ... and a path git would quote or expand otherwise is not.
+        for url in ["ssh://h/it's.git", "ssh://h/~/r.git", "git@h:~/r.git"] {
+            let url = gix::url::parse(url).unwrap();
+            assert_eq!(diagnose(&url, echo), None, "{url:?}");
+        }
+    }
+
+    #[test]
+    fn the_end_of_stderr_is_kept_and_only_printable_ascii() {
+        let mut long = vec![b'x'; 3 * MAX_STDERR as usize];
+        long.extend_from_slice(b"\nHost key verification failed.\n");
+        let kept = tail(long.as_slice());
+        assert_eq!(kept.len() as u64, MAX_STDERR);
+        assert!(kept.ends_with(b"failed.\n"));
+        assert_eq!(
+            last_words("a\u{202e}b\u{200b}c".as_bytes()).as_deref(),
+            Some("a b c")
+        );
     }
 
     #[test]
