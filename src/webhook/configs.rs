@@ -52,19 +52,22 @@ pub struct Scope {
     pub selector: Option<String>,
 }
 
+/// The namespace no webhook of Rulebook's ever judges.
+const KUBE_SYSTEM: &str = "kube-system";
+
 impl Scope {
     /// `run --namespace` is Rulebook's own namespace (not `kube-system`), which the
     /// webhooks of rules on kinds they define then judge (see the module's header).
     pub fn judges_own_namespace(&self) -> bool {
         self.own_namespace.is_some()
             && self.own_namespace == self.namespace
-            && self.namespace.as_deref() != Some("kube-system")
+            && self.namespace.as_deref() != Some(KUBE_SYSTEM)
     }
 
     /// `run --namespace` names a namespace no webhook judges (`kube-system`): every
     /// `expr:` check and default is off there.
     pub fn excluded_namespace(&self) -> Option<&str> {
-        self.namespace.as_deref().filter(|ns| *ns == "kube-system")
+        self.namespace.as_deref().filter(|ns| *ns == KUBE_SYSTEM)
     }
 }
 
@@ -238,10 +241,7 @@ fn webhook(
             "operations": operations(rule, kind),
             "scope": resource_scope,
         }],
-        "namespaceSelector": namespace_selector(
-            scope,
-            scope.judges_own_namespace() && rule.rule.spec.crd.is_some(),
-        ),
+        "namespaceSelector": namespace_selector(scope, rule.rule.spec.crd.is_some()),
         "failurePolicy": failure_policy,
         "matchPolicy": "Equivalent",
         "sideEffects": "None",
@@ -282,10 +282,12 @@ fn operations(rule: &CompiledRule, kind: Kind) -> Vec<String> {
     if ops.is_empty() { all() } else { ops }
 }
 
-/// `kube-system` and, unless `judge_own`, Rulebook's own namespace left out; with `run
-/// --namespace`, only that namespace.
-fn namespace_selector(scope: &Scope, judge_own: bool) -> Json {
-    let mut excluded = vec!["kube-system".to_string()];
+/// `kube-system` and Rulebook's own namespace left out, the latter unless it is the
+/// `run --namespace` and the rule defines its parent's kind (`defines_kind`: the module's
+/// header); with `run --namespace`, only that namespace.
+fn namespace_selector(scope: &Scope, defines_kind: bool) -> Json {
+    let judge_own = defines_kind && scope.judges_own_namespace();
+    let mut excluded = vec![KUBE_SYSTEM.to_string()];
     if let Some(own) = &scope.own_namespace
         && !excluded.contains(own)
         && !judge_own
