@@ -100,22 +100,27 @@ fn run(mut cmd: Command) -> Option<Vec<u8>> {
     rx.recv_timeout(Duration::from_secs(1)).ok()
 }
 
-/// The last [`MAX_STDERR`] bytes `r` gives until it ends.
+/// The last [`MAX_STDERR`] bytes `r` gives until it ends (the buffer is cut back only
+/// when it holds twice that, so a long stream is not moved chunk by chunk).
 fn tail(mut r: impl Read) -> Vec<u8> {
     let cap = usize::try_from(MAX_STDERR).unwrap_or(usize::MAX);
     let mut kept: Vec<u8> = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
         match r.read(&mut chunk) {
-            Ok(0) | Err(_) => return kept,
+            Ok(0) | Err(_) => break,
             Ok(n) => {
                 kept.extend_from_slice(&chunk[..n]);
-                if kept.len() > cap {
+                if kept.len() > 2 * cap {
                     kept.drain(..kept.len() - cap);
                 }
             }
         }
     }
+    if kept.len() > cap {
+        kept.drain(..kept.len() - cap);
+    }
+    kept
 }
 
 /// The last two lines of `stderr` that say something (not ssh's `@@@` banner), printable
