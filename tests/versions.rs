@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
-use serde_json::{Value as Json, json};
+use serde_json::json;
 use versions_kit::*;
 
 /// A migration of [`migrated`] objects under a loaded `make test` (one took 40 s alone).
@@ -200,12 +200,7 @@ async fn switching_the_storage_version_migrates_every_object_through_a_sigkill()
         json!(["v1alpha1", "v1"]),
         "not trimmed before every object is rewritten"
     );
-    let marker: Json = serde_json::from_str(
-        crd["metadata"]["annotations"]["rulebook.dev/storage-migration"]
-            .as_str()
-            .expect("the resume marker"),
-    )
-    .unwrap();
+    let marker = migration_marker(&crd).expect("the resume marker");
     assert_eq!(marker["to"], "v1");
     let partly = stored_versions(&v, &stored).await;
     println!("stored after the kill: {partly:?}");

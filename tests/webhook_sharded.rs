@@ -26,7 +26,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{Value as Json, json};
-use versions_kit::{Versioned, migration, stored_versions};
+use versions_kit::{Versioned, migration, migration_marker, stored_versions};
 use webhook_kit::{Hooked, free_port, is_refusal};
 
 /// Migrated objects per namespace: 2 × 200, four pages of the migration.
@@ -259,10 +259,7 @@ async fn sharded_replicas_serve_webhooks_for_every_share_and_migrate_once_throug
             json!(["v1"]),
             "the migration finished before the test could kill its holder"
         );
-        let marker: Json = serde_json::from_str(
-            crd["metadata"]["annotations"]["rulebook.dev/storage-migration"].as_str()?,
-        )
-        .ok()?;
+        let marker = migration_marker(&crd)?;
         let rewritten = marker["rewritten"].as_u64()?;
         assert!(
             rewritten < total,
@@ -282,9 +279,7 @@ async fn sharded_replicas_serve_webhooks_for_every_share_and_migrate_once_throug
     // The holder kept migrating until the KILL landed: the marker the survivor resumes
     // from is the one on the CRD now, not the one the wait above saw.
     let crd = to_json(&crds.get(&v.crd_name()).await.unwrap());
-    let marker: Json = crd["metadata"]["annotations"]["rulebook.dev/storage-migration"]
-        .as_str()
-        .and_then(|m| serde_json::from_str(m).ok())
+    let marker = migration_marker(&crd)
         .unwrap_or_else(|| panic!("no migration marker after the kill (seen {marker}): {crd}"));
     assert!(
         marker["rewritten"].as_u64().is_some_and(|n| n < total),

@@ -251,6 +251,13 @@ spec:
     }
 }
 
+/// The storage migration's resume marker on `crd` (its `rulebook.dev/storage-migration`
+/// annotation, parsed), or `None` when there is none.
+pub fn migration_marker(crd: &Json) -> Option<Json> {
+    serde_json::from_str(crd["metadata"]["annotations"]["rulebook.dev/storage-migration"].as_str()?)
+        .ok()
+}
+
 /// The stored `apiVersion` of every object of the kind in `ns`, read from etcd itself
 /// (its JSON gateway, at the port the local control plane records): what the API server
 /// cannot show, since it converts what it reads.
