@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -35,8 +34,7 @@ async fn converges_across_an_api_server_restart() {
         apply(&apps, app(i)).await;
     }
     // Mid-convergence: restart the API server (same ports, flags and data).
-    let status = Command::new(repo().join("tests/cluster/cluster.sh"))
-        .arg("restart-apiserver")
+    let status = cluster_sh_command("restart-apiserver")
         .status()
         .expect("cluster.sh");
     assert!(status.success(), "restart-apiserver failed");

@@ -7,13 +7,14 @@
 # Runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok
 # (fake nodes: pods become Running/Ready without a container runtime) as plain
 # processes on 127.0.0.1. No containers, no root. All state is kept in
-# <repo>/.cluster/ and the binaries in a version-keyed cache outside the repo.
+# <repo>/.cluster/ (or RULEBOOK_CLUSTER_DIR) and the binaries in a version-keyed cache
+# outside the repo.
 #
 # Usage: tests/cluster/cluster.sh <command>
 #   build              build the binaries into the cache (no-op when present)
 #   up [--fresh]       start the control plane, or reuse a healthy one
 #   restart            same as `up --fresh`
-#   down               stop every process and remove .cluster/
+#   down               stop every process and remove .cluster/ (the state directory)
 #   status             print whether the cluster is up; exit 0 if so, 1 if not
 #   restart-apiserver  stop and start kube-apiserver (same ports and flags)
 #   restart-etcd       stop and start etcd (same ports, flags and data)
@@ -27,6 +28,10 @@
 #
 # Environment:
 #   RULEBOOK_CACHE        cache root (default: $HOME/.cache/rulebook)
+#   RULEBOOK_CLUSTER_DIR  the state directory (default: <repo>/.cluster). Another one is
+#                         another cluster on other ports beside the first: `make test`
+#                         runs the tests that restart the API server or etcd on
+#                         <repo>/.cluster-restarts while the others use .cluster.
 #   ETCD_EXTRA_ARGS       extra etcd flags, whitespace separated (read by up)
 #   APISERVER_EXTRA_ARGS  extra kube-apiserver flags (read by up)
 #   CLUSTER_TIMEOUT       seconds to wait for each readiness step (default 120)
@@ -60,7 +65,9 @@ NOGATE=kube-apiserver-nogate
 # Start order (see stop_all for the stop order).
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
-STATE_DIR="$REPO_ROOT/.cluster"
+STATE_DIR="${RULEBOOK_CLUSTER_DIR:-$REPO_ROOT/.cluster}"
+STATE_DIR="${STATE_DIR%/}"
+[[ "$STATE_DIR" == /* ]] || STATE_DIR="$PWD/$STATE_DIR"
 CERTS="$STATE_DIR/certs"
 LOGS="$STATE_DIR/logs"
 PIDS="$STATE_DIR/pids"
@@ -84,12 +91,23 @@ since() { # <start µs> -> "12.3s"
 	printf '%d.%01ds' $((ms / 1000)) $((ms % 1000 / 100))
 }
 
-# Serialise commands that change the cluster (two `make test` runs at once).
+# Serialise commands that change one cluster (two `make test` runs at once). One lock per
+# state directory, in a file beside it (it outlives `down`): a restart of one cluster
+# must not wait for another cluster's start.
 lock() {
 	if command -v flock >/dev/null; then
-		exec 9<"$SCRIPT"
+		exec 9>>"$STATE_DIR.lock"
 		flock -w 600 9 || die "another cluster.sh command has held the lock for 10 minutes"
 	fi
+}
+
+# `down` and a fresh `up` remove the state directory: only one this script made (its
+# run/ and pids/), or an empty one, never a directory RULEBOOK_CLUSTER_DIR named by mistake.
+remove_state() {
+	if [[ -e "$STATE_DIR" && ! (-d "$RUN" && -d "$PIDS") && -n "$(ls -A "$STATE_DIR" 2>/dev/null)" ]]; then
+		die "$STATE_DIR is not a cluster state directory (no run/ and pids/); not removing it"
+	fi
+	rm -rf "$STATE_DIR"
 }
 
 # ---------------------------------------------------------------- build ----
@@ -477,7 +495,7 @@ write_args() { # <name> <arg>...: one argument per line
 
 prepare_state() {
 	local ports
-	rm -rf "$STATE_DIR"
+	remove_state
 	mkdir -p "$CERTS" "$LOGS" "$PIDS" "$RUN" "$STATE_DIR/etcd" "$STATE_DIR/kubeconfigs"
 	ln -s "$BIN_DIR" "$STATE_DIR/bin"
 	cp "$KWOK_STAGES" "$RUN/kwok-stages.yaml"
@@ -706,7 +724,7 @@ cmd_up() {
 cmd_down() {
 	lock
 	stop_all
-	rm -rf "$STATE_DIR"
+	remove_state
 	log "cluster down"
 }
 

@@ -30,6 +30,18 @@ pub fn kubeconfig_path() -> PathBuf {
         .unwrap_or_else(|| repo().join(".cluster/kubeconfig"))
 }
 
+/// `tests/cluster/cluster.sh <cmd>` for the cluster the tests run on: the local control
+/// plane whose state directory holds the kubeconfig (RULEBOOK_CLUSTER_DIR). `make test`
+/// runs the tests that restart the API server or etcd on a second one
+/// (`.cluster-restarts`, scripts/test.sh): their restarts must reach that one.
+pub fn cluster_sh_command(cmd: &str) -> Command {
+    let kubeconfig = kubeconfig_path();
+    let dir = kubeconfig.parent().unwrap_or_else(|| Path::new("."));
+    let mut c = Command::new(repo().join("tests/cluster/cluster.sh"));
+    c.arg(cmd).env("RULEBOOK_CLUSTER_DIR", dir);
+    c
+}
+
 fn no_cluster(why: impl std::fmt::Display) -> ! {
     panic!(
         "the local control plane is not reachable ({why}).\n\

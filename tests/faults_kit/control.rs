@@ -14,12 +14,12 @@ pub fn signal(pid: u32, sig: &str) {
     assert!(ok, "kill -{sig} {pid}");
 }
 
-/// `tests/cluster/cluster.sh <cmd>` (restart-apiserver, restart-etcd); returns how long it took.
+/// `tests/cluster/cluster.sh <cmd>` (restart-apiserver, restart-etcd) on the cluster the
+/// tests run on ([`cluster_sh_command`]); returns how long it took.
 pub async fn cluster_sh(cmd: &str) -> Duration {
     let start = Instant::now();
-    let script = repo().join("tests/cluster/cluster.sh");
-    let cmd = cmd.to_string();
-    let out = tokio::task::spawn_blocking(move || Command::new(script).arg(&cmd).output())
+    let mut command = cluster_sh_command(cmd);
+    let out = tokio::task::spawn_blocking(move || command.output())
         .await
         .unwrap()
         .expect("cluster.sh");
