@@ -7,12 +7,14 @@
 # its own namespace, kinds and operator process (tests/common/mod.rs), which is what lets
 # cargo run a binary's tests side by side already; binaries side by side are the same.
 #
-# Two kinds of test must not overlap anything: `api_restart` restarts the API server, and
-# three of the heavy fault tests (tests/faults_heavy.rs, every one #[ignore]d) restart the
-# API server or etcd and measure recovery. They run after the rest, one at a time. The
-# other heavy fault tests (SIGKILLs, poison parents, a reference flood in a memory
-# cgroup) restart nothing: they run in the first step as one more binary, one test at a
-# time, beside the others.
+# Two kinds of test must not share the cluster with anything: `api_restart` restarts the
+# API server, and three of the heavy fault tests (tests/faults_heavy.rs, every one
+# #[ignore]d) restart the API server or etcd and measure recovery. They run on a second
+# local control plane of their own (.cluster-restarts), one at a time, in a lane beside
+# the first step (scripts/test-restarts.sh, which names them); until 2026-11-29 they ran
+# alone after everything else, 90–150 s of a warm run. The other heavy fault tests
+# (SIGKILLs, poison parents, a reference flood in a memory cgroup) restart nothing: they
+# run in the first step as one more binary, one test at a time, beside the others.
 #
 # Each binary's output goes to $CARGO_TARGET_DIR/test-logs/<name>.log; a failed binary's
 # log is printed in full at the end. Like `cargo test --no-fail-fast`, everything runs
@@ -33,16 +35,12 @@ logs="$target/test-logs"
 rm -rf "$logs"
 mkdir -p "$logs"
 
-# Run alone, after everything else, in this order.
-exclusive=(api_restart)
+# On the second control plane (scripts/test-restarts.sh): api_restart, and the heavy
+# fault tests it lists.
+restarts=api_restart
 heavy=faults_heavy
-# The heavy fault tests that restart the API server or etcd (run alone, in the second
-# step); the others run in the first. A new heavy test that restarts either belongs here.
-heavy_alone=(heavy_apiserver_restart_mid_convergence heavy_etcd_restart_mid_convergence
-	heavy_watch_expired_while_paused)
-# The first step's name for the heavy tests that restart nothing. Started second, it
-# also installs the CRD of heavy_watch_expired_while_paused early (its first test, by
-# name), so the garbage collector knows the kind long before that test runs alone.
+mapfile -t heavy_restarts < <(scripts/test-restarts.sh --list)
+# The first step's name for the heavy tests that restart nothing.
 heavy_shared=faults_heavy_shared
 
 # Started first, longest first (their last durations), so the tail of the first step is
@@ -90,7 +88,7 @@ for line in sys.stdin:
         print(name + "\t" + m["executable"])
 ' <"$logs/build.json")
 
-if [[ -z "${exe[$heavy]:-}" || -z "${exe[lib]:-}" ]]; then
+if [[ -z "${exe[$heavy]:-}" || -z "${exe[lib]:-}" || -z "${exe[$restarts]:-}" ]]; then
 	echo "scripts/test.sh: cargo named no test binaries (see $logs/build.json)" >&2
 	exit 1
 fi
@@ -99,7 +97,7 @@ exe[$heavy_shared]=${exe[$heavy]}
 # a time (each loads the cluster as much as a whole binary does), their progress printed.
 declare -A args=()
 skips=()
-for t in "${heavy_alone[@]}"; do skips+=(--skip "$t"); done
+for t in "${heavy_restarts[@]}"; do skips+=(--skip "$t"); done
 args[$heavy_shared]="--ignored --test-threads=1 --nocapture ${skips[*]}"
 
 # The first step's order: the long ones, then the rest by name.
@@ -112,10 +110,7 @@ for n in "${long_first[@]}" lib core kube bin; do
 	fi
 done
 for n in $(printf '%s\n' "${!exe[@]}" | sort); do
-	[[ -n "${queued[$n]:-}" || "$n" == "$heavy" || "$n" == "$heavy_shared" ]] && continue
-	skip=""
-	for x in "${exclusive[@]}"; do [[ "$n" == "$x" ]] && skip=1; done
-	[[ -n "$skip" ]] && continue
+	[[ -n "${queued[$n]:-}" || "$n" == "$heavy" || "$n" == "$heavy_shared" || "$n" == "$restarts" ]] && continue
 	order+=("$n")
 done
 
@@ -126,7 +121,7 @@ declare -A pid_name=() pid_start=()
 # group of its own).
 stop_running() {
 	local p
-	for p in "${!pid_name[@]}"; do kill -- "-$p" 2>/dev/null; done
+	for p in "${!pid_name[@]}" ${restarts_pid:-}; do kill -- "-$p" 2>/dev/null; done
 }
 trap stop_running EXIT
 trap 'exit 130' INT
@@ -144,14 +139,29 @@ finish() {
 	fi
 }
 
+# Waits for one of the first step's binaries (or the restarts lane) to end and prints it.
+reap() {
+	local done_pid rc
+	wait -n -p done_pid
+	rc=$?
+	if [[ "$done_pid" == "${restarts_pid:-}" ]]; then
+		restarts_done=1
+		return
+	fi
+	finish "${pid_name[$done_pid]}" "$rc" $(($(date +%s) - pid_start[$done_pid]))
+	unset "pid_name[$done_pid]" "pid_start[$done_pid]"
+}
+
+echo "scripts/test.sh: the tests that restart the API server or etcd, on a second control plane beside the rest (scripts/test-restarts.sh)"
+restarts_done=""
+setsid scripts/test-restarts.sh "$logs" "${exe[$restarts]}" "${exe[$heavy]}" >"$logs/test-restarts.out" 2>&1 &
+restarts_pid=$!
+
 echo "scripts/test.sh: ${#order[@]} test binaries, $jobs at a time"
 step1=$(date +%s)
 for name in "${order[@]}"; do
 	while ((${#pid_name[@]} >= jobs)); do
-		wait -n -p done_pid
-		rc=$?
-		finish "${pid_name[$done_pid]}" "$rc" $(($(date +%s) - pid_start[$done_pid]))
-		unset "pid_name[$done_pid]" "pid_start[$done_pid]"
+		reap
 	done
 	# shellcheck disable=SC2086 # the arguments are words
 	setsid "${exe[$name]}" ${args[$name]:-} >"$logs/$name.log" 2>&1 &
@@ -159,39 +169,29 @@ for name in "${order[@]}"; do
 	pid_start[$!]=$(date +%s)
 done
 while ((${#pid_name[@]} > 0)); do
-	wait -n -p done_pid
-	rc=$?
-	finish "${pid_name[$done_pid]}" "$rc" $(($(date +%s) - pid_start[$done_pid]))
-	unset "pid_name[$done_pid]" "pid_start[$done_pid]"
+	reap
 done
 step1_took=$(($(date +%s) - step1))
 
-echo "scripts/test.sh: the tests that restart the API server, one at a time"
-step2=$(date +%s)
-for name in "${exclusive[@]}"; do
-	if [[ -z "${exe[$name]:-}" ]]; then
-		echo "  FAILED  $name: cargo built no such test binary" >&2
+echo "scripts/test.sh: the tests on the second control plane (.cluster-restarts), one at a time"
+[[ -n "$restarts_done" ]] || wait "$restarts_pid"
+unset restarts_pid
+# name, exit code, seconds: the cluster's start, then each test binary run.
+ran=()
+restarts_took=0
+while read -r name rc took; do
+	ran+=("$name")
+	finish "$name" "$rc" "$took"
+	restarts_took=$((restarts_took + took))
+done <"$logs/restarts.results"
+for name in cluster-restarts faults_heavy_early "$restarts" "$heavy"; do
+	if [[ " ${ran[*]} " != *" $name "* ]]; then
+		echo "  FAILED  $name: did not run (see $logs/test-restarts.out and $logs/cluster-restarts.log)"
 		failed+=("$name")
-		continue
 	fi
-	t0=$(date +%s)
-	"${exe[$name]}" >"$logs/$name.log" 2>&1
-	finish "$name" $? $(($(date +%s) - t0))
 done
-# The heavy fault tests print their progress as they go (docs/faults.md).
-echo "scripts/test.sh: the heavy fault tests that restart the API server or etcd, one at a time"
-t0=$(date +%s)
-"${exe[$heavy]}" --ignored --test-threads=1 --nocapture --exact "${heavy_alone[@]}" 2>&1 |
-	tee "$logs/$heavy.log"
-rc=${PIPESTATUS[0]}
-# --exact with a misspelt name runs nothing and passes: count what ran.
-ran=$(grep -cE '^test heavy_[a-z0-9_]+ \.\.\. ' "$logs/$heavy.log")
-if ((rc == 0 && ran != ${#heavy_alone[@]})); then
-	echo "scripts/test.sh: $heavy ran $ran of the ${#heavy_alone[@]} tests in heavy_alone" >>"$logs/$heavy.log"
-	rc=1
-fi
-finish "$heavy" "$rc" $(($(date +%s) - t0))
-step2_took=$(($(date +%s) - step2))
+# The heavy fault tests' figures (docs/faults.md; a failed binary's log is printed below).
+if [[ " ${failed[*]} " != *" $heavy "* ]]; then cat "$logs/$heavy.log"; fi
 
 for name in "${failed[@]}"; do
 	echo
@@ -199,7 +199,7 @@ for name in "${failed[@]}"; do
 	cat "$logs/$name.log"
 done
 echo
-echo "scripts/test.sh: $(($(date +%s) - started))s in all: ${step1_took}s for ${#order[@]} binaries $jobs at a time, ${step2_took}s for the ones run alone"
+echo "scripts/test.sh: $(($(date +%s) - started))s in all: ${step1_took}s for ${#order[@]} binaries $jobs at a time, ${restarts_took}s for the second control plane's lane beside them"
 if ((${#failed[@]} > 0)); then
 	echo "scripts/test.sh: FAILED: ${failed[*]}" >&2
 	exit 1

@@ -1,8 +1,8 @@
 //! Fault and abuse tests against the local control plane, with `rulebook run` as a child
 //! process (light variants; they run beside the other tests of `make test`). The heavy
 //! variants — 200 parents killed ten times, 500 poison parents, API server and etcd
-//! restarts, a forced 410 Gone — are in `tests/faults_heavy.rs` (the end of `make test`,
-//! or `make test-faults` alone). What each test does and the figures of the last runs:
+//! restarts, a forced 410 Gone — are in `tests/faults_heavy.rs` (`make test` runs them one
+//! at a time, or `make test-faults` alone). What each test does and the figures of the last runs:
 //! docs/faults.md.
 // A scenario test (or the benchmark driver) reads top to bottom as one story: set up,
 // act, wait, assert. The function size limit (clippy.toml, issue 42) is for the product

@@ -4,9 +4,10 @@
 //! them all, alone.
 //!
 //! Three of them restart the local API server or etcd (`tests/cluster/cluster.sh
-//! restart-apiserver` / `restart-etcd`): other tests using the cluster at that moment see
-//! a few seconds of refused connections, so `make test` runs those after everything else
-//! (they are listed in scripts/test.sh's `heavy_alone`: a new test that restarts either
+//! restart-apiserver` / `restart-etcd`, on the cluster of RULEBOOK_TEST_KUBECONFIG): other
+//! tests using that cluster at that moment would see seconds of refused connections, so
+//! `make test` runs them on a second local control plane of their own, beside the rest
+//! (scripts/test-restarts.sh lists them in `heavy_alone`: a new test that restarts either
 //! belongs there). The others restart nothing and run in `make test`'s first step, one
 //! at a time, beside the other test binaries.
 // A scenario test (or the benchmark driver) reads top to bottom as one story: set up,
@@ -23,7 +24,7 @@ use faults_kit::*;
 
 /// 200 parents, SIGKILLed at random moments while converging, 10 times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy: run alone: the end of `make test`, or `make test-faults`"]
+#[ignore = "heavy: one at a time in `make test` (scripts/test.sh), or `make test-faults`"]
 async fn heavy_sigkill_while_converging() {
     let r = kill_restart("KillHeavy", 200, 10, Duration::from_secs(300)).await;
     r.assert_intact(200);
@@ -39,7 +40,7 @@ async fn heavy_sigkill_while_converging() {
 /// Parents being torn down (finalize Job, reverse waves, an orphan), the operator
 /// SIGKILLed at each step in turn, 10 rounds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy: run alone: the end of `make test`, or `make test-faults`"]
+#[ignore = "heavy: one at a time in `make test` (scripts/test.sh), or `make test-faults`"]
 async fn heavy_sigkill_during_teardown() {
     let r = teardown::kill_during_teardown("KillTeardown", 10, 3, Duration::from_secs(180)).await;
     println!(
@@ -52,21 +53,21 @@ async fn heavy_sigkill_during_teardown() {
 
 /// 500 poison parents beside 50 healthy ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy: run alone: the end of `make test`, or `make test-faults`"]
+#[ignore = "heavy: one at a time in `make test` (scripts/test.sh), or `make test-faults`"]
 async fn heavy_poison_parents_back_off() {
     poison("PoisonHeavy", 500, 50).await;
 }
 
 /// The API server restarted while 100 parents converge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy, restarts the API server: run alone: the end of `make test`, or `make test-faults`"]
+#[ignore = "heavy, restarts the API server: on a cluster of its own in `make test` (scripts/test-restarts.sh), or `make test-faults`"]
 async fn heavy_apiserver_restart_mid_convergence() {
     restart_mid_convergence("ApiRestartParent", "apiserver", 100).await;
 }
 
 /// etcd restarted while 100 parents converge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy, restarts etcd: run alone: the end of `make test`, or `make test-faults`"]
+#[ignore = "heavy, restarts etcd: on a cluster of its own in `make test` (scripts/test-restarts.sh), or `make test-faults`"]
 async fn heavy_etcd_restart_mid_convergence() {
     restart_mid_convergence("EtcdRestartParent", "etcd", 100).await;
 }
@@ -75,20 +76,20 @@ async fn heavy_etcd_restart_mid_convergence() {
 /// operator holds is now expired: 410 Gone), changes made, the operator resumed: it must
 /// relist and miss nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy, restarts the API server: run alone: the end of `make test`, or `make test-faults`"]
+#[ignore = "heavy, restarts the API server: on a cluster of its own in `make test` (scripts/test-restarts.sh), or `make test-faults`"]
 async fn heavy_watch_expired_while_paused() {
     pause_resume("GoneParent", Gap::Expired).await;
 }
 
 /// The CRD of `heavy_watch_expired_while_paused`, installed (as `rulebook crds` prints
-/// it) while `make test`'s first step runs: that test runs alone at the very end and
-/// first waits until the garbage collector watches its kind, which the collector
-/// discovers only at its next discovery sync (every 30 s; 27-28 s of waiting in each
-/// `.ci/run` of 2026-11-29). Installed here, the kind is long known by then and the wait
-/// ends at once. This test itself waits for the collector, beside the other binaries
-/// (waiting costs no CPU); the paused test keeps its own wait, so it stands alone too.
+/// it) first on the control plane where `make test` runs the restart tests
+/// (scripts/test-restarts.sh): the paused test first waits until the garbage collector
+/// watches its kind, which the collector discovers only at its next discovery sync
+/// (every 30 s; 27-28 s of waiting in each `.ci/run` of 2026-11-29). Installed here,
+/// before `api_restart` and the two restart tests run, the kind is long known by then and
+/// that wait ends at once. The paused test keeps its own wait, so it stands alone too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy: run in `make test`'s first step (scripts/test.sh), before the tests run alone"]
+#[ignore = "heavy: first on the restart tests' cluster in `make test` (scripts/test-restarts.sh)"]
 async fn heavy_kinds_of_the_tests_run_alone_installed_early() {
     const KIND: &str = "GoneParent";
     let d = faults_kit::pause_rules(KIND);
@@ -128,7 +129,7 @@ async fn heavy_kinds_of_the_tests_run_alone_installed_early() {
 /// pool, it was OOM-killed here too. The budget of inputs in flight is global, so 8
 /// must hold as well as 4.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "heavy: run alone: the end of `make test`, or `make test-faults`"]
+#[ignore = "heavy: one at a time in `make test` (scripts/test.sh), or `make test-faults`"]
 async fn heavy_reference_flood_under_a_memory_limit() {
     let r = faults_kit::memory::reference_flood(
         "RefFlood",

@@ -1,6 +1,7 @@
 //! Shared scenarios of the fault and abuse tests (`tests/faults.rs`, light, run with the
 //! other tests of `make test`; `tests/faults_heavy.rs`, heavy, `#[ignore]`d and run one at
-//! a time at the end of `make test` or alone by `make test-faults`).
+//! a time by `make test` — those that restart the API server or etcd on a control plane of
+//! their own (scripts/test-restarts.sh) — or alone by `make test-faults`).
 //! See docs/faults.md.
 //!
 //! Every scenario runs its own `rulebook run` process on rules it writes into a temp dir,
