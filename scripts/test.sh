@@ -43,11 +43,17 @@ mapfile -t heavy_restarts < <(scripts/test-restarts.sh --list)
 # The first step's name for the heavy tests that restart nothing.
 heavy_shared=faults_heavy_shared
 
-# Started first, longest first (their last durations), so the tail of the first step is
-# short binaries rather than one long one started last.
-long_first=(sharding $heavy_shared faults versions steady_state tenants webhook_certs hostile_templates
-	sharding_fence sharding_rolling orphans sharding_dropped references deletion cheaper
-	sharding_cluster sharding_renewal reconcile_examples hot_reload)
+# The first step starts the longest binaries first, so that its tail is short binaries
+# rather than one long one started last (in the first warm run of 2026-11-29 `rollout`
+# and `webhook_sharded`, started last by name, kept it 45 s longer). The durations are
+# each binary's in the last run ($target/test-durations, written after the first step);
+# a binary the last run did not have starts first, as it may be long. Without that file
+# (a new target directory): long_first, by the durations of 2026-11-29, then by name.
+durations="$target/test-durations"
+long_first=($heavy_shared sharding versions faults tenants steady_state sharding_fence rollout
+	webhook_certs sharding_rolling webhook_sharded orphans deletion references
+	sharding_dropped hot_reload admission_cel diff sharding_cluster git_source
+	deploy_manifests decorators cheaper operations)
 
 started=$(date +%s)
 echo "scripts/test.sh: building the test binaries"
@@ -100,19 +106,23 @@ skips=()
 for t in "${heavy_restarts[@]}"; do skips+=(--skip "$t"); done
 args[$heavy_shared]="--ignored --test-threads=1 --nocapture ${skips[*]}"
 
-# The first step's order: the long ones, then the rest by name.
+# The first step's order (see long_first above).
 order=()
 declare -A queued=()
-for n in "${long_first[@]}" lib core kube bin; do
-	if [[ -n "${exe[$n]:-}" ]]; then
-		order+=("$n")
-		queued[$n]=1
-	fi
-done
-for n in $(printf '%s\n' "${!exe[@]}" | sort); do
-	[[ -n "${queued[$n]:-}" || "$n" == "$heavy" || "$n" == "$heavy_shared" || "$n" == "$restarts" ]] && continue
-	order+=("$n")
-done
+queue() {
+	[[ -n "${exe[$1]:-}" && -z "${queued[$1]:-}" && "$1" != "$heavy" && "$1" != "$restarts" ]] || return 0
+	order+=("$1")
+	queued[$1]=1
+}
+mapfile -t all < <(printf '%s\n' "${!exe[@]}" | sort)
+if [[ -s "$durations" ]]; then
+	declare -A last=()
+	while read -r n took; do last[$n]=$took; done <"$durations"
+	for n in "${all[@]}"; do [[ -n "${last[$n]:-}" ]] || queue "$n"; done
+	while read -r n _; do queue "$n"; done < <(sort -k2,2nr "$durations")
+else
+	for n in "${long_first[@]}" "${all[@]}"; do queue "$n"; done
+fi
 
 failed=()
 declare -A pid_name=() pid_start=()
@@ -148,7 +158,9 @@ reap() {
 		restarts_done=1
 		return
 	fi
-	finish "${pid_name[$done_pid]}" "$rc" $(($(date +%s) - pid_start[$done_pid]))
+	local took=$(($(date +%s) - pid_start[$done_pid]))
+	finish "${pid_name[$done_pid]}" "$rc" "$took"
+	echo "${pid_name[$done_pid]} $took" >>"$logs/durations"
 	unset "pid_name[$done_pid]" "pid_start[$done_pid]"
 }
 
@@ -157,7 +169,7 @@ restarts_done=""
 setsid scripts/test-restarts.sh "$logs" "${exe[$restarts]}" "${exe[$heavy]}" >"$logs/test-restarts.out" 2>&1 &
 restarts_pid=$!
 
-echo "scripts/test.sh: ${#order[@]} test binaries, $jobs at a time"
+echo "scripts/test.sh: ${#order[@]} test binaries, $jobs at a time, from ${order[*]:0:6} ..."
 step1=$(date +%s)
 for name in "${order[@]}"; do
 	while ((${#pid_name[@]} >= jobs)); do
@@ -172,6 +184,7 @@ while ((${#pid_name[@]} > 0)); do
 	reap
 done
 step1_took=$(($(date +%s) - step1))
+cp "$logs/durations" "$durations"
 
 echo "scripts/test.sh: the tests on the second control plane (.cluster-restarts), one at a time"
 [[ -n "$restarts_done" ]] || wait "$restarts_pid"
