@@ -26,8 +26,9 @@ cluster-restart: cluster-build ## Restart the local cluster from scratch
 	$(CLUSTER) restart
 
 .PHONY: cluster-down
-cluster-down: ## Stop the local cluster and remove .cluster/
+cluster-down: ## Stop the local cluster and remove .cluster/ (and make test's second one, .cluster-restarts/)
 	$(CLUSTER) down
+	RULEBOOK_CLUSTER_DIR=$(CURDIR)/.cluster-restarts $(CLUSTER) down
 
 .PHONY: cluster-status
 cluster-status: ## Exit 0 if the local cluster is up
@@ -81,14 +82,15 @@ unit: ## Only the tests that need no cluster (rule checks, rendering, injection,
 	cargo test --locked --lib --test check_corpus --test injection --test hostile_templates \
 		--test render_snapshots --test status_eval
 
-# `make test` runs every test (scripts/test.sh): first every test binary but the ones that
+# `make test` runs every test (scripts/test.sh): every test binary but the ones that
 # restart the API server, several binaries at a time (TEST_JOBS, default 4; each test has
-# its own namespace, kinds and operator), then `api_restart` and the heavy fault tests one
-# at a time (they restart the local API server and etcd, so they must not overlap
-# anything else). Everything runs even when something failed; the target fails when
-# anything did. Logs in $CARGO_TARGET_DIR/test-logs/ (or target/test-logs/).
+# its own namespace, kinds and operator), and beside them, on a second local control
+# plane of their own (.cluster-restarts, scripts/test-restarts.sh), `api_restart` and the
+# heavy fault tests that restart the API server or etcd, one at a time. Everything runs
+# even when something failed; the target fails when anything did. Logs in
+# $CARGO_TARGET_DIR/test-logs/ (or target/test-logs/).
 .PHONY: test
-test: lint rule-tests alerts cluster ## Everything: lint, the alerts' unit tests, all tests against the local control plane (started or reused), then the heavy fault tests
+test: lint rule-tests alerts cluster ## Everything: lint, the alerts' unit tests, all tests against the local control plane (started or reused) and, beside them, the restart tests on a second one
 	@# a demo operator watches every namespace and would fight the tests' operators
 	scripts/demo.sh down
 	RULEBOOK_TEST_KUBECONFIG=$(KUBECONFIG_LOCAL) scripts/test.sh
@@ -194,12 +196,13 @@ test-sharding-full: cluster ## Issue 19's sharding set-up at full size: 3 replic
 # Fault tests (docs/faults.md). The light ones (tests/faults.rs) run with the other tests
 # of `make test`; the heavy ones (tests/faults_heavy.rs, all #[ignore]d: 200 parents
 # SIGKILLed 10 times, 500 poison parents, API server and etcd restarts, a forced 410 Gone)
-# run at the end of `make test`, one at a time, and alone here. They restart the local
-# API server and etcd: anything else using the cluster at the same time sees a few
-# seconds of refused connections.
+# run in `make test` too (one at a time; those that restart the API server or etcd on a
+# second control plane beside the rest, scripts/test-restarts.sh), and alone here. Here
+# they restart the local API server and etcd: anything else using the cluster at the
+# same time sees a few seconds of refused connections.
 
 .PHONY: test-faults
-test-faults: cluster ## Only the heavy fault tests (docs/faults.md; also the end of `make test`); restarts the local API server and etcd
+test-faults: cluster ## Only the heavy fault tests (docs/faults.md; also in `make test`); restarts the local API server and etcd
 	@# a demo operator watches every namespace and would fight the tests' operators
 	scripts/demo.sh down
 	RULEBOOK_TEST_KUBECONFIG=$(KUBECONFIG_LOCAL) $(HEAVY_TEST)
