@@ -34,6 +34,10 @@
 #                         <repo>/.cluster-restarts while the others use .cluster.
 #   ETCD_EXTRA_ARGS       extra etcd flags, whitespace separated (read by up)
 #   APISERVER_EXTRA_ARGS  extra kube-apiserver flags (read by up)
+#   CLUSTER_GOGC          GOGC of etcd, the API server and the controller-manager (read
+#                         by up; unset: Go's default, 100). `make test` sets 400: on its
+#                         2 cores the API server spent 13–16 % of its CPU collecting
+#                         garbage at 100 (a CPU profile, 2026-11-29; issue 42).
 #   CLUSTER_TIMEOUT       seconds to wait for each readiness step (default 120)
 set -euo pipefail
 
@@ -256,7 +260,9 @@ start_component() { # <name>
 	# setsid: own session, so the process outlives make/CI's process group
 	# and terminal; nohup + </dev/null: no SIGHUP, no stdin; 9<&-: must not
 	# inherit (and so hold forever) the lock.
-	setsid nohup "$STATE_DIR/bin/$name" "${args[@]}" </dev/null >>"$LOGS/$name.log" 2>&1 9<&- &
+	local go_env=()
+	[[ -r "$RUN/go.env" ]] && mapfile -t go_env <"$RUN/go.env"
+	setsid nohup env "${go_env[@]}" "$STATE_DIR/bin/$name" "${args[@]}" </dev/null >>"$LOGS/$name.log" 2>&1 9<&- &
 	pid=$!
 	echo "$pid" >"$PIDS/$name.pid"
 	# $! is setsid's pid: it becomes the component only after setsid and nohup have
@@ -483,6 +489,7 @@ extra_args_key() {
 	read -r -a a <<<"${APISERVER_EXTRA_ARGS:-}"
 	echo "etcd: ${e[*]}"
 	echo "kube-apiserver: ${a[*]}"
+	echo "GOGC: ${CLUSTER_GOGC:-}"
 	# Bumped when the fixed flags change, so a running cluster with the old ones restarts.
 	echo "fixed flags: 3 (ShardedListAndWatch, a second API server without it)"
 }
@@ -520,6 +527,13 @@ EOF
 	read -r -a etcd_extra <<<"${ETCD_EXTRA_ARGS:-}"
 	read -r -a api_extra <<<"${APISERVER_EXTRA_ARGS:-}"
 	extra_args_key >"$RUN/extra-args"
+	# The Go runtime's settings of every component (start_component), kept for restarts.
+	if [[ -n "${CLUSTER_GOGC:-}" ]]; then
+		[[ "$CLUSTER_GOGC" =~ ^([1-9][0-9]*|off)$ ]] || die "CLUSTER_GOGC must be a number or off, not '$CLUSTER_GOGC'"
+		echo "GOGC=$CLUSTER_GOGC" >"$RUN/go.env"
+	else
+		: >"$RUN/go.env"
+	fi
 
 	write_args etcd \
 		--name=rulebook \
@@ -693,7 +707,7 @@ cmd_up() {
 		if [[ "$(readlink "$STATE_DIR/bin")" != "$BIN_DIR" ]]; then
 			log "running cluster uses other binaries; restarting"
 		elif [[ "$(extra_args_key)" != "$(cat "$RUN/extra-args" 2>/dev/null)" ]]; then
-			log "ETCD_EXTRA_ARGS/APISERVER_EXTRA_ARGS changed; restarting"
+			log "ETCD_EXTRA_ARGS/APISERVER_EXTRA_ARGS/CLUSTER_GOGC changed; restarting"
 		else
 			log "reusing the running cluster at https://127.0.0.1:$APISERVER_PORT (use --fresh to restart)"
 			return 0
