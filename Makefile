@@ -5,7 +5,9 @@ SHELL := bash
 
 # Local control plane (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kwok) built from tests/cluster/*/go.mod; state in .cluster/.
-CLUSTER := tests/cluster/cluster.sh
+# RULEBOOK_CLUSTER_DIR named here: one exported in the caller's shell must not move the
+# cluster the targets below (and KUBECONFIG_LOCAL, scripts/demo.sh) mean.
+CLUSTER := RULEBOOK_CLUSTER_DIR=$(CURDIR)/.cluster tests/cluster/cluster.sh
 KUBECONFIG_LOCAL := $(CURDIR)/.cluster/kubeconfig
 
 .PHONY: help
@@ -27,8 +29,8 @@ cluster-restart: cluster-build ## Restart the local cluster from scratch
 
 .PHONY: cluster-down
 cluster-down: ## Stop the local cluster and remove .cluster/ (and make test's second one, .cluster-restarts/)
-	$(CLUSTER) down
-	RULEBOOK_CLUSTER_DIR=$(CURDIR)/.cluster-restarts $(CLUSTER) down
+	-$(CLUSTER) down
+	RULEBOOK_CLUSTER_DIR=$(CURDIR)/.cluster-restarts tests/cluster/cluster.sh down
 
 .PHONY: cluster-status
 cluster-status: ## Exit 0 if the local cluster is up

@@ -34,8 +34,8 @@
 #                         <repo>/.cluster-restarts while the others use .cluster.
 #   ETCD_EXTRA_ARGS       extra etcd flags, whitespace separated (read by up)
 #   APISERVER_EXTRA_ARGS  extra kube-apiserver flags (read by up)
-#   CLUSTER_GOGC          GOGC of etcd, the API server and the controller-manager (read
-#                         by up; unset: Go's default, 100). `make test` sets 400: on its
+#   CLUSTER_GOGC          GOGC of every component (read by up; unset: Go's default,
+#                         100). `make test` sets 400: on its
 #                         2 cores the API server spent 13–16 % of its CPU collecting
 #                         garbage at 100 (a CPU profile, 2026-11-29; issue 42).
 #   CLUSTER_TIMEOUT       seconds to wait for each readiness step (default 120)
@@ -69,9 +69,10 @@ NOGATE=kube-apiserver-nogate
 # Start order (see stop_all for the stop order).
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 
-STATE_DIR="${RULEBOOK_CLUSTER_DIR:-$REPO_ROOT/.cluster}"
-STATE_DIR="${STATE_DIR%/}"
-[[ "$STATE_DIR" == /* ]] || STATE_DIR="$PWD/$STATE_DIR"
+# Canonical: the lock file and the processes' argv[0] (is_ours) are told apart by this path,
+# so one cluster named through a symlink or `..` must still be the same cluster.
+STATE_DIR="$(realpath -m -- "${RULEBOOK_CLUSTER_DIR:-$REPO_ROOT/.cluster}")"
+[[ "$STATE_DIR" != / ]] || { echo "cluster: error: RULEBOOK_CLUSTER_DIR is /" >&2; exit 1; }
 CERTS="$STATE_DIR/certs"
 LOGS="$STATE_DIR/logs"
 PIDS="$STATE_DIR/pids"
@@ -107,11 +108,20 @@ lock() {
 
 # `down` and a fresh `up` remove the state directory: only one this script made (its
 # run/ and pids/), or an empty one, never a directory RULEBOOK_CLUSTER_DIR named by mistake.
+# Renamed first (atomic), then removed: a removal interrupted half-way leaves
+# <dir>.removing.<pid>, which the next one removes, never a state directory that no
+# longer looks like one.
 remove_state() {
-	if [[ -e "$STATE_DIR" && ! (-d "$RUN" && -d "$PIDS") && -n "$(ls -A "$STATE_DIR" 2>/dev/null)" ]]; then
+	local gone
+	for gone in "$STATE_DIR".removing.*; do
+		[[ -d "$gone" ]] && rm -rf -- "$gone"
+	done
+	[[ -e "$STATE_DIR" ]] || return 0
+	if [[ ! (-d "$RUN" && -d "$PIDS") && -n "$(ls -A "$STATE_DIR" 2>/dev/null)" ]]; then
 		die "$STATE_DIR is not a cluster state directory (no run/ and pids/); not removing it"
 	fi
-	rm -rf "$STATE_DIR"
+	gone="$STATE_DIR.removing.$$"
+	mv -- "$STATE_DIR" "$gone" && rm -rf -- "$gone"
 }
 
 # ---------------------------------------------------------------- build ----
@@ -529,7 +539,6 @@ EOF
 	extra_args_key >"$RUN/extra-args"
 	# The Go runtime's settings of every component (start_component), kept for restarts.
 	if [[ -n "${CLUSTER_GOGC:-}" ]]; then
-		[[ "$CLUSTER_GOGC" =~ ^([1-9][0-9]*|off)$ ]] || die "CLUSTER_GOGC must be a number or off, not '$CLUSTER_GOGC'"
 		echo "GOGC=$CLUSTER_GOGC" >"$RUN/go.env"
 	else
 		: >"$RUN/go.env"
@@ -699,6 +708,10 @@ cmd_up() {
 	--fresh) fresh=1 ;;
 	*) die "up: unknown argument '$1' (expected --fresh)" ;;
 	esac
+	# Checked before anything is stopped: a typo must not cost the running cluster.
+	if [[ -n "${CLUSTER_GOGC:-}" && ! "$CLUSTER_GOGC" =~ ^([1-9][0-9]*|off)$ ]]; then
+		die "CLUSTER_GOGC must be a number or off, not '$CLUSTER_GOGC'"
+	fi
 	built || cmd_build
 	lock
 	# Reuse only a healthy cluster running this cache's binaries (a version

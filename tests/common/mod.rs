@@ -37,6 +37,8 @@ pub fn kubeconfig_path() -> PathBuf {
 pub fn cluster_sh_command(cmd: &str) -> Command {
     let kubeconfig = kubeconfig_path();
     let dir = kubeconfig.parent().unwrap_or_else(|| Path::new("."));
+    // cluster.sh tells its clusters apart by their canonical path (it canonicalizes too).
+    let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let mut c = Command::new(repo().join("tests/cluster/cluster.sh"));
     c.arg(cmd).env("RULEBOOK_CLUSTER_DIR", dir);
     c
