@@ -40,6 +40,11 @@ mkdir -p "$logs"
 restarts=api_restart
 heavy=faults_heavy
 mapfile -t heavy_restarts < <(scripts/test-restarts.sh --list)
+# Without the list, the first step would run the restart tests on the shared cluster.
+if ((${#heavy_restarts[@]} == 0)); then
+	echo "scripts/test.sh: scripts/test-restarts.sh --list named no tests" >&2
+	exit 1
+fi
 # The first step's name for the heavy tests that restart nothing.
 heavy_shared=faults_heavy_shared
 
@@ -140,8 +145,8 @@ trap 'exit 143' TERM
 # Prints one finished binary's line and records a failure.
 finish() {
 	local name=$1 rc=$2 took=$3 summary
-	summary=$(grep -E '^test result:' "$logs/$name.log" | tail -1)
-	if ((rc == 0)); then
+	summary=$(grep -E '^test result:' "$logs/$name.log" 2>/dev/null | tail -1)
+	if [[ "$rc" == 0 ]]; then
 		printf '  ok      %-22s %4ss  %s\n' "$name" "$took" "$summary"
 	else
 		printf '  FAILED  %-22s %4ss  %s (exit %s; %s)\n' "$name" "$took" "$summary" "$rc" "$logs/$name.log"
@@ -155,7 +160,9 @@ reap() {
 	wait -n -p done_pid
 	rc=$?
 	if [[ "$done_pid" == "${restarts_pid:-}" ]]; then
+		# Forgotten at once: a later binary may be given the same pid.
 		restarts_done=1
+		unset restarts_pid
 		return
 	fi
 	local took=$(($(date +%s) - pid_start[$done_pid]))
@@ -189,6 +196,7 @@ cp "$logs/durations" "$durations"
 echo "scripts/test.sh: the tests on the second control plane (.cluster-restarts), one at a time"
 [[ -n "$restarts_done" ]] || wait "$restarts_pid"
 unset restarts_pid
+touch "$logs/restarts.results"
 # name, exit code, seconds: the cluster's start, then each test binary run.
 ran=()
 restarts_took=0
